@@ -1,0 +1,35 @@
+# The README's two commands: `make demo` and `make test`. Each creates .venv and installs what
+# it needs when missing, so both work on a fresh clone with only Python 3.11+ and Java 17+.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean-venv check-java
+
+$(STAMP): pyproject.toml
+	@scripts/require-python "$(PYTHON)"
+	@test -x $(BIN)/python || "$(PYTHON)" -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+check-java:
+	@scripts/require-java
+
+demo: $(STAMP) check-java
+	@$(BIN)/python examples/quickstart.py
+
+test: $(STAMP) check-java
+	@$(BIN)/ruff check --quiet .
+	@$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	@$(BIN)/ruff check .
+
+bench: $(STAMP) check-java
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

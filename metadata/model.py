@@ -1,0 +1,159 @@
+"""The checkpoint metadata model: what one completed checkpoint records (DESIGN §5).
+
+Every struct is a frozen `msgspec.Struct`, encoded as a msgpack array (`array_like`) to keep the
+metadata small. The format is additive: new fields go at the **end** of a struct, with a
+default, so that files written by an older version still decode (see `metadata.format`).
+
+Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
+
+Owner references: a subtask whose state was re-used from an earlier checkpoint (a *fallback*
+subtask) carries `ref_checkpoint_id` = the checkpoint that physically wrote that state, and its
+handles point at that owner's files. Fresh subtasks carry `None`.
+
+>>> h = StateHandle(path="chk-3/u0-1.state", offset=0, length=10, size=10, checksum=b"x" * 16)
+>>> s = SubtaskState(vertex_id="map", index=0, unit_id=0, handles=(h,))
+>>> s.is_fallback
+False
+>>> SubtaskState(vertex_id="map", index=0, unit_id=0, ref_checkpoint_id=2).is_fallback
+True
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+__all__ = [
+    "CheckpointKind",
+    "CheckpointMetadata",
+    "SplitState",
+    "StateHandle",
+    "SubtaskState",
+    "UnitState",
+    "VertexInfo",
+]
+
+
+class CheckpointKind(enum.StrEnum):
+    """`global`: every unit fresh. `regional`: some units fell back. `savepoint`: global,
+    self-contained, user-owned."""
+
+    GLOBAL = "global"
+    REGIONAL = "regional"
+    SAVEPOINT = "savepoint"
+
+
+class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One segment of a state file.
+
+    `path` is relative to the job root. Several handles may name the same physical file at
+    different offsets (one file per unit attempt, one segment per subtask); `size` is the size of
+    the whole physical file, `length` the size of this segment. `checksum` is the BLAKE2b-128
+    digest of the segment's bytes. `shared` marks files under `shared/` that several checkpoints
+    may reference (incremental state).
+    """
+
+    path: str
+    offset: int
+    length: int
+    size: int
+    checksum: bytes
+    shared: bool = False
+
+
+class SplitState(msgspec.Struct, frozen=True, array_like=True):
+    """A source split owned by a subtask and its position (opaque to the metadata layer)."""
+
+    split_id: str
+    position: bytes
+
+
+class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """The state of one subtask `(vertex_id, index)` in a checkpoint.
+
+    `ref_checkpoint_id` is `None` when the state is fresh, else the owner checkpoint's id.
+    `attempt` is the attempt number of the region task that wrote the state (DESIGN §4 rule 9).
+    `committables` are sink committables kept in writer state (PIP-30), opaque bytes.
+    """
+
+    vertex_id: str
+    index: int
+    unit_id: int
+    ref_checkpoint_id: int | None = None
+    handles: tuple[StateHandle, ...] = ()
+    split_states: tuple[SplitState, ...] = ()
+    committables: tuple[bytes, ...] = ()
+    attempt: int = 0
+
+    @property
+    def is_fallback(self) -> bool:
+        """True when this state was re-used from an earlier (owner) checkpoint."""
+        return self.ref_checkpoint_id is not None
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of state this subtask holds (sum of its segment lengths)."""
+        return sum(h.length for h in self.handles)
+
+
+class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """Per fallback unit: fresh (`ref_checkpoint_id` None) or fallback to its owner checkpoint,
+    and why it fell back (`reason`, e.g. ``"declined: ValueError: bad record"``, ``"timeout"``)."""
+
+    unit_id: int
+    ref_checkpoint_id: int | None = None
+    reason: str | None = None
+
+
+class VertexInfo(msgspec.Struct, frozen=True, array_like=True):
+    """Parallelism and max parallelism of a vertex when the checkpoint was taken."""
+
+    vertex_id: str
+    parallelism: int
+    max_parallelism: int
+
+
+class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Everything one completed checkpoint records; written last, as `chk-<id>/_metadata`.
+
+    Times are Unix epoch milliseconds (wall clock of the driver). `reasons` explain the kind
+    (why regional, why forced global). `coordinators` maps an operator (vertex) id to its
+    operator-coordinator snapshot.
+    """
+
+    checkpoint_id: int
+    job_id: str
+    kind: CheckpointKind
+    trigger_time_ms: int
+    completion_time_ms: int
+    policy_fingerprint: str = ""
+    graph_fingerprint: str = ""
+    reasons: tuple[str, ...] = ()
+    vertices: tuple[VertexInfo, ...] = ()
+    units: tuple[UnitState, ...] = ()
+    coordinators: dict[str, bytes] = {}
+    subtasks: tuple[SubtaskState, ...] = ()
+
+    @property
+    def fallback_units(self) -> tuple[UnitState, ...]:
+        """The units whose state was re-used from an earlier checkpoint."""
+        return tuple(u for u in self.units if u.ref_checkpoint_id is not None)
+
+    @property
+    def referenced_checkpoint_ids(self) -> frozenset[int]:
+        """Ids of the owner checkpoints this checkpoint's fallback state points at."""
+        return frozenset(
+            s.ref_checkpoint_id for s in self.subtasks if s.ref_checkpoint_id is not None
+        )
+
+    @property
+    def oldest_ref_checkpoint_id(self) -> int | None:
+        """The smallest owner id referenced (Flink's `oldest_ref_checkpoint_id`), or None."""
+        refs = self.referenced_checkpoint_ids
+        return min(refs) if refs else None
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of state referenced by this checkpoint (fresh and fallback)."""
+        return sum(s.state_bytes for s in self.subtasks)

@@ -1,0 +1,59 @@
+"""The `regional` command line: `run`, `regions`, `inspect`, `clean`, `policy check`.
+
+Each command lives in its own module of this package and exposes
+`register(subparsers) -> None`, which adds its parser and sets `handler(args) -> int` as the
+parser default. Exit codes everywhere: 0 success, 1 the operation failed, 2 bad usage or bad
+input; errors print one line on stderr, with the traceback only under `--verbose`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+
+from metadata.errors import RegionalError
+
+__all__ = ["main"]
+
+#: Command modules, in the order `regional --help` lists them.
+COMMANDS: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command registered."""
+    parser = argparse.ArgumentParser(
+        prog="regional",
+        description="Regional checkpoints for PySpark pipelines.",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show tracebacks and Spark's own log lines"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"regional.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `regional` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except RegionalError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"regional {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"regional {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Errors raised by the engine. All derive from `RegionalError` (DESIGN §8)."""
+
+from __future__ import annotations
+
+from metadata.errors import MetadataError, RegionalError, StorageError
+
+__all__ = [
+    "CheckpointAbortedError",
+    "CommitError",
+    "GraphError",
+    "JobFailedError",
+    "MetadataError",
+    "PolicyError",
+    "RegionalError",
+    "StorageError",
+]
+
+
+class GraphError(RegionalError):
+    """A job graph is invalid or cannot be read; the message names the vertex, edge or file."""
+
+    exit_code = 2
+
+
+class PolicyError(RegionalError):
+    """A policy value is invalid; the message names the file, the key path and the bad value."""
+
+    exit_code = 2
+
+
+class CheckpointAbortedError(RegionalError):
+    """A checkpoint was aborted; the message names the checkpoint id and the rule that fired."""
+
+
+class JobFailedError(RegionalError):
+    """The job gave up (for example past `tolerable-failed-checkpoints`); names the units at fault."""
+
+
+class CommitError(RegionalError):
+    """A sink commit failed or cannot be made safely (for example a committed data file is missing)."""

@@ -1,0 +1,73 @@
+"""Shared fixtures: a loopback S3-compatible server (moto) for the whole session.
+
+Servers are started by the tests themselves on 127.0.0.1 and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """A running moto server: `endpoint` (host:port) and a helper to make fresh buckets."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.endpoint = f"{host}:{port}"
+
+    def filesystem(self):  # -> pyarrow.fs.S3FileSystem
+        from pyarrow import fs
+
+        return fs.S3FileSystem(
+            access_key="testing",
+            secret_key="testing",
+            endpoint_override=self.endpoint,
+            scheme="http",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+
+    def new_bucket(self) -> str:
+        """Create an empty bucket with a unique name and return its name."""
+        name = f"test-{uuid.uuid4().hex[:12]}"
+        self.filesystem().create_dir(name)
+        return name
+
+    def uri(self, bucket: str, path: str = "") -> str:
+        """An `s3://` URI that pyarrow.fs.FileSystem.from_uri resolves to this server."""
+        suffix = f"/{path.strip('/')}" if path else ""
+        return (
+            f"s3://testing:testing@{bucket}{suffix}"
+            f"?endpoint_override={self.endpoint}&scheme=http&region=us-east-1"
+        )
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port, for the whole test session."""
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield S3Server("127.0.0.1", port)
+    finally:
+        server.stop()
