@@ -1,0 +1,97 @@
+"""The storage layout of a job root (DESIGN §5), as pure functions over relative paths.
+
+```
+<root>/<job-id>/
+  chk-<id>/_metadata               written last, one object; its presence = completed
+  chk-<id>/<unit>-<attempt>.state  snapshot files of the units fresh in <id>
+  shared/                          files shared across checkpoints
+  savepoints/sp-<id>/...           self-contained savepoints
+```
+
+Every path stored in metadata is relative to the job root. `check_relative` refuses anything
+that could resolve outside it (`..`, absolute paths, URIs, backslashes), because such paths can
+come from a tampered metadata file.
+
+>>> state_file_path(7, 3, 1)
+'chk-7/u3-a1.state'
+>>> checkpoint_id_of("chk-7/_metadata")
+7
+>>> check_relative("chk-7/../../etc/passwd")
+Traceback (most recent call last):
+...
+metadata.errors.StorageError: path 'chk-7/../../etc/passwd' resolves outside the job root ('..' is not allowed); the metadata that holds it was tampered with or written by a broken tool
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from metadata.errors import StorageError
+
+__all__ = [
+    "METADATA_NAME",
+    "SAVEPOINTS_DIR",
+    "SHARED_DIR",
+    "check_relative",
+    "checkpoint_dir",
+    "checkpoint_id_of",
+    "metadata_path",
+    "savepoint_dir",
+    "state_file_path",
+]
+
+METADATA_NAME = "_metadata"
+SHARED_DIR = "shared"
+SAVEPOINTS_DIR = "savepoints"
+
+_CHK = re.compile(r"^chk-(\d+)(?:/|$)")
+
+
+def checkpoint_dir(checkpoint_id: int) -> str:
+    """`chk-<id>`, relative to the job root."""
+    return f"chk-{checkpoint_id}"
+
+
+def metadata_path(checkpoint_id: int) -> str:
+    """`chk-<id>/_metadata`, relative to the job root."""
+    return f"chk-{checkpoint_id}/{METADATA_NAME}"
+
+
+def state_file_path(checkpoint_id: int, unit_id: int, attempt: int) -> str:
+    """The snapshot file of one unit attempt: `chk-<id>/u<unit>-a<attempt>.state`."""
+    return f"chk-{checkpoint_id}/u{unit_id}-a{attempt}.state"
+
+
+def savepoint_dir(savepoint_id: int) -> str:
+    """`savepoints/sp-<id>`, relative to the job root."""
+    return f"{SAVEPOINTS_DIR}/sp-{savepoint_id}"
+
+
+def checkpoint_id_of(path: str) -> int | None:
+    """The checkpoint id of a path under `chk-<id>/`, else None."""
+    m = _CHK.match(path)
+    return int(m.group(1)) if m else None
+
+
+def check_relative(path: str) -> str:
+    """Return `path` normalised if it stays inside the job root, else raise `StorageError`."""
+    if not path:
+        raise StorageError("empty path in checkpoint metadata; the metadata is damaged")
+    if "://" in path or path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
+        raise StorageError(
+            f"path {path!r} is absolute or a URI; metadata paths must be relative to the job "
+            "root, so the metadata that holds it was tampered with or written by a broken tool"
+        )
+    if "\\" in path or "\x00" in path:
+        raise StorageError(
+            f"path {path!r} contains a backslash or NUL byte; the metadata that holds it was "
+            "tampered with or written by a broken tool"
+        )
+    parts = path.split("/")
+    if ".." in parts:
+        raise StorageError(
+            f"path {path!r} resolves outside the job root ('..' is not allowed); the metadata "
+            "that holds it was tampered with or written by a broken tool"
+        )
+    return posixpath.normpath(path)
