@@ -33,8 +33,8 @@ class CheckpointAbortedError(RegionalError):
 
 
 class JobFailedError(RegionalError):
-    """The job gave up (for example past `tolerable-failed-checkpoints`); names the units at fault."""
+    """The job gave up (e.g. past `tolerable-failed-checkpoints`); names the units at fault."""
 
 
 class CommitError(RegionalError):
-    """A sink commit failed or cannot be made safely (for example a committed data file is missing)."""
+    """A sink commit failed or cannot be made safely (e.g. a committed data file is missing)."""
