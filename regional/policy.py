@@ -1,19 +1,66 @@
-"""The checkpoint policy (DESIGN §4 rule 5, §7).
+"""The checkpoint policy (DESIGN §4 rule 5, §7): its shape, and loading it from a TOML file,
+`REGIONAL_...` environment variables and code overrides.
 
-This file currently holds the policy's *shape* (frozen msgspec Structs with defaults) that the
-coordinator and runtime code against. Loading from TOML, environment overrides, precedence and
-validation are added next to it.
+The policy is a tree of frozen msgspec Structs. Durations are float seconds;
+`max_consecutive_regional` is None for "unlimited". `load_policy` resolves one policy from up to
+three layers with the precedence code > environment > file > defaults, validates every value it
+is given (also values a higher layer overrides: a bad file is bad), and records where each
+effective value came from. Keys are written in kebab case, as in the file
+(`checkpointing.region.max-failure-ratio`); the reference is docs/readme/policy.md.
 
-Durations are float seconds. `max_consecutive_regional` is None for "unlimited".
+>>> resolved = load_policy(env={"REGIONAL_CHECKPOINTING__INTERVAL": "2 min"})
+>>> resolved.policy.checkpointing.interval
+120.0
+>>> resolved.sources["checkpointing.interval"], resolved.sources["checkpointing.timeout"]
+('env REGIONAL_CHECKPOINTING__INTERVAL', 'default')
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import datetime as dt
+import difflib
+import hashlib
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
+import pyarrow as pa
 
-__all__ = ["CheckpointingPolicy", "Policy", "RegionPolicy", "RestorePolicy"]
+from regional.errors import PolicyError
+
+__all__ = [
+    "CheckpointingPolicy",
+    "Policy",
+    "RegionPolicy",
+    "ResolvedPolicy",
+    "RestorePolicy",
+    "format_duration",
+    "load_policy",
+    "parse_duration",
+    "policy_fingerprint",
+]
+
+# Value types of the policy keys. Each description is the "allowed" part of error messages.
+_Seconds = Annotated[
+    float,
+    msgspec.Meta(
+        gt=0,
+        description='a duration > 0 such as "500 ms", "30 s", "2 min", "1 h" or a number of seconds',
+    ),
+]
+_Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
+_Count = Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")]
+_Retained = Annotated[int, msgspec.Meta(ge=1, description="a whole number >= 1")]
+_Limit = Annotated[int, msgspec.Meta(ge=0, description='a whole number >= 0 or "unlimited"')] | None
+_Location = (
+    Annotated[str, msgspec.Meta(min_length=1, description="a local path or a pyarrow.fs URI")]
+    | None
+)
 
 
 class RegionPolicy(
@@ -22,10 +69,10 @@ class RegionPolicy(
     """`[checkpointing.region]`: regional checkpoints and their staleness limits."""
 
     enabled: bool = True
-    max_failure_ratio: float = 0.3
-    max_consecutive_regional: int | None = 10
-    max_unit_fallbacks: int = 3
-    timeout: float = 120.0
+    max_failure_ratio: _Ratio = 0.3
+    max_consecutive_regional: _Limit = 10
+    max_unit_fallbacks: _Count = 3
+    timeout: _Seconds = 120.0
 
 
 class CheckpointingPolicy(
@@ -33,11 +80,11 @@ class CheckpointingPolicy(
 ):
     """`[checkpointing]`: how often, how long, how many to keep, where."""
 
-    interval: float = 10.0
-    timeout: float = 600.0
-    num_retained: int = 3
-    tolerable_failed_checkpoints: int = 10
-    dir: str | None = None
+    interval: _Seconds = 10.0
+    timeout: _Seconds = 600.0
+    num_retained: _Retained = 3
+    tolerable_failed_checkpoints: _Count = 10
+    dir: _Location = None
     region: RegionPolicy = RegionPolicy()
 
 
@@ -54,3 +101,340 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, rename="kebab", forbid_u
 
     checkpointing: CheckpointingPolicy = CheckpointingPolicy()
     restore: RestorePolicy = RestorePolicy()
+
+
+# --- durations --------------------------------------------------------------------------------
+
+_UNITS: dict[str, float] = {
+    **dict.fromkeys(("ms", "milli", "millis", "millisecond", "milliseconds"), 0.001),
+    **dict.fromkeys(("", "s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+}
+_DURATION = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*([a-zA-Z]*)\s*")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `"500 ms"`, `"30 s"`, `"2 min"`, `"1 h"`, `"1 d"`, a bare number of seconds
+    (as a number or a string) or a `timedelta`. Raises ValueError for anything else.
+
+    Units and their spellings follow Flink's (`ms`, `s`/`sec`, `min`/`m`, `h`, `d`, singular
+    and plural words), but a number without a unit means seconds here, not milliseconds.
+
+    >>> parse_duration("2 min"), parse_duration("500ms"), parse_duration(30), parse_duration("1.5")
+    (120.0, 0.5, 30.0, 1.5)
+    """
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
+        number, unit = match.groups()
+        if unit.lower() not in _UNITS:
+            raise ValueError(f"unknown unit {unit!r}")
+        seconds = float(number) * _UNITS[unit.lower()]
+    else:
+        raise ValueError("not a duration")
+    if not math.isfinite(seconds):
+        raise ValueError("not a finite duration")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact way to write `seconds` with one unit (ms, s, min, h).
+
+    >>> [format_duration(s) for s in (0.5, 30, 120, 90, 3600, 1.25)]
+    ['500 ms', '30 s', '2 min', '90 s', '1 h', '1250 ms']
+    """
+    for unit, size in (("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 0.001)):
+        count = round(seconds / size, 9)
+        if count >= 1 and count == int(count):
+            return f"{int(count)} {unit}"
+    return f"{seconds:g} s"
+
+
+# --- the keys, derived from the Structs ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    path: str  # kebab key path, e.g. "checkpointing.region.max-failure-ratio"
+    type: Any
+    default: Any
+
+    @property
+    def allowed(self) -> str:
+        return _allowed(self.type)
+
+    @property
+    def env_name(self) -> str:
+        return _env_name(self.path)
+
+
+def _allowed(tp: Any) -> str:
+    """What a value of type `tp` may be, in words (the fix part of an error message)."""
+    if get_origin(tp) is Annotated:
+        return get_args(tp)[1].description
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(f'"{v}"' for v in get_args(tp))
+    if tp is bool:
+        return "true or false"
+    return _allowed(next(t for t in get_args(tp) if t is not type(None)))
+
+
+def _env_name(path: str) -> str:
+    return "REGIONAL_" + "__".join(p.upper().replace("-", "_") for p in path.split("."))
+
+
+def _walk(struct: type[msgspec.Struct], prefix: str = "") -> Iterator[_Key]:
+    for field in msgspec.structs.fields(struct):
+        path = prefix + field.encode_name
+        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+            yield from _walk(field.type, path + ".")
+        else:
+            yield _Key(path, field.type, field.default)
+
+
+_KEYS: dict[str, _Key] = {key.path: key for key in _walk(Policy)}
+_SECTIONS = frozenset(path.rpartition(".")[0] for path in _KEYS)
+#: Flink's spelling (FLIP-600), accepted as an alias. Flink's 0 still allows one regional
+#: checkpoint; here 0 means never regional.
+_ALIASES = {
+    "checkpointing.region.max-consecutive-failures": "checkpointing.region.max-consecutive-regional"
+}
+_ENV_NAMES = {_env_name(path): path for path in [*_KEYS, *_ALIASES]}
+_ENV_SCOPES = tuple(_env_name(s) for s in _SECTIONS if "." not in s)
+
+
+# --- resolving ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """One value given for a key by one layer: where it came from and how to name that."""
+
+    path: str
+    raw: Any
+    source: str  # "file <path>", "env <VAR>" or "code"
+    where: str  # start of an error message: "policy file x.toml", "environment variable X", ...
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it (TOML-like: strings quoted)."""
+    try:
+        return msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError):
+        return repr(value)
+
+
+def _canonical(path: str, raw: Any, where: str) -> str:
+    path = _ALIASES.get(path, path)
+    if path not in _KEYS:
+        close = difflib.get_close_matches(path, [*_KEYS, *_ALIASES], n=1)
+        hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(_KEYS)
+        raise PolicyError(f"{where}: unknown key {path} (= {_shown(raw)}); {hint}")
+    return path
+
+
+def _flatten(table: Mapping[str, Any], where: str, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, value in table.items():
+        path = prefix + name
+        if path in _SECTIONS:
+            if not isinstance(value, dict):
+                raise PolicyError(
+                    f"{where}: {path} = {_shown(value)} is invalid; expected a table [{path}]"
+                )
+            yield from _flatten(value, where, path + ".")
+        else:
+            yield path, value
+
+
+def _layer(items: Iterator[tuple[str, Any, str, str]]) -> list[_Given]:
+    """The values of one layer by canonical key path; a key given twice (alias) is an error."""
+    given: dict[str, _Given] = {}
+    for path, raw, source, where in items:
+        key = _canonical(path, raw, where)
+        if key in given:
+            raise PolicyError(f"{where}: {key} is given twice (once as {path}); keep only {key}")
+        given[key] = _Given(key, raw, source, where)
+    return list(given.values())
+
+
+def _file_layer(file: str | Path) -> list[_Given]:
+    where = f"policy file {file}"
+    try:
+        data = Path(file).read_bytes()
+    except FileNotFoundError:
+        raise PolicyError(f"{where} does not exist; pass the path of a TOML policy file") from None
+    except OSError as exc:
+        raise PolicyError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        table = msgspec.toml.decode(data)
+    except UnicodeDecodeError:
+        raise PolicyError(f"{where} is not UTF-8 text; save it as UTF-8 TOML") from None
+    except msgspec.DecodeError as exc:
+        raise PolicyError(f"{where} is not valid TOML: {exc}") from None
+    source = f"file {file}"
+    return _layer((path, raw, source, where) for path, raw in _flatten(table, where))
+
+
+def _env_layer(env: Mapping[str, str]) -> list[_Given]:
+    def items() -> Iterator[tuple[str, Any, str, str]]:
+        for name in sorted(env):
+            if not name.startswith(_ENV_SCOPES):
+                continue  # not a policy variable (e.g. another REGIONAL_ setting)
+            where = f"environment variable {name}"
+            path = _ENV_NAMES.get(name)
+            if path is None:
+                close = difflib.get_close_matches(name, list(_ENV_NAMES), n=1)
+                hint = f"did you mean {close[0]}?" if close else "unset it"
+                raise PolicyError(f"{where} (= {_shown(env[name])}) is not a policy key; {hint}")
+            if env[name].strip() == "":
+                raise PolicyError(
+                    f"{where}: {path} is empty; set {_KEYS[_ALIASES.get(path, path)].allowed}"
+                    " or unset the variable"
+                )
+            yield path, env[name], f"env {name}", where
+
+    return _layer(items())
+
+
+def _code_layer(overrides: Mapping[str, Any]) -> list[_Given]:
+    return _layer((path, raw, "code", "policy override") for path, raw in overrides.items())
+
+
+def _coerce(given: _Given, *, from_text: bool) -> Any:
+    """The validated value of `given`, parsed with the file's rules (`from_text`: an environment
+    string, so "0.5", "true" and "3" are read as numbers and booleans)."""
+    key = _KEYS[given.path]
+    try:
+        value = given.raw
+        if key.type == _Seconds:
+            value = parse_duration(value)
+        elif key.type == _Limit and value == "unlimited":
+            value = None
+        return msgspec.convert(value, key.type, strict=not from_text)
+    except (ValueError, msgspec.ValidationError):
+        raise PolicyError(
+            f"{given.where}: {key.path} = {_shown(given.raw)} is invalid; expected {key.allowed}"
+        ) from None
+
+
+def _nest(values: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, value in values.items():
+        *sections, leaf = path.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return tree
+
+
+def policy_fingerprint(policy: Policy) -> str:
+    """A stable hash (hex SHA-256 of the policy's canonical JSON) of the effective policy, for
+    the `policy_fingerprint` of checkpoint metadata. Where a value came from does not matter.
+
+    >>> policy_fingerprint(Policy()) == policy_fingerprint(load_policy(env={}).policy)
+    True
+    """
+    return hashlib.sha256(msgspec.json.encode(policy)).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedPolicy:
+    """The effective policy and, per key path, where its value came from: `"default"`,
+    `"file <path>"`, `"env REGIONAL_..."` or `"code"`."""
+
+    policy: Policy
+    sources: Mapping[str, str]
+
+    def fingerprint(self) -> str:
+        """`policy_fingerprint(self.policy)`."""
+        return policy_fingerprint(self.policy)
+
+    def table(self, *, readable: bool = True) -> pa.Table:
+        """One row per key: `key` (string), `value`, `source` (string), in file order.
+
+        With `readable`, `value` is a string as a person writes it in the file (`"30 s"`,
+        `"unlimited"`, null when unset); otherwise it is the policy's own value (durations in
+        float seconds, null for unlimited or unset) in a dense union column, for JSON.
+        """
+        values = dict(_flatten(msgspec.to_builtins(self.policy), "policy"))
+        keys = list(_KEYS)
+        if readable:
+            column = pa.array([_readable(k, values[k]) for k in keys], pa.string())
+        else:
+            column = _union([values[k] for k in keys])
+        return pa.table(
+            {
+                "key": pa.array(keys, pa.string()),
+                "value": column,
+                "source": pa.array([self.sources[k] for k in keys], pa.string()),
+            }
+        )
+
+
+def _readable(path: str, value: Any) -> str | None:
+    key = _KEYS[path]
+    if key.type == _Seconds:
+        return format_duration(value)
+    if key.type == _Limit and value is None:
+        return "unlimited"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if value is None else str(value)
+
+
+def _union(values: list[Any]) -> pa.Array:
+    """A dense union array holding `values` of mixed Python types (float, int, bool, str, None)."""
+    kinds = [(float, pa.float64()), (int, pa.int64()), (bool, pa.bool_()), (str, pa.string())]
+    members: list[list[Any]] = [[] for _ in range(len(kinds) + 1)]
+    codes, offsets = [], []
+    for value in values:
+        code = next((i for i, (t, _) in enumerate(kinds) if type(value) is t), len(kinds))
+        codes.append(code)
+        offsets.append(len(members[code]))
+        members[code].append(value)
+    children = [pa.array(m, t) for m, (_, t) in zip(members, kinds, strict=False)]
+    children.append(pa.nulls(len(members[-1])))
+    return pa.UnionArray.from_dense(
+        pa.array(codes, pa.int8()),
+        pa.array(offsets, pa.int32()),
+        children,
+        ["float", "int", "bool", "string", "null"],
+    )
+
+
+def load_policy(
+    file: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ResolvedPolicy:
+    """Resolve the policy: `overrides` (code) > `env` > `file` > defaults.
+
+    `env` defaults to `os.environ`; only variables starting with `REGIONAL_CHECKPOINTING` or
+    `REGIONAL_RESTORE` are read (and must be policy keys). `overrides` are keyed by kebab key
+    path and take the same values as the file (also `timedelta` for durations, None for
+    "unlimited"). Every given value is validated; the first bad one raises `PolicyError` naming
+    the file / variable / override, the key path, the value and what is allowed.
+
+    >>> load_policy(env={}, overrides={"checkpointing.region.max-consecutive-regional":
+    ...     "unlimited"}).policy.checkpointing.region.max_consecutive_regional is None
+    True
+    """
+    layers = [
+        (_file_layer(file) if file is not None else [], False),
+        (_env_layer(os.environ if env is None else env), True),
+        (_code_layer(overrides or {}), False),
+    ]
+    values = {path: key.default for path, key in _KEYS.items()}
+    sources = dict.fromkeys(_KEYS, "default")
+    for given_values, from_text in layers:
+        for given in given_values:
+            values[given.path] = _coerce(given, from_text=from_text)
+            sources[given.path] = given.source
+    policy = msgspec.convert(_nest(values), Policy)
+    return ResolvedPolicy(policy, sources)
