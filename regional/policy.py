@@ -50,7 +50,7 @@ _Seconds = Annotated[
     float,
     msgspec.Meta(
         gt=0,
-        description='a duration > 0 such as "500 ms", "30 s", "2 min", "1 h" or a number of seconds',
+        description='a duration > 0: "500 ms", "30 s", "2 min", "1 h" or a number of seconds',
     ),
 ]
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
