@@ -148,10 +148,10 @@ def format_duration(seconds: float) -> str:
     ['500 ms', '30 s', '2 min', '90 s', '1 h', '1250 ms']
     """
     for unit, size in (("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 0.001)):
-        count = round(seconds / size, 9)
-        if count >= 1 and count == int(count):
-            return f"{int(count)} {unit}"
-    return f"{seconds:g} s"
+        count = seconds / size
+        if count >= 1 and abs(count - round(count)) <= 1e-9 * count:
+            return f"{round(count)} {unit}"
+    return f"{seconds!r} s"
 
 
 # --- the keys, derived from the Structs ---------------------------------------------------------
@@ -221,7 +221,9 @@ class _Given:
 
 
 def _shown(value: Any) -> str:
-    """A value as the user wrote it (TOML-like: strings quoted)."""
+    """A value as the user wrote it (TOML-like: strings quoted, `inf`)."""
+    if isinstance(value, float):
+        return repr(value)
     try:
         return msgspec.json.encode(value).decode()
     except (TypeError, msgspec.EncodeError):
@@ -230,6 +232,10 @@ def _shown(value: Any) -> str:
 
 def _canonical(path: str, raw: Any, where: str) -> str:
     path = _ALIASES.get(path, path)
+    if path not in _KEYS and isinstance(raw, dict):
+        close = difflib.get_close_matches(path, sorted(_SECTIONS), n=1)
+        hint = f"did you mean [{close[0]}]?" if close else "tables: " + ", ".join(sorted(_SECTIONS))
+        raise PolicyError(f"{where}: unknown table [{path}]; {hint}")
     if path not in _KEYS:
         close = difflib.get_close_matches(path, [*_KEYS, *_ALIASES], n=1)
         hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(_KEYS)
