@@ -1,0 +1,616 @@
+"""The retention planner: which checkpoints and files to keep, which to delete, and why.
+
+Pure (no I/O, no clock): it takes what storage holds and returns a `RetentionPlan` that an
+executor (`cleaner.run`) carries out and an inspector view (`cleaner.views`) renders. DESIGN §4
+rule 11, `flink_regional.md` §2.6, §4 and §10 items 22–25.
+
+Rules, in the order they apply to a file (the first that matches decides):
+
+1. `savepoints/...` is user-owned: always kept.
+2. A file referenced by a state handle of a *kept* checkpoint (the newest `num_retained`
+   completed ones, savepoints, and a restore base the job does not own) is kept, naming every
+   kept checkpoint that references it. Because fallback state points at its **owner** (rule 4),
+   this keeps the few referenced *files* of an intermediate checkpoint, not the whole checkpoint.
+   A physical file holding several segments stays while any kept segment remains.
+3. Anything under a pending checkpoint's directory, or named by a pending checkpoint, is kept.
+4. Everything under a checkpoint with damaged metadata is kept for inspection (never deleted
+   automatically, DESIGN §8).
+5. With a `no-claim` restore base `B`, everything under `chk-<k>/` with `k <= B` is kept: the
+   job does not own it (Flink's `highestNotClaimedCheckpointID`).
+6. A file in a kept checkpoint's own directory that no handle references is deleted if it is a
+   unit-attempt state file (`u<unit>-a<attempt>.state`: a stale attempt), else kept (it may be
+   named by sink committables, which are opaque to the cleaner).
+7. Files of a dropped completed checkpoint are deleted (`subsumed`); files of a directory
+   without `_metadata` are deleted as `aborted` (its id is newer than every completed
+   checkpoint) or `orphan` (left by a crash or an interrupted clean); non-state files there are
+   `staged` files of a failed attempt. Unreferenced `shared/` files are orphans.
+8. Any other path shape is kept and reported as `unknown` (delete it by hand if you know it).
+
+Deletion order (crash safety): first the `_metadata` of every dropped checkpoint, oldest first,
+so that no reader ever sees a "completed" checkpoint with missing files; then the remaining
+files of checkpoint directories, oldest first; then orphaned `shared/` files. A crash at any
+point leaves only unreferenced files behind, which the next plan deletes as orphans.
+
+`subsumed_ids` holds only checkpoints whose metadata this plan deletes and that no kept
+checkpoint references: safe to notify as subsumed, one id at a time (never "everything up to
+the largest id", rule 6 / §10 item 25).
+
+>>> from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState
+>>> def handle(path):
+...     return (StateHandle(path=path, offset=0, length=10, size=10, checksum=b""),)
+>>> c1 = CheckpointMetadata(checkpoint_id=1, job_id="j", kind="global", trigger_time_ms=0,
+...     completion_time_ms=0, subtasks=(
+...         SubtaskState("map", 0, 0, handles=handle("chk-1/u0-a0.state")),
+...         SubtaskState("map", 1, 1, handles=handle("chk-1/u1-a0.state"))))
+>>> c2 = CheckpointMetadata(checkpoint_id=2, job_id="j", kind="regional", trigger_time_ms=0,
+...     completion_time_ms=0, units=(UnitState(1, ref_checkpoint_id=1),), subtasks=(
+...         SubtaskState("map", 0, 0, handles=handle("chk-2/u0-a0.state")),
+...         SubtaskState("map", 1, 1, ref_checkpoint_id=1, handles=handle("chk-1/u1-a0.state"))))
+>>> files = [ListedFile(p, 10) for p in ("chk-1/_metadata", "chk-1/u0-a0.state",
+...     "chk-1/u1-a0.state", "chk-2/_metadata", "chk-2/u0-a0.state")]
+>>> plan = plan_retention([c1, c2], files, num_retained=1)
+>>> [(d.path, d.reason.value) for d in plan.deletions]
+[('chk-1/_metadata', 'subsumed'), ('chk-1/u0-a0.state', 'subsumed')]
+>>> plan.checkpoint(1).detail
+'metadata deleted; 1 file (10 bytes) kept for checkpoint 2 (units 1)'
+>>> plan.subsumed_ids, plan.saved_bytes
+((), 20)
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, NamedTuple, Protocol
+
+import msgspec
+
+from metadata.errors import RegionalError, StorageError
+from metadata.layout import (
+    METADATA_NAME,
+    SAVEPOINTS_DIR,
+    SHARED_DIR,
+    check_relative,
+    checkpoint_dir,
+    checkpoint_id_of,
+)
+from metadata.model import CheckpointKind, CheckpointMetadata
+
+__all__ = [
+    "Action",
+    "CheckpointDecision",
+    "FileDecision",
+    "ListedFile",
+    "MissingFile",
+    "PendingCheckpoint",
+    "Reason",
+    "RefusedPath",
+    "RestoreBase",
+    "RetentionInputError",
+    "RetentionPlan",
+    "StoredFile",
+    "plan_retention",
+]
+
+_STATE_FILE = re.compile(r"^u\d+-a\d+\.state$")
+
+
+class RetentionInputError(RegionalError):
+    """The planner was given inconsistent input (e.g. `num_retained` < 1)."""
+
+    exit_code = 2
+
+
+class StoredFile(Protocol):
+    """What the planner needs of a listed file (`metadata.storage.FileEntry` fits)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+class ListedFile(NamedTuple):
+    """A plain listed file: `path` relative to the job root, `size` in bytes."""
+
+    path: str
+    size: int
+
+
+class Action(enum.StrEnum):
+    """`keep`, `delete`, or for a checkpoint `keep-files`: its metadata goes, referenced files
+    stay."""
+
+    KEEP = "keep"
+    KEEP_FILES = "keep-files"
+    DELETE = "delete"
+
+
+class Reason(enum.StrEnum):
+    """Why something is kept or deleted (the `reason` column of the retention view)."""
+
+    RETAINED = "retained"  # within num-retained (its own files)
+    REFERENCED = "referenced"  # named by a kept checkpoint's fallback state
+    PENDING = "pending"  # a checkpoint in progress
+    DAMAGED = "damaged"  # metadata does not decode: kept for inspection
+    NOT_OWNED = "not-owned"  # written by or before a no-claim restore base
+    SAVEPOINT = "savepoint"  # user-owned
+    UNKNOWN = "unknown"  # a shape the cleaner does not own
+    SUBSUMED = "subsumed"  # a dropped checkpoint's metadata and files
+    STALE_ATTEMPT = "stale-attempt"  # a unit attempt file its checkpoint does not reference
+    ABORTED = "aborted"  # state of a checkpoint that never completed
+    STAGED = "staged"  # another file of a failed attempt (e.g. a staged sink file)
+    ORPHAN = "orphan"  # left by a crash or interrupted clean; unreferenced shared file
+
+
+class PendingCheckpoint(msgspec.Struct, frozen=True):
+    """A checkpoint in progress: its whole `chk-<id>/` directory is live, and so is every path
+    in `files` (owner files its fallback state will reference, shared files it uploaded)."""
+
+    checkpoint_id: int
+    files: tuple[str, ...] = ()
+
+
+class RestoreBase(msgspec.Struct, frozen=True):
+    """The checkpoint of this job root the job was restored from, and the restore mode."""
+
+    checkpoint_id: int
+    mode: Literal["claim", "no-claim"] = "claim"
+
+
+class CheckpointDecision(msgspec.Struct, frozen=True):
+    """One checkpoint: kept, kept for its referenced files only, or deleted, and why.
+
+    `referenced_by` maps to the kept checkpoints whose fallback state points at this one, and
+    `units` are the fallback units concerned."""
+
+    checkpoint_id: int
+    kind: str | None
+    action: Action
+    reason: Reason
+    detail: str
+    referenced_by: tuple[int, ...] = ()
+    units: tuple[int, ...] = ()
+    kept_bytes: int = 0
+    deleted_bytes: int = 0
+
+
+class FileDecision(msgspec.Struct, frozen=True):
+    """One listed file: kept (with the kept checkpoints that reference it) or deleted.
+
+    `phase` orders deletions: 0 metadata of dropped checkpoints, 1 other checkpoint files,
+    2 shared files (None for kept files)."""
+
+    path: str
+    size: int
+    action: Action
+    reason: Reason
+    detail: str
+    checkpoint_id: int | None = None
+    kept_by: tuple[int, ...] = ()
+    phase: int | None = None
+
+
+class RefusedPath(msgspec.Struct, frozen=True):
+    """A path in a checkpoint's metadata that resolves outside the job root: never touched."""
+
+    checkpoint_id: int
+    path: str
+    error: str
+
+
+class MissingFile(msgspec.Struct, frozen=True):
+    """A file referenced by kept checkpoints but absent from the listing."""
+
+    path: str
+    referenced_by: tuple[int, ...]
+
+
+class RetentionPlan(msgspec.Struct, frozen=True):
+    """The whole decision. `whole_checkpoint_bytes` is what keeping every referenced checkpoint
+    whole (Flink's rule: newest N plus the transitive closure of their references) would keep."""
+
+    num_retained: int
+    checkpoints: tuple[CheckpointDecision, ...]
+    files: tuple[FileDecision, ...]
+    retained_ids: tuple[int, ...]
+    subsumed_ids: tuple[int, ...]
+    referenced_ids: tuple[int, ...]
+    refused: tuple[RefusedPath, ...] = ()
+    missing: tuple[MissingFile, ...] = ()
+    kept_bytes: int = 0
+    deleted_bytes: int = 0
+    whole_checkpoint_bytes: int = 0
+
+    @property
+    def deletions(self) -> tuple[FileDecision, ...]:
+        """The files to delete, in deletion order (phase, then oldest checkpoint, then path)."""
+        dels = [f for f in self.files if f.action is Action.DELETE]
+        dels.sort(key=lambda f: (f.phase, _order(f.checkpoint_id), f.path))
+        return tuple(dels)
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes deleted that whole-checkpoint retention would have kept."""
+        return self.whole_checkpoint_bytes - self.kept_bytes
+
+    def checkpoint(self, checkpoint_id: int) -> CheckpointDecision:
+        """The decision for one checkpoint id (KeyError naming the id if it is not in the plan)."""
+        for c in self.checkpoints:
+            if c.checkpoint_id == checkpoint_id:
+                return c
+        raise KeyError(f"checkpoint {checkpoint_id} is not in the retention plan")
+
+
+def _order(checkpoint_id: int | None) -> float:
+    return float("inf") if checkpoint_id is None else checkpoint_id
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class _References:
+    """Which normalised paths each checkpoint references, and its fallback (owner, unit) pairs."""
+
+    def __init__(self, completed: Sequence[CheckpointMetadata]) -> None:
+        self.paths: dict[int, set[str]] = {}
+        self.owner_units: dict[int, dict[int, set[int]]] = {}
+        self.refused: list[RefusedPath] = []
+        checked: dict[str, str | None] = {}
+        for md in completed:
+            cid = md.checkpoint_id
+            raw = {h.path for s in md.subtasks for h in s.handles}
+            good: set[str] = set()
+            for path in raw:
+                norm = checked.get(path, "")
+                if norm == "":
+                    try:
+                        norm = check_relative(path)
+                    except StorageError as exc:
+                        self.refused.append(RefusedPath(cid, path, str(exc)))
+                        norm = None
+                    checked[path] = norm
+                elif norm is None:
+                    self.refused.append(
+                        RefusedPath(cid, path, f"path {path!r} resolves outside the job root")
+                    )
+                if norm is not None:
+                    good.add(norm)
+            self.paths[cid] = good
+            units: dict[int, set[int]] = defaultdict(set)
+            for ref, unit in {
+                (s.ref_checkpoint_id, s.unit_id)
+                for s in md.subtasks
+                if s.ref_checkpoint_id is not None
+            }:
+                units[ref].add(unit)
+            for u in md.units:
+                if u.ref_checkpoint_id is not None:
+                    units[u.ref_checkpoint_id].add(u.unit_id)
+            self.owner_units[cid] = units
+
+
+def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
+    """Retained ids plus every id reachable through references (FLINK's protected set)."""
+    seen = set(start)
+    todo = list(seen)
+    while todo:
+        cid = todo.pop()
+        for ref in refs.owner_units.get(cid, {}):
+            if ref not in seen:
+                seen.add(ref)
+                todo.append(ref)
+    return seen
+
+
+def plan_retention(
+    completed: Sequence[CheckpointMetadata],
+    files: Iterable[StoredFile],
+    *,
+    num_retained: int,
+    pending: Sequence[PendingCheckpoint] = (),
+    damaged: Iterable[int] = (),
+    restore_base: RestoreBase | None = None,
+) -> RetentionPlan:
+    """Decide, for every checkpoint and every listed file, keep or delete, with the reason.
+
+    `completed` are the checkpoints whose metadata decoded; `damaged` the ids whose metadata
+    did not (never deleted); `pending` the checkpoints in progress; `files` the listing of the
+    job root (paths relative to it). Raises `RetentionInputError` if `num_retained` < 1.
+    """
+    if num_retained < 1:
+        raise RetentionInputError(
+            f"num-retained must be at least 1 (got {num_retained}): the latest completed "
+            "checkpoint is always kept; fix [checkpointing] num-retained or --num-retained"
+        )
+    by_id = {md.checkpoint_id: md for md in completed}
+    damaged_ids = set(damaged) - by_id.keys()
+    pending_ids = {p.checkpoint_id for p in pending}
+    pending_files: set[str] = set()
+    for p in pending:
+        for path in p.files:
+            try:
+                pending_files.add(check_relative(path))
+            except StorageError:
+                continue  # a pending checkpoint cannot protect a file outside the root
+    no_claim_upto = (
+        restore_base.checkpoint_id
+        if restore_base is not None and restore_base.mode == "no-claim"
+        else None
+    )
+
+    def not_owned(cid: int | None) -> bool:
+        return cid is not None and no_claim_upto is not None and cid <= no_claim_upto
+
+    checkpoints = sorted(
+        (md for md in completed if md.checkpoint_id not in pending_ids),
+        key=lambda md: md.checkpoint_id,
+    )
+    savepoint_ids = {md.checkpoint_id for md in checkpoints if md.kind == CheckpointKind.SAVEPOINT}
+    regular = [md.checkpoint_id for md in checkpoints if md.checkpoint_id not in savepoint_ids]
+    retained = set(regular[-num_retained:])
+    kept_ids = (
+        retained
+        | savepoint_ids
+        | {md.checkpoint_id for md in checkpoints if not_owned(md.checkpoint_id)}
+    )
+    newest_completed = max(by_id, default=-1)
+
+    refs = _References(checkpoints)
+    kept_by: dict[str, set[int]] = defaultdict(set)
+    for cid in kept_ids:
+        for path in refs.paths[cid]:
+            kept_by[path].add(cid)
+
+    listed: list[StoredFile] = sorted(
+        files, key=lambda f: (_order(checkpoint_id_of(f.path)), f.path)
+    )
+    listed_paths = {f.path for f in listed}
+    decisions: list[FileDecision] = []
+    has_metadata = {
+        cid
+        for f in listed
+        if f.path.endswith("/" + METADATA_NAME)
+        and (cid := checkpoint_id_of(f.path)) is not None
+        and f.path == f"{checkpoint_dir(cid)}/{METADATA_NAME}"
+    }
+    for f in listed:
+        decisions.append(
+            _decide_file(
+                f,
+                kept_by=kept_by,
+                kept_ids=kept_ids,
+                retained=retained,
+                by_id=by_id,
+                pending_ids=pending_ids,
+                pending_files=pending_files,
+                damaged_ids=damaged_ids,
+                not_owned=not_owned,
+                has_metadata=has_metadata,
+                newest_completed=newest_completed,
+            )
+        )
+
+    # Checkpoint-level decisions.
+    kept_b: dict[int, int] = defaultdict(int)
+    deleted_b: dict[int, int] = defaultdict(int)
+    kept_files_of: dict[int, int] = defaultdict(int)
+    for d in decisions:
+        if d.checkpoint_id is None:
+            continue
+        if d.action is Action.KEEP:
+            kept_b[d.checkpoint_id] += d.size
+            kept_files_of[d.checkpoint_id] += 1
+        else:
+            deleted_b[d.checkpoint_id] += d.size
+    referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
+    for cid in kept_ids:
+        for owner, units in refs.owner_units[cid].items():
+            referrers[owner][cid] = units
+    dir_ids = {d.checkpoint_id for d in decisions if d.checkpoint_id is not None}
+    all_ids = sorted(dir_ids | by_id.keys() | damaged_ids | pending_ids)
+    cps: list[CheckpointDecision] = []
+    for cid in all_ids:
+        md = by_id.get(cid)
+        kind = str(md.kind) if md is not None else None
+        users = referrers.get(cid, {})
+        ref_by = tuple(sorted(users))
+        units = tuple(sorted(set().union(*users.values()))) if users else ()
+        common = dict(
+            checkpoint_id=cid,
+            kind=kind,
+            referenced_by=ref_by,
+            units=units,
+            kept_bytes=kept_b[cid],
+            deleted_bytes=deleted_b[cid],
+        )
+        if cid in pending_ids:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.PENDING,
+                    detail="checkpoint in progress",
+                    **common,
+                )
+            )
+        elif cid in damaged_ids:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.DAMAGED,
+                    detail="metadata does not decode; kept for inspection, see "
+                    "`regional inspect ROOT validate`, delete by hand if unneeded",
+                    **common,
+                )
+            )
+        elif not_owned(cid):
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.NOT_OWNED,
+                    detail=f"written by or before restore base {no_claim_upto}, restored in "
+                    "no-claim mode: owned by the user, never deleted",
+                    **common,
+                )
+            )
+        elif cid in savepoint_ids:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.SAVEPOINT,
+                    detail="savepoint: user-owned",
+                    **common,
+                )
+            )
+        elif cid in retained:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.RETAINED,
+                    detail=f"within num-retained ({num_retained} newest)",
+                    **common,
+                )
+            )
+        elif kept_files_of[cid]:
+            n, b = kept_files_of[cid], kept_b[cid]
+            per_ref = "; ".join(
+                f"checkpoint {r} (units {_ids(u)})" for r, u in sorted(users.items())
+            )
+            head = "metadata deleted; " if cid in by_id else ""
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP_FILES,
+                    reason=Reason.REFERENCED,
+                    detail=f"{head}{_plural(n, 'file')} ({b} bytes) kept for "
+                    f"{per_ref or 'pending checkpoints'}",
+                    **common,
+                )
+            )
+        else:
+            if md is not None:
+                reason, detail = (
+                    Reason.SUBSUMED,
+                    f"outside num-retained ({num_retained} newest), referenced by no kept "
+                    "checkpoint",
+                )
+            elif cid > newest_completed:
+                reason, detail = Reason.ABORTED, "no _metadata and not in progress: never completed"
+            else:
+                reason, detail = (
+                    Reason.ORPHAN,
+                    "no _metadata and not in progress: left by a crash or an interrupted clean",
+                )
+            cps.append(
+                CheckpointDecision(action=Action.DELETE, reason=reason, detail=detail, **common)
+            )
+
+    subsumed = tuple(
+        c.checkpoint_id for c in cps if c.action is Action.DELETE and c.checkpoint_id in by_id
+    )
+    referenced = tuple(c.checkpoint_id for c in cps if c.action is Action.KEEP_FILES)
+
+    missing = tuple(
+        MissingFile(path, tuple(sorted(ids)))
+        for path, ids in sorted(kept_by.items())
+        if path not in listed_paths
+    )
+    kept_total = sum(d.size for d in decisions if d.action is Action.KEEP)
+    deleted_total = sum(d.size for d in decisions if d.action is Action.DELETE)
+    flink = _flink_closure(retained, refs) | kept_ids
+    extra = sum(d.size for d in decisions if d.action is Action.DELETE and d.checkpoint_id in flink)
+    return RetentionPlan(
+        num_retained=num_retained,
+        checkpoints=tuple(cps),
+        files=tuple(decisions),
+        retained_ids=tuple(sorted(retained)),
+        subsumed_ids=subsumed,
+        referenced_ids=referenced,
+        refused=tuple(sorted(refs.refused, key=lambda r: (r.checkpoint_id, r.path))),
+        missing=missing,
+        kept_bytes=kept_total,
+        deleted_bytes=deleted_total,
+        whole_checkpoint_bytes=kept_total + extra,
+    )
+
+
+def _decide_file(
+    f: StoredFile,
+    *,
+    kept_by: dict[str, set[int]],
+    kept_ids: set[int],
+    retained: set[int],
+    by_id: dict[int, CheckpointMetadata],
+    pending_ids: set[int],
+    pending_files: set[str],
+    damaged_ids: set[int],
+    not_owned: Callable[[int | None], bool],
+    has_metadata: set[int],
+    newest_completed: int,
+) -> FileDecision:
+    """Apply the module's rules, in order, to one listed file."""
+    path, size = f.path, f.size
+    cid = checkpoint_id_of(path)
+
+    def keep(reason: Reason, detail: str, users: Iterable[int] = ()) -> FileDecision:
+        return FileDecision(path, size, Action.KEEP, reason, detail, cid, tuple(sorted(users)))
+
+    def delete(reason: Reason, detail: str, phase: int) -> FileDecision:
+        return FileDecision(path, size, Action.DELETE, reason, detail, cid, (), phase)
+
+    if path.startswith(SAVEPOINTS_DIR + "/"):
+        return keep(Reason.SAVEPOINT, "savepoint: user-owned, never deleted")
+    users = kept_by.get(path)
+    if users:
+        if cid is not None and cid in users:
+            return keep(Reason.RETAINED, f"file of kept checkpoint {cid}", users)
+        return keep(Reason.REFERENCED, f"referenced by checkpoint {_ids(users)}", users)
+    if path in pending_files or (cid is not None and cid in pending_ids):
+        return keep(Reason.PENDING, "may be referenced by a checkpoint in progress")
+    if cid is not None and cid in damaged_ids:
+        return keep(Reason.DAMAGED, f"checkpoint {cid} has damaged metadata; kept for inspection")
+    if not_owned(cid):
+        return keep(Reason.NOT_OWNED, "written by or before a no-claim restore base")
+    if cid is None:
+        if path.startswith(SHARED_DIR + "/"):
+            return delete(Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2)
+        return keep(Reason.UNKNOWN, "not a checkpoint, shared or savepoint file; delete by hand")
+    if cid in has_metadata and cid not in by_id:
+        return keep(
+            Reason.UNKNOWN,
+            f"checkpoint {cid} has _metadata the planner was not given (completed after the "
+            "scan?); kept until the next plan",
+        )
+    name = path[len(checkpoint_dir(cid)) + 1 :]
+    is_state = _STATE_FILE.match(name) is not None
+    if name == METADATA_NAME:
+        if cid in kept_ids:
+            return keep(Reason.RETAINED, f"metadata of kept checkpoint {cid}", (cid,))
+        if cid in by_id:
+            return delete(Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0)
+    if cid in kept_ids:
+        if is_state:
+            return delete(
+                Reason.STALE_ATTEMPT,
+                f"unit attempt file that checkpoint {cid}'s metadata does not reference",
+                1,
+            )
+        return keep(
+            Reason.UNKNOWN,
+            f"in kept checkpoint {cid} but not a state handle (may be named by committables)",
+            (cid,),
+        )
+    if cid in by_id:
+        return delete(Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1)
+    if not is_state and name != METADATA_NAME:
+        return delete(Reason.STAGED, f"staged file of failed attempt of checkpoint {cid}", 1)
+    if cid > newest_completed and cid not in has_metadata:
+        return delete(Reason.ABORTED, f"checkpoint {cid} never completed", 1)
+    return delete(Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1)
