@@ -320,6 +320,8 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
             value = parse_duration(value)
         elif key.type == _Limit and value == "unlimited":
             value = None
+        elif from_text and value == "null":
+            raise ValueError("TOML has no null")  # msgspec's lax mode would read it as None
         return msgspec.convert(value, key.type, strict=not from_text)
     except (ValueError, msgspec.ValidationError):
         raise PolicyError(

@@ -291,6 +291,12 @@ def test_env_alias_of_flink_spelling() -> None:
             "did you mean REGIONAL_RESTORE__MODE?",
         ),
         (
+            {"REGIONAL_CHECKPOINTING__REGION__MAX_CONSECUTIVE_REGIONAL": "null"},
+            "environment variable REGIONAL_CHECKPOINTING__REGION__MAX_CONSECUTIVE_REGIONAL: "
+            'checkpointing.region.max-consecutive-regional = "null" is invalid; '
+            'expected a whole number >= 0 or "unlimited"',
+        ),
+        (
             {"REGIONAL_CHECKPOINTING__NUM_RETAINED": " "},
             "environment variable REGIONAL_CHECKPOINTING__NUM_RETAINED: "
             "checkpointing.num-retained is empty; set a whole number >= 1 or unset the variable",
