@@ -24,6 +24,7 @@ import hashlib
 import math
 import os
 import re
+import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -167,10 +168,6 @@ class _Key:
     def allowed(self) -> str:
         return _allowed(self.type)
 
-    @property
-    def env_name(self) -> str:
-        return _env_name(self.path)
-
 
 def _allowed(tp: Any) -> str:
     """What a value of type `tp` may be, in words (the fix part of an error message)."""
@@ -307,7 +304,8 @@ def _env_layer(env: Mapping[str, str]) -> list[_Given]:
 
 
 def _code_layer(overrides: Mapping[str, Any]) -> list[_Given]:
-    return _layer((path, raw, "code", "policy override") for path, raw in overrides.items())
+    where = "policy override"
+    return _layer((path, raw, "code", where) for path, raw in _flatten(overrides, where))
 
 
 def _coerce(given: _Given, *, from_text: bool) -> Any:
@@ -425,9 +423,10 @@ def load_policy(
 
     `env` defaults to `os.environ`; only variables starting with `REGIONAL_CHECKPOINTING` or
     `REGIONAL_RESTORE` are read (and must be policy keys). `overrides` are keyed by kebab key
-    path and take the same values as the file (also `timedelta` for durations, None for
-    "unlimited"). Every given value is validated; the first bad one raises `PolicyError` naming
-    the file / variable / override, the key path, the value and what is allowed.
+    path (or nested by table, as in the file) and take the same values as the file (also
+    `timedelta` for durations, None for "unlimited"). Every given value is validated; the
+    first bad one raises `PolicyError` naming the file / variable / override, the key path,
+    the value and what is allowed.
 
     >>> load_policy(env={}, overrides={"checkpointing.region.max-consecutive-regional":
     ...     "unlimited"}).policy.checkpointing.region.max_consecutive_regional is None
@@ -445,4 +444,4 @@ def load_policy(
             values[given.path] = _coerce(given, from_text=from_text)
             sources[given.path] = given.source
     policy = msgspec.convert(_nest(values), Policy)
-    return ResolvedPolicy(policy, sources)
+    return ResolvedPolicy(policy, types.MappingProxyType(sources))

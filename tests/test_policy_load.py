@@ -348,8 +348,15 @@ def test_code_overrides_take_file_values_timedelta_and_none() -> None:
     )
     region = resolved.policy.checkpointing.region
     assert resolved.policy.checkpointing.timeout == 300.0
+    assert resolved.sources["checkpointing.timeout"] == "code"
     assert region.max_consecutive_regional is None
     assert region.max_failure_ratio == 0.0
+
+
+def test_code_overrides_may_be_nested_like_the_file() -> None:
+    nested = load_policy(env={}, overrides={"checkpointing": {"region": {"timeout": "1 min"}}})
+    assert nested.policy.checkpointing.region.timeout == 60.0
+    assert nested.sources["checkpointing.region.timeout"] == "code"
 
 
 @pytest.mark.parametrize(
@@ -359,6 +366,10 @@ def test_code_overrides_take_file_values_timedelta_and_none() -> None:
             {"checkpointing.intervall": 5},
             "policy override: unknown key checkpointing.intervall (= 5); "
             "did you mean checkpointing.interval?",
+        ),
+        (
+            {"checkpointing": 3},
+            "policy override: checkpointing = 3 is invalid; expected a table [checkpointing]",
         ),
         (
             {"checkpointing.num-retained": "3"},
