@@ -1,0 +1,69 @@
+"""Reading job-graph files: ours (JSON or TOML) and Flink's plan JSONs, told apart by content.
+
+Our format has top-level `vertices` and `edges` whose keys are exactly the field names of
+`regional.graph.Vertex` and `Edge` (``from`` for `Edge.from_`); unknown keys are errors naming
+the file and the key path. A document with a `nodes` list (optionally wrapped in ``{"plan": ..}``)
+is a Flink plan (`regional.flink_plan`). Every failure is a `GraphError` that names the file.
+
+>>> g = parse_graph(
+...     b'vertices = [{id = "a", parallelism = 2}, {id = "b", parallelism = 2}]\\n'
+...     b'edges = [{from = "a", to = "b", partitioner = "forward"}]\\n',
+...     source="job.toml",
+... )
+>>> [e.partitioner for e in g.edges]
+['forward']
+>>> parse_graph(b'{"vertices": [{"id": "a", "parallelism": 1, "colour": "red"}]}', source="j.json")
+Traceback (most recent call last):
+regional.errors.GraphError: j.json: Object contains unknown field `colour` - at `$.vertices[0]`
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from regional.errors import GraphError
+from regional.flink_plan import graph_from_flink_plan, is_flink_plan
+from regional.graph import JobGraph
+
+__all__ = ["load_graph", "parse_graph"]
+
+
+def _decode(data: bytes, source: str) -> Any:
+    """JSON when the document starts with `{`, else TOML."""
+    try:
+        if data.lstrip()[:1] == b"{":
+            return msgspec.json.decode(data)
+        return msgspec.toml.decode(data)
+    except msgspec.DecodeError as exc:
+        raise GraphError(f"{source}: neither valid JSON nor TOML ({exc}); fix the syntax") from None
+
+
+def parse_graph(data: bytes, *, source: str = "<graph>") -> JobGraph:
+    """The job graph in `data` (ours in JSON/TOML, or a Flink plan JSON); `source` names it in
+    errors."""
+    obj = _decode(data, source)
+    if not isinstance(obj, dict):
+        raise GraphError(f"{source}: expected an object with `vertices` and `edges`")
+    if "vertices" in obj:
+        try:
+            return msgspec.convert(obj, JobGraph)
+        except (msgspec.ValidationError, GraphError) as exc:
+            raise GraphError(f"{source}: {exc}") from None
+    if is_flink_plan(obj):
+        return graph_from_flink_plan(obj, source=source)
+    raise GraphError(
+        f"{source}: no `vertices` (our job-graph format) and no `nodes` (a Flink plan JSON); "
+        "see examples/graphs/ for both"
+    )
+
+
+def load_graph(path: str | Path) -> JobGraph:
+    """Read and validate the job-graph file at `path` (format detected from its content)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise GraphError(f"{path}: cannot read the job-graph file: {exc.strerror}") from None
+    return parse_graph(data, source=str(path))
