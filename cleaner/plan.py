@@ -31,9 +31,12 @@ so that no reader ever sees a "completed" checkpoint with missing files; then th
 files of checkpoint directories, oldest first; then orphaned `shared/` files. A crash at any
 point leaves only unreferenced files behind, which the next plan deletes as orphans.
 
-`subsumed_ids` holds only checkpoints whose metadata this plan deletes and that no kept
-checkpoint references: safe to notify as subsumed, one id at a time (never "everything up to
-the largest id", rule 6 / §10 item 25).
+`subsumed_ids` holds only checkpoints that no kept checkpoint references and whose last files
+this plan deletes: dropped completed checkpoints, and orphaned directories (e.g. an owner whose
+metadata an earlier plan deleted while its files were still referenced, now released). They
+are safe to notify as subsumed, one id at a time; never notify "everything up to the largest
+id" (rule 6, §10 item 25). `referenced_ids` are checkpoints whose metadata goes while some of
+their files stay for newer checkpoints: never notify them.
 
 >>> from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState
 >>> def handle(path):
@@ -461,6 +464,15 @@ def plan_retention(
                     **common,
                 )
             )
+        elif md is None and cid in has_metadata:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP,
+                    reason=Reason.UNKNOWN,
+                    detail="has _metadata the planner was not given (completed after the scan?)",
+                    **common,
+                )
+            )
         elif cid in savepoint_ids:
             cps.append(
                 CheckpointDecision(
@@ -513,7 +525,9 @@ def plan_retention(
             )
 
     subsumed = tuple(
-        c.checkpoint_id for c in cps if c.action is Action.DELETE and c.checkpoint_id in by_id
+        c.checkpoint_id
+        for c in cps
+        if c.action is Action.DELETE and (c.checkpoint_id in by_id or c.reason is Reason.ORPHAN)
     )
     referenced = tuple(c.checkpoint_id for c in cps if c.action is Action.KEEP_FILES)
 
