@@ -1,0 +1,186 @@
+"""The versioned binary format of a `_metadata` file (DESIGN §5).
+
+```
+offset  size  field
+0       4     magic  b"RGNL"
+4       2     major version (big-endian)   incompatible changes: old readers refuse
+6       2     minor version (big-endian)   additive changes: fields appended with defaults
+8       8     body length (big-endian)
+16      n     body: the CheckpointMetadata as msgpack (msgspec; sub-structs are arrays)
+16+n    16    BLAKE2b-128 digest of bytes [0, 16+n): header and body
+```
+
+The digest covers the header too, so a flipped version or length byte is caught like a flipped
+body byte. The length field tells a truncated file from a corrupt one. Every failure raises
+`MetadataError` naming the file (`source`); nothing here touches a file system.
+
+A reader keeps one decoder per major version it has ever written (`_DECODERS`): format 2 adds a
+decoder that turns a version-1 body into the current model, and the committed fixture
+`tests/fixtures/metadata/v1-*.bin` must keep decoding.
+
+>>> from metadata.model import CheckpointMetadata
+>>> md = CheckpointMetadata(checkpoint_id=7, job_id="j", kind="global",
+...     trigger_time_ms=1, completion_time_ms=2)
+>>> data = encode_metadata(md)
+>>> data[:4], len(data)
+(b'RGNL', 106)
+>>> decode_metadata(data, source="chk-7/_metadata") == md
+True
+>>> decode_metadata(data[:-1], source="chk-7/_metadata")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+metadata.errors.MetadataError: chk-7/_metadata is truncated: ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+
+import msgspec
+
+from metadata.errors import MetadataError
+from metadata.model import CheckpointMetadata
+
+__all__ = [
+    "DIGEST_SIZE",
+    "FORMAT_MINOR",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAGIC",
+    "decode_metadata",
+    "encode_metadata",
+    "segment_checksum",
+]
+
+MAGIC = b"RGNL"
+#: Major version of what this code writes; readers refuse anything newer.
+FORMAT_VERSION = 1
+#: Minor version of what this code writes (additive changes within a major version).
+FORMAT_MINOR = 0
+
+_HEADER = struct.Struct(">4sHHQ")
+HEADER_SIZE = _HEADER.size
+DIGEST_SIZE = 16
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def segment_checksum(data: bytes | memoryview) -> bytes:
+    """The BLAKE2b-128 digest used for state segments and metadata files.
+
+    >>> segment_checksum(b"abc").hex()
+    'cf4ab791c62b8d2b2109c90275287816'
+    """
+    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+
+
+def encode_metadata(md: CheckpointMetadata) -> bytes:
+    """The bytes of a `_metadata` file holding `md` (current format version)."""
+    body = _encoder.encode(md)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, FORMAT_MINOR, len(body))
+    h = hashlib.blake2b(header, digest_size=DIGEST_SIZE)
+    h.update(body)
+    return b"".join((header, body, h.digest()))
+
+
+def _decode_v1(body: memoryview) -> CheckpointMetadata:
+    return _v1_decoder.decode(body)
+
+
+_v1_decoder = msgspec.msgpack.Decoder(CheckpointMetadata)
+#: One body decoder per major version ever written; each returns the current model.
+_DECODERS: dict[int, Callable[[memoryview], CheckpointMetadata]] = {1: _decode_v1}
+
+
+def decode_metadata(data: bytes, *, source: str) -> CheckpointMetadata:
+    """Decode a `_metadata` file of any supported version; `source` names it in errors.
+
+    Raises `MetadataError` for a bad magic, a newer major version, truncation, trailing bytes,
+    a checksum mismatch, a body that does not decode, or values that cannot be right.
+    """
+    view = memoryview(data)
+    if len(view) < len(MAGIC) and MAGIC.startswith(bytes(view)):
+        raise MetadataError(
+            f"{source} is truncated: {len(view)} bytes, shorter than the {HEADER_SIZE}-byte "
+            "header; the write was interrupted, restore from an older checkpoint"
+        )
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        raise MetadataError(
+            f"{source} is not a regional checkpoint metadata file (bad magic "
+            f"{bytes(view[: len(MAGIC)])!r}, expected {MAGIC!r})"
+        )
+    if len(view) < HEADER_SIZE:
+        raise MetadataError(
+            f"{source} is truncated: {len(view)} bytes, shorter than the {HEADER_SIZE}-byte "
+            "header; the write was interrupted, restore from an older checkpoint"
+        )
+    _, major, minor, body_len = _HEADER.unpack_from(view)
+    if major > FORMAT_VERSION:  # checked first: a newer major may lay out the rest differently
+        raise MetadataError(
+            f"{source} has format version {major}.{minor}, written by a newer regional; this "
+            f"one reads up to {FORMAT_VERSION}.x: upgrade regional"
+        )
+    expected = HEADER_SIZE + body_len + DIGEST_SIZE
+    if len(view) < expected:
+        raise MetadataError(
+            f"{source} is truncated: {len(view)} of {expected} bytes; the write was "
+            "interrupted, restore from an older checkpoint"
+        )
+    if len(view) > expected:
+        raise MetadataError(
+            f"{source} has {len(view) - expected} unexpected trailing bytes after the "
+            f"{expected}-byte file; it was damaged or overwritten"
+        )
+    digest = view[expected - DIGEST_SIZE :]
+    h = hashlib.blake2b(view[:HEADER_SIZE], digest_size=DIGEST_SIZE)
+    h.update(view[HEADER_SIZE : expected - DIGEST_SIZE])
+    if h.digest() != digest:
+        raise MetadataError(
+            f"{source} fails its checksum (BLAKE2b-128 of header and body); the file is "
+            "corrupt, restore from an older checkpoint"
+        )
+    decoder = _DECODERS.get(major)
+    if decoder is None:
+        raise MetadataError(
+            f"{source} has format version {major}.{minor}, which no regional release writes; "
+            "the file is damaged"
+        )
+    try:
+        md = decoder(view[HEADER_SIZE : expected - DIGEST_SIZE])
+    except msgspec.DecodeError as exc:
+        hint = (
+            f"format {major}.{minor} is newer than this regional ({FORMAT_VERSION}."
+            f"{FORMAT_MINOR}): upgrade regional"
+            if major == FORMAT_VERSION and minor > FORMAT_MINOR
+            else "the file is damaged"
+        )
+        raise MetadataError(f"{source} does not decode ({exc}); {hint}") from None
+    _check_values(md, source)
+    return md
+
+
+def _check_values(md: CheckpointMetadata, source: str) -> None:
+    """Refuse values no writer produces (negative ids, refs to the future, bad segments)."""
+
+    def bad(what: str) -> MetadataError:
+        return MetadataError(
+            f"{source}: {what}; the metadata of checkpoint {md.checkpoint_id} is damaged"
+        )
+
+    if md.checkpoint_id < 0:
+        raise bad(f"negative checkpoint id {md.checkpoint_id}")
+    for u in md.units:
+        if u.ref_checkpoint_id is not None and not 0 <= u.ref_checkpoint_id < md.checkpoint_id:
+            raise bad(f"unit {u.unit_id} refers to checkpoint {u.ref_checkpoint_id}")
+    for s in md.subtasks:
+        ref = s.ref_checkpoint_id
+        if ref is not None and not 0 <= ref < md.checkpoint_id:
+            raise bad(f"subtask {s.vertex_id}[{s.index}] refers to checkpoint {ref}")
+        for h in s.handles:
+            if h.offset < 0 or h.length < 0 or h.offset + h.length > h.size:
+                raise bad(
+                    f"subtask {s.vertex_id}[{s.index}] has segment {h.offset}+{h.length} "
+                    f"outside file {h.path!r} of {h.size} bytes"
+                )

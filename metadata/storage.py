@@ -1,0 +1,468 @@
+"""`JobStorage`: the files of one job under a checkpoint root, over `pyarrow.fs` (DESIGN §5).
+
+The root is a local path or any `pyarrow.fs` URI (`file://`, `s3://...?endpoint_override=..`,
+`hdfs://`, `gs://`); the job's files live under `<root>/<job-id>/`. Every path this class takes
+or returns is relative to that job root and passes `metadata.layout.check_relative`, so a
+tampered metadata file cannot make it read or delete anything outside.
+
+`_metadata` is written as one atomic object: on a local file system a temporary file, fsync,
+a no-clobber link (or rename) and a directory fsync; on object stores a single write of a new
+object (pyarrow's S3 stream buffers the bytes and PUTs them at close), never a rename. A
+`_metadata` that appears at all is therefore complete on local disks; on object stores a
+partial object is still caught by the format's length and checksum. "Latest" is found by
+listing and validating (`find_latest_restorable`), never through a mutable pointer.
+
+>>> import tempfile
+>>> from metadata.model import CheckpointMetadata
+>>> storage = JobStorage(tempfile.mkdtemp(), "job-1")
+>>> handles = storage.write_segments("chk-1/u0-a0.state", [b"abc", b"defg"])
+>>> [(h.offset, h.length, h.size) for h in handles]
+[(0, 3, 7), (3, 4, 7)]
+>>> storage.read_segment(handles[1])
+b'defg'
+>>> storage.write_metadata(CheckpointMetadata(checkpoint_id=1, job_id="job-1", kind="global",
+...     trigger_time_ms=0, completion_time_ms=5))
+>>> storage.list_checkpoint_ids(), [f.path for f in storage.list_files()]
+([1], ['chk-1/_metadata', 'chk-1/u0-a0.state'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import uuid
+from collections.abc import Mapping, Sequence
+
+import msgspec
+from pyarrow import fs as pafs
+
+from metadata.errors import MetadataError, StorageError
+from metadata.format import decode_metadata, encode_metadata, segment_checksum
+from metadata.layout import check_relative, checkpoint_dir, checkpoint_id_of, metadata_path
+from metadata.model import CheckpointMetadata, StateHandle
+
+__all__ = [
+    "FileEntry",
+    "JobSelectionError",
+    "JobStorage",
+    "Problem",
+    "RestoreSearch",
+    "reference_problems",
+    "resolve_root",
+]
+
+log = logging.getLogger(__name__)
+
+
+class JobSelectionError(StorageError):
+    """The checkpoint root or the job in it cannot be chosen (missing root, unknown job, several
+    jobs and none named). Bad usage: exit code 2."""
+
+    exit_code = 2
+
+
+class FileEntry(msgspec.Struct, frozen=True):
+    """A file under the job root: `path` relative to it, `size` in bytes, `mtime_ms` (epoch
+    milliseconds, None where the file system does not report it)."""
+
+    path: str
+    size: int
+    mtime_ms: int | None = None
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """One thing wrong with a checkpoint: `path` (relative to the job root) and what is wrong."""
+
+    checkpoint_id: int
+    path: str
+    problem: str
+
+
+class RestoreSearch(msgspec.Struct, frozen=True):
+    """The outcome of looking for a restorable checkpoint: the newest usable one (or None) and
+    the newer ones skipped, each with its problems."""
+
+    metadata: CheckpointMetadata | None
+    skipped: tuple[Problem, ...] = ()
+
+
+def resolve_root(
+    root: str, filesystem: pafs.FileSystem | None = None
+) -> tuple[pafs.FileSystem, str]:
+    """The file system and its path for a checkpoint root (a local path or a URI)."""
+    if filesystem is not None:
+        return filesystem, root.rstrip("/") or "/"
+    if "://" in root:
+        try:
+            filesystem, path = pafs.FileSystem.from_uri(root)
+        except (ValueError, OSError) as exc:
+            raise JobSelectionError(
+                f"checkpoint root {_redact(root)!r} is not a usable file system URI ({exc}); "
+                "use a local path or file://, s3://, hdfs://, gs://"
+            ) from None
+        return filesystem, path.rstrip("/") or "/"
+    return pafs.LocalFileSystem(), os.path.abspath(root)
+
+
+def _redact(uri: str) -> str:
+    """A URI without credentials or query, for messages."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    rest = rest.split("?", 1)[0]
+    if "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}://{rest}"
+
+
+def reference_problems(md: CheckpointMetadata, sizes: Mapping[str, int]) -> list[Problem]:
+    """What keeps `md` from being restored, given the job root's files (`path -> size`).
+
+    Pure: checks every handle's path stays inside the job root, exists and has the recorded
+    size, and that every fallback subtask refers to an older owner checkpoint.
+    """
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    cid = md.checkpoint_id
+    for s in md.subtasks:
+        if s.ref_checkpoint_id is not None and s.ref_checkpoint_id >= cid:
+            problems.append(
+                Problem(
+                    cid,
+                    metadata_path(cid),
+                    f"subtask {s.vertex_id}[{s.index}] refers to checkpoint "
+                    f"{s.ref_checkpoint_id}, which is not older than {cid}",
+                )
+            )
+        for h in s.handles:
+            if h.path in seen:
+                continue
+            seen.add(h.path)
+            try:
+                path = check_relative(h.path)
+            except StorageError as exc:
+                problems.append(Problem(cid, h.path, f"refused: {exc}"))
+                continue
+            size = sizes.get(path)
+            if size is None:
+                problems.append(Problem(cid, path, "missing"))
+            elif size != h.size:
+                problems.append(Problem(cid, path, f"size is {size} bytes, recorded {h.size}"))
+    return problems
+
+
+class JobStorage:
+    """The files of job `job_id` under checkpoint root `root` (see the module docstring)."""
+
+    def __init__(
+        self, root: str, job_id: str, *, filesystem: pafs.FileSystem | None = None
+    ) -> None:
+        if not job_id or "/" in job_id or "\\" in job_id or job_id in (".", ".."):
+            raise JobSelectionError(
+                f"job id {job_id!r} cannot be a directory name under the checkpoint root; "
+                "use a name without slashes"
+            )
+        self.root = root
+        self.job_id = job_id
+        self.filesystem, base = resolve_root(root, filesystem)
+        self.job_path = f"{base.rstrip('/')}/{job_id}"
+        self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"JobStorage({self.describe('')!r})"
+
+    # -- naming ------------------------------------------------------------------------------
+
+    def describe(self, relpath: str) -> str:
+        """A human-readable location of `relpath` (no credentials), for messages."""
+        full = f"{self.job_path}/{relpath}" if relpath else self.job_path
+        return full if self._local else f"{self.filesystem.type_name}://{full.lstrip('/')}"
+
+    def _full(self, relpath: str) -> str:
+        return f"{self.job_path}/{check_relative(relpath)}"
+
+    # -- jobs and listings -------------------------------------------------------------------
+
+    @staticmethod
+    def list_jobs(root: str, *, filesystem: pafs.FileSystem | None = None) -> list[str]:
+        """Names of the job directories under `root`, sorted; raises if `root` does not exist."""
+        filesystem, base = resolve_root(root, filesystem)
+        try:
+            infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=False))
+        except FileNotFoundError:
+            raise JobSelectionError(
+                f"checkpoint root {_redact(root)!r} does not exist; check the path"
+            ) from None
+        except (NotADirectoryError, OSError) as exc:
+            raise JobSelectionError(
+                f"checkpoint root {_redact(root)!r} cannot be listed: {exc}"
+            ) from None
+        dirs = (i for i in infos if i.type == pafs.FileType.Directory)
+        return sorted(posixpath.basename(i.path) for i in dirs)
+
+    @classmethod
+    def open(
+        cls, root: str, job_id: str | None = None, *, filesystem: pafs.FileSystem | None = None
+    ) -> JobStorage:
+        """The storage of `job_id`, or of the only job under `root` when `job_id` is None."""
+        jobs = cls.list_jobs(root, filesystem=filesystem)
+        if job_id is None:
+            if len(jobs) == 1:
+                return cls(root, jobs[0], filesystem=filesystem)
+            if not jobs:
+                raise JobSelectionError(f"checkpoint root {_redact(root)!r} holds no job")
+            raise JobSelectionError(
+                f"checkpoint root {_redact(root)!r} holds {len(jobs)} jobs "
+                f"({', '.join(jobs)}); choose one with --job"
+            )
+        if job_id not in jobs:
+            raise JobSelectionError(
+                f"job {job_id!r} not found under {_redact(root)!r}; jobs there: "
+                f"{', '.join(jobs) or 'none'}"
+            )
+        return cls(root, job_id, filesystem=filesystem)
+
+    def list_files(self) -> list[FileEntry]:
+        """Every file under the job root, recursively, sorted by path (none if it is missing)."""
+        selector = pafs.FileSelector(self.job_path, recursive=True, allow_not_found=True)
+        cut = len(self.job_path) + 1
+        entries = []
+        for info in self.filesystem.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            mtime = info.mtime_ns
+            entries.append(
+                FileEntry(info.path[cut:], info.size, None if mtime is None else mtime // 1_000_000)
+            )
+        return sorted(entries, key=lambda e: e.path)
+
+    def list_checkpoint_ids(self, files: Sequence[FileEntry] | None = None) -> list[int]:
+        """Ids of the checkpoints that have `chk-<id>/_metadata`, ascending."""
+        files = self.list_files() if files is None else files
+        ids = {
+            cid
+            for f in files
+            if (cid := checkpoint_id_of(f.path)) is not None and f.path == metadata_path(cid)
+        }
+        return sorted(ids)
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def read_metadata(self, checkpoint_id: int) -> CheckpointMetadata:
+        """Read and decode `chk-<id>/_metadata`; `MetadataError` naming the file if unusable."""
+        rel = metadata_path(checkpoint_id)
+        source = self.describe(rel)
+        try:
+            with self.filesystem.open_input_stream(self._full(rel)) as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise MetadataError(
+                f"{source} does not exist: checkpoint {checkpoint_id} never completed or was "
+                "cleaned"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {source}: {exc}") from None
+        md = decode_metadata(data, source=source)
+        if md.checkpoint_id != checkpoint_id:
+            raise MetadataError(
+                f"{source} holds checkpoint {md.checkpoint_id}, not {checkpoint_id}; the file "
+                "was moved or tampered with"
+            )
+        return md
+
+    def write_metadata(self, md: CheckpointMetadata) -> None:
+        """Write `chk-<id>/_metadata` atomically; refuses to overwrite an existing one.
+
+        Call it only after every state file `md` references is durable (DESIGN §4 rule 10).
+        """
+        rel = metadata_path(md.checkpoint_id)
+        data = encode_metadata(md)
+        if self.exists(rel):
+            raise StorageError(
+                f"{self.describe(rel)} already exists; checkpoint {md.checkpoint_id} completed "
+                "before, so its id must not be reused"
+            )
+        try:
+            if self._local:
+                self._write_local_atomic(rel, data)
+            else:
+                with self.filesystem.open_output_stream(self._full(rel)) as out:
+                    out.write(data)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write {self.describe(rel)}: {exc}; checkpoint {md.checkpoint_id} is "
+                "not complete"
+            ) from None
+
+    def _write_local_atomic(self, rel: str, data: bytes) -> None:
+        final = self._full(rel)
+        directory = os.path.dirname(final)
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, final)  # atomic and never replaces an existing file
+            except FileExistsError:
+                raise StorageError(
+                    f"{final} already exists; a checkpoint id must not be reused"
+                ) from None
+            except OSError:  # no hard links on this file system
+                if os.path.exists(final):
+                    raise StorageError(
+                        f"{final} already exists; a checkpoint id must not be reused"
+                    ) from None
+                os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # -- state files -------------------------------------------------------------------------
+
+    def write_state_file(self, relpath: str, data: bytes) -> StateHandle:
+        """Write one state file holding one segment; returns its handle (size and checksum)."""
+        return self.write_segments(relpath, [data])[0]
+
+    def write_segments(self, relpath: str, segments: Sequence[bytes]) -> list[StateHandle]:
+        """Write `segments` back to back as one file; one handle per segment, in order.
+
+        The size is checked after the write, so a handle is only returned for a durable file.
+        """
+        rel = check_relative(relpath)
+        total = sum(len(s) for s in segments)
+        handles = []
+        offset = 0
+        try:
+            if self._local:
+                os.makedirs(os.path.dirname(self._full(rel)), exist_ok=True)
+            with self.filesystem.open_output_stream(self._full(rel)) as out:
+                for seg in segments:
+                    out.write(seg)
+                    handles.append(
+                        StateHandle(
+                            path=rel,
+                            offset=offset,
+                            length=len(seg),
+                            size=total,
+                            checksum=segment_checksum(seg),
+                            shared=rel.startswith("shared/"),
+                        )
+                    )
+                    offset += len(seg)
+        except OSError as exc:
+            raise StorageError(f"cannot write state file {self.describe(rel)}: {exc}") from None
+        written = self.file_size(rel)
+        if written != total:
+            raise StorageError(
+                f"state file {self.describe(rel)} has {written} bytes after writing {total}; "
+                "the upload did not complete"
+            )
+        return handles
+
+    def read_segment(self, handle: StateHandle) -> bytes:
+        """The bytes of one segment, verified against the handle's size, length and checksum."""
+        rel = check_relative(handle.path)
+        where = self.describe(rel)
+        try:
+            with self.filesystem.open_input_file(self._full(rel)) as f:
+                size = f.size()
+                if size != handle.size:
+                    raise StorageError(
+                        f"state file {where} has {size} bytes, the metadata records "
+                        f"{handle.size}; it was damaged or replaced"
+                    )
+                data = f.read_at(handle.length, handle.offset)
+        except FileNotFoundError:
+            raise StorageError(f"state file {where} is missing") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read state file {where}: {exc}") from None
+        if len(data) != handle.length:
+            raise StorageError(
+                f"state file {where}: segment at {handle.offset} has {len(data)} bytes, "
+                f"expected {handle.length}"
+            )
+        if segment_checksum(data) != handle.checksum:
+            raise StorageError(
+                f"state file {where}: segment at {handle.offset}+{handle.length} fails its "
+                "checksum; the file is corrupt"
+            )
+        return bytes(data)
+
+    def exists(self, relpath: str) -> bool:
+        """Whether a file exists at `relpath`."""
+        return self.file_size(relpath) is not None
+
+    def file_size(self, relpath: str) -> int | None:
+        """The size of the file at `relpath`, or None if there is none."""
+        info = self.filesystem.get_file_info(self._full(relpath))
+        return info.size if info.type == pafs.FileType.File else None
+
+    def delete_file(self, relpath: str) -> bool:
+        """Delete one file; False if it was already gone. Paths outside the root are refused.
+
+        On a local file system the emptied `chk-<id>/` directory is removed too (`rmdir` only
+        removes an empty directory, so a concurrent writer cannot lose a file); object stores
+        have no directories to remove.
+        """
+        rel = check_relative(relpath)
+        full = f"{self.job_path}/{rel}"
+        try:
+            self.filesystem.delete_file(full)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"cannot delete {self.describe(relpath)}: {exc}") from None
+        cid = checkpoint_id_of(rel)
+        if self._local and cid is not None and posixpath.dirname(rel) == checkpoint_dir(cid):
+            with contextlib.suppress(OSError):  # not empty (or already gone): keep it
+                os.rmdir(os.path.dirname(full))
+        return True
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def find_restorable(self) -> RestoreSearch:
+        """The newest checkpoint that decodes and whose referenced files all exist with their
+        recorded sizes, and the newer ones skipped with their problems."""
+        files = self.list_files()
+        sizes = {f.path: f.size for f in files}
+        skipped: list[Problem] = []
+        for cid in reversed(self.list_checkpoint_ids(files)):
+            try:
+                md = self.read_metadata(cid)
+            except (MetadataError, StorageError) as exc:
+                skipped.append(Problem(cid, metadata_path(cid), str(exc)))
+                continue
+            problems = reference_problems(md, sizes)
+            if not problems:
+                return RestoreSearch(md, tuple(skipped))
+            skipped.extend(problems)
+        return RestoreSearch(None, tuple(skipped))
+
+    def find_latest_restorable(self, *, warn: bool = True) -> CheckpointMetadata | None:
+        """The newest restorable checkpoint (see `find_restorable`), or None.
+
+        Skipping a newer checkpoint is loud: one `logging.warning` per problem when `warn`.
+        """
+        search = self.find_restorable()
+        if warn:
+            chosen = search.metadata.checkpoint_id if search.metadata else None
+            for p in search.skipped:
+                log.warning(
+                    "checkpoint %d of job %s is not restorable (%s: %s); using %s instead",
+                    p.checkpoint_id,
+                    self.job_id,
+                    p.path,
+                    p.problem,
+                    "no checkpoint" if chosen is None else f"checkpoint {chosen}",
+                )
+        return search.metadata
