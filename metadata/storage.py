@@ -430,9 +430,42 @@ class JobStorage:
 
     # -- restore -----------------------------------------------------------------------------
 
-    def find_restorable(self) -> RestoreSearch:
+    def verify_segments(
+        self, md: CheckpointMetadata, verified: dict[StateHandle, str | None] | None = None
+    ) -> list[Problem]:
+        """Read every segment `md` references and check its length and checksum.
+
+        `verified` caches outcomes across checkpoints (fallback handles repeat). Paths that are
+        refused, missing or of the wrong size are left to `reference_problems`.
+        """
+        cache: dict[StateHandle, str | None] = {} if verified is None else verified
+        problems = []
+        for s in md.subtasks:
+            for h in s.handles:
+                if h not in cache:
+                    cache[h] = self._segment_problem(h)
+                problem = cache[h]
+                if problem is not None:
+                    problems.append(Problem(md.checkpoint_id, h.path, problem))
+        return problems
+
+    def _segment_problem(self, handle: StateHandle) -> str | None:
+        try:
+            check_relative(handle.path)
+        except StorageError:
+            return None  # refused: reported by reference_problems
+        try:
+            if self.file_size(handle.path) != handle.size:
+                return None  # missing or resized: reported by reference_problems
+            self.read_segment(handle)
+        except StorageError as exc:
+            return str(exc)
+        return None
+
+    def find_restorable(self, *, verify_checksums: bool = False) -> RestoreSearch:
         """The newest checkpoint that decodes and whose referenced files all exist with their
-        recorded sizes, and the newer ones skipped with their problems."""
+        recorded sizes (and, with `verify_checksums`, whose segments match their checksums),
+        and the newer ones skipped with their problems."""
         files = self.list_files()
         sizes = {f.path: f.size for f in files}
         skipped: list[Problem] = []
@@ -443,6 +476,8 @@ class JobStorage:
                 skipped.append(Problem(cid, metadata_path(cid), str(exc)))
                 continue
             problems = reference_problems(md, sizes)
+            if verify_checksums and not problems:
+                problems = self.verify_segments(md)
             if not problems:
                 return RestoreSearch(md, tuple(skipped))
             skipped.extend(problems)

@@ -1,0 +1,475 @@
+"""Inspector views: what every checkpoint holds and references, as `pyarrow.Table`s.
+
+Each view is a pure function of the completed checkpoints (ascending by id) with a fixed schema
+(the `*_SCHEMA` constants, documented on each function); the CLI (`regional inspect`) and
+`metadata.spark` only render them. `Inspector` bundles a store and `num_retained`, pyiceberg
+style (`Inspector(store).checkpoints()`); `validate` lives in `metadata.validate` because it
+reads files.
+
+"Owner" of a subtask's state in checkpoint Y: `ref_checkpoint_id` for a fallback subtask, else Y.
+
+>>> from metadata.model import CheckpointMetadata, SubtaskState, UnitState
+>>> c1 = CheckpointMetadata(checkpoint_id=1, job_id="j", kind="global", trigger_time_ms=0,
+...     completion_time_ms=40, subtasks=(SubtaskState("map", 0, 0), SubtaskState("map", 1, 1)))
+>>> c2 = CheckpointMetadata(checkpoint_id=2, job_id="j", kind="regional", trigger_time_ms=100,
+...     completion_time_ms=130, units=(UnitState(1, 1, "timeout"),),
+...     subtasks=(SubtaskState("map", 0, 0), SubtaskState("map", 1, 1, ref_checkpoint_id=1)))
+>>> t = checkpoints_table([c1, c2], num_retained=1)
+>>> t.select(["checkpoint_id", "kind", "retained", "referenced_by"]).to_pylist()
+[{'checkpoint_id': 2, 'kind': 'regional', 'retained': True, 'referenced_by': []},
+ {'checkpoint_id': 1, 'kind': 'global', 'retained': False, 'referenced_by': [2]}]
+>>> lag_table([c1, c2]).select(["unit_id", "checkpoints_behind", "time_behind_ms"]).to_pylist()
+[{'unit_id': 0, 'checkpoints_behind': 0, 'time_behind_ms': 0},
+ {'unit_id': 1, 'checkpoints_behind': 1, 'time_behind_ms': 100}]
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from metadata.errors import MetadataError
+from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
+from metadata.store import CompletedCheckpointStore
+
+__all__ = [
+    "CHECKPOINTS_SCHEMA",
+    "DEFAULT_NUM_RETAINED",
+    "DIFF_SCHEMA",
+    "LAG_SCHEMA",
+    "REFS_SCHEMA",
+    "SHOW_SCHEMA",
+    "SUMMARY_SCHEMA",
+    "CheckpointNotFoundError",
+    "Inspector",
+    "checkpoints_table",
+    "diff_table",
+    "fallback_unit_ids",
+    "is_forced_global",
+    "lag_table",
+    "owner_of",
+    "referenced_by",
+    "refs_table",
+    "retained_ids",
+    "show_table",
+    "summary_table",
+    "unit_ids",
+]
+
+#: Flink's default `state.checkpoints.num-retained` is 1; we keep 3 (DESIGN §7 policy default).
+DEFAULT_NUM_RETAINED = 3
+
+_TS = pa.timestamp("ms", tz="UTC")
+_IDS = pa.list_(pa.int64())
+
+CHECKPOINTS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("trigger_time", _TS, nullable=False),
+        pa.field("complete_time", _TS, nullable=False),
+        pa.field("duration_ms", pa.int64(), nullable=False),
+        pa.field("num_units", pa.int64(), nullable=False),
+        pa.field("num_fallback_units", pa.int64(), nullable=False),
+        pa.field("num_subtasks", pa.int64(), nullable=False),
+        pa.field("num_fallback_subtasks", pa.int64(), nullable=False),
+        pa.field("oldest_ref_checkpoint_id", pa.int64()),
+        pa.field("state_bytes", pa.int64(), nullable=False),
+        pa.field("retained", pa.bool_(), nullable=False),
+        pa.field("referenced_by", _IDS, nullable=False),
+        pa.field("reasons", pa.list_(pa.string()), nullable=False),
+    ]
+)
+SHOW_SCHEMA = pa.schema(
+    [
+        pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("vertex_id", pa.string(), nullable=False),
+        pa.field("subtask_index", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("attempt", pa.int64(), nullable=False),
+        pa.field("files", pa.list_(pa.string()), nullable=False),
+        pa.field("state_bytes", pa.int64(), nullable=False),
+        pa.field("num_splits", pa.int64(), nullable=False),
+        pa.field("num_committables", pa.int64(), nullable=False),
+        pa.field("reason", pa.string()),
+    ]
+)
+REFS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("units", _IDS, nullable=False),
+        pa.field("num_subtasks", pa.int64(), nullable=False),
+        pa.field("state_bytes", pa.int64(), nullable=False),
+        pa.field("owner_completed", pa.bool_(), nullable=False),
+    ]
+)
+LAG_SCHEMA = pa.schema(
+    [
+        pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("checkpoints_behind", pa.int64(), nullable=False),
+        pa.field("time_behind_ms", pa.int64()),
+        pa.field("consecutive_fallbacks", pa.int64(), nullable=False),
+        pa.field("reason", pa.string()),
+    ]
+)
+SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("min", pa.int64()),
+        pa.field("median", pa.float64()),
+        pa.field("max", pa.int64()),
+    ]
+)
+DIFF_SCHEMA = pa.schema(
+    [
+        pa.field("vertex_id", pa.string(), nullable=False),
+        pa.field("subtask_index", pa.int64(), nullable=False),
+        pa.field("unit_id", pa.int64()),
+        pa.field("change", pa.string(), nullable=False),
+        pa.field("owner_a", pa.int64()),
+        pa.field("owner_b", pa.int64()),
+        pa.field("state_bytes_a", pa.int64()),
+        pa.field("state_bytes_b", pa.int64()),
+    ]
+)
+
+
+def _table(rows: list[dict[str, object]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def owner_of(md: CheckpointMetadata, subtask: SubtaskState) -> int:
+    """The checkpoint that physically wrote `subtask`'s state in `md`."""
+    ref = subtask.ref_checkpoint_id
+    return md.checkpoint_id if ref is None else ref
+
+
+def unit_ids(md: CheckpointMetadata) -> set[int]:
+    """Every unit of `md` (from its unit records and its subtasks)."""
+    return {u.unit_id for u in md.units} | {s.unit_id for s in md.subtasks}
+
+
+def fallback_unit_ids(md: CheckpointMetadata) -> set[int]:
+    """The units of `md` that fell back (from its unit records and its subtasks)."""
+    return {u.unit_id for u in md.fallback_units} | {
+        s.unit_id for s in md.subtasks if s.is_fallback
+    }
+
+
+def is_forced_global(md: CheckpointMetadata) -> bool:
+    """A global checkpoint that records reasons was forced (by a staleness limit, the end of
+    bounded input, a no-claim restore); an ordinary global checkpoint records none."""
+    return md.kind == CheckpointKind.GLOBAL and bool(md.reasons)
+
+
+def retained_ids(checkpoints: Sequence[CheckpointMetadata], num_retained: int) -> frozenset[int]:
+    """The newest `num_retained` non-savepoint checkpoints plus every savepoint (user-owned),
+    the same rule as `cleaner.plan`."""
+    regular = sorted(c.checkpoint_id for c in checkpoints if c.kind != CheckpointKind.SAVEPOINT)
+    savepoints = {c.checkpoint_id for c in checkpoints if c.kind == CheckpointKind.SAVEPOINT}
+    return frozenset(regular[-num_retained:] if num_retained > 0 else ()) | savepoints
+
+
+def referenced_by(
+    checkpoints: Iterable[CheckpointMetadata], among: Iterable[int] | None = None
+) -> dict[int, tuple[int, ...]]:
+    """owner id -> ids (ascending) of the checkpoints in `among` (default: all) that refer to it."""
+    keep = None if among is None else set(among)
+    refs: dict[int, set[int]] = defaultdict(set)
+    for md in checkpoints:
+        if keep is None or md.checkpoint_id in keep:
+            for owner in md.referenced_checkpoint_ids:
+                refs[owner].add(md.checkpoint_id)
+    return {owner: tuple(sorted(ids)) for owner, ids in refs.items()}
+
+
+def checkpoints_table(
+    checkpoints: Sequence[CheckpointMetadata], *, num_retained: int = DEFAULT_NUM_RETAINED
+) -> pa.Table:
+    """History, newest first: one row per completed checkpoint.
+
+    Columns (`CHECKPOINTS_SCHEMA`): `checkpoint_id`; `kind` (global, regional, savepoint);
+    `trigger_time`, `complete_time` (UTC); `duration_ms`; `num_units`, `num_fallback_units`;
+    `num_subtasks`, `num_fallback_subtasks`; `oldest_ref_checkpoint_id` (null if nothing fell
+    back); `state_bytes` (fresh and fallback state it needs); `retained` (among the newest
+    `num_retained`, or a savepoint); `referenced_by` (retained checkpoints that refer to it);
+    `reasons` (why regional, why forced global).
+    """
+    retained = retained_ids(checkpoints, num_retained)
+    refs = referenced_by(checkpoints, retained)
+    rows = []
+    for md in sorted(checkpoints, key=lambda c: c.checkpoint_id, reverse=True):
+        rows.append(
+            {
+                "checkpoint_id": md.checkpoint_id,
+                "kind": str(md.kind),
+                "trigger_time": md.trigger_time_ms,
+                "complete_time": md.completion_time_ms,
+                "duration_ms": md.completion_time_ms - md.trigger_time_ms,
+                "num_units": len(unit_ids(md)),
+                "num_fallback_units": len(fallback_unit_ids(md)),
+                "num_subtasks": len(md.subtasks),
+                "num_fallback_subtasks": sum(s.is_fallback for s in md.subtasks),
+                "oldest_ref_checkpoint_id": md.oldest_ref_checkpoint_id,
+                "state_bytes": md.state_bytes,
+                "retained": md.checkpoint_id in retained,
+                "referenced_by": list(refs.get(md.checkpoint_id, ())),
+                "reasons": list(md.reasons),
+            }
+        )
+    return _table(rows, CHECKPOINTS_SCHEMA)
+
+
+def show_table(md: CheckpointMetadata) -> pa.Table:
+    """One checkpoint's subtasks, by unit: one row per subtask.
+
+    Columns (`SHOW_SCHEMA`): `unit_id`, `vertex_id`, `subtask_index`; `status` (fresh |
+    fallback); `owner_checkpoint_id` (the checkpoint that wrote the state); `attempt`; `files`
+    (distinct state files, relative to the job root); `state_bytes`; `num_splits`;
+    `num_committables`; `reason` (why the unit fell back, null when fresh).
+    """
+    reasons = {u.unit_id: u.reason for u in md.units}
+    rows = []
+    for s in sorted(md.subtasks, key=lambda s: (s.unit_id, s.vertex_id, s.index)):
+        rows.append(
+            {
+                "unit_id": s.unit_id,
+                "vertex_id": s.vertex_id,
+                "subtask_index": s.index,
+                "status": "fallback" if s.is_fallback else "fresh",
+                "owner_checkpoint_id": owner_of(md, s),
+                "attempt": s.attempt,
+                "files": list(dict.fromkeys(h.path for h in s.handles)),
+                "state_bytes": s.state_bytes,
+                "num_splits": len(s.split_states),
+                "num_committables": len(s.committables),
+                "reason": reasons.get(s.unit_id) if s.is_fallback else None,
+            }
+        )
+    return _table(rows, SHOW_SCHEMA)
+
+
+def refs_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
+    """Who keeps whom alive: one row per (checkpoint, owner it refers to), newest first.
+
+    Columns (`REFS_SCHEMA`): `checkpoint_id`; `owner_checkpoint_id`; `units` (the units whose
+    state it takes from that owner); `num_subtasks`; `state_bytes`; `owner_completed` (the
+    owner's own metadata is still present; when false only its referenced files remain).
+    """
+    present = {c.checkpoint_id for c in checkpoints}
+    rows = []
+    for md in sorted(checkpoints, key=lambda c: c.checkpoint_id, reverse=True):
+        by_owner: dict[int, list[SubtaskState]] = defaultdict(list)
+        for s in md.subtasks:
+            if s.ref_checkpoint_id is not None:
+                by_owner[s.ref_checkpoint_id].append(s)
+        for owner in sorted(by_owner):
+            subtasks = by_owner[owner]
+            rows.append(
+                {
+                    "checkpoint_id": md.checkpoint_id,
+                    "owner_checkpoint_id": owner,
+                    "units": sorted({s.unit_id for s in subtasks}),
+                    "num_subtasks": len(subtasks),
+                    "state_bytes": sum(s.state_bytes for s in subtasks),
+                    "owner_completed": owner in present,
+                }
+            )
+    return _table(rows, REFS_SCHEMA)
+
+
+def lag_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
+    """Per unit of the newest checkpoint: how far its state is behind (empty without one).
+
+    Columns (`LAG_SCHEMA`): `unit_id`; `status` (fresh | fallback); `owner_checkpoint_id`;
+    `checkpoints_behind` (newest id minus owner id, so aborted attempts count too);
+    `time_behind_ms` (newest trigger time minus the owner's; null when the owner's metadata is
+    gone); `consecutive_fallbacks` (how many of the newest checkpoints in a row it fell back
+    in); `reason` (why it fell back in the newest one).
+    """
+    ordered = sorted(checkpoints, key=lambda c: c.checkpoint_id)
+    if not ordered:
+        return _table([], LAG_SCHEMA)
+    newest = ordered[-1]
+    by_id = {c.checkpoint_id: c for c in ordered}
+    owners: dict[int, int] = {}
+    for s in newest.subtasks:
+        owners[s.unit_id] = min(owners.get(s.unit_id, newest.checkpoint_id), owner_of(newest, s))
+    for u in newest.units:
+        owners.setdefault(u.unit_id, u.ref_checkpoint_id or newest.checkpoint_id)
+    reasons = {u.unit_id: u.reason for u in newest.units}
+    fell_back = [fallback_unit_ids(c) for c in reversed(ordered)]
+    rows = []
+    for unit in sorted(owners):
+        owner = owners[unit]
+        owner_md = by_id.get(owner)
+        streak = 0
+        for fb in fell_back:
+            if unit not in fb:
+                break
+            streak += 1
+        rows.append(
+            {
+                "unit_id": unit,
+                "status": "fresh" if owner == newest.checkpoint_id else "fallback",
+                "owner_checkpoint_id": owner,
+                "checkpoints_behind": newest.checkpoint_id - owner,
+                "time_behind_ms": None
+                if owner_md is None
+                else newest.trigger_time_ms - owner_md.trigger_time_ms,
+                "consecutive_fallbacks": streak,
+                "reason": reasons.get(unit) if owner != newest.checkpoint_id else None,
+            }
+        )
+    return _table(rows, LAG_SCHEMA)
+
+
+def summary_table(checkpoints: Sequence[CheckpointMetadata], *, num_damaged: int = 0) -> pa.Table:
+    """Counts and distributions over the completed checkpoints.
+
+    Columns (`SUMMARY_SCHEMA`): `metric`, `count`, and for the distributions `min`, `median`,
+    `max`. Rows: `completed`, `global`, `regional`, `forced_global` (global with reasons, a
+    subset of `global`), `savepoint`, `damaged` (metadata that does not decode), then
+    `duration_ms` and `state_bytes`.
+    """
+
+    def count(metric: str, n: int) -> dict[str, object]:
+        return {"metric": metric, "count": n, "min": None, "median": None, "max": None}
+
+    def dist(metric: str, values: list[int]) -> dict[str, object]:
+        if not values:
+            return count(metric, 0)
+        return {
+            "metric": metric,
+            "count": len(values),
+            "min": min(values),
+            "median": float(statistics.median(values)),
+            "max": max(values),
+        }
+
+    kinds = [c.kind for c in checkpoints]
+    rows = [
+        count("completed", len(checkpoints)),
+        count("global", kinds.count(CheckpointKind.GLOBAL)),
+        count("regional", kinds.count(CheckpointKind.REGIONAL)),
+        count("forced_global", sum(is_forced_global(c) for c in checkpoints)),
+        count("savepoint", kinds.count(CheckpointKind.SAVEPOINT)),
+        count("damaged", num_damaged),
+        dist("duration_ms", [c.completion_time_ms - c.trigger_time_ms for c in checkpoints]),
+        dist("state_bytes", [c.state_bytes for c in checkpoints]),
+    ]
+    return _table(rows, SUMMARY_SCHEMA)
+
+
+def diff_table(a: CheckpointMetadata, b: CheckpointMetadata) -> pa.Table:
+    """Per subtask, what changed from checkpoint `a` to checkpoint `b`.
+
+    Columns (`DIFF_SCHEMA`): `vertex_id`, `subtask_index`, `unit_id` (in `b`, else in `a`);
+    `change`: `fresh` (new state in `b`), `fell_back` (`b` re-uses state from an owner other
+    than `a`'s), `unchanged_owner` (`b` re-uses exactly `a`'s state owner), `added` / `removed`
+    (the subtask exists in one checkpoint only); `owner_a`, `owner_b`; `state_bytes_a`,
+    `state_bytes_b`.
+    """
+    in_a = {(s.vertex_id, s.index): s for s in a.subtasks}
+    in_b = {(s.vertex_id, s.index): s for s in b.subtasks}
+    rows = []
+    for key in sorted(in_a.keys() | in_b.keys()):
+        sa, sb = in_a.get(key), in_b.get(key)
+        owner_a = None if sa is None else owner_of(a, sa)
+        owner_b = None if sb is None else owner_of(b, sb)
+        if sb is None:
+            change = "removed"
+        elif sa is None:
+            change = "added"
+        elif not sb.is_fallback:
+            change = "fresh"
+        elif owner_b == owner_a:
+            change = "unchanged_owner"
+        else:
+            change = "fell_back"
+        rows.append(
+            {
+                "vertex_id": key[0],
+                "subtask_index": key[1],
+                "unit_id": (sb or sa).unit_id,  # type: ignore[union-attr]
+                "change": change,
+                "owner_a": owner_a,
+                "owner_b": owner_b,
+                "state_bytes_a": None if sa is None else sa.state_bytes,
+                "state_bytes_b": None if sb is None else sb.state_bytes,
+            }
+        )
+    return _table(rows, DIFF_SCHEMA)
+
+
+class CheckpointNotFoundError(MetadataError):
+    """A checkpoint id that the user asked for is not there (bad input: exit 2)."""
+
+    exit_code = 2
+
+
+class Inspector:
+    """The views over one job's completed checkpoints (`store`), pyiceberg style.
+
+    `num_retained` decides the `retained` column (the policy's `num-retained`).
+    """
+
+    def __init__(
+        self, store: CompletedCheckpointStore, *, num_retained: int = DEFAULT_NUM_RETAINED
+    ) -> None:
+        if num_retained < 1:
+            raise MetadataError(
+                f"num-retained must be at least 1 (got {num_retained}); the latest completed "
+                "checkpoint is always retained"
+            )
+        self.store = store
+        self.num_retained = num_retained
+
+    def _get(self, checkpoint_id: int) -> CheckpointMetadata:
+        if checkpoint_id not in self.store:
+            held = ", ".join(map(str, self.store.ids())) or "none"
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id} not found (completed: {held})"
+            )
+        return self.store.get(checkpoint_id)
+
+    def checkpoints(self) -> pa.Table:
+        """See `checkpoints_table`."""
+        return checkpoints_table(self.store.all(), num_retained=self.num_retained)
+
+    def show(self, checkpoint_id: int) -> pa.Table:
+        """See `show_table`; raises `MetadataError` (exit 2) for an unknown id."""
+        return show_table(self._get(checkpoint_id))
+
+    def refs(self) -> pa.Table:
+        """See `refs_table`."""
+        return refs_table(self.store.all())
+
+    def lag(self) -> pa.Table:
+        """See `lag_table`."""
+        return lag_table(self.store.all())
+
+    def summary(self) -> pa.Table:
+        """See `summary_table` (damaged = the store's skipped checkpoints)."""
+        return summary_table(self.store.all(), num_damaged=len(self.store.damaged))
+
+    def diff(self, a: int, b: int) -> pa.Table:
+        """See `diff_table`; raises `MetadataError` (exit 2) for an unknown id."""
+        return diff_table(self._get(a), self._get(b))
+
+    def tables(self) -> Mapping[str, pa.Table]:
+        """Every view that needs no argument, by name."""
+        return {
+            "checkpoints": self.checkpoints(),
+            "refs": self.refs(),
+            "lag": self.lag(),
+            "summary": self.summary(),
+        }
