@@ -45,6 +45,7 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "CheckpointNotFoundError",
     "Inspector",
+    "InspectorInputError",
     "checkpoints_table",
     "diff_table",
     "fallback_unit_ids",
@@ -410,10 +411,14 @@ def diff_table(a: CheckpointMetadata, b: CheckpointMetadata) -> pa.Table:
     return _table(rows, DIFF_SCHEMA)
 
 
-class CheckpointNotFoundError(MetadataError):
-    """A checkpoint id that the user asked for is not there (bad input: exit 2)."""
+class InspectorInputError(MetadataError):
+    """A view was asked for with bad input (e.g. `num_retained` < 1): exit code 2."""
 
     exit_code = 2
+
+
+class CheckpointNotFoundError(InspectorInputError):
+    """A checkpoint id that the user asked for is not there (bad input: exit 2)."""
 
 
 class Inspector:
@@ -426,7 +431,7 @@ class Inspector:
         self, store: CompletedCheckpointStore, *, num_retained: int = DEFAULT_NUM_RETAINED
     ) -> None:
         if num_retained < 1:
-            raise MetadataError(
+            raise InspectorInputError(
                 f"num-retained must be at least 1 (got {num_retained}); the latest completed "
                 "checkpoint is always retained"
             )

@@ -1,0 +1,117 @@
+"""`regional inspect ROOT [--job JOB] VIEW [--json]`: what the checkpoints of a job hold.
+
+Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate`, rendered here):
+`checkpoints`, `show ID`, `refs`, `lag`, `validate`, `summary`, `diff A B`. `--job` may be left
+out when ROOT holds one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage
+failed), 2 bad usage (no such root, job or checkpoint). Checkpoints whose metadata does not
+decode are reported on stderr (and as rows by `validate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pyarrow as pa
+
+from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
+from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
+from metadata.validate import validate_job, validate_table
+from regional.cli.render import print_table
+
+__all__ = ["register"]
+
+_VIEWS: dict[str, str] = {
+    "checkpoints": "history, newest first, with references and retention",
+    "show": "the units and subtasks of one checkpoint",
+    "refs": "which checkpoint takes which units' state from which owner",
+    "lag": "per unit, how far its state is behind the newest checkpoint",
+    "validate": "check files, sizes, checksums and references; which checkpoint a restore uses",
+    "summary": "counts and min/median/max of duration and size",
+    "diff": "per subtask, what changed between two checkpoints",
+}
+
+
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """Options accepted before and after VIEW (`SUPPRESS` keeps the view level from resetting
+    what was given before it)."""
+    default = argparse.SUPPRESS if suppress else None
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--job", default=default, help="job id (needed when ROOT holds several)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print a JSON array with one object per row",
+    )
+    p.add_argument(
+        "--num-retained",
+        type=int,
+        metavar="N",
+        default=argparse.SUPPRESS if suppress else DEFAULT_NUM_RETAINED,
+        help=f"how many newest checkpoints count as retained (default {DEFAULT_NUM_RETAINED})",
+    )
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `inspect` with one subcommand per view."""
+    parser = subparsers.add_parser(
+        "inspect",
+        parents=[_common(suppress=False)],
+        help="inspect the checkpoints of a job",
+        description="Show what the checkpoints under ROOT hold, reference and keep alive. "
+        "ROOT is the checkpoint root: a local path or a URI (file://, s3://, hdfs://, gs://).",
+    )
+    parser.add_argument("root", metavar="ROOT", help="checkpoint root")
+    views = parser.add_subparsers(dest="view", metavar="VIEW", required=True)
+    for name, text in _VIEWS.items():
+        view = views.add_parser(name, parents=[_common(suppress=True)], help=text, description=text)
+        if name == "show":
+            view.add_argument("checkpoint_id", metavar="ID", type=int, help="checkpoint id")
+        elif name == "diff":
+            view.add_argument("a", metavar="A", type=int, help="older checkpoint id")
+            view.add_argument("b", metavar="B", type=int, help="newer checkpoint id")
+        elif name == "validate":
+            view.add_argument(
+                "--no-checksums",
+                action="store_true",
+                help="check existence and sizes only, without reading the state files",
+            )
+    parser.set_defaults(handler=inspect_command)
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    """Open the job under `args.root`, compute the chosen view and print it."""
+    storage = JobStorage.open(args.root, args.job)
+    if args.view == "validate":
+        return _validate(storage, args)
+    store = CompletedCheckpointStore.load(storage)
+    for d in store.damaged:
+        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+    inspector = Inspector(store, num_retained=args.num_retained)
+    table: pa.Table
+    if args.view == "show":
+        table = inspector.show(args.checkpoint_id)
+    elif args.view == "diff":
+        table = inspector.diff(args.a, args.b)
+    else:
+        table = getattr(inspector, args.view)()
+    print_table(table, as_json=args.json)
+    return 0
+
+
+def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
+    report = validate_job(storage, verify_checksums=not args.no_checksums)
+    print_table(validate_table(report), as_json=args.json)
+    if report.restore_checkpoint_id is not None:
+        line = f"a restore would use checkpoint {report.restore_checkpoint_id}"
+    elif report.checked:
+        line = "no checkpoint is restorable"
+    else:
+        line = "no completed checkpoint; a restore would start from the initial state"
+    n = len(report.problems)
+    line += f" ({len(report.checked)} checked, {n} problem{'' if n == 1 else 's'})"
+    print(line, file=sys.stderr if args.json else sys.stdout)
+    return 1 if report.problems else 0
