@@ -1,0 +1,115 @@
+"""`regional regions GRAPH [--json]`: would this job benefit from regional checkpoints?
+
+GRAPH is our job-graph file (JSON or TOML) or a Flink plan JSON (REST ``/jobs/<id>/plan`` or
+``getExecutionPlan()``), told apart by content. For people: a verdict line, the warnings and one
+row per fallback unit. With `--json`: one object with `regional_allowed`, `reason`,
+`num_regions`, `num_units`, `units` and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each
+sorted by vertex id then index, in id order), `warnings` and `graph_fingerprint`. A bad graph
+exits with 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+
+from regional.cli.render import print_table
+from regional.graph_files import load_graph
+from regional.regions import RegionPlan, Subtask, analyse
+
+__all__ = ["plan_json", "register"]
+
+_MEMBERS_WIDTH = 72
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `regions`."""
+    parser = subparsers.add_parser(
+        "regions",
+        help="analyse a job graph's regions and fallback units",
+        description="Compute the pipelined regions and fallback units of GRAPH (our JSON/TOML "
+        "job graph or a Flink plan JSON) and say whether regional checkpoints can run.",
+    )
+    parser.add_argument("graph", metavar="GRAPH", type=Path, help="job-graph or Flink plan file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        metavar="N",
+        help="show at most N unit rows in the table (0: all; default 50)",
+    )
+    parser.set_defaults(handler=show_regions)
+
+
+def show_regions(args: argparse.Namespace) -> int:
+    """Load, analyse and print `args.graph`."""
+    graph = load_graph(args.graph)
+    plan = analyse(graph)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(plan_json(plan)).decode() + "\n")
+        return 0
+    verdict = "yes" if plan.regional_allowed else f"no: {plan.reason}"
+    print(
+        f"{args.graph}: {len(graph.vertices)} vertices, {graph.num_subtasks} subtasks, "
+        f"{plan.num_regions} regions, {plan.num_units} fallback units; "
+        f"regional checkpoints: {verdict}"
+    )
+    for warning in plan.warnings:
+        print(f"warning: {warning}")
+    shown = plan.num_units if args.limit <= 0 else min(args.limit, plan.num_units)
+    rows = [_unit_row(plan, u) for u in range(shown)]
+    table = pa.table(
+        {
+            "unit": pa.array([r[0] for r in rows], pa.int64()),
+            "regions": pa.array([r[1] for r in rows], pa.int64()),
+            "subtasks": pa.array([r[2] for r in rows], pa.int64()),
+            "members": pa.array([r[3] for r in rows], pa.string()),
+        }
+    )
+    print_table(table, as_json=False)
+    if shown < plan.num_units:
+        print(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
+    return 0
+
+
+def _unit_row(plan: RegionPlan, unit: int) -> tuple[int, int, int, str]:
+    members = plan.subtasks_of_unit(unit)
+    return unit, len(plan.regions_of_unit(unit)), len(members), _compact(members)
+
+
+def _compact(members: Sequence[Subtask]) -> str:
+    """``a#0-2, b#1`` for a#0, a#1, a#2, b#1; cut at `_MEMBERS_WIDTH` characters."""
+    parts: list[str] = []
+    for vertex, group in itertools.groupby(members, key=lambda s: s.vertex_id):
+        indices = [s.index for s in group]
+        runs = itertools.groupby(enumerate(indices), key=lambda t: t[1] - t[0])
+        for _, run in runs:
+            first, *rest = [i for _, i in run]
+            parts.append(f"{vertex}#{first}-{rest[-1]}" if rest else f"{vertex}#{first}")
+    text = ", ".join(parts)
+    return text if len(text) <= _MEMBERS_WIDTH else text[: _MEMBERS_WIDTH - 3] + "..."
+
+
+def _listing(groups: Sequence[Sequence[Subtask]]) -> list[list[str]]:
+    return [[str(s) for s in sorted(group)] for group in groups]
+
+
+def plan_json(plan: RegionPlan) -> dict[str, object]:
+    """The `--json` object of a plan."""
+    return {
+        "regional_allowed": plan.regional_allowed,
+        "reason": plan.reason,
+        "num_regions": plan.num_regions,
+        "num_units": plan.num_units,
+        "units": _listing(plan.units),
+        "regions": _listing(plan.regions),
+        "warnings": list(plan.warnings),
+        "graph_fingerprint": plan.graph.fingerprint(),
+    }
