@@ -1,6 +1,46 @@
 """Checkpoint metadata: model, versioned binary format, storage layout, completed-checkpoint
-store and inspector views. Imports nothing else of regional (DESIGN §3)."""
+store and inspector views. Imports nothing else of regional (DESIGN §3).
+
+`metadata.spark` (the views as Spark DataFrames) is not imported here, so that using the
+metadata layer never starts or needs Spark.
+"""
 
 from metadata.errors import MetadataError, RegionalError, StorageError
+from metadata.format import FORMAT_VERSION, decode_metadata, encode_metadata
+from metadata.inspect import Inspector
+from metadata.model import (
+    CheckpointKind,
+    CheckpointMetadata,
+    SplitState,
+    StateHandle,
+    SubtaskState,
+    UnitState,
+    VertexInfo,
+)
+from metadata.storage import FileEntry, JobStorage, Problem
+from metadata.store import CompletedCheckpointStore, DamagedCheckpoint
+from metadata.validate import Validation, validate_job
 
-__all__ = ["MetadataError", "RegionalError", "StorageError"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointKind",
+    "CheckpointMetadata",
+    "CompletedCheckpointStore",
+    "DamagedCheckpoint",
+    "FileEntry",
+    "Inspector",
+    "JobStorage",
+    "MetadataError",
+    "Problem",
+    "RegionalError",
+    "SplitState",
+    "StateHandle",
+    "StorageError",
+    "SubtaskState",
+    "UnitState",
+    "Validation",
+    "VertexInfo",
+    "decode_metadata",
+    "encode_metadata",
+    "validate_job",
+]

@@ -10,6 +10,10 @@ offset  size  field
 16+n    16    BLAKE2b-128 digest of bytes [0, 16+n): header and body
 ```
 
+Minor versions are additive: fields are appended (with defaults) to the end of a struct, and
+msgspec ignores trailing array items and map keys it does not know, so an older reader still
+reads a newer minor version of its major one; a newer reader fills the defaults.
+
 The digest covers the header too, so a flipped version or length byte is caught like a flipped
 body byte. The length field tells a truncated file from a corrupt one. Every failure raises
 `MetadataError` naming the file (`source`); nothing here touches a file system.

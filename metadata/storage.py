@@ -369,10 +369,17 @@ class JobStorage:
             )
         return handles
 
-    def read_segment(self, handle: StateHandle) -> bytes:
-        """The bytes of one segment, verified against the handle's size, length and checksum."""
-        rel = check_relative(handle.path)
-        where = self.describe(rel)
+    def read_segment(self, handle: StateHandle, *, checkpoint_id: int | None = None) -> bytes:
+        """The bytes of one segment, verified against the handle's size, length and checksum.
+
+        `checkpoint_id` (the checkpoint whose metadata holds the handle) is named in errors.
+        """
+        of = "" if checkpoint_id is None else f" of checkpoint {checkpoint_id}"
+        try:
+            rel = check_relative(handle.path)
+        except StorageError as exc:
+            raise StorageError(f"refusing a state handle{of}: {exc}") from None
+        where = self.describe(rel) + of
         try:
             with self.filesystem.open_input_file(self._full(rel)) as f:
                 size = f.size()

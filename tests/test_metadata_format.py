@@ -1,0 +1,229 @@
+"""The `_metadata` binary format: round trips, the committed v1 fixture, every error, fuzzing."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metadata.errors import MetadataError
+from metadata.format import (
+    FORMAT_MINOR,
+    FORMAT_VERSION,
+    MAGIC,
+    decode_metadata,
+    encode_metadata,
+    segment_checksum,
+)
+from metadata.model import (
+    CheckpointKind,
+    CheckpointMetadata,
+    StateHandle,
+    SubtaskState,
+    UnitState,
+    VertexInfo,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metadata"
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("make_v1", FIXTURES / "make_v1.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _envelope(body: bytes, major: int = FORMAT_VERSION, minor: int = FORMAT_MINOR) -> bytes:
+    """A file with a correct header and checksum around an arbitrary body."""
+    header = struct.pack(">4sHHQ", MAGIC, major, minor, len(body))
+    return header + body + segment_checksum(header + body)
+
+
+FULL = _fixture_module().expected()
+
+
+@pytest.mark.parametrize("kind", list(CheckpointKind))
+def test_every_field_and_kind_round_trips(kind: CheckpointKind) -> None:
+    md = msgspec.structs.replace(FULL, kind=kind)
+    back = decode_metadata(encode_metadata(md), source="chk-5/_metadata")
+    assert back == md
+    assert back.kind is kind
+    assert back.subtasks[1].handles[1].shared is True
+    assert back.coordinators == {"source": b"enumerator-state", "sink": b"\x00\x01"}
+    assert back.subtasks[3].committables == (b"c-3-1", b"c-3-2")
+
+
+def test_defaults_round_trip() -> None:
+    md = CheckpointMetadata(
+        checkpoint_id=0, job_id="", kind="global", trigger_time_ms=0, completion_time_ms=0
+    )
+    assert decode_metadata(encode_metadata(md), source="x") == md
+
+
+def test_reads_the_committed_version_1_fixture() -> None:
+    data = (FIXTURES / "v1-regional.bin").read_bytes()
+    assert data[:4] == b"RGNL" and struct.unpack(">HH", data[4:8]) == (1, 0)
+    assert decode_metadata(data, source="v1-regional.bin") == FULL
+    if (FORMAT_VERSION, FORMAT_MINOR) == (1, 0):  # the writer still produces the same bytes
+        assert encode_metadata(FULL) == data
+
+
+def test_bytes_per_subtask_stay_under_budget() -> None:
+    def subtask(i: int) -> SubtaskState:
+        handle = StateHandle(f"chk-12345/u{i}-a3.state", 0, 4096, 4096, bytes(16))
+        return SubtaskState(
+            f"vertex-{i % 8}", i, i, ref_checkpoint_id=12000 if i % 2 else None, handles=(handle,)
+        )
+
+    n = 2000
+    md = CheckpointMetadata(
+        checkpoint_id=12345,
+        job_id="j",
+        kind="regional",
+        trigger_time_ms=1,
+        completion_time_ms=2,
+        units=tuple(UnitState(i, 12000 if i % 2 else None, "timeout") for i in range(n)),
+        vertices=tuple(VertexInfo(f"vertex-{v}", n // 8, 32768) for v in range(8)),
+        subtasks=tuple(subtask(i) for i in range(n)),
+    )
+    per_subtask = len(encode_metadata(md)) / n
+    assert per_subtask < 300, per_subtask
+
+
+def _corrupt(source: str = "/ckpt/job/chk-5/_metadata"):
+    return pytest.raises(MetadataError, match=f"^{source}")
+
+
+GOOD = encode_metadata(FULL)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "is truncated: 0 bytes"),
+        (b"RG", "is truncated: 2 bytes"),
+        (GOOD[:10], "is truncated: 10 bytes, shorter than the 16-byte header"),
+        (GOOD[:-1], f"is truncated: {len(GOOD) - 1} of {len(GOOD)} bytes"),
+        (GOOD + b"\x00", "has 1 unexpected trailing bytes"),
+        (b"PK\x03\x04" + GOOD[4:], r"is not a regional .* \(bad magic b'PK\\x03\\x04'"),
+        (GOOD[:-1] + bytes([GOOD[-1] ^ 1]), "fails its checksum"),
+        (GOOD[:40] + bytes([GOOD[40] ^ 0x80]) + GOOD[41:], "fails its checksum"),
+        (_envelope(b"", major=2), "has format version 2.0, written by a newer regional.*upgrade"),
+        (_envelope(b"\x90", major=0), "has format version 0.0, which no regional release writes"),
+        (_envelope(b"\xc1"), r"does not decode \(.*\); the file is damaged"),
+        (_envelope(b"\x80"), r"does not decode \(Object missing required field"),
+    ],
+)
+def test_unusable_files_raise_metadata_error_naming_the_file(data: bytes, message: str) -> None:
+    with pytest.raises(MetadataError, match=f"^/ckpt/job/chk-5/_metadata {message}"):
+        decode_metadata(data, source="/ckpt/job/chk-5/_metadata")
+
+
+def test_newer_minor_with_appended_fields_still_decodes() -> None:
+    body = msgspec.msgpack.encode(
+        {
+            "checkpoint_id": 1,
+            "job_id": "j",
+            "kind": "global",
+            "trigger_time_ms": 0,
+            "completion_time_ms": 0,
+            "vertices": [["v", 1, 1, "a field from the future"]],
+            "field_from_the_future": 3,
+        }
+    )
+    md = decode_metadata(_envelope(body, minor=7), source="f")
+    assert md.vertices == (VertexInfo("v", 1, 1),)
+
+
+def test_newer_minor_that_does_not_decode_asks_for_an_upgrade() -> None:
+    body = msgspec.msgpack.encode(
+        {"checkpoint_id": 1, "job_id": "j", "kind": "partial", "trigger_time_ms": 0}
+    )
+    with pytest.raises(MetadataError, match=r"format 1\.7 is newer than this regional.*upgrade"):
+        decode_metadata(_envelope(body, minor=7), source="f")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"checkpoint_id": -1}, "negative checkpoint id -1"),
+        ({"units": [[1, 5]]}, "unit 1 refers to checkpoint 5"),
+        ({"subtasks": [["map", 0, 0, 7]]}, r"subtask map\[0\] refers to checkpoint 7"),
+        (
+            {"subtasks": [["map", 2, 0, None, [["chk-5/a", 3, 8, 10, b""]]]]},
+            r"subtask map\[2\] has segment 3\+8 outside file 'chk-5/a' of 10 bytes",
+        ),
+        ({"kind": "partial"}, r"does not decode \(Invalid enum value 'partial'"),
+    ],
+)
+def test_values_no_writer_produces_are_refused(change: dict, message: str) -> None:
+    fields = {
+        "checkpoint_id": 5,
+        "job_id": "j",
+        "kind": "regional",
+        "trigger_time_ms": 0,
+        "completion_time_ms": 0,
+        **change,
+    }
+    with pytest.raises(MetadataError, match=f"^f: .*{message}|^f {message}"):
+        decode_metadata(_envelope(msgspec.msgpack.encode(fields)), source="f")
+
+
+def test_no_pickle_in_the_metadata_package() -> None:
+    root = Path(__file__).parent.parent / "metadata"
+    for path in root.glob("*.py"):
+        assert "pickle" not in path.read_text(), path
+
+
+# -- fuzzing: the only outcome of bad input is MetadataError ---------------------------------
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _decode_or_metadata_error(data: bytes) -> CheckpointMetadata | None:
+    try:
+        return decode_metadata(data, source="fuzz")
+    except MetadataError as exc:
+        assert str(exc).startswith("fuzz")
+        return None
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes(data: bytes) -> None:
+    assert _decode_or_metadata_error(data) is None
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_fuzz_random_body_in_a_valid_envelope(body: bytes) -> None:
+    md = _decode_or_metadata_error(_envelope(body))
+    if md is not None:  # it decoded: a well-formed checkpoint that round-trips
+        assert isinstance(md, CheckpointMetadata)
+        assert decode_metadata(encode_metadata(md), source="again") == md
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=len(GOOD) - 1))
+def test_fuzz_truncations(n: int) -> None:
+    assert _decode_or_metadata_error(GOOD[:n]) is None
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=len(GOOD) * 8 - 1))
+def test_fuzz_bit_flips(bit: int) -> None:
+    flipped = bytearray(GOOD)
+    flipped[bit // 8] ^= 1 << (bit % 8)
+    assert _decode_or_metadata_error(bytes(flipped)) is None
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=len(GOOD) - 1), st.binary(min_size=1, max_size=8))
+def test_fuzz_splices(at: int, junk: bytes) -> None:
+    assert _decode_or_metadata_error(GOOD[:at] + junk + GOOD[at + len(junk) :]) in (None, FULL)
