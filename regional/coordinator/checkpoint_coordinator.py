@@ -1,0 +1,732 @@
+"""The checkpoint coordinator: regional completion as a pure state machine (DESIGN §4 rules 2–12).
+
+The runtime calls `trigger`, then `on_ack` / `on_decline` per unit attempt and `on_tick` with the
+time; it carries out the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`),
+`Commit` (then `on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`,
+`FinishJob`. One checkpoint is in flight at a time: the next trigger waits until the previous one
+is aborted or its metadata is durable. Cost per checkpoint is O(units); an ack is O(its subtasks).
+
+>>> from metadata.model import SubtaskState, VertexInfo
+>>> from regional.coordinator.layout import JobLayout
+>>> from regional.policy import Policy
+>>> layout = JobLayout(units=tuple(((("map", u),) for u in range(4))),
+...                    vertices=(VertexInfo("map", 4, 128),))
+>>> c = CheckpointCoordinator(layout, Policy(), job_id="job")
+>>> t = c.trigger(now_ms=0)
+>>> for u in (0, 1, 2):
+...     _ = c.on_ack(t.checkpoint_id, u, t.attempt, (SubtaskState("map", u, u, attempt=1),), 5)
+>>> [write] = c.on_decline(t.checkpoint_id, 3, t.attempt, "ValueError: bad record", 6)
+>>> write.metadata.kind.value, [s.ref_checkpoint_id for s in write.metadata.subtasks]
+('regional', [None, None, None, 0])
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from metadata.errors import RegionalError
+from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState, VertexInfo
+from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
+from regional.coordinator.events import (
+    INITIAL_STATE_ID,
+    AbortCheckpoint,
+    Decision,
+    DiscardAttempt,
+    FailJob,
+    FinishJob,
+    NotifyComplete,
+    NotifyFallback,
+    NotifySubsumed,
+    Rule,
+    TriggerCheckpoint,
+    WriteMetadata,
+)
+from regional.coordinator.layout import JobLayout
+from regional.coordinator.limits import Limits
+from regional.coordinator.metrics import CoordinatorMetrics
+from regional.coordinator.pending import PendingCheckpoint
+from regional.errors import JobFailedError
+from regional.operators.commit import CommitCoordinator
+from regional.operators.protocol import OperatorCoordinator
+from regional.policy import Policy, policy_fingerprint
+
+__all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
+
+_NO_DECISIONS: list[Decision] = []
+
+
+class CoordinatorStateError(RegionalError):
+    """The runtime called the coordinator out of order (a bug in the runtime, not in the job)."""
+
+
+class _Completion(msgspec.Struct):
+    """A decided checkpoint whose metadata is being written."""
+
+    pending: PendingCheckpoint
+    metadata: CheckpointMetadata
+    fallback: dict[int, str]  # unit -> cause
+    fallback_states: dict[int, tuple[SubtaskState, ...]]
+
+
+class CheckpointCoordinator:
+    """Drives checkpoints of one job over the fallback units of `layout` under `policy`.
+
+    `coordinators` maps a vertex id to its operator coordinator (`SplitEnumerator`,
+    `CommitCoordinator`, or any `OperatorCoordinator`).
+    """
+
+    def __init__(
+        self,
+        layout: JobLayout,
+        policy: Policy,
+        *,
+        job_id: str,
+        coordinators: Mapping[str, OperatorCoordinator] | None = None,
+    ) -> None:
+        self._layout = layout
+        self._policy = policy
+        self._region = policy.checkpointing.region
+        self._job_id = job_id
+        self._fingerprint = policy_fingerprint(policy)
+        self._ratio = failure_ratio(self._region.max_failure_ratio)
+        self._coordinators: dict[str, OperatorCoordinator] = dict(coordinators or {})
+        for vertex_id in self._coordinators:
+            if vertex_id not in {v.vertex_id for v in layout.vertices}:
+                raise CoordinatorStateError(
+                    f"operator coordinator for unknown vertex {vertex_id!r}"
+                )
+        self._committers = {
+            v: c for v, c in self._coordinators.items() if isinstance(c, CommitCoordinator)
+        }
+        n = layout.num_units
+        self._expected = [tuple(subtasks) for subtasks in layout.units]
+        self._fresh_unit = [UnitState(u) for u in range(n)]
+        self._source_units = {
+            u: {v for v, _ in layout.units[u] if v in layout.bounded_sources} for u in range(n)
+        }
+        # the latest completed checkpoint, per unit: its subtask states and their owner
+        self._next_id = 1
+        self._latest_id: int | None = None
+        self._unit_states: list[tuple[SubtaskState, ...] | None] = [None] * n
+        self._owner = [INITIAL_STATE_ID] * n
+        self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
+        self._global_until_success: str | None = None
+        self._pending: PendingCheckpoint | None = None
+        self._completing: _Completion | None = None
+        self._finished_sources: set[str] = set()
+        self._final_mode = False
+        self._final_checkpoint: int | None = None
+        self._finished = False
+        self._failed: str | None = None
+        self._retained: deque[int] = deque()
+        self._refs_of: dict[int, frozenset[int]] = {}
+        self._ref_count: Counter[int] = Counter()
+        self.limits = Limits(self._region, policy.checkpointing.tolerable_failed_checkpoints)
+        self.metrics = CoordinatorMetrics()
+
+    # --- what the runtime reads --------------------------------------------------------------
+
+    @property
+    def pending_checkpoint_id(self) -> int | None:
+        """The checkpoint whose units are running, or None."""
+        return self._pending.checkpoint_id if self._pending else None
+
+    @property
+    def latest_completed_id(self) -> int | None:
+        return self._latest_id
+
+    @property
+    def finished(self) -> bool:
+        """True once `FinishJob` was returned."""
+        return self._finished
+
+    def unit_owner(self, unit_id: int) -> int:
+        """The checkpoint whose state `unit_id` restarts from (`INITIAL_STATE_ID`: none)."""
+        return self._owner[unit_id]
+
+    def unit_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
+        """The subtask states `unit_id` restarts from (empty for its initial state)."""
+        return self._fallback_states(unit_id)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def trigger(self, now_ms: int, *, savepoint: bool = False) -> TriggerCheckpoint:
+        """Start the next checkpoint (or a savepoint). Raises `CoordinatorStateError` while one
+        is in flight, `JobFailedError` after `FailJob`."""
+        if self._failed is not None:
+            raise JobFailedError(f"job {self._job_id} failed: {self._failed}")
+        if self._pending is not None or self._completing is not None:
+            busy = self._pending or (self._completing and self._completing.pending)
+            assert busy is not None
+            raise CoordinatorStateError(
+                f"cannot trigger a checkpoint while checkpoint {busy.checkpoint_id} is in flight;"
+                " wait until it is aborted or its metadata is durable"
+            )
+        if self._finished:
+            raise CoordinatorStateError(f"job {self._job_id} has finished; nothing to checkpoint")
+        final = self._all_bounded_finished()
+        self._final_mode |= final
+        reasons: list[str] = []
+        tier1 = False
+        if savepoint:
+            reasons.append("savepoint: every unit is fresh")
+        if self._final_mode:
+            reasons.append("every bounded source has finished: checkpoints are global")
+        if self._global_until_success:
+            reasons.append(self._global_until_success)
+        if self._region.enabled and (why := self.limits.tier1_reason()):
+            reasons.append(why)
+            tier1 = True
+        if self._region.enabled and self._region.max_unit_fallbacks == 0:
+            reasons.append("max-unit-fallbacks = 0: units may never fall back")
+        must_all = bool(reasons)
+        if not self._region.enabled:
+            reasons.append("regional checkpoints are disabled")
+        must_fresh = frozenset() if must_all else self.limits.units_at_limit()
+        kind = (
+            CheckpointKind.SAVEPOINT
+            if savepoint
+            else CheckpointKind.GLOBAL
+            if must_all or not self._region.enabled
+            else CheckpointKind.REGIONAL
+        )
+        timeout = self._policy.checkpointing.timeout
+        if self._region.enabled:
+            timeout = min(timeout, self._region.timeout)
+        deadline = now_ms + round(timeout * 1000)
+        checkpoint_id = self._next_id
+        self._next_id += 1
+        self._pending = PendingCheckpoint(
+            checkpoint_id,
+            trigger_ms=now_ms,
+            num_units=self._layout.num_units,
+            deadline_ms=deadline,
+            kind=kind,
+            must_be_fresh_all=must_all,
+            must_be_fresh=must_fresh,
+            regional_allowed=self._region.enabled,
+            tier1=tier1,
+            final=final,
+            reasons=tuple(reasons),
+        )
+        return TriggerCheckpoint(
+            checkpoint_id, kind, 1, deadline, must_fresh, tuple(reasons), final
+        )
+
+    def retry_unit(self, checkpoint_id: int, unit_id: int, now_ms: int) -> int:
+        """Fence the unit's running attempt and start a new one (its ack alone counts now);
+        returns the new attempt number. Only for a unit that has not answered yet."""
+        p = self._pending
+        if p is None or p.checkpoint_id != checkpoint_id or p.answered(unit_id):
+            raise CoordinatorStateError(
+                f"cannot retry unit {unit_id} in checkpoint {checkpoint_id}: it is not pending "
+                "or the unit already answered"
+            )
+        return p.retry(unit_id, now_ms + round(self._region.timeout * 1000))
+
+    def on_ack(
+        self,
+        checkpoint_id: int,
+        unit_id: int,
+        attempt: int,
+        subtasks: Sequence[SubtaskState],
+        now_ms: int,
+    ) -> list[Decision]:
+        """Unit `unit_id`'s attempt acked with the states of all its subtasks, in the order of
+        `layout.units[unit_id]`. A stale ack (fenced attempt, checkpoint not pending) is
+        ignored and its files returned for discarding (rule 9)."""
+        p = self._pending
+        if p is None or p.checkpoint_id != checkpoint_id or p.attempt_of(unit_id) != attempt:
+            return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
+        if p.states[unit_id] is not None:
+            return _NO_DECISIONS  # a duplicate of the accepted ack
+        if unit_id in p.declined:
+            return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
+        states = tuple(subtasks)
+        if (problem := self._malformed(unit_id, attempt, states)) is not None:
+            out = [_discard(checkpoint_id, unit_id, attempt, states, committables=True)]
+            return out + self._record_decline(p, unit_id, problem, now_ms)
+        p.ack(unit_id, states)
+        return self._decide(p, now_ms) if p.outstanding == 0 else _NO_DECISIONS
+
+    def on_decline(
+        self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
+    ) -> list[Decision]:
+        """Unit `unit_id`'s attempt declined (`cause`: e.g. the exception in user code)."""
+        p = self._pending
+        if (
+            p is None
+            or p.checkpoint_id != checkpoint_id
+            or p.attempt_of(unit_id) != attempt
+            or p.answered(unit_id)
+        ):
+            return _NO_DECISIONS
+        return self._record_decline(p, unit_id, f"declined: {cause}", now_ms)
+
+    def on_tick(self, now_ms: int) -> list[Decision]:
+        """Decline every unit past its deadline (a silent unit is a failed unit, rule 2)."""
+        p = self._pending
+        if p is None:
+            return _NO_DECISIONS
+        out: list[Decision] = []
+        for unit_id in p.expired(now_ms):
+            elapsed = (now_ms - p.trigger_ms) / 1000
+            out += self._record_decline(
+                p, unit_id, f"timeout: no answer after {elapsed:g} s", now_ms
+            )
+            if self._pending is not p:
+                break
+        return out
+
+    def on_metadata_durable(self, checkpoint_id: int, now_ms: int) -> list[Decision]:
+        """Checkpoint `checkpoint_id`'s metadata is written: it is complete. Returns the
+        notifications, the commits to run and subsumed checkpoints."""
+        done = self._take_completion(checkpoint_id)
+        p, md = done.pending, done.metadata
+        n = self._layout.num_units
+        fallback = done.fallback
+        # the new latest state of every unit
+        states = p.states
+        for unit_id, fb in done.fallback_states.items():
+            states[unit_id] = fb
+        old_owner = self._owner
+        self._owner = [checkpoint_id] * n
+        for unit_id in fallback:
+            self._owner[unit_id] = old_owner[unit_id]
+        self._unit_states = states
+        self._mismatch = {}
+        self._latest_id = checkpoint_id
+        savepoint = md.kind is CheckpointKind.SAVEPOINT
+        self.limits.completed(fallback, savepoint=savepoint)
+        if savepoint:
+            self.metrics.savepoint_count += 1
+            self._global_until_success = (
+                f"savepoint {checkpoint_id} is user-owned: no unit may fall back to it"
+            )
+        elif fallback:
+            self.metrics.regional_checkpoint_count += 1
+        else:
+            self.metrics.global_checkpoint_count += 1
+            self._global_until_success = None
+        owners = {self._owner[u] for u in fallback}
+        self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
+        self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
+        per_vertex = self._per_vertex(fallback)
+        for vertex_id, coordinator in self._coordinators.items():
+            coordinator.notify_complete(checkpoint_id, per_vertex.get(vertex_id, {}))
+        self._reopen_sources(fallback)
+        out: list[Decision] = []
+        healthy = tuple(u for u in range(n) if u not in fallback) if fallback else tuple(range(n))
+        out.append(NotifyComplete(checkpoint_id, healthy))
+        out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
+        if not savepoint:
+            out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
+        for vertex_id, committer in self._committers.items():
+            committer.checkpoint_complete(checkpoint_id, _fresh_committables(md, vertex_id))
+        if p.final and not fallback:
+            self._final_checkpoint = checkpoint_id
+        return out + self._pump()
+
+    def on_metadata_failed(self, checkpoint_id: int, message: str, now_ms: int) -> list[Decision]:
+        """Writing the metadata failed: the checkpoint is aborted."""
+        done = self._take_completion(checkpoint_id)
+        return self._abort(
+            done.pending,
+            Rule.METADATA_WRITE,
+            f"checkpoint {checkpoint_id} aborted: writing its metadata failed: {message}",
+            extra_failed=tuple(done.fallback),
+        )
+
+    def on_commit_done(self, vertex_id: str, checkpoint_id: int) -> list[Decision]:
+        """The `Commit` of `checkpoint_id` to sink `vertex_id` succeeded (or was skipped)."""
+        self._committer(vertex_id).commit_succeeded(checkpoint_id)
+        return self._pump()
+
+    def on_commit_failed(self, vertex_id: str, checkpoint_id: int, message: str) -> list[Decision]:
+        """The commit failed: it is handed out again (retry) and blocks later commits."""
+        self._committer(vertex_id).commit_failed(checkpoint_id)
+        self.metrics.commit_failures += 1
+        return self._pump()
+
+    def on_source_finished(self, vertex_id: str) -> None:
+        """Every subtask of bounded source `vertex_id` reached the end of its input."""
+        if vertex_id not in self._layout.bounded_sources:
+            raise CoordinatorStateError(
+                f"{vertex_id!r} is not a bounded source; bounded sources: "
+                f"{', '.join(sorted(self._layout.bounded_sources)) or 'none'}"
+            )
+        self._finished_sources.add(vertex_id)
+
+    def restore(
+        self,
+        metadata: CheckpointMetadata,
+        *,
+        mode: str = "claim",
+        next_checkpoint_id: int | None = None,
+    ) -> list[Decision]:
+        """Start from a completed checkpoint (DESIGN rule 12). `mode` is `claim` or `no-claim`
+        (checkpoints stay global until one succeeds; nothing falls back to the restored one).
+        `next_checkpoint_id`: the first id not used under the job root (ids of checkpoints that
+        were in flight at a crash are not reused). Returns the re-commits."""
+        if self._latest_id is not None or self._pending or self._completing or self._next_id > 1:
+            raise CoordinatorStateError("restore only a coordinator that has not checkpointed")
+        if mode not in ("claim", "no-claim"):
+            raise CoordinatorStateError(f"restore mode {mode!r}: expected claim or no-claim")
+        cid = metadata.checkpoint_id
+        self._latest_id = cid
+        self._next_id = max(cid + 1, next_checkpoint_id or 0)
+        by_unit: dict[int, dict[tuple[str, int], SubtaskState]] = {}
+        for s in metadata.subtasks:
+            by_unit.setdefault(s.unit_id, {})[s.vertex_id, s.index] = s
+        then = {v.vertex_id: v for v in metadata.vertices}
+        for v in self._layout.vertices:
+            old: VertexInfo | None = then.get(v.vertex_id)
+            if old != v:
+                was = "absent" if old is None else f"{old.parallelism} / {old.max_parallelism}"
+                self._mismatch[v.vertex_id] = (
+                    f"vertex {v.vertex_id!r} had parallelism / max parallelism {was} in "
+                    f"checkpoint {cid}, now {v.parallelism} / {v.max_parallelism}"
+                )
+        for u, keys in enumerate(self._expected):
+            got = by_unit.get(u, {})
+            if set(got) == set(keys):
+                self._unit_states[u] = tuple(got[k] for k in keys)
+                refs = {got[k].ref_checkpoint_id for k in keys}
+                self._owner[u] = cid if refs == {None} else min(r for r in refs if r is not None)
+            else:
+                self._unit_states[u] = None
+                self._owner[u] = cid
+        if mode == "no-claim":
+            self._global_until_success = (
+                f"restored checkpoint {cid} in no-claim mode: checkpoints stay global until one "
+                "succeeds"
+            )
+        elif metadata.kind is CheckpointKind.SAVEPOINT:
+            self._global_until_success = (
+                f"restored savepoint {cid} is user-owned: no unit may fall back to it"
+            )
+        m = self._region.max_unit_fallbacks
+        self.limits.streak = {
+            u: min(m, cid - self._owner[u])
+            for u in range(self._layout.num_units)
+            if self._owner[u] != cid
+        }
+        self.limits.consecutive_regional = int(metadata.kind is CheckpointKind.REGIONAL)
+        self._retained = deque([cid])
+        self._refs_of = {cid: metadata.referenced_checkpoint_ids - {INITIAL_STATE_ID}}
+        self._ref_count = Counter(self._refs_of[cid])
+        for vertex_id, data in metadata.coordinators.items():
+            if vertex_id in self._coordinators:
+                self._coordinators[vertex_id].restore(data)
+        for vertex_id, committer in self._committers.items():
+            committables = _fresh_committables(metadata, vertex_id)
+            if not committer.queued or committer.queued[-1] < cid:
+                committer.checkpoint_complete(cid, committables, recommit=True)
+        return self._pump()
+
+    # --- deciding ----------------------------------------------------------------------------
+
+    def _record_decline(
+        self, p: PendingCheckpoint, unit_id: int, cause: str, now_ms: int
+    ) -> list[Decision]:
+        p.decline(unit_id, cause)
+        cid = p.checkpoint_id
+        if p.must_be_fresh_all or unit_id in p.must_be_fresh:
+            why = (
+                "; ".join(p.reasons)
+                if p.must_be_fresh_all
+                else self.limits.unit_limit_reason(unit_id)
+            )
+            return self._abort(
+                p,
+                Rule.MUST_BE_FRESH,
+                f"checkpoint {cid} aborted (rule 3a): unit {unit_id} had to be fresh ({why}) but "
+                f"failed: {cause}",
+            )
+        if not p.regional_allowed:
+            return self._abort(
+                p,
+                Rule.REGIONAL_DISABLED,
+                f"checkpoint {cid} aborted: unit {unit_id} failed ({cause}) and regional "
+                "checkpoints are disabled (checkpointing.region.enabled = false)",
+            )
+        return self._decide(p, now_ms) if p.outstanding == 0 else _NO_DECISIONS
+
+    def _decide(self, p: PendingCheckpoint, now_ms: int) -> list[Decision]:
+        """Every unit answered: complete (global or regional) or abort (rule 3)."""
+        cid = p.checkpoint_id
+        failed = p.declined
+        if not failed:
+            snapshots = {v: c.snapshot(cid) for v, c in self._coordinators.items()}
+            return self._complete(p, now_ms, {}, snapshots)
+        verdict: Verdict = evaluate(
+            cid,
+            failed,
+            num_units=self._layout.num_units,
+            max_failure_ratio=self._ratio,
+            must_be_fresh=lambda u: (
+                "; ".join(p.reasons)
+                if p.must_be_fresh_all
+                else self.limits.unit_limit_reason(u)
+                if u in p.must_be_fresh
+                else None
+            ),
+            unusable=self._unusable,
+            fallback_snapshots=lambda: self._fallback_snapshots(cid, failed),
+        )
+        if verdict.rule is not None:
+            return self._abort(p, verdict.rule, verdict.message)
+        return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots))
+
+    def _unusable(self, unit_id: int) -> str | None:
+        """Rule 3 d: why the unit's earlier state cannot be re-used now, or None."""
+        owner = self._owner[unit_id]
+        if owner == INITIAL_STATE_ID:
+            return None  # never checkpointed: its initial state is usable
+        if self._global_until_success is not None:
+            return self._global_until_success
+        for vertex_id, _ in self._expected[unit_id]:
+            if vertex_id in self._mismatch:
+                return self._mismatch[vertex_id]
+        states = self._unit_states[unit_id]
+        if states is None:
+            return (
+                f"checkpoint {owner} holds no state for its subtasks "
+                f"{list(self._expected[unit_id])}"
+            )
+        for s in states:
+            coordinator = self._coordinators.get(s.vertex_id)
+            if coordinator is not None and (why := coordinator.check_fallback(s, owner)):
+                return why
+        return None
+
+    def _fallback_snapshots(self, cid: int, failed: Mapping[int, str]) -> dict[str, bytes] | str:
+        """Rule 3 e: every coordinator's snapshot of `cid` with the failed units fallen back."""
+        per_vertex = self._per_vertex(failed)
+        snapshots: dict[str, bytes] = {}
+        for vertex_id, coordinator in self._coordinators.items():
+            fallback = per_vertex.get(vertex_id)
+            if not fallback:
+                snapshots[vertex_id] = coordinator.snapshot(cid)
+                continue
+            try:
+                snapshots[vertex_id] = coordinator.snapshot_for_fallback(cid, fallback)
+            except Exception as exc:
+                return (
+                    f"the operator coordinator of {vertex_id!r} cannot produce a fallback "
+                    f"snapshot for subtasks {sorted(fallback)}: {type(exc).__name__}: {exc}"
+                )
+        return snapshots
+
+    def _per_vertex(self, units: Mapping[int, object] | set[int]) -> dict[str, dict[int, int]]:
+        """For the coordinated vertices: subtask index -> owner, over the subtasks of `units`."""
+        out: dict[str, dict[int, int]] = {}
+        if not self._coordinators:
+            return out
+        for unit_id in units:
+            owner = self._owner[unit_id]
+            for vertex_id, index in self._expected[unit_id]:
+                if vertex_id in self._coordinators:
+                    out.setdefault(vertex_id, {})[index] = owner
+        return out
+
+    def _complete(
+        self,
+        p: PendingCheckpoint,
+        now_ms: int,
+        fallback: dict[int, str],
+        snapshots: dict[str, bytes],
+    ) -> list[Decision]:
+        cid = p.checkpoint_id
+        units = self._fresh_unit
+        fallback_states: dict[int, tuple[SubtaskState, ...]] = {}
+        reasons = p.reasons
+        if fallback:
+            units = list(units)
+            for unit_id, cause in fallback.items():
+                units[unit_id] = UnitState(unit_id, self._owner[unit_id], cause)
+                fallback_states[unit_id] = self._fallback_states(unit_id)
+            reasons = (
+                *reasons,
+                f"{name_units(fallback)} fell back ({len(fallback)} of "
+                f"{self._layout.num_units} ≤ max-failure-ratio {float(self._ratio):g})",
+            )
+        subtasks: list[SubtaskState] = []
+        for unit_id, states in enumerate(p.states):
+            subtasks.extend(fallback_states[unit_id] if states is None else states)
+        kind = (
+            CheckpointKind.SAVEPOINT
+            if p.kind is CheckpointKind.SAVEPOINT
+            else CheckpointKind.REGIONAL
+            if fallback
+            else CheckpointKind.GLOBAL
+        )
+        metadata = CheckpointMetadata(
+            checkpoint_id=cid,
+            job_id=self._job_id,
+            kind=kind,
+            trigger_time_ms=p.trigger_ms,
+            completion_time_ms=now_ms,
+            policy_fingerprint=self._fingerprint,
+            graph_fingerprint=self._layout.graph_fingerprint,
+            reasons=tuple(reasons),
+            vertices=self._layout.vertices,
+            units=tuple(units),
+            coordinators=snapshots,
+            subtasks=tuple(subtasks),
+        )
+        self._pending = None
+        self._completing = _Completion(p, metadata, fallback, fallback_states)
+        return [WriteMetadata(metadata)]
+
+    def _fallback_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
+        """The unit's latest states with owner references (rule 4: the writer, not a chain)."""
+        owner = self._owner[unit_id]
+        states = self._unit_states[unit_id]
+        if states is None or owner == INITIAL_STATE_ID:
+            return tuple(
+                SubtaskState(v, i, unit_id, ref_checkpoint_id=INITIAL_STATE_ID)
+                for v, i in self._expected[unit_id]
+            )
+        return tuple(
+            s
+            if s.ref_checkpoint_id is not None
+            else msgspec.structs.replace(s, ref_checkpoint_id=owner)
+            for s in states
+        )
+
+    def _abort(
+        self, p: PendingCheckpoint, rule: Rule, message: str, extra_failed: tuple[int, ...] = ()
+    ) -> list[Decision]:
+        cid = p.checkpoint_id
+        restarting = sorted({*p.declined, *p.unanswered(), *extra_failed})
+        out: list[Decision] = [AbortCheckpoint(cid, rule, message, tuple(restarting))]
+        restart = set(restarting)
+        for unit_id, states in enumerate(p.states):
+            if states is not None:
+                out.append(_discard(cid, unit_id, 1, states, committables=unit_id in restart))
+        per_vertex = self._per_vertex(restart)
+        for vertex_id, coordinator in self._coordinators.items():
+            coordinator.notify_aborted(cid, per_vertex.get(vertex_id, {}))
+        self._reopen_sources(restart)
+        self._pending = None
+        self._completing = None
+        self.metrics.aborted_by_rule[rule] += 1
+        failure = self.limits.aborted(
+            p.declined, tier1=p.tier1, counted=p.kind is not CheckpointKind.SAVEPOINT
+        )
+        if failure is not None:
+            self._failed = failure
+            out.append(FailJob(f"job {self._job_id} failed: {failure}", self.limits.at_fault()))
+        return out
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _malformed(
+        self, unit_id: int, attempt: int, states: tuple[SubtaskState, ...]
+    ) -> str | None:
+        expected = self._expected[unit_id]
+        if len(states) != len(expected):
+            return f"malformed ack: {len(states)} subtask states for {len(expected)} subtasks"
+        for s, (vertex_id, index) in zip(states, expected, strict=True):
+            if (
+                s.vertex_id != vertex_id
+                or s.index != index
+                or s.unit_id != unit_id
+                or s.ref_checkpoint_id is not None
+                or s.attempt != attempt
+            ):
+                return (
+                    f"malformed ack: subtask state ({s.vertex_id!r}, {s.index}, unit "
+                    f"{s.unit_id}, ref {s.ref_checkpoint_id}, attempt {s.attempt}) where "
+                    f"({vertex_id!r}, {index}, unit {unit_id}, fresh, attempt {attempt}) "
+                    "was expected"
+                )
+        return None
+
+    def _take_completion(self, checkpoint_id: int) -> _Completion:
+        done = self._completing
+        if done is None or done.metadata.checkpoint_id != checkpoint_id:
+            raise CoordinatorStateError(
+                f"checkpoint {checkpoint_id} is not waiting for its metadata to be written"
+            )
+        self._completing = None
+        return done
+
+    def _committer(self, vertex_id: str) -> CommitCoordinator:
+        try:
+            return self._committers[vertex_id]
+        except KeyError:
+            raise CoordinatorStateError(f"{vertex_id!r} has no commit coordinator") from None
+
+    def _pump(self) -> list[Decision]:
+        out: list[Decision] = []
+        for committer in self._committers.values():
+            if (commit := committer.next_commit()) is not None:
+                out.append(commit)
+        final = self._final_checkpoint
+        if (
+            final is not None
+            and not self._finished
+            and all(not c.queued or c.queued[0] > final for c in self._committers.values())
+        ):
+            self._finished = True
+            out.append(FinishJob(final))
+        return out
+
+    def _all_bounded_finished(self) -> bool:
+        sources = self._layout.sources
+        return bool(sources) and sources == self._layout.bounded_sources == self._finished_sources
+
+    def _reopen_sources(self, units: Mapping[int, object] | set[int]) -> None:
+        """Units restarting from older state read their input again: sources not finished."""
+        if self._finished_sources:
+            for unit_id in units:
+                self._finished_sources -= self._source_units[unit_id]
+
+    def _retain(self, checkpoint_id: int, refs: frozenset[int]) -> list[Decision]:
+        """Keep the newest `num-retained`; subsumed(id) for ids no retained one refers to."""
+        self._retained.append(checkpoint_id)
+        self._refs_of[checkpoint_id] = refs
+        self._ref_count.update(refs)
+        out: list[Decision] = []
+        while len(self._retained) > self._policy.checkpointing.num_retained:
+            old = self._retained.popleft()
+            candidates = [old]
+            for ref in self._refs_of.pop(old):
+                self._ref_count[ref] -= 1
+                if self._ref_count[ref] == 0:
+                    del self._ref_count[ref]
+                    candidates.append(ref)
+            retained = set(self._retained)
+            out += [
+                NotifySubsumed(c)
+                for c in sorted(candidates)
+                if c not in retained and c not in self._ref_count
+            ]
+        return out
+
+
+def _discard(
+    checkpoint_id: int,
+    unit_id: int,
+    attempt: int,
+    states: Sequence[SubtaskState],
+    *,
+    committables: bool,
+) -> DiscardAttempt:
+    files = tuple(dict.fromkeys(h.path for s in states for h in s.handles if not h.shared))
+    staged = tuple(c for s in states for c in s.committables) if committables else ()
+    return DiscardAttempt(checkpoint_id, unit_id, attempt, files, staged)
+
+
+def _fresh_committables(metadata: CheckpointMetadata, vertex_id: str) -> tuple[bytes, ...]:
+    return tuple(
+        c
+        for s in metadata.subtasks
+        if s.vertex_id == vertex_id and s.ref_checkpoint_id is None
+        for c in s.committables
+    )

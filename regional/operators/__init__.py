@@ -1,0 +1,19 @@
+"""Operator coordinators (DESIGN §4 rules 7 and 8): the protocol, the split enumerator, the
+commit coordinator with its `TableCommitter` protocol, and an in-memory reference sink."""
+
+from __future__ import annotations
+
+from regional.operators.commit import CommitCoordinator, TableCommitter, perform_commit
+from regional.operators.memory_sink import InMemoryTableSink
+from regional.operators.protocol import FallbackUnsupportedError, OperatorCoordinator
+from regional.operators.split_enumerator import SplitEnumerator
+
+__all__ = [
+    "CommitCoordinator",
+    "FallbackUnsupportedError",
+    "InMemoryTableSink",
+    "OperatorCoordinator",
+    "SplitEnumerator",
+    "TableCommitter",
+    "perform_commit",
+]

@@ -1,0 +1,155 @@
+"""Exactly-once commits through a coordinator (DESIGN §4 rule 8, Paimon PIP-30).
+
+Sink writers keep their committables in their own subtask state and hand them over with the
+unit's ack. Once checkpoint Y's metadata is durable, the `CommitCoordinator` of the sink queues
+the committables of Y's *fresh* sink subtasks under commit identifier Y. Commits leave the queue
+strictly in order, one at a time: a failed commit is retried and blocks later ones. The queue of
+not yet confirmed commits is the coordinator's snapshot, so a restore re-commits them, then the
+restored checkpoint's own committables; `perform_commit` skips identifiers the table already
+holds for the job's commit user and refuses a re-commit whose data files are gone.
+
+`TableCommitter` is what a table must offer (the Parquet sink, `InMemoryTableSink`).
+
+>>> c = CommitCoordinator("sink", commit_user="job-1")
+>>> c.checkpoint_complete(3, (b"f1", b"f2"))
+>>> c.next_commit()
+Commit(checkpoint_id=3, vertex_id='sink', commit_user='job-1', committables=(b'f1', b'f2'), \
+recommit=False)
+>>> c.commit_succeeded(3); c.next_commit() is None
+True
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from metadata.model import SubtaskState
+from regional.coordinator.events import Commit
+from regional.errors import CommitError
+
+__all__ = ["CommitCoordinator", "TableCommitter", "perform_commit"]
+
+
+@runtime_checkable
+class TableCommitter(Protocol):
+    """A table that commits committables atomically under (commit user, identifier).
+
+    `commit` must be atomic and must refuse an identifier not greater than the user's latest;
+    `committed_identifiers` lists what the user committed; `missing_files` names the data files
+    behind `committables` that no longer exist.
+    """
+
+    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None: ...
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]: ...
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]: ...
+
+
+def perform_commit(commit: Commit, table: TableCommitter) -> bool:
+    """Carry out `commit` on `table` idempotently; False if it was already committed.
+
+    Raises `CommitError` when a re-commit after restore names data files that are missing.
+    """
+    if commit.checkpoint_id in table.committed_identifiers(commit.commit_user):
+        return False
+    if commit.recommit and (missing := table.missing_files(commit.committables)):
+        raise CommitError(
+            f"cannot re-commit checkpoint {commit.checkpoint_id} of sink {commit.vertex_id!r}: "
+            f"data file(s) {', '.join(missing[:5])} are missing (were they cleaned?); restore "
+            "from a newer checkpoint or restore the files"
+        )
+    table.commit(commit.commit_user, commit.checkpoint_id, commit.committables)
+    return True
+
+
+class _State(msgspec.Struct, array_like=True):
+    commit_user: str
+    pending: list[tuple[int, list[bytes]]]
+
+
+class CommitCoordinator:
+    """The operator coordinator of sink vertex `vertex_id`: orders and retries its commits."""
+
+    def __init__(self, vertex_id: str, commit_user: str) -> None:
+        self._vertex_id = vertex_id
+        self.commit_user = commit_user
+        self._queue: deque[Commit] = deque()
+        self._in_flight = False
+
+    @property
+    def vertex_id(self) -> str:
+        return self._vertex_id
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        """Identifiers waiting to be committed (or being committed), oldest first."""
+        return tuple(c.checkpoint_id for c in self._queue)
+
+    def checkpoint_complete(
+        self, checkpoint_id: int, committables: tuple[bytes, ...], *, recommit: bool = False
+    ) -> None:
+        """Queue checkpoint `checkpoint_id`'s committables (its metadata is durable)."""
+        if self._queue and checkpoint_id <= self._queue[-1].checkpoint_id:
+            raise CommitError(
+                f"sink {self._vertex_id!r}: checkpoint {checkpoint_id} queued after "
+                f"{self._queue[-1].checkpoint_id}; commits must be in checkpoint order"
+            )
+        if committables:
+            self._queue.append(
+                Commit(checkpoint_id, self._vertex_id, self.commit_user, committables, recommit)
+            )
+
+    def next_commit(self) -> Commit | None:
+        """The oldest queued commit if none is in flight (it is then in flight), else None."""
+        if self._in_flight or not self._queue:
+            return None
+        self._in_flight = True
+        return self._queue[0]
+
+    def commit_succeeded(self, checkpoint_id: int) -> None:
+        self._expect_head(checkpoint_id)
+        self._queue.popleft()
+        self._in_flight = False
+
+    def commit_failed(self, checkpoint_id: int) -> None:
+        """The commit stays at the head of the queue and is handed out again (retry)."""
+        self._expect_head(checkpoint_id)
+        self._in_flight = False
+
+    def _expect_head(self, checkpoint_id: int) -> None:
+        if not self._in_flight or self._queue[0].checkpoint_id != checkpoint_id:
+            raise CommitError(
+                f"sink {self._vertex_id!r}: no commit of checkpoint {checkpoint_id} is in flight"
+            )
+
+    # --- operator coordinator -------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> bytes:
+        pending = [(c.checkpoint_id, list(c.committables)) for c in self._queue]
+        return msgspec.msgpack.encode(_State(self.commit_user, pending))
+
+    def snapshot_for_fallback(self, checkpoint_id: int, fallback: Mapping[int, int]) -> bytes:
+        return self.snapshot(checkpoint_id)
+
+    def check_fallback(self, state: SubtaskState, owner: int) -> str | None:
+        return None
+
+    def restore(self, data: bytes) -> None:
+        """Reload the commit user and queue the pending commits again, as re-commits."""
+        state = msgspec.msgpack.decode(data, type=_State)
+        self.commit_user = state.commit_user
+        self._in_flight = False
+        self._queue = deque(
+            Commit(i, self._vertex_id, state.commit_user, tuple(c), True) for i, c in state.pending
+        )
+
+    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
+        return None
+
+    def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:
+        return None

@@ -1,0 +1,69 @@
+"""`InMemoryTableSink`: the reference `TableCommitter`, kept in memory, for tests and simulation.
+
+Writers `stage` rows as a data file and get a committable naming it; `commit` makes the files'
+rows visible atomically, in identifier order per commit user; `discard` deletes staged files of
+failed attempts; `delete_file` stands in for a cleaned data file.
+
+>>> sink = InMemoryTableSink()
+>>> c = sink.stage("chk-1/u0-1.data", [("a", 1)])
+>>> sink.commit("job", 1, [c]); sink.rows(), sink.committed_identifiers("job")
+([('a', 1)], frozenset({1}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from regional.errors import CommitError
+
+__all__ = ["InMemoryTableSink"]
+
+
+class InMemoryTableSink:
+    """A table in memory: staged data files, and a commit log of (user, identifier, files)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[Any, ...]] = {}
+        self.log: list[tuple[str, int, tuple[str, ...]]] = []
+        self._latest: dict[str, int] = {}
+        self.fail_next_commits = 0  # make the next N commits fail (tests)
+
+    def stage(self, path: str, rows: Iterable[Any]) -> bytes:
+        """Write a data file of `rows`; its committable is the path."""
+        self.files[path] = tuple(rows)
+        return path.encode()
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete the staged files behind `committables` (already gone is fine)."""
+        for c in committables:
+            self.files.pop(c.decode(), None)
+
+    def delete_file(self, path: str) -> None:
+        del self.files[path]
+
+    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None:
+        latest = self._latest.get(commit_user, 0)
+        if identifier <= latest:
+            raise CommitError(
+                f"commit {identifier} of user {commit_user!r} is not after its latest commit "
+                f"{latest}; commits must be in checkpoint order"
+            )
+        paths = tuple(c.decode() for c in committables)
+        if missing := [p for p in paths if p not in self.files]:
+            raise CommitError(f"commit {identifier}: data files missing: {', '.join(missing)}")
+        if self.fail_next_commits:
+            self.fail_next_commits -= 1
+            raise CommitError(f"commit {identifier} of user {commit_user!r} failed (injected)")
+        self.log.append((commit_user, identifier, paths))
+        self._latest[commit_user] = identifier
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
+        return frozenset(i for u, i, _ in self.log if u == commit_user)
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        return [c.decode() for c in committables if c.decode() not in self.files]
+
+    def rows(self) -> list[Any]:
+        """Every committed row, in commit order."""
+        return [row for _, _, paths in self.log for p in paths for row in self.files[p]]

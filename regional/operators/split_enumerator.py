@@ -1,0 +1,141 @@
+"""The split enumerator: the source's operator coordinator (DESIGN §4 rule 7).
+
+It hands out splits to the subtasks of one source vertex, each split at most once at a time, and
+records in which epoch each assignment happened (epoch Y = the work that checkpoint Y captures).
+When a subtask restarts from its owner checkpoint X (a fallback in Y or an aborted Y), the splits
+it was given after X go back to the front of the unassigned queue; its state in X knows nothing
+of them. Splits are static (given at construction) or discovered while running (`discover`).
+
+>>> e = SplitEnumerator("src", ["a", "b", "c"])
+>>> e.assign(0), e.assign(1)
+('a', 'b')
+>>> _ = e.snapshot(1)
+>>> e.assign(0)
+'c'
+>>> e.notify_aborted(2, {0: 1})   # subtask 0 restarts from checkpoint 1: "c" comes back
+>>> e.unassigned
+('c',)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from metadata.model import SubtaskState
+
+__all__ = ["SplitEnumerator"]
+
+
+class _State(msgspec.Struct, array_like=True):
+    epoch: int
+    unassigned: list[str]
+    assigned: list[tuple[str, int, int]]  # (split, subtask index, epoch)
+
+
+class SplitEnumerator:
+    """Assigns the splits of source vertex `vertex_id` to its subtasks."""
+
+    def __init__(self, vertex_id: str, splits: Iterable[str] = ()) -> None:
+        self._vertex_id = vertex_id
+        self._epoch = 1  # the checkpoint the current work belongs to
+        self._unassigned: deque[str] = deque()
+        self._owner: dict[str, int] = {}  # split -> subtask index
+        self._by_subtask: dict[int, dict[str, int]] = {}  # index -> {split: epoch}
+        self.discover(splits)
+
+    @property
+    def vertex_id(self) -> str:
+        return self._vertex_id
+
+    @property
+    def unassigned(self) -> tuple[str, ...]:
+        """Splits waiting for a subtask, in the order they will be handed out."""
+        return tuple(self._unassigned)
+
+    def discover(self, splits: Iterable[str]) -> tuple[str, ...]:
+        """Add newly found splits (dynamic discovery); ids already known are ignored."""
+        known = set(self._unassigned) | self._owner.keys()
+        new = tuple(dict.fromkeys(s for s in splits if s not in known))
+        self._unassigned.extend(new)
+        return new
+
+    def assign(self, index: int) -> str | None:
+        """The next unassigned split for subtask `index`, or None when there is none."""
+        if not self._unassigned:
+            return None
+        split = self._unassigned.popleft()
+        self._owner[split] = index
+        self._by_subtask.setdefault(index, {})[split] = self._epoch
+        return split
+
+    def owner_of(self, split_id: str) -> int | None:
+        """The subtask index the split is assigned to, or None."""
+        return self._owner.get(split_id)
+
+    # --- operator coordinator -------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> bytes:
+        self._epoch = checkpoint_id + 1
+        return self._encode({})
+
+    def snapshot_for_fallback(self, checkpoint_id: int, fallback: Mapping[int, int]) -> bytes:
+        self._epoch = checkpoint_id + 1
+        return self._encode(fallback)
+
+    def check_fallback(self, state: SubtaskState, owner: int) -> str | None:
+        for split in state.split_states:
+            holder = self._owner.get(split.split_id)
+            epoch = self._by_subtask.get(state.index, {}).get(split.split_id)
+            if holder != state.index or epoch is None or epoch > owner:
+                return (
+                    f"split {split.split_id!r} in the state of subtask ({self._vertex_id!r}, "
+                    f"{state.index}) in checkpoint {owner} is now assigned to subtask {holder}"
+                )
+        return None
+
+    def restore(self, data: bytes) -> None:
+        state = msgspec.msgpack.decode(data, type=_State)
+        self._epoch = state.epoch
+        self._unassigned = deque(state.unassigned)
+        self._owner = {}
+        self._by_subtask = {}
+        for split, index, epoch in state.assigned:
+            self._owner[split] = index
+            self._by_subtask.setdefault(index, {})[split] = epoch
+
+    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
+        self._reset(fallback)
+
+    def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:
+        self._reset(reset)
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _returned(self, reset: Mapping[int, int]) -> list[tuple[str, int]]:
+        """(split, index) given to a resetting subtask after its owner, in assignment order."""
+        out = []
+        for index, owner in reset.items():
+            out += [(s, index) for s, e in self._by_subtask.get(index, {}).items() if e > owner]
+        return out
+
+    def _reset(self, reset: Mapping[int, int]) -> None:
+        returned = self._returned(reset)
+        for split, index in returned:
+            del self._owner[split]
+            del self._by_subtask[index][split]
+        self._unassigned.extendleft(reversed([s for s, _ in returned]))
+
+    def _encode(self, fallback: Mapping[int, int]) -> bytes:
+        returned = self._returned(fallback)
+        gone = {s for s, _ in returned}
+        assigned = [
+            (split, index, epoch)
+            for index, splits in self._by_subtask.items()
+            for split, epoch in splits.items()
+            if split not in gone
+        ]
+        unassigned = [s for s, _ in returned] + list(self._unassigned)
+        return msgspec.msgpack.encode(_State(self._epoch, unassigned, sorted(assigned)))
