@@ -66,6 +66,7 @@ import enum
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Literal, NamedTuple, Protocol
 
 import msgspec
@@ -76,8 +77,6 @@ from metadata.layout import (
     SAVEPOINTS_DIR,
     SHARED_DIR,
     check_relative,
-    checkpoint_dir,
-    checkpoint_id_of,
 )
 from metadata.model import CheckpointKind, CheckpointMetadata
 
@@ -98,6 +97,18 @@ __all__ = [
 ]
 
 _STATE_FILE = re.compile(r"^u\d+-a\d+\.state$")
+# A path that is certainly normal and inside the root (no segment starts with "."; no "/",
+# "\\" or ":" anywhere else); anything else goes through `check_relative`.
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)
+
+
+def _checkpoint_id_of(path: str) -> int | None:
+    """`metadata.layout.checkpoint_id_of`, without a regex (it runs once per listed file)."""
+    if not path.startswith("chk-"):
+        return None
+    slash = path.find("/")
+    digits = path[4:slash] if slash > 0 else path[4:]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 class RetentionInputError(RegionalError):
@@ -181,7 +192,7 @@ class CheckpointDecision(msgspec.Struct, frozen=True):
     deleted_bytes: int = 0
 
 
-class FileDecision(msgspec.Struct, frozen=True):
+class FileDecision(msgspec.Struct, frozen=True, gc=False):
     """One listed file: kept (with the kept checkpoints that reference it) or deleted.
 
     `phase` orders deletions: 0 metadata of dropped checkpoints, 1 other checkpoint files,
@@ -267,37 +278,32 @@ class _References:
         self.paths: dict[int, set[str]] = {}
         self.owner_units: dict[int, dict[int, set[int]]] = {}
         self.refused: list[RefusedPath] = []
-        checked: dict[str, str | None] = {}
+        safe: set[str] = set()  # paths already known to be normal and inside the root
         for md in completed:
             cid = md.checkpoint_id
             raw = {h.path for s in md.subtasks for h in s.handles}
-            good: set[str] = set()
-            for path in raw:
-                norm = checked.get(path, "")
-                if norm == "":
+            odd = [p for p in raw - safe if _SAFE_PATH.fullmatch(p) is None]
+            safe |= raw.difference(odd)
+            if odd:
+                raw.difference_update(odd)
+                for path in odd:
                     try:
-                        norm = check_relative(path)
+                        raw.add(check_relative(path))
                     except StorageError as exc:
                         self.refused.append(RefusedPath(cid, path, str(exc)))
-                        norm = None
-                    checked[path] = norm
-                elif norm is None:
-                    self.refused.append(
-                        RefusedPath(cid, path, f"path {path!r} resolves outside the job root")
-                    )
-                if norm is not None:
-                    good.add(norm)
-            self.paths[cid] = good
+            self.paths[cid] = raw
             units: dict[int, set[int]] = defaultdict(set)
-            for ref, unit in {
-                (s.ref_checkpoint_id, s.unit_id)
-                for s in md.subtasks
-                if s.ref_checkpoint_id is not None
-            }:
-                units[ref].add(unit)
-            for u in md.units:
-                if u.ref_checkpoint_id is not None:
-                    units[u.ref_checkpoint_id].add(u.unit_id)
+            if md.units:  # per-unit owners, as the coordinator records them
+                for u in md.units:
+                    if u.ref_checkpoint_id is not None:
+                        units[u.ref_checkpoint_id].add(u.unit_id)
+            else:  # metadata without unit records: derive from the subtasks
+                for ref, unit in {
+                    (s.ref_checkpoint_id, s.unit_id)
+                    for s in md.subtasks
+                    if s.ref_checkpoint_id is not None
+                }:
+                    units[ref].add(unit)
             self.owner_units[cid] = units
 
 
@@ -368,58 +374,31 @@ def plan_retention(
     newest_completed = max(by_id, default=-1)
 
     refs = _References(checkpoints)
-    kept_by: dict[str, set[int]] = defaultdict(set)
-    for cid in kept_ids:
+    kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
+    for cid in sorted(kept_ids):
+        one = (cid,)  # shared by every path only this checkpoint references
         for path in refs.paths[cid]:
-            kept_by[path].add(cid)
+            prev = kept_by.get(path)
+            kept_by[path] = one if prev is None else prev + one
 
-    listed: list[StoredFile] = sorted(
-        files, key=lambda f: (_order(checkpoint_id_of(f.path)), f.path)
+    rules = _FileRules(
+        kept_by=kept_by,
+        kept_ids=kept_ids,
+        by_id=by_id,
+        pending_ids=pending_ids,
+        pending_files=pending_files,
+        damaged_ids=damaged_ids,
+        not_owned=not_owned,
+        newest_completed=newest_completed,
     )
-    listed_paths = {f.path for f in listed}
-    decisions: list[FileDecision] = []
-    has_metadata = {
-        cid
-        for f in listed
-        if f.path.endswith("/" + METADATA_NAME)
-        and (cid := checkpoint_id_of(f.path)) is not None
-        and f.path == f"{checkpoint_dir(cid)}/{METADATA_NAME}"
-    }
-    for f in listed:
-        decisions.append(
-            _decide_file(
-                f,
-                kept_by=kept_by,
-                kept_ids=kept_ids,
-                retained=retained,
-                by_id=by_id,
-                pending_ids=pending_ids,
-                pending_files=pending_files,
-                damaged_ids=damaged_ids,
-                not_owned=not_owned,
-                has_metadata=has_metadata,
-                newest_completed=newest_completed,
-            )
-        )
-
-    # Checkpoint-level decisions.
-    kept_b: dict[int, int] = defaultdict(int)
-    deleted_b: dict[int, int] = defaultdict(int)
-    kept_files_of: dict[int, int] = defaultdict(int)
-    for d in decisions:
-        if d.checkpoint_id is None:
-            continue
-        if d.action is Action.KEEP:
-            kept_b[d.checkpoint_id] += d.size
-            kept_files_of[d.checkpoint_id] += 1
-        else:
-            deleted_b[d.checkpoint_id] += d.size
+    decisions = rules.decide_all(sorted(files, key=attrgetter("path")))
+    kept_b, deleted_b, kept_files_of = rules.kept_bytes, rules.deleted_bytes, rules.kept_files
+    has_metadata = rules.has_metadata
     referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
     for cid in kept_ids:
         for owner, units in refs.owner_units[cid].items():
             referrers[owner][cid] = units
-    dir_ids = {d.checkpoint_id for d in decisions if d.checkpoint_id is not None}
-    all_ids = sorted(dir_ids | by_id.keys() | damaged_ids | pending_ids)
+    all_ids = sorted(rules.dir_ids | by_id.keys() | damaged_ids | pending_ids)
     cps: list[CheckpointDecision] = []
     for cid in all_ids:
         md = by_id.get(cid)
@@ -432,8 +411,8 @@ def plan_retention(
             kind=kind,
             referenced_by=ref_by,
             units=units,
-            kept_bytes=kept_b[cid],
-            deleted_bytes=deleted_b[cid],
+            kept_bytes=kept_b.get(cid, 0),
+            deleted_bytes=deleted_b.get(cid, 0),
         )
         if cid in pending_ids:
             cps.append(
@@ -491,7 +470,7 @@ def plan_retention(
                     **common,
                 )
             )
-        elif kept_files_of[cid]:
+        elif kept_files_of.get(cid):
             n, b = kept_files_of[cid], kept_b[cid]
             per_ref = "; ".join(
                 f"checkpoint {r} (units {_ids(u)})" for r, u in sorted(users.items())
@@ -531,15 +510,14 @@ def plan_retention(
     )
     referenced = tuple(c.checkpoint_id for c in cps if c.action is Action.KEEP_FILES)
 
+    listed_paths = rules.listed_paths
     missing = tuple(
-        MissingFile(path, tuple(sorted(ids)))
-        for path, ids in sorted(kept_by.items())
-        if path not in listed_paths
+        MissingFile(path, kept_by[path])
+        for path in sorted(p for p in kept_by if p not in listed_paths)
     )
-    kept_total = sum(d.size for d in decisions if d.action is Action.KEEP)
-    deleted_total = sum(d.size for d in decisions if d.action is Action.DELETE)
+    kept_total, deleted_total = rules.kept_total, rules.deleted_total
     flink = _flink_closure(retained, refs) | kept_ids
-    extra = sum(d.size for d in decisions if d.action is Action.DELETE and d.checkpoint_id in flink)
+    extra = sum(deleted_b.get(cid, 0) for cid in flink)
     return RetentionPlan(
         num_retained=num_retained,
         checkpoints=tuple(cps),
@@ -555,76 +533,145 @@ def plan_retention(
     )
 
 
-def _decide_file(
-    f: StoredFile,
-    *,
-    kept_by: dict[str, set[int]],
-    kept_ids: set[int],
-    retained: set[int],
-    by_id: dict[int, CheckpointMetadata],
-    pending_ids: set[int],
-    pending_files: set[str],
-    damaged_ids: set[int],
-    not_owned: Callable[[int | None], bool],
-    has_metadata: set[int],
-    newest_completed: int,
-) -> FileDecision:
-    """Apply the module's rules, in order, to one listed file."""
-    path, size = f.path, f.size
-    cid = checkpoint_id_of(path)
+class _FileRules:
+    """The module's file rules, applied in order; the first that matches decides.
 
-    def keep(reason: Reason, detail: str, users: Iterable[int] = ()) -> FileDecision:
-        return FileDecision(path, size, Action.KEEP, reason, detail, cid, tuple(sorted(users)))
+    Decisions for unreferenced files depend only on (directory, kind of name), so they are
+    computed once per pair; `decide_all` also sums bytes per checkpoint directory (this is the
+    planner's hot loop: one pass, no per-file string formatting)."""
 
-    def delete(reason: Reason, detail: str, phase: int) -> FileDecision:
-        return FileDecision(path, size, Action.DELETE, reason, detail, cid, (), phase)
+    def __init__(
+        self,
+        *,
+        kept_by: dict[str, tuple[int, ...]],
+        kept_ids: set[int],
+        by_id: dict[int, CheckpointMetadata],
+        pending_ids: set[int],
+        pending_files: set[str],
+        damaged_ids: set[int],
+        not_owned: Callable[[int | None], bool],
+        newest_completed: int,
+    ) -> None:
+        self.kept_by = kept_by
+        self.kept_ids = kept_ids
+        self.by_id = by_id
+        self.pending_ids = pending_ids
+        self.pending_files = pending_files
+        self.damaged_ids = damaged_ids
+        self.not_owned = not_owned
+        self.newest_completed = newest_completed
+        self.has_metadata: set[int] = set()
+        self.listed_paths: set[str] = set()
+        self.dir_ids: set[int] = set()
+        self.kept_bytes: dict[int, int] = defaultdict(int)
+        self.deleted_bytes: dict[int, int] = defaultdict(int)
+        self.kept_files: dict[int, int] = defaultdict(int)
+        self.kept_total = 0
+        self.deleted_total = 0
 
-    if path.startswith(SAVEPOINTS_DIR + "/"):
-        return keep(Reason.SAVEPOINT, "savepoint: user-owned, never deleted")
-    users = kept_by.get(path)
-    if users:
-        if cid is not None and cid in users:
-            return keep(Reason.RETAINED, f"file of kept checkpoint {cid}", users)
-        return keep(Reason.REFERENCED, f"referenced by checkpoint {_ids(users)}", users)
-    if path in pending_files or (cid is not None and cid in pending_ids):
-        return keep(Reason.PENDING, "may be referenced by a checkpoint in progress")
-    if cid is not None and cid in damaged_ids:
-        return keep(Reason.DAMAGED, f"checkpoint {cid} has damaged metadata; kept for inspection")
-    if not_owned(cid):
-        return keep(Reason.NOT_OWNED, "written by or before a no-claim restore base")
-    if cid is None:
-        if path.startswith(SHARED_DIR + "/"):
-            return delete(Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2)
-        return keep(Reason.UNKNOWN, "not a checkpoint, shared or savepoint file; delete by hand")
-    if cid in has_metadata and cid not in by_id:
-        return keep(
-            Reason.UNKNOWN,
-            f"checkpoint {cid} has _metadata the planner was not given (completed after the "
-            "scan?); kept until the next plan",
-        )
-    name = path[len(checkpoint_dir(cid)) + 1 :]
-    is_state = _STATE_FILE.match(name) is not None
-    if name == METADATA_NAME:
-        if cid in kept_ids:
-            return keep(Reason.RETAINED, f"metadata of kept checkpoint {cid}", (cid,))
-        if cid in by_id:
-            return delete(Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0)
-    if cid in kept_ids:
-        if is_state:
-            return delete(
-                Reason.STALE_ATTEMPT,
-                f"unit attempt file that checkpoint {cid}'s metadata does not reference",
-                1,
-            )
-        return keep(
-            Reason.UNKNOWN,
-            f"in kept checkpoint {cid} but not a state handle (may be named by committables)",
-            (cid,),
-        )
-    if cid in by_id:
-        return delete(Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1)
-    if not is_state and name != METADATA_NAME:
-        return delete(Reason.STAGED, f"staged file of failed attempt of checkpoint {cid}", 1)
-    if cid > newest_completed and cid not in has_metadata:
-        return delete(Reason.ABORTED, f"checkpoint {cid} never completed", 1)
-    return delete(Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1)
+    def decide_all(self, listed: Sequence[StoredFile]) -> list[FileDecision]:
+        """Decide every listed file. `listed` must be sorted by path, so that the files of one
+        top-level directory are contiguous (the per-directory sums rely on it)."""
+        self.listed_paths = {f.path for f in listed}
+        verdicts: dict[tuple[str, str], tuple[Reason, str, int | None, tuple[int, ...]]] = {}
+        details: dict[tuple[int, ...], str] = {}
+        out: list[FileDecision] = []
+        append = out.append
+        kept_by_get = self.kept_by.get
+        pending_files = self.pending_files
+        cur_top: str | None = None
+        cid: int | None = None
+        kept = deleted = n_kept = 0
+        for f in listed:
+            path, size = f.path, f.size
+            top, _, name = path.partition("/")
+            if top != cur_top:
+                self._flush(cid, kept, deleted, n_kept)
+                kept = deleted = n_kept = 0
+                cur_top, cid = top, _checkpoint_id_of(top)
+            users = kept_by_get(path)
+            if users:
+                detail = details.get(users)
+                if detail is None:
+                    detail = details[users] = f"referenced by checkpoint {_ids(users)}"
+                reason = Reason.RETAINED if cid in users else Reason.REFERENCED
+                append(FileDecision(path, size, Action.KEEP, reason, detail, cid, users))
+                kept += size
+                n_kept += 1
+                continue
+            if path in pending_files:
+                detail = "named by a checkpoint in progress"
+                append(FileDecision(path, size, Action.KEEP, Reason.PENDING, detail, cid))
+                kept += size
+                n_kept += 1
+                continue
+            if name == METADATA_NAME:
+                kind = "metadata"
+            elif _STATE_FILE.match(name) is not None:
+                kind = "state"
+            else:
+                kind = "other"
+            verdict = verdicts.get((top, kind))
+            if verdict is None:
+                verdict = verdicts[top, kind] = self._rule(top, cid, kind)
+            reason, detail, phase, own = verdict
+            if phase is None:
+                append(FileDecision(path, size, Action.KEEP, reason, detail, cid, own))
+                kept += size
+                n_kept += 1
+            else:
+                append(FileDecision(path, size, Action.DELETE, reason, detail, cid, own, phase))
+                deleted += size
+        self._flush(cid, kept, deleted, n_kept)
+        return out
+
+    def _flush(self, cid: int | None, kept: int, deleted: int, n_kept: int) -> None:
+        """Add one directory's sums to the totals (per checkpoint if it is `chk-<id>/`)."""
+        self.kept_total += kept
+        self.deleted_total += deleted
+        if cid is not None:
+            self.dir_ids.add(cid)
+            self.kept_bytes[cid] += kept
+            self.deleted_bytes[cid] += deleted
+            self.kept_files[cid] += n_kept
+            if f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
+                self.has_metadata.add(cid)
+
+    def _rule(
+        self, top: str, cid: int | None, kind: str
+    ) -> tuple[Reason, str, int | None, tuple[int, ...]]:
+        """(reason, detail, deletion phase or None to keep, kept_by) for an unreferenced file
+        of `kind` (metadata, state, other) in top-level directory `top`."""
+        if cid is None:
+            if top == SAVEPOINTS_DIR:
+                return Reason.SAVEPOINT, "savepoint: user-owned, never deleted", None, ()
+            if top == SHARED_DIR:
+                return Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2, ()
+            return Reason.UNKNOWN, "not a checkpoint, shared or savepoint file; kept", None, ()
+        if cid in self.pending_ids:
+            return Reason.PENDING, f"checkpoint {cid} is in progress", None, ()
+        if cid in self.damaged_ids:
+            return Reason.DAMAGED, f"checkpoint {cid} has damaged metadata; kept", None, ()
+        if self.not_owned(cid):
+            return Reason.NOT_OWNED, "written by or before a no-claim restore base", None, ()
+        if cid not in self.by_id and f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
+            detail = f"checkpoint {cid} has _metadata the planner was not given; kept"
+            return Reason.UNKNOWN, detail, None, ()
+        kept = cid in self.kept_ids
+        if kind == "metadata":
+            if kept:
+                return Reason.RETAINED, f"metadata of kept checkpoint {cid}", None, (cid,)
+            return Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0, ()
+        if kept:
+            if kind == "state":
+                detail = f"unit attempt file that checkpoint {cid}'s metadata does not reference"
+                return Reason.STALE_ATTEMPT, detail, 1, ()
+            detail = f"in kept checkpoint {cid}, not a state handle (may be named by committables)"
+            return Reason.UNKNOWN, detail, None, (cid,)
+        if cid in self.by_id:
+            return Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1, ()
+        if kind == "other":
+            return Reason.STAGED, f"staged file of a failed attempt of checkpoint {cid}", 1, ()
+        if cid > self.newest_completed:
+            return Reason.ABORTED, f"checkpoint {cid} never completed", 1, ()
+        return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1, ()
