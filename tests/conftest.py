@@ -71,3 +71,15 @@ def s3_server() -> Iterator[S3Server]:
         yield S3Server("127.0.0.1", port)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():  # -> pyspark.sql.SparkSession
+    """One quiet local[2] SparkSession for every Spark test of the session."""
+    from regional.runtime.session import spark_session
+
+    session = spark_session("local[2]", app_name="regional-tests")
+    try:
+        yield session
+    finally:
+        session.stop()

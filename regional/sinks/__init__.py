@@ -1,0 +1,1 @@
+"""Sinks: `ParquetSink`, an exactly-once Parquet table committed through the commit coordinator."""

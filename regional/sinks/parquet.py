@@ -1,0 +1,190 @@
+"""An exactly-once Parquet table sink (DESIGN §4 rule 8, Paimon PIP-30).
+
+Table directory layout (a local path or any `pyarrow.fs` URI):
+
+```
+<table>/data/c<checkpoint>-<vertex>-<index>-a<attempt>.parquet   staged by writers
+<table>/_commits/<commit-user>/<identifier>.json                one object per commit
+```
+
+A writer stages its epoch's rows as one data file named by checkpoint, subtask and attempt, and
+returns a committable naming it (kept in its subtask state and handed over with the ack). The
+commit coordinator commits a checkpoint's committables by writing one commit object listing
+their files; only files listed by a commit object are part of the table, so staged files of
+declined or aborted attempts are invisible (and `discard` deletes them). Commits are idempotent
+per (commit user, identifier) and must come in identifier order.
+
+`read_table(path)` (also `regional.read_table`) reads only committed rows; from Spark use
+``spark.read.parquet(*committed_files(path))``.
+
+>>> import tempfile
+>>> import pyarrow as pa
+>>> sink = ParquetSink(tempfile.mkdtemp())
+>>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=1, vertex_id="out",
+...                index=0, attempt=0)
+>>> read_table(sink.path).num_rows
+0
+>>> sink.commit("job-1", 1, c); read_table(sink.path).column("x").to_pylist()
+[1, 2]
+>>> sink.committed_identifiers("job-1")
+frozenset({1})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import uuid
+from collections.abc import Iterable, Sequence
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from regional.errors import CommitError
+
+__all__ = ["ParquetSink", "committed_files", "read_table"]
+
+_DATA = "data"
+_COMMITS = "_commits"
+
+
+class _Committable(msgspec.Struct, frozen=True, array_like=True):
+    file: str  # relative to the table directory
+    rows: int
+
+
+class _CommitRecord(msgspec.Struct, frozen=True):
+    commit_user: str
+    identifier: int
+    files: list[str]
+    rows: int
+
+
+def _open(path: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in path:
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), path.rstrip("/")
+
+
+def _commit_records(path: str) -> list[_CommitRecord]:
+    fs, base = _open(path)
+    selector = pafs.FileSelector(f"{base}/{_COMMITS}", recursive=True, allow_not_found=True)
+    out = []
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        with fs.open_input_stream(info.path) as f:
+            out.append(msgspec.json.decode(f.read(), type=_CommitRecord))
+    return sorted(out, key=lambda r: (r.commit_user, r.identifier))
+
+
+def committed_files(path: str) -> list[str]:
+    """Full paths (or URIs) of the committed data files of the table at `path`."""
+    fs, base = _open(path)
+    prefix = path.rstrip("/") if "://" not in path else path.split("?")[0].rstrip("/")
+    del fs, base
+    return [f"{prefix}/{f}" for r in _commit_records(path) for f in r.files]
+
+
+def read_table(path: str) -> pa.Table:
+    """Every committed row of the Parquet table at `path`, in commit order."""
+    fs, base = _open(path)
+    files = [f"{base}/{f}" for r in _commit_records(path) for f in r.files]
+    if not files:
+        return pa.table({})
+    return pa.concat_tables(
+        [pq.read_table(f, filesystem=fs) for f in files], promote_options="default"
+    )
+
+
+class ParquetSink:
+    """A Parquet table at `path`: writers stage files, the commit coordinator commits them."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    # --- writer side (in tasks) -------------------------------------------------------------
+
+    def write(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        checkpoint_id: int,
+        vertex_id: str,
+        index: int,
+        attempt: int,
+    ) -> tuple[bytes, ...]:
+        """Stage `batches` as one data file; its committable (none if there are no rows)."""
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return ()
+        table = (
+            pa.Table.from_batches(batches)
+            if len(batches) == 1
+            else pa.concat_tables(
+                [pa.Table.from_batches([b]) for b in batches], promote_options="default"
+            )
+        )
+        name = f"{_DATA}/c{checkpoint_id}-{vertex_id}-{index}-a{attempt}-{uuid.uuid4().hex[:8]}"
+        fs, base = _open(self.path)
+        fs.create_dir(f"{base}/{_DATA}", recursive=True)
+        pq.write_table(table, f"{base}/{name}.parquet", filesystem=fs)
+        return (msgspec.msgpack.encode(_Committable(f"{name}.parquet", table.num_rows)),)
+
+    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+
+    def _record_path(self, base: str, commit_user: str, identifier: int) -> str:
+        return f"{base}/{_COMMITS}/{commit_user}/{identifier:020d}.json"
+
+    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None:
+        """Make the files behind `committables` part of the table, atomically, as one commit."""
+        done = self.committed_identifiers(commit_user)
+        if done and identifier <= max(done):
+            raise CommitError(
+                f"table {self.path}: commit {identifier} of user {commit_user!r} is not after its "
+                f"latest commit {max(done)}; commits must be in checkpoint order"
+            )
+        items = [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
+        record = _CommitRecord(
+            commit_user, identifier, [i.file for i in items], sum(i.rows for i in items)
+        )
+        fs, base = _open(self.path)
+        final = self._record_path(base, commit_user, identifier)
+        fs.create_dir(posixpath.dirname(final), recursive=True)
+        data = msgspec.json.encode(record)
+        if isinstance(fs, pafs.LocalFileSystem):
+            tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+            with fs.open_output_stream(tmp) as out:
+                out.write(data)
+            fs.move(tmp, final)  # atomic rename on a local disk
+        else:
+            with fs.open_output_stream(final) as out:  # one PUT on object stores
+                out.write(data)
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
+        fs, base = _open(self.path)
+        selector = pafs.FileSelector(
+            f"{base}/{_COMMITS}/{commit_user}", recursive=False, allow_not_found=True
+        )
+        names = (posixpath.basename(i.path) for i in fs.get_file_info(selector))
+        return frozenset(int(n[:-5]) for n in names if n.endswith(".json"))
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        fs, base = _open(self.path)
+        files = [msgspec.msgpack.decode(c, type=_Committable).file for c in committables]
+        infos = fs.get_file_info([f"{base}/{f}" for f in files])
+        return [f for f, i in zip(files, infos, strict=True) if i.type != pafs.FileType.File]
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete staged files of a declined or aborted attempt (already gone is fine)."""
+        fs, base = _open(self.path)
+        for c in committables:
+            file = msgspec.msgpack.decode(c, type=_Committable).file
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(f"{base}/{file}")
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
