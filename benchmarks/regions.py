@@ -14,16 +14,12 @@ Run: ``.venv/bin/python benchmarks/regions.py``
 from __future__ import annotations
 
 import random
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from regional.graph import Edge, JobGraph, Vertex  # noqa: E402
-from regional.regions import analyse  # noqa: E402
+from regional.graph import Edge, JobGraph, Vertex
+from regional.regions import analyse
 
 PARTITIONERS = ("forward", "rescale", "rebalance", "hash", "broadcast", "global", "custom")
 EXCHANGES = ("pipelined", "pipelined_bounded", "blocking", "hybrid_full", "hybrid_selective")
