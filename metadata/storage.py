@@ -6,10 +6,13 @@ or returns is relative to that job root and passes `metadata.layout.check_relati
 tampered metadata file cannot make it read or delete anything outside.
 
 `_metadata` is written as one atomic object: on a local file system a temporary file, fsync,
-a no-clobber link (or rename) and a directory fsync; on object stores a single write of a new
-object (pyarrow's S3 stream buffers the bytes and PUTs them at close), never a rename. A
-`_metadata` that appears at all is therefore complete on local disks; on object stores a
-partial object is still caught by the format's length and checksum. "Latest" is found by
+a no-clobber link (or rename) and a directory fsync; on object stores one write of a new
+object, never a rename (pyarrow's S3 stream writes all bytes as one multipart upload that
+becomes visible only when it is completed at close). A `_metadata` that appears at all is
+therefore complete on local disks and on S3; on any other store a partial object would still be
+caught by the format's length and checksum and skipped as damaged. Object stores offer no
+"create if absent" through pyarrow, so the refusal to overwrite is a check before the write
+there (one coordinator writes a given checkpoint id). "Latest" is found by
 listing and validating (`find_latest_restorable`), never through a mutable pointer.
 
 >>> import tempfile
