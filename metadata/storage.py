@@ -32,6 +32,7 @@ b'defg'
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import posixpath
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: errnos of `os.link` on file systems without hard links: fall back to a rename.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
 
 
 class JobSelectionError(StorageError):
@@ -315,7 +319,9 @@ class JobStorage:
                 raise StorageError(
                     f"{final} already exists; a checkpoint id must not be reused"
                 ) from None
-            except OSError:  # no hard links on this file system
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
                 if os.path.exists(final):
                     raise StorageError(
                         f"{final} already exists; a checkpoint id must not be reused"
