@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from metadata.model import VertexInfo
 from regional.errors import GraphError
 from regional.graph import Edge, JobGraph
 
@@ -263,6 +264,10 @@ class RegionPlan:
     def subtasks_of_unit(self, unit_id: int) -> tuple[Subtask, ...]:
         """The subtasks of one fallback unit, in topological vertex order then index."""
         return self._members(self._unit_ids, unit_id, self.num_units, "unit")
+
+    def vertex_infos(self) -> tuple[VertexInfo, ...]:
+        """`VertexInfo` of every vertex (topological order), for checkpoint metadata."""
+        return self.graph.vertex_infos()
 
     def regions_of_unit(self, unit_id: int) -> tuple[int, ...]:
         """The ids of the regions that make up one fallback unit, ascending."""

@@ -1,11 +1,11 @@
 """`regional regions GRAPH [--json]`: would this job benefit from regional checkpoints?
 
 GRAPH is our job-graph file (JSON or TOML) or a Flink plan JSON (REST ``/jobs/<id>/plan`` or
-``getExecutionPlan()``), told apart by content. For people: a verdict line, the warnings and one
-row per fallback unit. With `--json`: one object with `regional_allowed`, `reason`,
-`num_regions`, `num_units`, `units` and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each
-sorted by vertex id then index, in id order), `warnings` and `graph_fingerprint`. A bad graph
-exits with 2 and one line on stderr.
+``getExecutionPlan()``), told apart by content. For people: a verdict line, the warnings, one row
+per vertex (when vertices have names) and one row per fallback unit (`--limit` rows of each).
+With `--json`: one object with `regional_allowed`, `reason`, `num_regions`, `num_units`, `units`
+and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each sorted by vertex id then index, in
+id order), `warnings` and `graph_fingerprint`. A bad graph exits with 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=50,
         metavar="N",
-        help="show at most N unit rows in the table (0: all; default 50)",
+        help="show at most N vertex rows and N unit rows (0: all; default 50)",
     )
     parser.set_defaults(handler=show_regions)
 
@@ -63,7 +63,14 @@ def show_regions(args: argparse.Namespace) -> int:
     )
     for warning in plan.warnings:
         print(f"warning: {warning}")
-    shown = plan.num_units if args.limit <= 0 else min(args.limit, plan.num_units)
+    limit = args.limit if args.limit > 0 else None
+    if any(v.name != v.id for v in graph.vertices):
+        vertices = graph.topological_order()[:limit]
+        print_table(_vertex_table(plan, vertices), as_json=False)
+        if len(vertices) < len(graph.vertices):
+            print(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
+        print()
+    shown = min(limit or plan.num_units, plan.num_units)
     rows = [_unit_row(plan, u) for u in range(shown)]
     table = pa.table(
         {
@@ -77,6 +84,23 @@ def show_regions(args: argparse.Namespace) -> int:
     if shown < plan.num_units:
         print(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
     return 0
+
+
+def _vertex_table(plan: RegionPlan, ids: Sequence[str]) -> pa.Table:
+    """One row per vertex: id, name, kind, parallelism, how many units its subtasks span."""
+    vertices = [plan.graph.vertex(v) for v in ids]
+    return pa.table(
+        {
+            "vertex": [v.id for v in vertices],
+            "name": [v.name for v in vertices],
+            "kind": [v.kind for v in vertices],
+            "parallelism": pa.array([v.parallelism for v in vertices], pa.int64()),
+            "units": pa.array(
+                [len({plan.unit_of(v.id, i) for i in range(v.parallelism)}) for v in vertices],
+                pa.int64(),
+            ),
+        }
+    )
 
 
 def _unit_row(plan: RegionPlan, unit: int) -> tuple[int, int, int, str]:
