@@ -267,6 +267,16 @@ def _ids(ids: Iterable[int]) -> str:
     return ", ".join(str(i) for i in sorted(ids))
 
 
+def _referenced_detail(users: tuple[int, ...], own: int | None) -> str:
+    """Why a referenced file is kept: its own kept checkpoint, and/or the ones re-using it."""
+    others = [u for u in users if u != own]
+    if own is None:
+        return f"referenced by checkpoint {_ids(others)}"
+    if not others:
+        return f"file of kept checkpoint {own}"
+    return f"file of kept checkpoint {own}, also referenced by {_ids(others)}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -574,7 +584,7 @@ class _FileRules:
         top-level directory are contiguous (the per-directory sums rely on it)."""
         self.listed_paths = {f.path for f in listed}
         verdicts: dict[tuple[str, str], tuple[Reason, str, int | None, tuple[int, ...]]] = {}
-        details: dict[tuple[int, ...], str] = {}
+        details: dict[tuple[tuple[int, ...], bool], str] = {}
         out: list[FileDecision] = []
         append = out.append
         kept_by_get = self.kept_by.get
@@ -591,10 +601,11 @@ class _FileRules:
                 cur_top, cid = top, _checkpoint_id_of(top)
             users = kept_by_get(path)
             if users:
-                detail = details.get(users)
+                own = cid in users
+                detail = details.get((users, own))
                 if detail is None:
-                    detail = details[users] = f"referenced by checkpoint {_ids(users)}"
-                reason = Reason.RETAINED if cid in users else Reason.REFERENCED
+                    detail = details[users, own] = _referenced_detail(users, cid if own else None)
+                reason = Reason.RETAINED if own else Reason.REFERENCED
                 append(FileDecision(path, size, Action.KEEP, reason, detail, cid, users))
                 kept += size
                 n_kept += 1

@@ -169,10 +169,11 @@ def _delete_one(storage: Deleter, d: FileDecision) -> DeletionOutcome:
             raise StorageError(
                 f"path {d.path!r} is not in normal form ({norm!r}); refusing to delete it"
             )
-        gone_before = not storage.delete_file(d.path)
     except StorageError as exc:
         return DeletionOutcome(d.path, d.size, DeletionStatus.REFUSED, str(exc))
-    except Exception as exc:
+    try:
+        gone_before = not storage.delete_file(d.path)
+    except Exception as exc:  # the storage refused or failed: report it, retry next run
         detail = f"{type(exc).__name__}: {exc}; re-run `regional clean` to retry"
         return DeletionOutcome(d.path, d.size, DeletionStatus.FAILED, detail)
     status = DeletionStatus.ALREADY_GONE if gone_before else DeletionStatus.DELETED

@@ -1,0 +1,151 @@
+"""`regional clean ROOT [--job JOB] [--dry-run] [--json] [--num-retained N]`: delete what no
+retained checkpoint needs.
+
+Plans with `cleaner.run.scan` and deletes with `cleaner.run.execute`; prints one row per
+checkpoint and per file with the action and its reason (`cleaner.views.retention_table`, plus
+a `status` column after a real run), then byte totals. `--dry-run` deletes nothing.
+
+The CLI cannot see a running job's coordinator, so a checkpoint directory without `_metadata`
+that is newer than every completed checkpoint is kept as possibly in progress. Exit codes:
+0 done, 1 something was refused (a metadata path outside the job root) or failed to delete,
+2 bad input (no such root or job, `--num-retained` below 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pyarrow as pa
+
+from cleaner.plan import PendingCheckpoint, RetentionPlan
+from cleaner.run import CleanReport, DeletionStatus, execute, scan
+from cleaner.views import retention_table
+from metadata.inspect import DEFAULT_NUM_RETAINED
+from metadata.layout import METADATA_NAME, checkpoint_id_of
+from metadata.storage import JobStorage
+from regional.cli.render import print_table
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `clean`."""
+    p = subparsers.add_parser(
+        "clean",
+        help="delete checkpoint files no retained checkpoint needs",
+        description="Delete subsumed checkpoints, aborted and stale attempts and orphans under "
+        "ROOT/JOB, keeping every file a retained checkpoint references. ROOT is a local path "
+        "or a URI (file://, s3://, hdfs://, gs://).",
+    )
+    p.add_argument("root", metavar="ROOT", help="checkpoint root")
+    p.add_argument("--job", help="job id (needed when ROOT holds several)")
+    p.add_argument("--dry-run", action="store_true", help="show the plan, delete nothing")
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per row")
+    p.add_argument(
+        "--num-retained",
+        type=int,
+        metavar="N",
+        default=DEFAULT_NUM_RETAINED,
+        help=f"newest completed checkpoints to retain (default {DEFAULT_NUM_RETAINED})",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=int,
+        metavar="N",
+        default=8,
+        help="deletions in flight at once (default 8; object stores like more)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _maybe_in_progress(storage: JobStorage) -> list[PendingCheckpoint]:
+    """Directories without `_metadata` newer than every completed checkpoint."""
+    dirs: set[int] = set()
+    done: set[int] = set()
+    for f in storage.list_files():
+        cid = checkpoint_id_of(f.path)
+        if cid is not None:
+            dirs.add(cid)
+            if f.path == f"chk-{cid}/{METADATA_NAME}":
+                done.add(cid)
+    newest = max(done, default=-1)
+    return [PendingCheckpoint(cid) for cid in sorted(dirs - done) if cid > newest]
+
+
+def _with_status(table: pa.Table, report: CleanReport | None) -> pa.Table:
+    if report is None:
+        return table
+    status = {o.path: o for o in report.outcomes}
+    col = []
+    for row, path, action in zip(
+        table.column("row").to_pylist(),
+        table.column("path").to_pylist(),
+        table.column("action").to_pylist(),
+        strict=True,
+    ):
+        outcome = status.get(path) if row == "file" and action == "delete" else None
+        col.append(outcome.status.value if outcome is not None else None)
+    table = table.append_column(pa.field("status", pa.string()), pa.array(col, pa.string()))
+    # A refused or failed deletion's error replaces the plan's detail.
+    details = table.column("detail").to_pylist()
+    for i, (row, path) in enumerate(
+        zip(table.column("row").to_pylist(), table.column("path").to_pylist(), strict=True)
+    ):
+        o = status.get(path)
+        if row == "file" and o is not None and o.detail:
+            details[i] = o.detail
+    idx = table.schema.get_field_index("detail")
+    return table.set_column(idx, table.schema.field(idx), pa.array(details, pa.string()))
+
+
+def _totals(plan: RetentionPlan, report: CleanReport | None) -> str:
+    n_del = len(plan.deletions)
+    lines = [
+        f"retained checkpoints: {', '.join(map(str, plan.retained_ids)) or 'none'}",
+        f"kept: {len(plan.files) - n_del} files, {plan.kept_bytes} bytes; "
+        f"{'to delete' if report is None else 'planned for deletion'}: {n_del} files, "
+        f"{plan.deleted_bytes} bytes",
+        f"file-level retention keeps {plan.saved_bytes} bytes less than keeping every "
+        f"referenced checkpoint whole ({plan.whole_checkpoint_bytes} bytes)",
+    ]
+    if report is not None:
+        lines.append(
+            f"deleted: {report.count(DeletionStatus.DELETED)} files, {report.deleted_bytes} "
+            f"bytes; already gone: {report.count(DeletionStatus.ALREADY_GONE)}; skipped (in "
+            f"progress): {report.count(DeletionStatus.SKIPPED_LIVE)}; refused: "
+            f"{report.count(DeletionStatus.REFUSED)}; failed: {report.count(DeletionStatus.FAILED)}"
+        )
+    if plan.refused:
+        lines.append(
+            f"refused: {len(plan.refused)} metadata paths resolve outside the job root "
+            "(rows 'refused'); the metadata holding them was tampered with"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
+    if args.max_workers < 1:
+        print(
+            f"regional clean: --max-workers must be at least 1 (got {args.max_workers})",
+            file=sys.stderr,
+        )
+        return 2
+    storage = JobStorage.open(args.root, args.job)
+    pending = _maybe_in_progress(storage)
+    for p in pending:
+        print(
+            f"regional clean: chk-{p.checkpoint_id}/ has no _metadata and is newer than every "
+            "completed checkpoint; kept as possibly in progress",
+            file=sys.stderr,
+        )
+    plan = scan(storage, num_retained=args.num_retained, pending=pending)
+    report = None
+    if not args.dry_run:
+        report = execute(plan, storage, live=lambda: pending, max_workers=args.max_workers)
+    print_table(_with_status(retention_table(plan), report), as_json=args.json)
+    if not args.json:
+        print(_totals(plan, report))
+    failed = report is not None and not report.ok
+    return 1 if plan.refused or failed else 0
