@@ -184,13 +184,11 @@ def _join_pointwise(
     for v in vertices:
         cls = identity[v]
         if cls not in by_class:
-            start = first_id + base[cls]
-            if uf.changed:
-                by_class[cls] = array(
-                    "l", (first_id + uf.find(start - first_id + i) for i in range(par[v]))
-                )
-            else:
-                by_class[cls] = range(start, start + par[v])
+            own = range(first_id + base[cls], first_id + base[cls] + par[v])
+            if uf.changed:  # roots may lie in other classes: the renumbering maps them
+                by_class[cls] = array("l", (first_id + uf.find(x - first_id) for x in own))
+            else:  # every subtask is its own component
+                by_class[cls] = own
         raw[v] = by_class[cls]
     return size
 
@@ -210,7 +208,7 @@ def _renumber(
                 done[id(seq)] = range(count, count + len(seq))
                 count += len(seq)
             else:
-                new = array("l", bytes(8 * len(seq)))
+                new = array("l", [0]) * len(seq)
                 for i, r in enumerate(seq):
                     got = mapping.get(r)
                     if got is None:
