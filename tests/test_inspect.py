@@ -1,0 +1,436 @@
+"""Inspector views (exact rows) and `regional inspect` (every view, table and JSON, every error)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import msgspec
+import pytest
+
+from metadata.inspect import (
+    CHECKPOINTS_SCHEMA,
+    DIFF_SCHEMA,
+    LAG_SCHEMA,
+    REFS_SCHEMA,
+    SHOW_SCHEMA,
+    SUMMARY_SCHEMA,
+    CheckpointNotFoundError,
+    Inspector,
+    InspectorInputError,
+)
+from metadata.model import CheckpointMetadata, SplitState, SubtaskState, UnitState
+from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
+from metadata.validate import VALIDATE_SCHEMA, validate_job, validate_table
+from regional.cli import main
+
+T0 = 1_763_800_000_000  # 2025-11-22 08:26:40 UTC
+
+
+def build_job(storage: JobStorage) -> list[CheckpointMetadata]:
+    """Five checkpoints of two units: 1 global; 2, 3 unit 1 falls back to 1; 4 forced global;
+    5 unit 0 falls back to 4."""
+    written: list[CheckpointMetadata] = []
+    owner_handles: dict[tuple[int, int], tuple] = {}
+
+    def take(cid: int, kind: str, fallback: dict[int, str], reasons: tuple[str, ...] = ()):
+        subtasks, units = [], []
+        for unit, vertices in ((0, ("source", "map")), (1, ("source",))):
+            if unit in fallback:
+                owner = max(o for (o, u) in owner_handles if u == unit)
+                handles = owner_handles[(owner, unit)]
+                units.append(UnitState(unit, owner, fallback[unit]))
+                for v, h in zip(vertices, handles, strict=True):
+                    splits = (SplitState(f"part-{unit}", b"\x01"),) if v == "source" else ()
+                    subtasks.append(
+                        SubtaskState(
+                            v,
+                            unit,
+                            unit,
+                            ref_checkpoint_id=owner,
+                            handles=(h,),
+                            split_states=splits,
+                        )
+                    )
+                continue
+            payloads = [f"{v}-{unit}@{cid}".encode() for v in vertices]
+            handles = storage.write_segments(f"chk-{cid}/u{unit}-a0.state", payloads)
+            owner_handles[(cid, unit)] = handles
+            units.append(UnitState(unit))
+            for v, h in zip(vertices, handles, strict=True):
+                splits = (SplitState(f"part-{unit}", b"\x01"),) if v == "source" else ()
+                subtasks.append(
+                    SubtaskState(v, unit, unit, handles=(h,), split_states=splits, attempt=0)
+                )
+        md = CheckpointMetadata(
+            checkpoint_id=cid,
+            job_id=storage.job_id,
+            kind=kind,
+            trigger_time_ms=T0 + 10_000 * cid,
+            completion_time_ms=T0 + 10_000 * cid + 100 * cid,
+            reasons=reasons,
+            units=tuple(units),
+            subtasks=tuple(subtasks),
+        )
+        storage.write_metadata(md)
+        written.append(md)
+
+    take(1, "global", {})
+    take(2, "regional", {1: "timeout"}, ("unit 1: timeout",))
+    take(3, "regional", {1: "declined: ValueError: bad record"}, ("unit 1 declined",))
+    take(4, "global", {}, ("forced: unit 1 fell back 2 times in a row",))
+    take(5, "regional", {0: "timeout"}, ("unit 0: timeout",))
+    return written
+
+
+@pytest.fixture
+def job(tmp_path) -> tuple[str, JobStorage, list[CheckpointMetadata]]:
+    root = str(tmp_path / "ckpt")
+    storage = JobStorage(root, "orders")
+    return root, storage, build_job(storage)
+
+
+@pytest.fixture
+def inspector(job) -> Inspector:
+    return Inspector(CompletedCheckpointStore.load(job[1]), num_retained=3)
+
+
+def rows(table, *columns):
+    return [tuple(r[c] for c in columns) for r in table.to_pylist()]
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def test_checkpoints_view(inspector: Inspector) -> None:
+    t = inspector.checkpoints()
+    assert t.schema == CHECKPOINTS_SCHEMA
+    assert rows(
+        t,
+        "checkpoint_id",
+        "kind",
+        "duration_ms",
+        "num_units",
+        "num_fallback_units",
+        "num_subtasks",
+        "num_fallback_subtasks",
+        "oldest_ref_checkpoint_id",
+        "state_bytes",
+        "retained",
+        "referenced_by",
+    ) == [
+        (5, "regional", 500, 2, 1, 3, 2, 4, 27, True, []),
+        (4, "global", 400, 2, 0, 3, 0, None, 27, True, [5]),
+        (3, "regional", 300, 2, 1, 3, 1, 1, 27, True, []),
+        (2, "regional", 200, 2, 1, 3, 1, 1, 27, False, []),
+        (1, "global", 100, 2, 0, 3, 0, None, 27, False, [3]),
+    ]
+    first = t.to_pylist()[-1]
+    assert first["trigger_time"] == dt.datetime(2025, 11, 22, 8, 26, 50, tzinfo=dt.UTC)
+    assert first["complete_time"] - first["trigger_time"] == dt.timedelta(milliseconds=100)
+    assert t.to_pylist()[1]["reasons"] == ["forced: unit 1 fell back 2 times in a row"]
+    assert Inspector(inspector.store, num_retained=1).checkpoints()["retained"].to_pylist() == [
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_show_view(inspector: Inspector) -> None:
+    t = inspector.show(3)
+    assert t.schema == SHOW_SCHEMA
+    assert rows(
+        t,
+        "unit_id",
+        "vertex_id",
+        "subtask_index",
+        "status",
+        "owner_checkpoint_id",
+        "files",
+        "state_bytes",
+        "num_splits",
+        "reason",
+    ) == [
+        (0, "map", 0, "fresh", 3, ["chk-3/u0-a0.state"], 7, 0, None),
+        (0, "source", 0, "fresh", 3, ["chk-3/u0-a0.state"], 10, 1, None),
+        (
+            1,
+            "source",
+            1,
+            "fallback",
+            1,
+            ["chk-1/u1-a0.state"],
+            10,
+            1,
+            "declined: ValueError: bad record",
+        ),
+    ]
+    with pytest.raises(CheckpointNotFoundError, match=r"checkpoint 9 not found \(completed: 1, 2"):
+        inspector.show(9)
+
+
+def test_refs_view(inspector: Inspector) -> None:
+    t = inspector.refs()
+    assert t.schema == REFS_SCHEMA
+    assert t.to_pylist() == [
+        {"checkpoint_id": 5, "owner_checkpoint_id": 4, "units": [0], "num_subtasks": 2,
+         "state_bytes": 17, "owner_completed": True},
+        {"checkpoint_id": 3, "owner_checkpoint_id": 1, "units": [1], "num_subtasks": 1,
+         "state_bytes": 10, "owner_completed": True},
+        {"checkpoint_id": 2, "owner_checkpoint_id": 1, "units": [1], "num_subtasks": 1,
+         "state_bytes": 10, "owner_completed": True},
+    ]  # fmt: skip
+    store = inspector.store
+    store.remove(1)
+    assert Inspector(store).refs()["owner_completed"].to_pylist() == [True, False, False]
+
+
+def test_lag_view(inspector: Inspector) -> None:
+    t = inspector.lag()
+    assert t.schema == LAG_SCHEMA
+    assert t.to_pylist() == [
+        {"unit_id": 0, "status": "fallback", "owner_checkpoint_id": 4, "checkpoints_behind": 1,
+         "time_behind_ms": 10_000, "consecutive_fallbacks": 1, "reason": "timeout"},
+        {"unit_id": 1, "status": "fresh", "owner_checkpoint_id": 5, "checkpoints_behind": 0,
+         "time_behind_ms": 0, "consecutive_fallbacks": 0, "reason": None},
+    ]  # fmt: skip
+    store = inspector.store
+    store.remove(5)
+    store.remove(4)
+    lag = Inspector(store).lag()
+    assert rows(
+        lag, "unit_id", "checkpoints_behind", "time_behind_ms", "consecutive_fallbacks"
+    ) == [
+        (0, 0, 0, 0),
+        (1, 2, 20_000, 2),
+    ]
+    store.remove(1)  # the owner's metadata is gone: the time is unknown
+    assert Inspector(store).lag()["time_behind_ms"].to_pylist() == [0, None]
+    assert Inspector(CompletedCheckpointStore()).lag().num_rows == 0
+
+
+def test_summary_view(inspector: Inspector) -> None:
+    t = inspector.summary()
+    assert t.schema == SUMMARY_SCHEMA
+    assert rows(t, "metric", "count", "min", "median", "max") == [
+        ("completed", 5, None, None, None),
+        ("global", 2, None, None, None),
+        ("regional", 3, None, None, None),
+        ("forced_global", 1, None, None, None),
+        ("savepoint", 0, None, None, None),
+        ("damaged", 0, None, None, None),
+        ("duration_ms", 5, 100, 300.0, 500),
+        ("state_bytes", 5, 27, 27.0, 27),
+    ]
+    empty = Inspector(CompletedCheckpointStore()).summary()
+    assert rows(empty, "metric", "count", "median")[-1] == ("state_bytes", 0, None)
+
+
+def test_diff_view(inspector: Inspector) -> None:
+    t = inspector.diff(3, 5)
+    assert t.schema == DIFF_SCHEMA
+    assert rows(t, "vertex_id", "subtask_index", "unit_id", "change", "owner_a", "owner_b") == [
+        ("map", 0, 0, "fell_back", 3, 4),
+        ("source", 0, 0, "fell_back", 3, 4),
+        ("source", 1, 1, "fresh", 1, 5),
+    ]
+    assert inspector.diff(2, 3)["change"].to_pylist() == ["fresh", "fresh", "unchanged_owner"]
+    store = CompletedCheckpointStore(inspector.store.all())
+    c5 = store.remove(5)
+    store.add(msgspec.structs.replace(c5, subtasks=c5.subtasks[1:]))
+    assert Inspector(store).diff(4, 5)["change"].to_pylist() == [
+        "unchanged_owner",
+        "removed",
+        "fresh",
+    ]
+    assert Inspector(store).diff(5, 4)["change"].to_pylist() == ["fresh", "added", "fresh"]
+
+
+def test_num_retained_must_be_positive(inspector: Inspector) -> None:
+    with pytest.raises(InspectorInputError, match=r"num-retained must be at least 1 .got 0"):
+        Inspector(inspector.store, num_retained=0)
+
+
+def test_validate_reports_every_problem_and_the_restore_choice(job) -> None:
+    _, storage, _ = job
+    report = validate_job(storage)
+    assert report.problems == () and report.restore_checkpoint_id == 5
+    # unit 0's file of checkpoint 4 (needed by 4 and 5) corrupted at the same size
+    with storage.filesystem.open_output_stream(f"{storage.job_path}/chk-4/u0-a0.state") as out:
+        out.write(b"X" * 17)
+    storage.delete_file("chk-3/u1-a0.state")  # unused: checkpoint 3's unit 1 is checkpoint 1's
+    storage.delete_file("chk-1/u0-a0.state")  # needed by 1 and 2
+    with storage.filesystem.open_output_stream(f"{storage.job_path}/chk-2/_metadata") as out:
+        out.write(b"RGNL")
+    table = validate_table(validate_job(storage))
+    assert table.schema == VALIDATE_SCHEMA
+    problems = rows(table, "checkpoint_id", "path", "problem")
+    assert [p[:2] for p in problems] == [
+        (1, "chk-1/u0-a0.state"),
+        (2, "chk-2/_metadata"),
+        (4, "chk-4/u0-a0.state"),
+        (4, "chk-4/u0-a0.state"),
+        (5, "chk-4/u0-a0.state"),
+        (5, "chk-4/u0-a0.state"),
+    ]
+    assert problems[0][2] == "missing"
+    assert "is truncated: 4 bytes" in problems[1][2]
+    assert "segment at 0+10 fails its checksum" in problems[2][2]
+    assert validate_job(storage).restore_checkpoint_id == 3
+    assert validate_job(storage, verify_checksums=False).restore_checkpoint_id == 5
+
+
+# -- CLI -----------------------------------------------------------------------------------
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["inspect", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("view", "header", "first_row"),
+    [
+        (["checkpoints"], "checkpoint_id  kind      trigger_time", "5  regional  2025-11-22"),
+        (["show", "5"], "unit_id  vertex_id  subtask_index  status", "0  map"),
+        (["refs"], "checkpoint_id  owner_checkpoint_id  units", "5                    4  0"),
+        (["lag"], "unit_id  status    owner_checkpoint_id", "0  fallback                    4"),
+        (["summary"], "metric         count  min  median   max", "completed          5"),
+        (["diff", "3", "5"], "vertex_id  subtask_index  unit_id  change", "map"),
+    ],
+)
+def test_cli_views_as_tables(job, capsys, view, header, first_row) -> None:
+    root = job[0]
+    code, out, err = run(capsys, root, *view)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith(header) and set(lines[1]) <= {"-", " "}
+    assert lines[2].strip().startswith(first_row)
+
+
+@pytest.mark.parametrize(
+    ("view", "expected"),
+    [
+        (["checkpoints"], {"checkpoint_id": 5, "kind": "regional", "retained": True}),
+        (["show", "5"], {"unit_id": 0, "vertex_id": "map", "status": "fallback"}),
+        (["refs"], {"checkpoint_id": 5, "owner_checkpoint_id": 4, "units": [0]}),
+        (["lag"], {"unit_id": 0, "checkpoints_behind": 1, "time_behind_ms": 10000}),
+        (["summary"], {"metric": "completed", "count": 5, "median": None}),
+        (["diff", "3", "5"], {"vertex_id": "map", "change": "fell_back", "owner_b": 4}),
+    ],
+)
+def test_cli_views_as_json(job, capsys, view, expected) -> None:
+    root, storage, _ = job
+    code, out, err = run(capsys, root, "--job", "orders", *view, "--json")
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    assert expected.items() <= data[0].items()
+    table = getattr(Inspector(CompletedCheckpointStore.load(storage)), view[0])(*map(int, view[1:]))
+    assert [list(row) for row in data] == [table.column_names] * table.num_rows
+
+
+def test_cli_checkpoints_json_keys_and_times(job, capsys) -> None:
+    _, out, _ = run(capsys, job[0], "--num-retained", "1", "checkpoints", "--json")
+    first = json.loads(out)[-1]
+    assert first == {
+        "checkpoint_id": 1,
+        "kind": "global",
+        "trigger_time": "2025-11-22T08:26:50Z",
+        "complete_time": "2025-11-22T08:26:50.100000Z",
+        "duration_ms": 100,
+        "num_units": 2,
+        "num_fallback_units": 0,
+        "num_subtasks": 3,
+        "num_fallback_subtasks": 0,
+        "oldest_ref_checkpoint_id": None,
+        "state_bytes": 27,
+        "retained": False,
+        "referenced_by": [],
+        "reasons": [],
+    }
+
+
+def test_cli_validate(job, capsys) -> None:
+    root, storage, _ = job
+    code, out, err = run(capsys, root, "validate")
+    assert code == 0 and err == ""
+    assert out.splitlines()[-2:] == [
+        "(no rows)",
+        "a restore would use checkpoint 5 (5 checked, 0 problems)",
+    ]
+    storage.delete_file("chk-4/u0-a0.state")
+    code, out, err = run(capsys, root, "validate")
+    assert code == 1
+    assert out.splitlines()[2:] == [
+        "            4  chk-4/u0-a0.state  missing",
+        "            5  chk-4/u0-a0.state  missing",
+        "a restore would use checkpoint 3 (5 checked, 2 problems)",
+    ]
+    code, out, err = run(capsys, root, "validate", "--json", "--no-checksums")
+    assert code == 1
+    assert json.loads(out) == [
+        {"checkpoint_id": 4, "path": "chk-4/u0-a0.state", "problem": "missing"},
+        {"checkpoint_id": 5, "path": "chk-4/u0-a0.state", "problem": "missing"},
+    ]
+    assert err == "a restore would use checkpoint 3 (5 checked, 2 problems)\n"
+    for cid in (1, 2, 3):
+        storage.delete_file(f"chk-{cid}/_metadata")
+    code, out, _ = run(capsys, root, "validate")
+    assert (code, out.splitlines()[-1]) == (
+        1,
+        "no checkpoint is restorable (2 checked, 2 problems)",
+    )
+
+
+def test_cli_validate_empty_job(tmp_path, capsys) -> None:
+    JobStorage(str(tmp_path), "fresh").write_state_file("chk-1/u0-a0.state", b"")
+    code, out, _ = run(capsys, str(tmp_path), "validate")
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        "no completed checkpoint; a restore would start from the initial state "
+        "(0 checked, 0 problems)"
+    )
+
+
+def test_cli_damaged_metadata_is_reported_not_fatal(job, capsys) -> None:
+    root, storage, _ = job
+    with storage.filesystem.open_output_stream(f"{storage.job_path}/chk-2/_metadata") as out:
+        out.write(b"garbage!" * 4)
+    code, out, err = run(capsys, root, "summary", "--json")
+    assert code == 0
+    assert err.startswith("warning: checkpoint 2 skipped: ")
+    assert "chk-2/_metadata is not a regional checkpoint metadata file" in err
+    assert {"metric": "damaged", "count": 1, "min": None, "median": None, "max": None} in (
+        json.loads(out)
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["{root}/nope", "checkpoints"], "checkpoint root '{root}/nope' does not exist"),
+        (["{root}", "checkpoints"], "holds 2 jobs (orders, other); choose one with --job"),
+        (["{root}", "--job", "x", "lag"], "job 'x' not found under '{root}'; jobs there: orders"),
+        (["{root}", "--job", "orders", "show", "9"], "checkpoint 9 not found (completed: 1, 2"),
+        (["{root}", "--job", "orders", "diff", "1", "7"], "checkpoint 7 not found"),
+        (["{root}", "--job", "orders", "--num-retained", "0", "checkpoints"], "at least 1"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(job, capsys, argv, message) -> None:
+    root, _, _ = job
+    JobStorage(root, "other").write_state_file("chk-1/u0-a0.state", b"")
+    code, out, err = run(capsys, *(a.format(root=root) for a in argv))
+    assert code == 2 and out == ""
+    assert err.startswith("regional inspect: ") and err.count("\n") == 1
+    assert message.format(root=root) in err
+
+
+def test_cli_usage_errors(job, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", job[0], "show"])
+    assert exc.value.code == 2
+    assert "the following arguments are required: ID" in capsys.readouterr().err
