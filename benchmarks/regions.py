@@ -4,7 +4,8 @@ Cases: (a) a 1,000-vertex forward chain at parallelism 1,000 (one million subtas
 vertices at parallelism 500 joined by hash edges, (c) a random DAG of 5,000 vertices (seeded;
 parallelism 1-64, 1-2 inputs per vertex, every partitioner and exchange). Target: each under
 1 s and 200 MB. Time is the best of 3 runs without tracing; peak memory is traced separately
-with `tracemalloc` (Python allocations made by the analysis, not the input graph). Extra case
+with `tracemalloc` (Python allocations made by the analysis, not the input graph); RSS MB is
+the whole process's peak resident memory so far (interpreter, input graphs and all). Extra case
 (d), the worst case for the representation: a forward chain of hybrid edges, where every one of
 the million subtasks is its own region.
 
@@ -14,6 +15,7 @@ Run: ``.venv/bin/python benchmarks/regions.py``
 from __future__ import annotations
 
 import random
+import resource
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -88,11 +90,12 @@ def main() -> None:
         ("(d) hybrid forward chain 1,000 x 1,000", hybrid_chain),
     ]
     header = f"{'case':<40} {'vertices':>8} {'subtasks':>9} {'regions':>9} {'units':>7}"
-    print(header + f" {'time s':>7} {'peak MB':>8}")
-    print("-" * (len(header) + 17))
+    print(header + f" {'time s':>7} {'peak MB':>8} {'RSS MB':>7}")
+    print("-" * (len(header) + 25))
     for name, build in cases:
         v, s, r, u, t, mb = measure(build)
-        print(f"{name:<40} {v:>8,} {s:>9,} {r:>9,} {u:>7,} {t:>7.3f} {mb:>8.1f}")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{name:<40} {v:>8,} {s:>9,} {r:>9,} {u:>7,} {t:>7.3f} {mb:>8.1f} {rss:>7.0f}")
 
 
 if __name__ == "__main__":
