@@ -15,6 +15,8 @@ vertex id, so region and unit ids depend only on the graph's content, like `fing
 ('src', 'sink')
 >>> g.num_subtasks
 4
+>>> [str(e) for e in g.inputs("sink")]
+['src -> sink (forward, pipelined_bounded)']
 """
 
 from __future__ import annotations
