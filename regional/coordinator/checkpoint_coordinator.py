@@ -55,8 +55,6 @@ from regional.policy import Policy, policy_fingerprint
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
-_NO_DECISIONS: list[Decision] = []
-
 
 class CoordinatorStateError(RegionalError):
     """The runtime called the coordinator out of order (a bug in the runtime, not in the job)."""
@@ -242,15 +240,29 @@ class CheckpointCoordinator:
         if p is None or p.checkpoint_id != checkpoint_id or p.attempt_of(unit_id) != attempt:
             return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
         if p.states[unit_id] is not None:
-            return _NO_DECISIONS  # a duplicate of the accepted ack
+            return []  # a duplicate of the accepted ack
         if unit_id in p.declined:
             return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
         states = tuple(subtasks)
-        if (problem := self._malformed(unit_id, attempt, states)) is not None:
+        expected = self._expected[unit_id]
+        ok = len(states) == len(expected)
+        if ok:
+            for s, (vertex_id, index) in zip(states, expected, strict=True):
+                if (
+                    s.index != index
+                    or s.vertex_id != vertex_id
+                    or s.unit_id != unit_id
+                    or s.attempt != attempt
+                    or s.ref_checkpoint_id is not None
+                ):
+                    ok = False
+                    break
+        if not ok:
+            problem = self._malformed(unit_id, attempt, states)
             out = [_discard(checkpoint_id, unit_id, attempt, states, committables=True)]
             return out + self._record_decline(p, unit_id, problem, now_ms)
         p.ack(unit_id, states)
-        return self._decide(p, now_ms) if p.outstanding == 0 else _NO_DECISIONS
+        return self._decide(p, now_ms) if p.outstanding == 0 else []
 
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
@@ -263,14 +275,14 @@ class CheckpointCoordinator:
             or p.attempt_of(unit_id) != attempt
             or p.answered(unit_id)
         ):
-            return _NO_DECISIONS
+            return []
         return self._record_decline(p, unit_id, f"declined: {cause}", now_ms)
 
     def on_tick(self, now_ms: int) -> list[Decision]:
         """Decline every unit past its deadline (a silent unit is a failed unit, rule 2)."""
         p = self._pending
         if p is None:
-            return _NO_DECISIONS
+            return []
         out: list[Decision] = []
         for unit_id in p.expired(now_ms):
             elapsed = (now_ms - p.trigger_ms) / 1000
@@ -453,7 +465,7 @@ class CheckpointCoordinator:
                 f"checkpoint {cid} aborted: unit {unit_id} failed ({cause}) and regional "
                 "checkpoints are disabled (checkpointing.region.enabled = false)",
             )
-        return self._decide(p, now_ms) if p.outstanding == 0 else _NO_DECISIONS
+        return self._decide(p, now_ms) if p.outstanding == 0 else []
 
     def _decide(self, p: PendingCheckpoint, now_ms: int) -> list[Decision]:
         """Every unit answered: complete (global or regional) or abort (rule 3)."""
@@ -625,9 +637,8 @@ class CheckpointCoordinator:
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _malformed(
-        self, unit_id: int, attempt: int, states: tuple[SubtaskState, ...]
-    ) -> str | None:
+    def _malformed(self, unit_id: int, attempt: int, states: tuple[SubtaskState, ...]) -> str:
+        """What is wrong with an ack (the hot path in `on_ack` found something)."""
         expected = self._expected[unit_id]
         if len(states) != len(expected):
             return f"malformed ack: {len(states)} subtask states for {len(expected)} subtasks"
@@ -645,7 +656,7 @@ class CheckpointCoordinator:
                     f"({vertex_id!r}, {index}, unit {unit_id}, fresh, attempt {attempt}) "
                     "was expected"
                 )
-        return None
+        return "malformed ack"
 
     def _take_completion(self, checkpoint_id: int) -> _Completion:
         done = self._completing
@@ -724,9 +735,8 @@ def _discard(
 
 
 def _fresh_committables(metadata: CheckpointMetadata, vertex_id: str) -> tuple[bytes, ...]:
-    return tuple(
-        c
-        for s in metadata.subtasks
-        if s.vertex_id == vertex_id and s.ref_checkpoint_id is None
-        for c in s.committables
-    )
+    out: list[bytes] = []
+    for s in metadata.subtasks:
+        if s.committables and s.vertex_id == vertex_id and s.ref_checkpoint_id is None:
+            out += s.committables
+    return tuple(out)

@@ -78,7 +78,7 @@ class Limits:
         if not counted:
             return None
         self.consecutive_aborts += 1
-        self.fault_counts.update(failed_units)
+        self.fault_counts.update(list(failed_units))
         if self.consecutive_aborts <= self.tolerable:
             return None
         worst = [f"{u} ({n}x)" for u, n in self.fault_counts.most_common(10)]

@@ -32,7 +32,8 @@ __all__ = ["SplitEnumerator"]
 class _State(msgspec.Struct, array_like=True):
     epoch: int
     unassigned: list[str]
-    assigned: list[tuple[str, int, int]]  # (split, subtask index, epoch)
+    owner: dict[str, int]  # split -> subtask index
+    assigned_in: dict[str, int]  # split -> epoch of its assignment
 
 
 class SplitEnumerator:
@@ -43,7 +44,8 @@ class SplitEnumerator:
         self._epoch = 1  # the checkpoint the current work belongs to
         self._unassigned: deque[str] = deque()
         self._owner: dict[str, int] = {}  # split -> subtask index
-        self._by_subtask: dict[int, dict[str, int]] = {}  # index -> {split: epoch}
+        self._assigned_in: dict[str, int] = {}  # split -> epoch of its assignment
+        self._by_subtask: dict[int, list[str]] = {}  # index -> splits, in assignment order
         self.discover(splits)
 
     @property
@@ -68,7 +70,8 @@ class SplitEnumerator:
             return None
         split = self._unassigned.popleft()
         self._owner[split] = index
-        self._by_subtask.setdefault(index, {})[split] = self._epoch
+        self._assigned_in[split] = self._epoch
+        self._by_subtask.setdefault(index, []).append(split)
         return split
 
     def owner_of(self, split_id: str) -> int | None:
@@ -88,8 +91,7 @@ class SplitEnumerator:
     def check_fallback(self, state: SubtaskState, owner: int) -> str | None:
         for split in state.split_states:
             holder = self._owner.get(split.split_id)
-            epoch = self._by_subtask.get(state.index, {}).get(split.split_id)
-            if holder != state.index or epoch is None or epoch > owner:
+            if holder != state.index or self._assigned_in[split.split_id] > owner:
                 return (
                     f"split {split.split_id!r} in the state of subtask ({self._vertex_id!r}, "
                     f"{state.index}) in checkpoint {owner} is now assigned to subtask {holder}"
@@ -100,11 +102,11 @@ class SplitEnumerator:
         state = msgspec.msgpack.decode(data, type=_State)
         self._epoch = state.epoch
         self._unassigned = deque(state.unassigned)
-        self._owner = {}
+        self._owner = state.owner
+        self._assigned_in = state.assigned_in
         self._by_subtask = {}
-        for split, index, epoch in state.assigned:
-            self._owner[split] = index
-            self._by_subtask.setdefault(index, {})[split] = epoch
+        for split, index in sorted(state.owner.items(), key=lambda kv: state.assigned_in[kv[0]]):
+            self._by_subtask.setdefault(index, []).append(split)
 
     def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
         self._reset(fallback)
@@ -118,24 +120,24 @@ class SplitEnumerator:
         """(split, index) given to a resetting subtask after its owner, in assignment order."""
         out = []
         for index, owner in reset.items():
-            out += [(s, index) for s, e in self._by_subtask.get(index, {}).items() if e > owner]
+            epoch = self._assigned_in
+            out += [(s, index) for s in self._by_subtask.get(index, ()) if epoch[s] > owner]
         return out
 
     def _reset(self, reset: Mapping[int, int]) -> None:
         returned = self._returned(reset)
         for split, index in returned:
             del self._owner[split]
-            del self._by_subtask[index][split]
+            del self._assigned_in[split]
+            self._by_subtask[index].remove(split)
         self._unassigned.extendleft(reversed([s for s, _ in returned]))
 
     def _encode(self, fallback: Mapping[int, int]) -> bytes:
-        returned = self._returned(fallback)
-        gone = {s for s, _ in returned}
-        assigned = [
-            (split, index, epoch)
-            for index, splits in self._by_subtask.items()
-            for split, epoch in splits.items()
-            if split not in gone
-        ]
-        unassigned = [s for s, _ in returned] + list(self._unassigned)
-        return msgspec.msgpack.encode(_State(self._epoch, unassigned, sorted(assigned)))
+        returned = [s for s, _ in self._returned(fallback)]
+        owner, assigned_in = self._owner, self._assigned_in
+        if returned:
+            owner, assigned_in = dict(owner), dict(assigned_in)
+            for split in returned:
+                del owner[split], assigned_in[split]
+        unassigned = returned + list(self._unassigned)
+        return msgspec.msgpack.encode(_State(self._epoch, unassigned, owner, assigned_in))
