@@ -1,0 +1,70 @@
+"""The inspector views as Spark DataFrames, to query checkpoint history with SQL.
+
+Each view's Arrow table goes through `spark.createDataFrame` (Arrow-based, PySpark 4), so the
+DataFrame has the view's columns and types (timestamps as TIMESTAMP, id lists as
+ARRAY<BIGINT>). pyspark is imported lazily: the metadata layer never needs Spark otherwise.
+
+    from metadata.spark import register_views
+    register_views(spark, "s3://bucket/checkpoints", job_id="orders")
+    spark.sql("SELECT checkpoint_id, num_fallback_units FROM regional_checkpoints "
+              "WHERE kind = 'regional' ORDER BY checkpoint_id").show()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
+from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
+from metadata.validate import validate_job, validate_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["VIEW_NAMES", "dataframes", "register_views", "to_dataframe"]
+
+#: The views registered by `register_views` (each as `<prefix><name>`).
+VIEW_NAMES = ("checkpoints", "refs", "lag", "summary", "validate")
+
+
+def to_dataframe(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """One Arrow view as a DataFrame with the same column names and types."""
+    return spark.createDataFrame(table)
+
+
+def dataframes(
+    spark: SparkSession,
+    root: str,
+    job_id: str | None = None,
+    *,
+    num_retained: int = DEFAULT_NUM_RETAINED,
+    verify_checksums: bool = False,
+) -> dict[str, DataFrame]:
+    """Every argument-free view of the job under `root` (see `VIEW_NAMES`) as a DataFrame.
+
+    `validate` checks sizes only unless `verify_checksums` (reading every state file).
+    """
+    storage = JobStorage.open(root, job_id)
+    inspector = Inspector(CompletedCheckpointStore.load(storage), num_retained=num_retained)
+    tables = dict(inspector.tables())
+    tables["validate"] = validate_table(validate_job(storage, verify_checksums=verify_checksums))
+    return {name: to_dataframe(spark, tables[name]) for name in VIEW_NAMES}
+
+
+def register_views(
+    spark: SparkSession,
+    root: str,
+    job_id: str | None = None,
+    *,
+    prefix: str = "regional_",
+    num_retained: int = DEFAULT_NUM_RETAINED,
+) -> list[str]:
+    """Register the views as temporary views `<prefix><name>`; returns their names."""
+    names = []
+    for name, df in dataframes(spark, root, job_id, num_retained=num_retained).items():
+        df.createOrReplaceTempView(prefix + name)
+        names.append(prefix + name)
+    return names
