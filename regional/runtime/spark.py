@@ -1,0 +1,463 @@
+"""The Spark runtime: the driver loop that runs a pipeline with regional checkpoints (DESIGN §6).
+
+Per checkpoint epoch the driver triggers the coordinator, builds one `UnitWork` per fallback
+unit (the state it restores from, new splits from the split enumerators, injected faults) and
+runs them as **one Spark job** in its own job group, units packed into about two tasks per core
+(research/spark.md §1: the cost is per Python task). Each task runs `regional.runtime.task
+.run_units`, so user exceptions and unit timeouts come back as declines. Results reach the
+driver through `collect()`, or, when the job had to be cancelled at the epoch deadline (a hang
+SIGALRM could not break), through a dict accumulator that holds every finished task's answers;
+units without an answer are declined by the coordinator's tick.
+
+The driver carries out the coordinator's decisions in order: write metadata, then commit, then
+notify, then clean (the cleaner's plan and executor). On start, a root that already holds
+checkpoints is restored from the latest restorable one. `Faults` injects failures for tests and
+demos: a unit failing or hanging at a checkpoint, or the driver crashing at a coordinator step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from cleaner.run import execute, scan
+from metadata.layout import checkpoint_id_of
+from metadata.model import CheckpointKind, SubtaskState
+from metadata.storage import JobStorage
+from regional.coordinator import (
+    AbortCheckpoint,
+    CheckpointCoordinator,
+    Commit,
+    Decision,
+    DiscardAttempt,
+    FailJob,
+    FinishJob,
+    JobLayout,
+    NotifyComplete,
+    NotifyFallback,
+    NotifySubsumed,
+    TriggerCheckpoint,
+    WriteMetadata,
+)
+from regional.errors import CommitError, JobFailedError, RegionalError
+from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
+from regional.pipeline import Pipeline
+from regional.policy import Policy
+from regional.runtime.task import TaskEnv, UnitWork, run_units
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "CRASH_STEPS",
+    "CheckpointReport",
+    "DriverCrash",
+    "Faults",
+    "RunSummary",
+    "SparkRuntime",
+]
+
+#: Where `Faults.crash_at` can stop the driver: after every unit answered (before the metadata
+#: write), after the metadata write, after the sink commit, in the middle of cleaning.
+CRASH_STEPS = ("after-acks", "after-metadata", "after-commit", "mid-clean")
+_COMMIT_RETRIES = 3
+
+
+class DriverCrash(RegionalError):
+    """The driver stopped at an injected crash point (tests and demos)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """Injected faults, off by default. `units` maps (checkpoint id, unit id) to ``"fail"``
+    (raise in the unit) or ``"hang"`` (block until the unit's timeout); `crash_at` is
+    (checkpoint id, step in `CRASH_STEPS`)."""
+
+    units: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
+    crash_at: tuple[int, str] | None = None
+
+    def __post_init__(self) -> None:
+        for (cid, unit), what in self.units.items():
+            if what not in ("fail", "hang"):
+                raise ValueError(
+                    f"fault {what!r} for unit {unit} at checkpoint {cid}: use fail/hang"
+                )
+        if self.crash_at is not None and self.crash_at[1] not in CRASH_STEPS:
+            raise ValueError(
+                f"crash step {self.crash_at[1]!r}: use one of {', '.join(CRASH_STEPS)}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointReport:
+    """What one epoch ended with, for progress displays."""
+
+    checkpoint_id: int
+    kind: str  # global, regional, savepoint or aborted
+    fresh_units: int
+    fallback_units: tuple[int, ...]
+    commit_lag: int  # completed checkpoints not yet committed
+    seconds: float
+    records_in: int
+    message: str = ""
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """The outcome of `SparkRuntime.run`."""
+
+    job_id: str
+    restored_from: int | None = None
+    checkpoints: list[CheckpointReport] = dataclasses.field(default_factory=list)
+    finished: bool = False
+    seconds: float = 0.0
+
+    def count(self, kind: str) -> int:
+        return sum(1 for c in self.checkpoints if c.kind == kind)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _DictParam:
+    """Accumulator that merges dicts (one entry per unit answer)."""
+
+    def zero(self, value: dict[Any, Any]) -> dict[Any, Any]:
+        return {}
+
+    def addInPlace(self, a: dict[Any, Any], b: dict[Any, Any]) -> dict[Any, Any]:
+        a.update(b)
+        return a
+
+
+def _warm_up(it: Any) -> Any:
+    """Import the task side in a Python worker (the first import costs seconds)."""
+    import regional.runtime.task  # noqa: F401
+
+    return iter([sum(1 for _ in it)])
+
+
+def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
+    def run(it: Any) -> Any:
+        from pyspark import TaskContext
+
+        works = list(it)  # drain the input, or the worker is not reused
+        ctx = TaskContext.get()
+        attempt = ctx.attemptNumber() if ctx is not None else 0
+        answers = run_units(env, works, spark_attempt=attempt)
+        acc.add({(a["checkpoint_id"], a["unit"], a["attempt"]): a for a in answers})
+        return iter(answers)
+
+    return run
+
+
+class SparkRuntime:
+    """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI).
+
+    `tasks` is how many Spark tasks an epoch packs the units into (default 2 per core).
+    `progress` is called with a `CheckpointReport` after every epoch.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        spark: SparkSession,
+        *,
+        root: str,
+        policy: Policy | None = None,
+        job_id: str | None = None,
+        faults: Faults | None = None,
+        tasks: int | None = None,
+        progress: Callable[[CheckpointReport], None] | None = None,
+        interval: float = 0.0,
+    ) -> None:
+        self.pipeline = pipeline
+        self.spark = spark
+        self.policy = policy or Policy()
+        self.job_id = job_id or pipeline.name
+        self.faults = faults or Faults()
+        self.progress = progress
+        self.interval = interval
+        self.storage = JobStorage(root, self.job_id)
+        self.root = root
+        graph = pipeline.job_graph()
+        self.plan = pipeline.regions()
+        bounded = [v for v, s in pipeline.sources.items() if s.source and s.source.bounded]
+        self.layout = JobLayout.from_plan(
+            self.plan,
+            graph.vertex_infos(),
+            sources=pipeline.sources,
+            bounded_sources=bounded,
+            graph_fingerprint=graph.fingerprint(),
+        )
+        self.enumerators = {
+            v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
+            for v, s in pipeline.sources.items()
+        }
+        self.committers = {v: CommitCoordinator(v, commit_user=self.job_id) for v in pipeline.sinks}
+        self.coordinator = CheckpointCoordinator(
+            self.layout,
+            self.policy,
+            job_id=self.job_id,
+            coordinators={**self.enumerators, **self.committers},
+        )
+        cores = spark.sparkContext.defaultParallelism
+        self.tasks = tasks or max(1, 2 * cores)
+        region_timeout = min(
+            self.policy.checkpointing.timeout, self.policy.checkpointing.region.timeout
+        )
+        # a packed task runs its units one after another: half the deadline per unit leaves
+        # the others of a task with a hung unit time to finish before the epoch deadline
+        self.env = TaskEnv(root, self.job_id, pipeline, unit_timeout=region_timeout / 2)
+        self._commit_failures: dict[tuple[str, int], int] = {}
+        self._finished = False
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self, *, max_checkpoints: int | None = None) -> RunSummary:
+        """Run until the job finishes (bounded sources) or `max_checkpoints` epochs ran.
+
+        Raises `JobFailedError` past `tolerable-failed-checkpoints`, `DriverCrash` at an
+        injected crash point.
+        """
+        started = time.monotonic()
+        sc = self.spark.sparkContext
+        sc.parallelize(range(self.tasks), self.tasks).mapPartitions(_warm_up).collect()
+        summary = RunSummary(self.job_id, restored_from=self._restore())
+        epochs = 0
+        while not self._finished and (max_checkpoints is None or epochs < max_checkpoints):
+            epoch_start = time.monotonic()
+            report = self._epoch()
+            summary.checkpoints.append(report)
+            if self.progress is not None:
+                self.progress(report)
+            epochs += 1
+            if self.interval and not self._finished:
+                time.sleep(max(0.0, self.interval - (time.monotonic() - epoch_start)))
+        summary.finished = self._finished
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def _restore(self) -> int | None:
+        md = self.storage.find_latest_restorable()
+        if md is None:
+            return None
+        files = self.storage.list_files()
+        used = [c for f in files if (c := checkpoint_id_of(f.path)) is not None]
+        decisions = self.coordinator.restore(
+            md, mode=self.policy.restore.mode, next_checkpoint_id=max(used, default=0) + 1
+        )
+        self._carry_out(decisions)
+        self._check_sources_finished()
+        return md.checkpoint_id
+
+    def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
+        for vertex_id, enumerator in self.enumerators.items():
+            source = self.pipeline.vertices[vertex_id].source
+            assert source is not None
+            enumerator.discover(source.discover())
+        works = []
+        per = self.pipeline.splits_per_subtask
+        for unit_id in range(self.layout.num_units):
+            restore = self.coordinator.unit_states(unit_id)
+            new: list[tuple[str, int, str]] = []
+            for state in restore:
+                enumerator = self.enumerators.get(state.vertex_id)
+                if enumerator is None:
+                    continue
+                for _ in range(per - len(state.split_states)):
+                    split = enumerator.assign(state.index)
+                    if split is None:
+                        break
+                    new.append((state.vertex_id, state.index, split))
+            fault = self.faults.units.get((trigger.checkpoint_id, unit_id))
+            works.append(
+                UnitWork(
+                    trigger.checkpoint_id, trigger.attempt, unit_id, restore, tuple(new), fault
+                )
+            )
+        return works
+
+    def _run_job(self, trigger: TriggerCheckpoint, works: list[UnitWork]) -> list[dict[str, Any]]:
+        """One Spark job for the epoch; answers from collect, or from the accumulator after a
+        cancel at the deadline."""
+        sc = self.spark.sparkContext
+        acc = sc.accumulator({}, _DictParam())  # type: ignore[arg-type]
+        group = f"regional-{self.job_id}-chk{trigger.checkpoint_id}"
+        box: dict[str, Any] = {}
+        fn = _epoch_partition(self.env, acc)
+        parts = max(1, min(self.tasks, len(works)))
+
+        def job() -> None:
+            sc.setJobGroup(group, f"checkpoint {trigger.checkpoint_id}", interruptOnCancel=True)
+            try:
+                box["answers"] = sc.parallelize(works, parts).mapPartitions(fn).collect()
+            except Exception as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=job, name=group, daemon=True)
+        thread.start()
+        thread.join(max(0.0, (trigger.deadline_ms - _now_ms()) / 1000))
+        if thread.is_alive():
+            sc.cancelJobGroup(group)
+            thread.join()
+        if "answers" in box:
+            return list(box["answers"])
+        return list(acc.value.values())
+
+    def _epoch(self) -> CheckpointReport:
+        t0 = time.monotonic()
+        trigger = self.coordinator.trigger(_now_ms())
+        cid = trigger.checkpoint_id
+        works = self._works(trigger)
+        answers = self._run_job(trigger, works)
+        decisions: list[Decision] = []
+        records_in = 0
+        for a in answers:
+            if a["status"] == "ack":
+                states = msgspec.msgpack.decode(a["states"], type=tuple[SubtaskState, ...])
+                records_in += a["records_in"]
+                decisions += self.coordinator.on_ack(
+                    a["checkpoint_id"], a["unit"], a["attempt"], states, _now_ms()
+                )
+            else:
+                decisions += self.coordinator.on_decline(
+                    a["checkpoint_id"], a["unit"], a["attempt"], a["reason"], _now_ms()
+                )
+        if self.coordinator.pending_checkpoint_id == cid:
+            decisions += self.coordinator.on_tick(max(_now_ms(), trigger.deadline_ms))
+        self._crash(cid, "after-acks")
+        outcome = self._carry_out(decisions)
+        self._check_sources_finished()
+        kind, fallback, message = outcome.get(cid, ("aborted", (), "no decision"))
+        return CheckpointReport(
+            cid,
+            kind,
+            self.layout.num_units - len(fallback) if kind != "aborted" else 0,
+            tuple(fallback),
+            self.commit_lag,
+            time.monotonic() - t0,
+            records_in,
+            message,
+        )
+
+    @property
+    def commit_lag(self) -> int:
+        """Completed checkpoints whose output is not committed yet (the longest sink queue)."""
+        return max((len(c.queued) for c in self.committers.values()), default=0)
+
+    def handle_answer(self, answer: dict[str, Any]) -> None:
+        """Feed one (possibly late) task answer to the coordinator and carry out the result."""
+        if answer["status"] == "ack":
+            states = msgspec.msgpack.decode(answer["states"], type=tuple[SubtaskState, ...])
+            self._carry_out(
+                self.coordinator.on_ack(
+                    answer["checkpoint_id"], answer["unit"], answer["attempt"], states, _now_ms()
+                )
+            )
+
+    # --- decisions --------------------------------------------------------------------------
+
+    def _crash(self, checkpoint_id: int, step: str) -> None:
+        if self.faults.crash_at == (checkpoint_id, step):
+            raise DriverCrash(f"driver crashed at checkpoint {checkpoint_id}, {step} (injected)")
+
+    def _carry_out(self, decisions: list[Decision]) -> dict[int, tuple[str, tuple[int, ...], str]]:
+        """Carry out decisions in order (new ones are appended); returns per checkpoint id
+        (kind, fallback units, message)."""
+        outcome: dict[int, tuple[str, tuple[int, ...], str]] = {}
+        queue = list(decisions)
+        clean = False
+        while queue:
+            d = queue.pop(0)
+            if isinstance(d, WriteMetadata):
+                md = d.metadata
+                try:
+                    self.storage.write_metadata(md)
+                except RegionalError as exc:
+                    queue += self.coordinator.on_metadata_failed(
+                        md.checkpoint_id, str(exc), _now_ms()
+                    )
+                    continue
+                self._crash(md.checkpoint_id, "after-metadata")
+                fallback = tuple(u.unit_id for u in md.fallback_units)
+                kind = md.kind.value if isinstance(md.kind, CheckpointKind) else str(md.kind)
+                outcome[md.checkpoint_id] = (kind, fallback, "; ".join(md.reasons))
+                queue += self.coordinator.on_metadata_durable(md.checkpoint_id, _now_ms())
+            elif isinstance(d, Commit):
+                queue += self._commit(d)
+            elif isinstance(d, AbortCheckpoint):
+                outcome[d.checkpoint_id] = ("aborted", d.failed_units, d.message)
+            elif isinstance(d, DiscardAttempt):
+                for path in d.files:
+                    self.storage.delete_file(path)
+                if d.committables:
+                    for vertex_id in self.committers:
+                        self.pipeline.vertices[vertex_id].sink.discard(d.committables)
+            elif isinstance(d, NotifySubsumed):
+                clean = True
+            elif isinstance(d, FailJob):
+                raise JobFailedError(d.message)
+            elif isinstance(d, FinishJob):
+                self._finished = True
+            elif isinstance(d, NotifyComplete | NotifyFallback):
+                pass  # units restore from the coordinator's states every epoch
+        if clean:
+            self._clean()
+        return outcome
+
+    def _commit(self, commit: Commit) -> list[Decision]:
+        sink = self.pipeline.vertices[commit.vertex_id].sink
+        key = (commit.vertex_id, commit.checkpoint_id)
+        try:
+            perform_commit(commit, sink)
+        except Exception as exc:
+            self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
+            if self._commit_failures[key] >= _COMMIT_RETRIES:
+                raise CommitError(
+                    f"commit of checkpoint {commit.checkpoint_id} to sink {commit.vertex_id!r} "
+                    f"failed {_COMMIT_RETRIES} times: {exc}"
+                ) from exc
+            return self.coordinator.on_commit_failed(
+                commit.vertex_id, commit.checkpoint_id, str(exc)
+            )
+        self._crash(commit.checkpoint_id, "after-commit")
+        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+
+    def _clean(self) -> None:
+        plan = scan(self.storage, num_retained=self.policy.checkpointing.num_retained)
+        latest = self.coordinator.latest_completed_id or 0
+        crash = self.faults.crash_at
+
+        def progress(p: Any) -> None:
+            if crash == (latest, "mid-clean"):
+                raise DriverCrash(f"driver crashed at checkpoint {latest}, mid-clean (injected)")
+
+        execute(plan, self.storage, progress=progress, max_workers=1)
+
+    def _check_sources_finished(self) -> None:
+        """Tell the coordinator which bounded sources have read everything."""
+        for vertex_id in self.layout.bounded_sources:
+            enumerator = self.enumerators[vertex_id]
+            source = self.pipeline.vertices[vertex_id].source
+            assert source is not None
+            enumerator.discover(source.discover())
+            if enumerator.unassigned:
+                continue
+            parallelism = self.pipeline.vertices[vertex_id].parallelism
+            states = [
+                s
+                for u in {self.layout.unit_of(vertex_id, i) for i in range(parallelism)}
+                for s in self.coordinator.unit_states(u)
+                if s.vertex_id == vertex_id
+            ]
+            if self.coordinator.latest_completed_id is not None and not any(
+                s.split_states for s in states
+            ):
+                self.coordinator.on_source_finished(vertex_id)

@@ -1,0 +1,309 @@
+"""The task side of one checkpoint epoch: run units, snapshot them, answer ack or decline.
+
+Runs inside a Spark task (or anywhere: nothing here imports Spark). For each unit of work the
+task restores the unit's subtasks from the state the coordinator named (verified segments),
+reads its sources from their positions, runs the operators, stages sink files, and snapshots:
+
+* **sync phase** (under the unit's timeout): operator state is serialised to a local file;
+* **async phase** (FLINK-37375): a small thread pool uploads the file to checkpoint storage while
+  the task already runs its next unit; the upload is read back and every segment's checksum
+  verified before the ack is produced (DESIGN §4 rule 10).
+
+Every exception becomes a decline, never a failed Spark task; a unit running past its timeout is
+interrupted with SIGALRM (Python code only; the driver's deadline cancel covers the rest).
+Answers are small dicts (KB scale): state lives in files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from metadata.layout import state_file_path
+from metadata.model import SplitState, StateHandle, SubtaskState
+from metadata.storage import JobStorage
+from regional.pipeline import Chunk, Pipeline
+from regional.state import OperatorState
+
+__all__ = [
+    "FAULT_FAIL",
+    "FAULT_HANG",
+    "InjectedFault",
+    "TaskEnv",
+    "UnitTimeout",
+    "UnitWork",
+    "run_units",
+]
+
+FAULT_FAIL = "fail"
+FAULT_HANG = "hang"
+
+
+class InjectedFault(RuntimeError):
+    """A fault injected on purpose (tests and demos)."""
+
+
+class UnitTimeout(Exception):
+    """The unit ran past its timeout (raised by SIGALRM inside the unit)."""
+
+
+class UnitWork(msgspec.Struct, frozen=True):
+    """One unit's work for one epoch: restore `restore` (the unit's subtask states, in layout
+    order), read `new_splits` (`(vertex, index, split)`) from their start, snapshot as
+    checkpoint `checkpoint_id` attempt `attempt`."""
+
+    checkpoint_id: int
+    attempt: int
+    unit_id: int
+    restore: tuple[SubtaskState, ...]
+    new_splits: tuple[tuple[str, int, str], ...] = ()
+    fault: str | None = None
+
+
+class TaskEnv(msgspec.Struct, frozen=True, dict=True):
+    """What every unit of a job shares (shipped once per epoch job): where checkpoints live,
+    the pipeline, the per-unit timeout (seconds) and the upload pool size."""
+
+    root: str
+    job_id: str
+    pipeline: Any  # regional.pipeline.Pipeline (cloudpickled with the task)
+    unit_timeout: float
+    upload_threads: int = 2
+
+
+class _Snapshot(msgspec.Struct):
+    """The sync phase's result, waiting for its upload."""
+
+    work: UnitWork
+    local_file: str | None
+    seg_keys: list[tuple[str, int]]  # the subtasks with a segment, in file order
+    lengths: list[int]
+    states: list[SubtaskState]  # in layout order, without handles yet
+    records_in: int
+    records_out: int
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise UnitTimeout
+
+
+@contextlib.contextmanager
+def _timeout(seconds: float) -> Iterator[None]:
+    """SIGALRM after `seconds`, when running on the main thread (PySpark workers do)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _decline(work: UnitWork, reason: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "status": "decline",
+        "checkpoint_id": work.checkpoint_id,
+        "unit": work.unit_id,
+        "attempt": work.attempt,
+        "reason": reason,
+        **extra,
+    }
+
+
+def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
+    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
+    pipeline: Pipeline = env.pipeline
+    if work.fault == FAULT_FAIL:
+        raise InjectedFault(
+            f"unit {work.unit_id} fails checkpoint {work.checkpoint_id} (injected fault)"
+        )
+    if work.fault == FAULT_HANG:
+        while True:  # interruptible by SIGALRM, like a stuck user function
+            time.sleep(0.05)
+    restore = {(s.vertex_id, s.index): s for s in work.restore}
+    order = [v for v in pipeline.topological_order() if any(k[0] == v for k in restore)]
+    outputs: dict[str, list[Chunk]] = {}
+    states: list[SubtaskState] = []
+    blobs: dict[tuple[str, int], bytes] = {}
+    records_in = records_out = 0
+    for vertex_id in order:
+        spec = pipeline.vertices[vertex_id]
+        index = next(i for v, i in restore if v == vertex_id)
+        old = restore[vertex_id, index]
+        committables: tuple[bytes, ...] = ()
+        split_states: tuple[SplitState, ...] = ()
+        blob: bytes | None = None
+        if spec.source is not None:
+            positions = {s.split_id: s.position for s in old.split_states}
+            for v, i, split in work.new_splits:
+                if v == vertex_id and i == index:
+                    positions.setdefault(split, b"")
+            chunks: list[Chunk] = []
+            budget = pipeline.records_per_epoch
+            kept = []
+            for split, position in positions.items():
+                if budget > 0:
+                    result = spec.source.read(split, position, budget)
+                    for b in result.batches:
+                        chunks.append((split, b))
+                        budget -= b.num_rows
+                        records_in += b.num_rows
+                    position = result.position
+                    if result.finished:
+                        continue
+                kept.append(SplitState(split, position))
+            split_states = tuple(kept)
+            outputs[vertex_id] = chunks
+        else:
+            inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
+            if spec.operator is not None:
+                op_state = None
+                if spec.operator.stateful:
+                    op_state = OperatorState.from_bytes(
+                        b"".join(storage.read_segment(h) for h in old.handles)
+                    )
+                outputs[vertex_id] = spec.operator.apply(inputs, op_state)
+                if op_state is not None:
+                    blob = op_state.to_bytes()
+            else:  # sink
+                batches = [
+                    d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
+                    for _, d in inputs
+                ]
+                records_out += sum(b.num_rows for b in batches)
+                committables = spec.sink.write(
+                    batches,
+                    checkpoint_id=work.checkpoint_id,
+                    vertex_id=vertex_id,
+                    index=index,
+                    attempt=work.attempt,
+                )
+        states.append(
+            SubtaskState(
+                vertex_id,
+                index,
+                work.unit_id,
+                split_states=split_states,
+                committables=committables,
+                attempt=work.attempt,
+            )
+        )
+        if blob is not None:
+            blobs[vertex_id, index] = blob
+    # the coordinator expects the subtasks (and we write the segments) in layout order
+    by_key = {(s.vertex_id, s.index): s for s in states}
+    ordered = [by_key[s.vertex_id, s.index] for s in work.restore]
+    seg_keys = [(s.vertex_id, s.index) for s in ordered if (s.vertex_id, s.index) in blobs]
+    local = None
+    if seg_keys:
+        fd, local = tempfile.mkstemp(prefix=f"regional-u{work.unit_id}-", suffix=".state")
+        with os.fdopen(fd, "wb") as f:
+            for key in seg_keys:
+                f.write(blobs[key])
+    return _Snapshot(
+        work, local, seg_keys, [len(blobs[k]) for k in seg_keys], ordered, records_in, records_out
+    )
+
+
+def _upload(storage: JobStorage, snap: _Snapshot) -> dict[str, Any]:
+    """Async phase: upload the local snapshot, read it back, verify, build the ack."""
+    work = snap.work
+    handles: dict[tuple[str, int], StateHandle] = {}
+    if snap.local_file is not None:
+        try:
+            with open(snap.local_file, "rb") as f:
+                data = f.read()
+        finally:
+            os.unlink(snap.local_file)
+        segments, offset = [], 0
+        for n in snap.lengths:
+            segments.append(data[offset : offset + n])
+            offset += n
+        rel = state_file_path(work.checkpoint_id, work.unit_id, work.attempt)
+        written = storage.write_segments(rel, segments)
+        for key, handle, seg in zip(snap.seg_keys, written, segments, strict=True):
+            if storage.read_segment(handle) != seg:  # verifies size and checksum too
+                raise OSError(f"upload of {rel} does not read back as written")
+            handles[key] = handle
+    states = [
+        msgspec.structs.replace(s, handles=(handles[s.vertex_id, s.index],))
+        if (s.vertex_id, s.index) in handles
+        else s
+        for s in snap.states
+    ]
+    return {
+        "status": "ack",
+        "checkpoint_id": work.checkpoint_id,
+        "unit": work.unit_id,
+        "attempt": work.attempt,
+        "states": msgspec.msgpack.encode(states),
+        "records_in": snap.records_in,
+        "records_out": snap.records_out,
+    }
+
+
+def run_units(
+    env: TaskEnv,
+    works: Sequence[UnitWork],
+    *,
+    spark_attempt: int = 0,
+    on_answer: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run `works` one after another; return one answer dict per unit (never raises).
+
+    `spark_attempt` > 0 means Spark re-ran a failed task: every unit declines, so a region is
+    never re-run behind the coordinator's back (DESIGN §4 rule 9).
+    """
+    if spark_attempt > 0:
+        return [
+            _decline(w, f"spark task attempt {spark_attempt} refused: units run once per attempt")
+            for w in works
+        ]
+    storage = JobStorage(env.root, env.job_id)
+    answers: list[dict[str, Any]] = []
+    pending: list[tuple[UnitWork, Future[dict[str, Any]], float]] = []
+    with ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool:
+        for work in works:
+            started = time.monotonic()
+            try:
+                with _timeout(env.unit_timeout):
+                    snap = _process(env, storage, work)
+            except UnitTimeout:
+                answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
+                continue
+            except Exception as exc:
+                answers.append(
+                    _decline(
+                        work,
+                        f"{type(exc).__name__}: {exc}",
+                        trace=traceback.format_exc(limit=4)[-2000:],
+                    )
+                )
+                continue
+            pending.append((work, pool.submit(_upload, storage, snap), started))
+        for work, future, started in pending:
+            left = env.unit_timeout - (time.monotonic() - started)
+            try:
+                answers.append(future.result(timeout=max(left, 0.001)))
+            except TimeoutError:
+                answers.append(_decline(work, "timeout: upload did not finish in time"))
+            except Exception as exc:
+                answers.append(_decline(work, f"upload failed: {type(exc).__name__}: {exc}"))
+    if on_answer is not None:
+        for a in answers:
+            on_answer(a)
+    return answers
