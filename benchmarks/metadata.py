@@ -1,0 +1,152 @@
+"""Metadata benchmark: encode/decode time and size per subtask; inspector time over 100 retained
+checkpoints. Run: `.venv/bin/python benchmarks/metadata.py` (prints a table; not a test).
+
+Targets (issue 3): 10,000 subtasks encode+decode under 100 ms and under 300 bytes per subtask
+excluding user payloads (splits positions, committables, coordinator snapshots: none here).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's directory comes first on sys.path and its name shadows the
+# `metadata` package: drop it (and make the repository importable without an install).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+from metadata.format import decode_metadata, encode_metadata  # noqa: E402
+from metadata.inspect import Inspector  # noqa: E402
+from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState, VertexInfo  # noqa: E402
+from metadata.storage import JobStorage  # noqa: E402
+from metadata.store import CompletedCheckpointStore  # noqa: E402
+from metadata.validate import validate_job  # noqa: E402
+
+VERTICES = ("source", "parse", "enrich", "aggregate", "sink")
+
+
+def checkpoint(cid: int, n_subtasks: int, fallback_every: int = 4) -> CheckpointMetadata:
+    """A regional checkpoint: 5 chained vertices, one unit per parallel pipeline (5 subtasks,
+    one state file with 5 segments); a rotating quarter of the units fell back to the previous
+    checkpoint."""
+    parallelism = n_subtasks // len(VERTICES)
+    subtasks, units = [], []
+    for unit in range(parallelism):
+        fallback = (unit + cid) % fallback_every == 0 and cid > 1
+        owner = cid - 1 if fallback else cid
+        path = f"chk-{owner}/u{unit}-a0.state"
+        units.append(UnitState(unit, owner if fallback else None, "timeout" if fallback else None))
+        for k, vertex in enumerate(VERTICES):
+            h = StateHandle(path, 1024 * k, 1024, 5 * 1024, bytes(range(16)))
+            subtasks.append(
+                SubtaskState(vertex, unit, unit, owner if fallback else None, handles=(h,))
+            )
+    return CheckpointMetadata(
+        checkpoint_id=cid,
+        job_id="bench",
+        kind="regional" if cid > 1 else "global",
+        trigger_time_ms=1_763_800_000_000 + cid * 10_000,
+        completion_time_ms=1_763_800_000_000 + cid * 10_000 + 250,
+        policy_fingerprint="p" * 16,
+        graph_fingerprint="g" * 16,
+        vertices=tuple(VertexInfo(v, parallelism, 32768) for v in VERTICES),
+        units=tuple(units),
+        subtasks=tuple(subtasks),
+    )
+
+
+def best_ms(fn: Callable[[], object], repeat: int) -> float:
+    """The fastest of `repeat` runs, in milliseconds (the least disturbed by other load)."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return min(times)
+
+
+def bench_format(n: int, repeat: int) -> dict[str, float]:
+    md = checkpoint(2, n)
+    data = encode_metadata(md)
+    assert decode_metadata(data, source="bench") == md
+    enc = best_ms(lambda: encode_metadata(md), repeat)
+    dec = best_ms(lambda: decode_metadata(data, source="bench"), repeat)
+    return {"subtasks": n, "encode_ms": enc, "decode_ms": dec, "bytes_per_subtask": len(data) / n}
+
+
+def bench_inspector(n_checkpoints: int, n_subtasks: int, repeat: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as root:
+        storage = JobStorage(root, "bench")
+        for cid in range(1, n_checkpoints + 1):
+            md = checkpoint(cid, n_subtasks)
+            for u in md.units:
+                if u.ref_checkpoint_id is None:
+                    segments = [bytes(1024)] * len(VERTICES)
+                    handles = storage.write_segments(f"chk-{cid}/u{u.unit_id}-a0.state", segments)
+                    checksum = handles[0].checksum
+            # every segment holds the same bytes: one checksum fits all handles
+            md = _with_checksum(md, checksum)
+            storage.write_metadata(md)
+
+        def checkpoints() -> object:
+            return Inspector(CompletedCheckpointStore.load(storage)).checkpoints()
+
+        assert checkpoints().num_rows == n_checkpoints
+        report = validate_job(storage)
+        assert not report.problems and report.restore_checkpoint_id == n_checkpoints
+        return {
+            "checkpoints": n_checkpoints,
+            "subtasks": n_subtasks,
+            "checkpoints_ms": best_ms(checkpoints, repeat),
+            "validate_ms": best_ms(lambda: validate_job(storage), repeat),
+            "validate_sizes_only_ms": best_ms(
+                lambda: validate_job(storage, verify_checksums=False), repeat
+            ),
+        }
+
+
+def _with_checksum(md: CheckpointMetadata, checksum: bytes) -> CheckpointMetadata:
+    import msgspec
+
+    subtasks = tuple(
+        msgspec.structs.replace(
+            s, handles=tuple(msgspec.structs.replace(h, checksum=checksum) for h in s.handles)
+        )
+        for s in md.subtasks
+    )
+    return msgspec.structs.replace(md, subtasks=subtasks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    print("format (best of", args.repeat, "runs)")
+    print(
+        f"{'subtasks':>9}  {'encode ms':>9}  {'decode ms':>9}  {'enc+dec ms':>10}  {'B/subtask':>9}"
+    )
+    for n in (1_000, 10_000):
+        r = bench_format(n, args.repeat)
+        print(
+            f"{n:>9,}  {r['encode_ms']:>9.2f}  {r['decode_ms']:>9.2f}  "
+            f"{r['encode_ms'] + r['decode_ms']:>10.2f}  {r['bytes_per_subtask']:>9.1f}"
+        )
+    repeat = max(1, args.repeat // 2)
+    r = bench_inspector(100, 100, repeat)
+    print(
+        f"\ninspector over {r['checkpoints']} retained checkpoints of {r['subtasks']} subtasks "
+        f"(local disk, best of {repeat})"
+    )
+    print(f"  checkpoints (load + view)        {r['checkpoints_ms']:8.1f} ms")
+    print(f"  validate (sizes and checksums)   {r['validate_ms']:8.1f} ms")
+    print(f"  validate --no-checksums          {r['validate_sizes_only_ms']:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
