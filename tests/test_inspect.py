@@ -434,3 +434,21 @@ def test_cli_usage_errors(job, capsys) -> None:
         main(["inspect", job[0], "show"])
     assert exc.value.code == 2
     assert "the following arguments are required: ID" in capsys.readouterr().err
+
+
+@pytest.mark.s3
+def test_cli_on_an_s3_root(s3_server, capsys) -> None:
+    root = s3_server.uri(s3_server.new_bucket(), "checkpoints")
+    build_job(JobStorage(root, "orders"))
+    code, out, err = run(capsys, root, "refs", "--json")
+    assert (code, err) == (0, "")
+    assert [(r["checkpoint_id"], r["owner_checkpoint_id"]) for r in json.loads(out)] == [
+        (5, 4),
+        (3, 1),
+        (2, 1),
+    ]
+    code, out, err = run(capsys, root, "validate")
+    assert code == 0 and out.splitlines()[-1].startswith("a restore would use checkpoint 5")
+    code, _, err = run(capsys, root, "--job", "nope", "lag")
+    assert code == 2 and "testing:testing" not in err and "endpoint_override" not in err
+    assert f"under 's3://{root.split('@')[1].split('?')[0]}'" in err
