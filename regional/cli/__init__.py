@@ -19,7 +19,7 @@ from metadata.errors import RegionalError
 __all__ = ["main"]
 
 #: Command modules, in the order `regional --help` lists them.
-COMMANDS: tuple[str, ...] = ("regions", "inspect", "policy", "clean")
+COMMANDS: tuple[str, ...] = ("run", "regions", "inspect", "policy", "clean")
 
 
 def build_parser() -> argparse.ArgumentParser:
