@@ -16,7 +16,7 @@ import threading
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cleaner.plan import PendingCheckpoint, RestoreBase
 from cleaner.run import execute, scan
@@ -91,27 +91,29 @@ class CleanerMachine(RuleBasedStateMachine):
             return []
         return [PendingCheckpoint(self.pending, files=tuple(self.owner_paths.values()))]
 
-    @precondition(lambda self: self.pending is None)
     @rule()
     def trigger(self) -> None:
+        """Start a checkpoint (one still pending is given up, as a newer one subsumes it)."""
         self.pending, self.next_id = self.next_id, self.next_id + 1
         self.attempts = {}
         self.pending_paths = set()
 
-    @precondition(lambda self: self.pending is not None)
     @rule(unit=st.integers(0, UNITS - 1))
     def upload(self, unit: int) -> None:
         """A unit attempt uploads its state file (a retry writes a new attempt)."""
+        if self.pending is None:
+            self.trigger()
         attempt = self.attempts.get(unit, -1) + 1
         self.attempts[unit] = attempt
         path = f"chk-{self.pending}/u{unit}-a{attempt}.state"
         self.storage.write_segments(path, [f"{path}:0".encode(), f"{path}:1".encode()])
         self.pending_paths.add(path)
 
-    @precondition(lambda self: self.pending is not None)
     @rule(failed=st.sets(st.integers(0, UNITS - 1), max_size=UNITS - 1))
     def complete(self, failed: set[int]) -> None:
         """Complete the pending checkpoint: `failed` units fall back to their owner's file."""
+        if self.pending is None:
+            self.trigger()
         cid = self.pending
         assert cid is not None
         if not self.owner or self.must_be_global:
@@ -151,7 +153,6 @@ class CleanerMachine(RuleBasedStateMachine):
             self.must_be_global = False
         self.pending = None
 
-    @precondition(lambda self: self.pending is not None)
     @rule()
     def abort(self) -> None:
         self.pending = None
@@ -227,5 +228,5 @@ class CleanerMachine(RuleBasedStateMachine):
         assert self.not_owned_files <= present
 
 
-CleanerMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+CleanerMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 test_cleaner_state_machine = CleanerMachine.TestCase
