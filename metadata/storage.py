@@ -202,8 +202,12 @@ class JobStorage:
             raise JobSelectionError(
                 f"checkpoint root {_redact(root)!r} does not exist; check the path"
             ) from None
-        except (NotADirectoryError, OSError) as exc:
+        except NotADirectoryError:
             raise JobSelectionError(
+                f"checkpoint root {_redact(root)!r} is a file, not a directory; check the path"
+            ) from None
+        except OSError as exc:  # unreachable or refused: the operation failed (exit 1)
+            raise StorageError(
                 f"checkpoint root {_redact(root)!r} cannot be listed: {exc}"
             ) from None
         dirs = (i for i in infos if i.type == pafs.FileType.Directory)

@@ -413,6 +413,8 @@ def test_cli_damaged_metadata_is_reported_not_fatal(job, capsys) -> None:
     ("argv", "message"),
     [
         (["{root}/nope", "checkpoints"], "checkpoint root '{root}/nope' does not exist"),
+        (["{root}/orders/chk-1/_metadata", "lag"], "is a file, not a directory; check the path"),
+        (["foo://x", "lag"], "'foo://x' is not a usable file system URI (Unrecognized"),
         (["{root}", "checkpoints"], "holds 2 jobs (orders, other); choose one with --job"),
         (["{root}", "--job", "x", "lag"], "job 'x' not found under '{root}'; jobs there: orders"),
         (["{root}", "--job", "orders", "show", "9"], "checkpoint 9 not found (completed: 1, 2"),
