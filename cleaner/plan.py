@@ -102,6 +102,9 @@ _STATE_FILE = re.compile(r"^u\d+-a\d+\.state$")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)
 
 
+_MAYBE_LIVE = "no _metadata, newer than every completed checkpoint: may be in progress"
+
+
 def _checkpoint_id_of(path: str) -> int | None:
     """`metadata.layout.checkpoint_id_of`, without a regex (it runs once per listed file)."""
     if not path.startswith("chk-"):
@@ -338,12 +341,16 @@ def plan_retention(
     pending: Sequence[PendingCheckpoint] = (),
     damaged: Iterable[int] = (),
     restore_base: RestoreBase | None = None,
+    live_unknown: bool = False,
 ) -> RetentionPlan:
     """Decide, for every checkpoint and every listed file, keep or delete, with the reason.
 
     `completed` are the checkpoints whose metadata decoded; `damaged` the ids whose metadata
     did not (never deleted); `pending` the checkpoints in progress; `files` the listing of the
-    job root (paths relative to it). Raises `RetentionInputError` if `num_retained` < 1.
+    job root (paths relative to it). With `live_unknown` (a caller that cannot see the
+    coordinator, like the CLI), a directory without `_metadata` newer than every completed
+    checkpoint is kept as possibly in progress instead of deleted as aborted. Raises
+    `RetentionInputError` if `num_retained` < 1.
     """
     if num_retained < 1:
         raise RetentionInputError(
@@ -400,6 +407,7 @@ def plan_retention(
         damaged_ids=damaged_ids,
         not_owned=not_owned,
         newest_completed=newest_completed,
+        live_unknown=live_unknown,
     )
     decisions = rules.decide_all(sorted(files, key=attrgetter("path")))
     kept_b, deleted_b, kept_files_of = rules.kept_bytes, rules.deleted_bytes, rules.kept_files
@@ -451,6 +459,12 @@ def plan_retention(
                     detail=f"written by or before restore base {no_claim_upto}, restored in "
                     "no-claim mode: owned by the user, never deleted",
                     **common,
+                )
+            )
+        elif live_unknown and md is None and cid > newest_completed:
+            cps.append(
+                CheckpointDecision(
+                    action=Action.KEEP, reason=Reason.PENDING, detail=_MAYBE_LIVE, **common
                 )
             )
         elif md is None and cid in has_metadata:
@@ -561,6 +575,7 @@ class _FileRules:
         damaged_ids: set[int],
         not_owned: Callable[[int | None], bool],
         newest_completed: int,
+        live_unknown: bool,
     ) -> None:
         self.kept_by = kept_by
         self.kept_ids = kept_ids
@@ -570,6 +585,7 @@ class _FileRules:
         self.damaged_ids = damaged_ids
         self.not_owned = not_owned
         self.newest_completed = newest_completed
+        self.live_unknown = live_unknown
         self.has_metadata: set[int] = set()
         self.listed_paths: set[str] = set()
         self.dir_ids: set[int] = set()
@@ -665,6 +681,8 @@ class _FileRules:
             return Reason.DAMAGED, f"checkpoint {cid} has damaged metadata; kept", None, ()
         if self.not_owned(cid):
             return Reason.NOT_OWNED, "written by or before a no-claim restore base", None, ()
+        if self.live_unknown and cid > self.newest_completed and cid not in self.by_id:
+            return Reason.PENDING, _MAYBE_LIVE, None, ()
         if cid not in self.by_id and f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
             detail = f"checkpoint {cid} has _metadata the planner was not given; kept"
             return Reason.UNKNOWN, detail, None, ()

@@ -122,9 +122,11 @@ def scan(
     num_retained: int,
     pending: Sequence[PendingCheckpoint] = (),
     restore_base: RestoreBase | None = None,
+    live_unknown: bool = False,
 ) -> RetentionPlan:
     """Read every checkpoint's metadata (damaged ones are reported, never deleted), list the job
-    root, and plan retention. Pending checkpoints are not read."""
+    root, and plan retention (`cleaner.plan.plan_retention`). Pending checkpoints are not
+    read. Listing comes after reading, so a checkpoint completing in between is kept."""
     pending_ids = {p.checkpoint_id for p in pending}
     completed: list[CheckpointMetadata] = []
     damaged: list[int] = []
@@ -143,6 +145,7 @@ def scan(
         pending=pending,
         damaged=damaged,
         restore_base=restore_base,
+        live_unknown=live_unknown,
     )
 
 

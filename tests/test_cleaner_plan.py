@@ -366,3 +366,16 @@ def test_num_retained_below_one_is_bad_input() -> None:
     with pytest.raises(RetentionInputError, match=r"num-retained must be at least 1 \(got 0\)"):
         plan_retention([], [], num_retained=0)
     assert RetentionInputError.exit_code == 2
+
+
+def test_without_the_live_set_a_newest_incomplete_checkpoint_is_kept() -> None:
+    st = Store()
+    st.checkpoint(1, {0: None})
+    st.files["chk-0/u0-a0.state"] = 1  # older than a completed one: an orphan either way
+    st.files["chk-2/u0-a0.state"] = 2
+    plan = st.plan(live_unknown=True)
+    assert deleted(plan) == [("chk-0/u0-a0.state", "orphan")]
+    assert kept(plan)["chk-2/u0-a0.state"] == ("pending", ())
+    c2 = plan.checkpoint(2)
+    assert (c2.action, c2.reason) == (Action.KEEP, Reason.PENDING)
+    assert deleted(st.plan()) == [("chk-0/u0-a0.state", "orphan"), ("chk-2/u0-a0.state", "aborted")]

@@ -287,12 +287,14 @@ def test_cli_dry_run_json_and_exit_codes(
     captured = capsys.readouterr()
     rows = json.loads(captured.out)
     assert job.paths() == before
-    assert "chk-5/ has no _metadata and is newer than every completed checkpoint" in captured.err
     files = {r["path"]: (r["action"], r["reason"]) for r in rows if r["row"] == "file"}
     assert files["chk-1/u0-a0.state"] == ("keep", "referenced")
     assert files["chk-1/_metadata"] == ("delete", "subsumed")
     assert files["chk-5/u1-a0.state"] == ("keep", "pending")  # the CLI cannot see the coordinator
     cps = {r["checkpoint_id"]: r for r in rows if r["row"] == "checkpoint"}
+    assert cps[5]["detail"] == (
+        "no _metadata, newer than every completed checkpoint: may be in progress"
+    )
     assert cps[1]["detail"] == "metadata deleted; 1 file (10 bytes) kept for checkpoint 4 (units 0)"
 
     assert main(["clean", local.root, "--num-retained", "1"]) == 0

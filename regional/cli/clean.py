@@ -6,7 +6,8 @@ checkpoint and per file with the action and its reason (`cleaner.views.retention
 a `status` column after a real run), then byte totals. `--dry-run` deletes nothing.
 
 The CLI cannot see a running job's coordinator, so a checkpoint directory without `_metadata`
-that is newer than every completed checkpoint is kept as possibly in progress. Exit codes:
+that is newer than every completed checkpoint is kept as possibly in progress (reason
+`pending`); the runtime's cleaner, which knows the live set, deletes aborted ones. Exit codes:
 0 done, 1 something was refused (a metadata path outside the job root) or failed to delete,
 2 bad input (no such root or job, `--num-retained` below 1).
 """
@@ -18,11 +19,10 @@ import sys
 
 import pyarrow as pa
 
-from cleaner.plan import PendingCheckpoint, RetentionPlan
+from cleaner.plan import RetentionPlan
 from cleaner.run import CleanReport, DeletionStatus, execute, scan
 from cleaner.views import retention_table
 from metadata.inspect import DEFAULT_NUM_RETAINED
-from metadata.layout import METADATA_NAME, checkpoint_id_of
 from metadata.storage import JobStorage
 from regional.cli.render import print_table
 
@@ -57,20 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="deletions in flight at once (default 8; object stores like more)",
     )
     p.set_defaults(handler=run)
-
-
-def _maybe_in_progress(storage: JobStorage) -> list[PendingCheckpoint]:
-    """Directories without `_metadata` newer than every completed checkpoint."""
-    dirs: set[int] = set()
-    done: set[int] = set()
-    for f in storage.list_files():
-        cid = checkpoint_id_of(f.path)
-        if cid is not None:
-            dirs.add(cid)
-            if f.path == f"chk-{cid}/{METADATA_NAME}":
-                done.add(cid)
-    newest = max(done, default=-1)
-    return [PendingCheckpoint(cid) for cid in sorted(dirs - done) if cid > newest]
 
 
 def _with_status(table: pa.Table, report: CleanReport | None) -> pa.Table:
@@ -133,17 +119,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     storage = JobStorage.open(args.root, args.job)
-    pending = _maybe_in_progress(storage)
-    for p in pending:
-        print(
-            f"regional clean: chk-{p.checkpoint_id}/ has no _metadata and is newer than every "
-            "completed checkpoint; kept as possibly in progress",
-            file=sys.stderr,
-        )
-    plan = scan(storage, num_retained=args.num_retained, pending=pending)
+    plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
     report = None
     if not args.dry_run:
-        report = execute(plan, storage, live=lambda: pending, max_workers=args.max_workers)
+        report = execute(plan, storage, max_workers=args.max_workers)
     print_table(_with_status(retention_table(plan), report), as_json=args.json)
     if not args.json:
         print(_totals(plan, report))
