@@ -41,6 +41,7 @@ __all__ = [
     "DIFF_SCHEMA",
     "LAG_SCHEMA",
     "REFS_SCHEMA",
+    "REGIONAL_DISABLED_REASON",
     "SHOW_SCHEMA",
     "SUMMARY_SCHEMA",
     "CheckpointNotFoundError",
@@ -165,10 +166,28 @@ def fallback_unit_ids(md: CheckpointMetadata) -> set[int]:
     }
 
 
+#: The reason the coordinator records when regional checkpoints are off: global by
+#: configuration, not forced.
+REGIONAL_DISABLED_REASON = "regional checkpoints are disabled"
+
+
 def is_forced_global(md: CheckpointMetadata) -> bool:
     """A global checkpoint that records reasons was forced (by a staleness limit, the end of
-    bounded input, a no-claim restore); an ordinary global checkpoint records none."""
-    return md.kind == CheckpointKind.GLOBAL and bool(md.reasons)
+    bounded input, a no-claim restore); an ordinary global checkpoint records none, and one
+    taken because regional checkpoints are off records only `REGIONAL_DISABLED_REASON`.
+
+    >>> from metadata.model import CheckpointMetadata
+    >>> def md(*reasons):
+    ...     return CheckpointMetadata(checkpoint_id=1, job_id="j", kind="global",
+    ...         trigger_time_ms=0, completion_time_ms=0, reasons=reasons)
+    >>> is_forced_global(md()), is_forced_global(md(REGIONAL_DISABLED_REASON))
+    (False, False)
+    >>> is_forced_global(md("unit 3 fell back in 3 consecutive checkpoints"))
+    True
+    """
+    return md.kind == CheckpointKind.GLOBAL and any(
+        r != REGIONAL_DISABLED_REASON for r in md.reasons
+    )
 
 
 def retained_ids(checkpoints: Sequence[CheckpointMetadata], num_retained: int) -> frozenset[int]:

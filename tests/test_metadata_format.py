@@ -23,6 +23,7 @@ from metadata.format import (
 from metadata.model import (
     CheckpointKind,
     CheckpointMetadata,
+    SplitState,
     StateHandle,
     SubtaskState,
     UnitState,
@@ -227,3 +228,52 @@ def test_fuzz_bit_flips(bit: int) -> None:
 @given(st.integers(min_value=0, max_value=len(GOOD) - 1), st.binary(min_size=1, max_size=8))
 def test_fuzz_splices(at: int, junk: bytes) -> None:
     assert _decode_or_metadata_error(GOOD[:at] + junk + GOOD[at + len(junk) :]) in (None, FULL)
+
+
+@st.composite
+def checkpoints(draw) -> CheckpointMetadata:
+    """Arbitrary well-formed checkpoints (refs older than the checkpoint, segments inside)."""
+    cid = draw(st.integers(min_value=1, max_value=2**53))
+    small = st.integers(min_value=0, max_value=2**40)
+    text = st.text(max_size=12)
+    ref = st.none() | st.integers(min_value=0, max_value=cid - 1)
+
+    @st.composite
+    def handles(draw) -> StateHandle:
+        offset, length, extra = draw(small), draw(small), draw(small)
+        return StateHandle(
+            draw(text), offset, length, offset + length + extra, draw(st.binary(max_size=16)),
+            draw(st.booleans()),
+        )  # fmt: skip
+
+    subtask = st.builds(
+        SubtaskState,
+        text,
+        small,
+        small,
+        ref,
+        st.lists(handles(), max_size=3).map(tuple),
+        st.lists(st.builds(SplitState, text, st.binary(max_size=8)), max_size=2).map(tuple),
+        st.lists(st.binary(max_size=8), max_size=2).map(tuple),
+        small,
+    )
+    return CheckpointMetadata(
+        checkpoint_id=cid,
+        job_id=draw(text),
+        kind=draw(st.sampled_from(list(CheckpointKind))),
+        trigger_time_ms=draw(small),
+        completion_time_ms=draw(small),
+        policy_fingerprint=draw(text),
+        graph_fingerprint=draw(text),
+        reasons=tuple(draw(st.lists(text, max_size=2))),
+        vertices=tuple(draw(st.lists(st.builds(VertexInfo, text, small, small), max_size=3))),
+        units=tuple(draw(st.lists(st.builds(UnitState, small, ref, st.none() | text), max_size=3))),
+        coordinators=draw(st.dictionaries(text, st.binary(max_size=8), max_size=2)),
+        subtasks=tuple(draw(st.lists(subtask, max_size=4))),
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(checkpoints())
+def test_any_checkpoint_round_trips(md: CheckpointMetadata) -> None:
+    assert decode_metadata(encode_metadata(md), source="x") == md
