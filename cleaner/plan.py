@@ -62,16 +62,26 @@ their files stay for newer checkpoints: never notify them.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
-from typing import Literal, NamedTuple, Protocol
 
-import msgspec
-
-from metadata.errors import RegionalError, StorageError
+from cleaner.decisions import (
+    Action,
+    CheckpointDecision,
+    FileDecision,
+    ListedFile,
+    MissingFile,
+    PendingCheckpoint,
+    Reason,
+    RefusedPath,
+    RestoreBase,
+    RetentionInputError,
+    RetentionPlan,
+    StoredFile,
+)
+from metadata.errors import StorageError
 from metadata.layout import (
     METADATA_NAME,
     SAVEPOINTS_DIR,
@@ -112,158 +122,6 @@ def _checkpoint_id_of(path: str) -> int | None:
     slash = path.find("/")
     digits = path[4:slash] if slash > 0 else path[4:]
     return int(digits) if digits.isascii() and digits.isdigit() else None
-
-
-class RetentionInputError(RegionalError):
-    """The planner was given inconsistent input (e.g. `num_retained` < 1)."""
-
-    exit_code = 2
-
-
-class StoredFile(Protocol):
-    """What the planner needs of a listed file (`metadata.storage.FileEntry` fits)."""
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def size(self) -> int: ...
-
-
-class ListedFile(NamedTuple):
-    """A plain listed file: `path` relative to the job root, `size` in bytes."""
-
-    path: str
-    size: int
-
-
-class Action(enum.StrEnum):
-    """`keep`, `delete`, or for a checkpoint `keep-files`: its metadata goes, referenced files
-    stay."""
-
-    KEEP = "keep"
-    KEEP_FILES = "keep-files"
-    DELETE = "delete"
-
-
-class Reason(enum.StrEnum):
-    """Why something is kept or deleted (the `reason` column of the retention view)."""
-
-    RETAINED = "retained"  # within num-retained (its own files)
-    REFERENCED = "referenced"  # named by a kept checkpoint's fallback state
-    PENDING = "pending"  # a checkpoint in progress
-    DAMAGED = "damaged"  # metadata does not decode: kept for inspection
-    NOT_OWNED = "not-owned"  # written by or before a no-claim restore base
-    SAVEPOINT = "savepoint"  # user-owned
-    UNKNOWN = "unknown"  # a shape the cleaner does not own
-    SUBSUMED = "subsumed"  # a dropped checkpoint's metadata and files
-    STALE_ATTEMPT = "stale-attempt"  # a unit attempt file its checkpoint does not reference
-    ABORTED = "aborted"  # state of a checkpoint that never completed
-    STAGED = "staged"  # another file of a failed attempt (e.g. a staged sink file)
-    ORPHAN = "orphan"  # left by a crash or interrupted clean; unreferenced shared file
-
-
-class PendingCheckpoint(msgspec.Struct, frozen=True):
-    """A checkpoint in progress: its whole `chk-<id>/` directory is live, and so is every path
-    in `files` (owner files its fallback state will reference, shared files it uploaded)."""
-
-    checkpoint_id: int
-    files: tuple[str, ...] = ()
-
-
-class RestoreBase(msgspec.Struct, frozen=True):
-    """The checkpoint of this job root the job was restored from, and the restore mode."""
-
-    checkpoint_id: int
-    mode: Literal["claim", "no-claim"] = "claim"
-
-
-class CheckpointDecision(msgspec.Struct, frozen=True):
-    """One checkpoint: kept, kept for its referenced files only, or deleted, and why.
-
-    `referenced_by` maps to the kept checkpoints whose fallback state points at this one, and
-    `units` are the fallback units concerned."""
-
-    checkpoint_id: int
-    kind: str | None
-    action: Action
-    reason: Reason
-    detail: str
-    referenced_by: tuple[int, ...] = ()
-    units: tuple[int, ...] = ()
-    kept_bytes: int = 0
-    deleted_bytes: int = 0
-
-
-class FileDecision(msgspec.Struct, frozen=True, gc=False):
-    """One listed file: kept (with the kept checkpoints that reference it) or deleted.
-
-    `phase` orders deletions: 0 metadata of dropped checkpoints, 1 other checkpoint files,
-    2 shared files (None for kept files)."""
-
-    path: str
-    size: int
-    action: Action
-    reason: Reason
-    detail: str
-    checkpoint_id: int | None = None
-    kept_by: tuple[int, ...] = ()
-    phase: int | None = None
-
-
-class RefusedPath(msgspec.Struct, frozen=True):
-    """A path in a checkpoint's metadata that resolves outside the job root: never touched."""
-
-    checkpoint_id: int
-    path: str
-    error: str
-
-
-class MissingFile(msgspec.Struct, frozen=True):
-    """A file referenced by kept checkpoints but absent from the listing."""
-
-    path: str
-    referenced_by: tuple[int, ...]
-
-
-class RetentionPlan(msgspec.Struct, frozen=True):
-    """The whole decision. `whole_checkpoint_bytes` is what keeping every referenced checkpoint
-    whole (Flink's rule: newest N plus the transitive closure of their references) would keep."""
-
-    num_retained: int
-    checkpoints: tuple[CheckpointDecision, ...]
-    files: tuple[FileDecision, ...]
-    retained_ids: tuple[int, ...]
-    subsumed_ids: tuple[int, ...]
-    referenced_ids: tuple[int, ...]
-    refused: tuple[RefusedPath, ...] = ()
-    missing: tuple[MissingFile, ...] = ()
-    kept_bytes: int = 0
-    deleted_bytes: int = 0
-    whole_checkpoint_bytes: int = 0
-
-    @property
-    def deletions(self) -> tuple[FileDecision, ...]:
-        """The files to delete, in deletion order (phase, then oldest checkpoint, then path)."""
-        dels = [f for f in self.files if f.action is Action.DELETE]
-        dels.sort(key=lambda f: (f.phase, _order(f.checkpoint_id), f.path))
-        return tuple(dels)
-
-    @property
-    def saved_bytes(self) -> int:
-        """Bytes deleted that whole-checkpoint retention would have kept."""
-        return self.whole_checkpoint_bytes - self.kept_bytes
-
-    def checkpoint(self, checkpoint_id: int) -> CheckpointDecision:
-        """The decision for one checkpoint id (KeyError naming the id if it is not in the plan)."""
-        for c in self.checkpoints:
-            if c.checkpoint_id == checkpoint_id:
-                return c
-        raise KeyError(f"checkpoint {checkpoint_id} is not in the retention plan")
-
-
-def _order(checkpoint_id: int | None) -> float:
-    return float("inf") if checkpoint_id is None else checkpoint_id
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -393,12 +251,14 @@ def plan_retention(
     refs = _References(checkpoints)
     kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
     for cid in sorted(kept_ids):
-        one = (cid,)  # shared by every path only this checkpoint references
-        for path in refs.paths[cid]:
-            prev = kept_by.get(path)
-            kept_by[path] = one if prev is None else prev + one
+        paths = refs.paths[cid]
+        again = paths.intersection(kept_by)  # referenced by an older kept checkpoint too
+        one = (cid,)  # shared by every path only this checkpoint references so far
+        kept_by.update(dict.fromkeys(paths.difference(again), one))
+        for path in again:
+            kept_by[path] += one
 
-    rules = _FileRules(
+    rules = _Rules(
         kept_by=kept_by,
         kept_ids=kept_ids,
         by_id=by_id,
@@ -408,10 +268,12 @@ def plan_retention(
         not_owned=not_owned,
         newest_completed=newest_completed,
         live_unknown=live_unknown,
+        retained=retained,
+        savepoint_ids=savepoint_ids,
+        num_retained=num_retained,
+        no_claim_upto=no_claim_upto,
     )
     decisions = rules.decide_all(sorted(files, key=attrgetter("path")))
-    kept_b, deleted_b, kept_files_of = rules.kept_bytes, rules.deleted_bytes, rules.kept_files
-    has_metadata = rules.has_metadata
     referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
     for cid in kept_ids:
         for owner, units in refs.owner_units[cid].items():
@@ -420,112 +282,21 @@ def plan_retention(
     cps: list[CheckpointDecision] = []
     for cid in all_ids:
         md = by_id.get(cid)
-        kind = str(md.kind) if md is not None else None
         users = referrers.get(cid, {})
-        ref_by = tuple(sorted(users))
-        units = tuple(sorted(set().union(*users.values()))) if users else ()
-        common = dict(
-            checkpoint_id=cid,
-            kind=kind,
-            referenced_by=ref_by,
-            units=units,
-            kept_bytes=kept_b.get(cid, 0),
-            deleted_bytes=deleted_b.get(cid, 0),
+        action, reason, detail = rules.checkpoint_verdict(cid, users)
+        cps.append(
+            CheckpointDecision(
+                checkpoint_id=cid,
+                kind=str(md.kind) if md is not None else None,
+                action=action,
+                reason=reason,
+                detail=detail,
+                referenced_by=tuple(sorted(users)),
+                units=tuple(sorted(set().union(*users.values()))),
+                kept_bytes=rules.kept_bytes.get(cid, 0),
+                deleted_bytes=rules.deleted_bytes.get(cid, 0),
+            )
         )
-        if cid in pending_ids:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.PENDING,
-                    detail="checkpoint in progress",
-                    **common,
-                )
-            )
-        elif cid in damaged_ids:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.DAMAGED,
-                    detail="metadata does not decode; kept for inspection, see "
-                    "`regional inspect ROOT validate`, delete by hand if unneeded",
-                    **common,
-                )
-            )
-        elif not_owned(cid):
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.NOT_OWNED,
-                    detail=f"written by or before restore base {no_claim_upto}, restored in "
-                    "no-claim mode: owned by the user, never deleted",
-                    **common,
-                )
-            )
-        elif live_unknown and md is None and cid > newest_completed:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP, reason=Reason.PENDING, detail=_MAYBE_LIVE, **common
-                )
-            )
-        elif md is None and cid in has_metadata:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.UNKNOWN,
-                    detail="has _metadata the planner was not given (completed after the scan?)",
-                    **common,
-                )
-            )
-        elif cid in savepoint_ids:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.SAVEPOINT,
-                    detail="savepoint: user-owned",
-                    **common,
-                )
-            )
-        elif cid in retained:
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP,
-                    reason=Reason.RETAINED,
-                    detail=f"within num-retained ({num_retained} newest)",
-                    **common,
-                )
-            )
-        elif kept_files_of.get(cid):
-            n, b = kept_files_of[cid], kept_b[cid]
-            per_ref = "; ".join(
-                f"checkpoint {r} (units {_ids(u)})" for r, u in sorted(users.items())
-            )
-            head = "metadata deleted; " if cid in by_id else ""
-            cps.append(
-                CheckpointDecision(
-                    action=Action.KEEP_FILES,
-                    reason=Reason.REFERENCED,
-                    detail=f"{head}{_plural(n, 'file')} ({b} bytes) kept for "
-                    f"{per_ref or 'pending checkpoints'}",
-                    **common,
-                )
-            )
-        else:
-            if md is not None:
-                reason, detail = (
-                    Reason.SUBSUMED,
-                    f"outside num-retained ({num_retained} newest), referenced by no kept "
-                    "checkpoint",
-                )
-            elif cid > newest_completed:
-                reason, detail = Reason.ABORTED, "no _metadata and not in progress: never completed"
-            else:
-                reason, detail = (
-                    Reason.ORPHAN,
-                    "no _metadata and not in progress: left by a crash or an interrupted clean",
-                )
-            cps.append(
-                CheckpointDecision(action=Action.DELETE, reason=reason, detail=detail, **common)
-            )
 
     subsumed = tuple(
         c.checkpoint_id
@@ -541,7 +312,7 @@ def plan_retention(
     )
     kept_total, deleted_total = rules.kept_total, rules.deleted_total
     flink = _flink_closure(retained, refs) | kept_ids
-    extra = sum(deleted_b.get(cid, 0) for cid in flink)
+    extra = sum(rules.deleted_bytes.get(cid, 0) for cid in flink)
     return RetentionPlan(
         num_retained=num_retained,
         checkpoints=tuple(cps),
@@ -557,8 +328,9 @@ def plan_retention(
     )
 
 
-class _FileRules:
-    """The module's file rules, applied in order; the first that matches decides.
+class _Rules:
+    """The module's rules for files (applied in order; the first that matches decides) and
+    for checkpoints.
 
     Decisions for unreferenced files depend only on (directory, kind of name), so they are
     computed once per pair; `decide_all` also sums bytes per checkpoint directory (this is the
@@ -576,6 +348,10 @@ class _FileRules:
         not_owned: Callable[[int | None], bool],
         newest_completed: int,
         live_unknown: bool,
+        retained: set[int],
+        savepoint_ids: set[int],
+        num_retained: int,
+        no_claim_upto: int | None,
     ) -> None:
         self.kept_by = kept_by
         self.kept_ids = kept_ids
@@ -586,6 +362,10 @@ class _FileRules:
         self.not_owned = not_owned
         self.newest_completed = newest_completed
         self.live_unknown = live_unknown
+        self.retained = retained
+        self.savepoint_ids = savepoint_ids
+        self.num_retained = num_retained
+        self.no_claim_upto = no_claim_upto
         self.has_metadata: set[int] = set()
         self.listed_paths: set[str] = set()
         self.dir_ids: set[int] = set()
@@ -704,3 +484,56 @@ class _FileRules:
         if cid > self.newest_completed:
             return Reason.ABORTED, f"checkpoint {cid} never completed", 1, ()
         return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1, ()
+
+    def checkpoint_verdict(
+        self, cid: int, users: dict[int, set[int]]
+    ) -> tuple[Action, Reason, str]:
+        """Keep, keep only referenced files, or delete checkpoint `cid`, and why; `users` maps
+        the kept checkpoints that re-use its files to their fallback units."""
+        md = self.by_id.get(cid)
+        newest = f"({self.num_retained} newest)"
+        if cid in self.pending_ids:
+            return Action.KEEP, Reason.PENDING, "checkpoint in progress"
+        if cid in self.damaged_ids:
+            detail = (
+                "metadata does not decode; kept for inspection, see "
+                "`regional inspect ROOT validate`, delete by hand if unneeded"
+            )
+            return Action.KEEP, Reason.DAMAGED, detail
+        if self.not_owned(cid):
+            detail = (
+                f"written by or before restore base {self.no_claim_upto}, restored in "
+                "no-claim mode: owned by the user, never deleted"
+            )
+            return Action.KEEP, Reason.NOT_OWNED, detail
+        if md is None and self.live_unknown and cid > self.newest_completed:
+            return Action.KEEP, Reason.PENDING, _MAYBE_LIVE
+        if md is None and cid in self.has_metadata:
+            detail = "has _metadata the planner was not given (completed after the scan?)"
+            return Action.KEEP, Reason.UNKNOWN, detail
+        if cid in self.savepoint_ids:
+            return Action.KEEP, Reason.SAVEPOINT, "savepoint: user-owned"
+        if cid in self.retained:
+            return Action.KEEP, Reason.RETAINED, f"within num-retained {newest}"
+        n = self.kept_files.get(cid, 0)
+        if n:
+            per_ref = "; ".join(
+                f"checkpoint {r} (units {_ids(u)})" for r, u in sorted(users.items())
+            )
+            head = "metadata deleted; " if md is not None else ""
+            detail = (
+                f"{head}{_plural(n, 'file')} ({self.kept_bytes[cid]} bytes) kept for "
+                f"{per_ref or 'pending checkpoints'}"
+            )
+            return Action.KEEP_FILES, Reason.REFERENCED, detail
+        if md is not None:
+            detail = f"outside num-retained {newest}, referenced by no kept checkpoint"
+            return Action.DELETE, Reason.SUBSUMED, detail
+        if cid > self.newest_completed:
+            return (
+                Action.DELETE,
+                Reason.ABORTED,
+                "no _metadata and not in progress: never completed",
+            )
+        detail = "no _metadata and not in progress: left by a crash or an interrupted clean"
+        return Action.DELETE, Reason.ORPHAN, detail

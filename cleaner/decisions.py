@@ -1,0 +1,182 @@
+"""The cleaner's vocabulary: what the planner takes (pending checkpoints, restore base, listed
+files) and what it returns (a `RetentionPlan` of checkpoint and file decisions with reasons).
+
+Plain frozen msgspec Structs and StrEnums, so a plan can be encoded as JSON or msgpack as is.
+`cleaner.plan` re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal, NamedTuple, Protocol
+
+import msgspec
+
+from metadata.errors import RegionalError
+
+__all__ = [
+    "Action",
+    "CheckpointDecision",
+    "FileDecision",
+    "ListedFile",
+    "MissingFile",
+    "PendingCheckpoint",
+    "Reason",
+    "RefusedPath",
+    "RestoreBase",
+    "RetentionInputError",
+    "RetentionPlan",
+    "StoredFile",
+]
+
+
+class RetentionInputError(RegionalError):
+    """The planner was given inconsistent input (e.g. `num_retained` < 1)."""
+
+    exit_code = 2
+
+
+class StoredFile(Protocol):
+    """What the planner needs of a listed file (`metadata.storage.FileEntry` fits)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+class ListedFile(NamedTuple):
+    """A plain listed file: `path` relative to the job root, `size` in bytes."""
+
+    path: str
+    size: int
+
+
+class Action(enum.StrEnum):
+    """`keep`, `delete`, or for a checkpoint `keep-files`: its metadata goes, referenced files
+    stay."""
+
+    KEEP = "keep"
+    KEEP_FILES = "keep-files"
+    DELETE = "delete"
+
+
+class Reason(enum.StrEnum):
+    """Why something is kept or deleted (the `reason` column of the retention view)."""
+
+    RETAINED = "retained"  # within num-retained (its own files)
+    REFERENCED = "referenced"  # named by a kept checkpoint's fallback state
+    PENDING = "pending"  # a checkpoint in progress
+    DAMAGED = "damaged"  # metadata does not decode: kept for inspection
+    NOT_OWNED = "not-owned"  # written by or before a no-claim restore base
+    SAVEPOINT = "savepoint"  # user-owned
+    UNKNOWN = "unknown"  # a shape the cleaner does not own
+    SUBSUMED = "subsumed"  # a dropped checkpoint's metadata and files
+    STALE_ATTEMPT = "stale-attempt"  # a unit attempt file its checkpoint does not reference
+    ABORTED = "aborted"  # state of a checkpoint that never completed
+    STAGED = "staged"  # another file of a failed attempt (e.g. a staged sink file)
+    ORPHAN = "orphan"  # left by a crash or interrupted clean; unreferenced shared file
+
+
+class PendingCheckpoint(msgspec.Struct, frozen=True):
+    """A checkpoint in progress: its whole `chk-<id>/` directory is live, and so is every path
+    in `files` (owner files its fallback state will reference, shared files it uploaded)."""
+
+    checkpoint_id: int
+    files: tuple[str, ...] = ()
+
+
+class RestoreBase(msgspec.Struct, frozen=True):
+    """The checkpoint of this job root the job was restored from, and the restore mode."""
+
+    checkpoint_id: int
+    mode: Literal["claim", "no-claim"] = "claim"
+
+
+class CheckpointDecision(msgspec.Struct, frozen=True):
+    """One checkpoint: kept, kept for its referenced files only, or deleted, and why.
+
+    `referenced_by` maps to the kept checkpoints whose fallback state points at this one, and
+    `units` are the fallback units concerned."""
+
+    checkpoint_id: int
+    kind: str | None
+    action: Action
+    reason: Reason
+    detail: str
+    referenced_by: tuple[int, ...] = ()
+    units: tuple[int, ...] = ()
+    kept_bytes: int = 0
+    deleted_bytes: int = 0
+
+
+class FileDecision(msgspec.Struct, frozen=True, gc=False):
+    """One listed file: kept (with the kept checkpoints that reference it) or deleted.
+
+    `phase` orders deletions: 0 metadata of dropped checkpoints, 1 other checkpoint files,
+    2 shared files (None for kept files)."""
+
+    path: str
+    size: int
+    action: Action
+    reason: Reason
+    detail: str
+    checkpoint_id: int | None = None
+    kept_by: tuple[int, ...] = ()
+    phase: int | None = None
+
+
+class RefusedPath(msgspec.Struct, frozen=True):
+    """A path in a checkpoint's metadata that resolves outside the job root: never touched."""
+
+    checkpoint_id: int
+    path: str
+    error: str
+
+
+class MissingFile(msgspec.Struct, frozen=True):
+    """A file referenced by kept checkpoints but absent from the listing."""
+
+    path: str
+    referenced_by: tuple[int, ...]
+
+
+class RetentionPlan(msgspec.Struct, frozen=True):
+    """The whole decision. `whole_checkpoint_bytes` is what keeping every referenced checkpoint
+    whole (Flink's rule: newest N plus the transitive closure of their references) would keep."""
+
+    num_retained: int
+    checkpoints: tuple[CheckpointDecision, ...]
+    files: tuple[FileDecision, ...]
+    retained_ids: tuple[int, ...]
+    subsumed_ids: tuple[int, ...]
+    referenced_ids: tuple[int, ...]
+    refused: tuple[RefusedPath, ...] = ()
+    missing: tuple[MissingFile, ...] = ()
+    kept_bytes: int = 0
+    deleted_bytes: int = 0
+    whole_checkpoint_bytes: int = 0
+
+    @property
+    def deletions(self) -> tuple[FileDecision, ...]:
+        """The files to delete, in deletion order (phase, then oldest checkpoint, then path)."""
+        dels = [f for f in self.files if f.action is Action.DELETE]
+        dels.sort(key=lambda f: (f.phase, _order(f.checkpoint_id), f.path))
+        return tuple(dels)
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes deleted that whole-checkpoint retention would have kept."""
+        return self.whole_checkpoint_bytes - self.kept_bytes
+
+    def checkpoint(self, checkpoint_id: int) -> CheckpointDecision:
+        """The decision for one checkpoint id (KeyError naming the id if it is not in the plan)."""
+        for c in self.checkpoints:
+            if c.checkpoint_id == checkpoint_id:
+                return c
+        raise KeyError(f"checkpoint {checkpoint_id} is not in the retention plan")
+
+
+def _order(checkpoint_id: int | None) -> float:
+    return float("inf") if checkpoint_id is None else checkpoint_id
