@@ -129,7 +129,8 @@ class Simulation:
     `records_per_epoch` per unit and epoch (`bounded=False`: splits never run out).
     `crash_before`: coordinator step numbers (1, 2, ... counted over the whole run) before
     which the driver crashes; the run resumes by restoring the latest durable metadata in
-    `restore_mode`. `shuffle_seed`: deliver answers in a random order.
+    `restore_mode`. `shuffle_seed`: deliver answers in a random order. `stage_output=False`
+    stages no sink files (benchmarks: keeps memory flat when nothing commits for long).
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class Simulation:
         interval_ms: int = 1_000,
         shuffle_seed: int | None = None,
         fail_commits: int = 0,
+        stage_output: bool = True,
         job_id: str = "sim",
     ) -> None:
         self.n = num_units
@@ -166,6 +168,7 @@ class Simulation:
         self._interval = interval_ms
         self._rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._job_id = job_id
+        self._stage_output = stage_output
         self._splits = [f"s{k}" for k in range((splits_per_unit if bounded else 1) * num_units)]
         vertices = (VertexInfo("src", num_units, 128), VertexInfo("sink", num_units, 128))
         self.layout = JobLayout(
@@ -318,7 +321,7 @@ class Simulation:
                 unit.split = None
         unit.epochs_since_durable += 1
         self.result.unit_epochs += 1
-        if rows:
+        if rows and self._stage_output:
             unit.pending.append(self.sink.stage(f"chk-{cid}/u{u}-{attempt}.data", rows))
         handle = (StateHandle(f"chk-{cid}/{u}-{attempt}.state", 0, 1, 1, _HASH),)
         splits = (SplitState(unit.split, str(unit.pos).encode()),) if unit.split else ()
