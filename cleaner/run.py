@@ -204,7 +204,7 @@ def execute(
     total = len(deletions)
     outcomes: list[DeletionOutcome] = []
     freed = 0
-    phases = sorted({d.phase for d in deletions}, key=lambda p: -1 if p is None else p)
+    phases = sorted({d.phase for d in deletions if d.phase is not None})
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="regional-clean") as pool:
         for phase in phases:
             guard = _live_guard(live() if live is not None else ())
