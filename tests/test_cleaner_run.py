@@ -209,10 +209,10 @@ def test_damaged_metadata_is_kept_and_reported(local: JobStorage) -> None:
     assert "chk-3/u1-a0.state" in job.paths()
 
 
-def crafted(storage: JobStorage) -> None:
+def crafted(storage: JobStorage, other_bucket: str = "other-bucket") -> None:
     """Checkpoint 1 (to be dropped) and 2 (retained) whose metadata point outside the root."""
     bad = ["../other-job/chk-1/u0-a0.state", "../canary.txt", "/tmp/canary.txt"]
-    bad.append("s3://other-bucket/job/chk-1/u0-a0.state")
+    bad.append(f"s3://{other_bucket}/job/chk-1/u0-a0.state")
     for cid in (1, 2):
         own = storage.write_segments(f"chk-{cid}/u0-a0.state", [b"ok"])
         handles = [*own, *(StateHandle(p, 0, 1, 1, b"") for p in bad)]
@@ -341,7 +341,7 @@ def test_clean_on_the_s3_server_keeps_referenced_files_and_spares_other_buckets(
     assert execute(plan, storage).count(DeletionStatus.ALREADY_GONE) == 9
 
     crafted_storage = JobStorage(s3_server.uri(bucket), "crafted")
-    crafted(crafted_storage)
+    crafted(crafted_storage, other)
     plan = scan(crafted_storage, num_retained=1)
     assert len(plan.refused) == 8  # 4 bad paths in each of the 2 checkpoints
     assert execute(plan, crafted_storage).ok
