@@ -6,25 +6,29 @@ rule 11, `flink_regional.md` §2.6, §4 and §10 items 22–25.
 
 Rules, in the order they apply to a file (the first that matches decides):
 
-1. `savepoints/...` is user-owned: always kept.
-2. A file referenced by a state handle of a *kept* checkpoint (the newest `num_retained`
+1. A file referenced by a state handle of a *kept* checkpoint (the newest `num_retained`
    completed ones, savepoints, and a restore base the job does not own) is kept, naming every
    kept checkpoint that references it. Because fallback state points at its **owner** (rule 4),
    this keeps the few referenced *files* of an intermediate checkpoint, not the whole checkpoint.
-   A physical file holding several segments stays while any kept segment remains.
-3. Anything under a pending checkpoint's directory, or named by a pending checkpoint, is kept.
+   A physical file holding several segments stays while any kept segment remains; `shared/`
+   files are reference-counted the same way.
+2. A file named by a pending checkpoint, or under its directory, is kept.
+3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. Any
+   other path outside `chk-<id>/` is kept and reported as `unknown` (delete it by hand).
 4. Everything under a checkpoint with damaged metadata is kept for inspection (never deleted
    automatically, DESIGN §8).
 5. With a `no-claim` restore base `B`, everything under `chk-<k>/` with `k <= B` is kept: the
    job does not own it (Flink's `highestNotClaimedCheckpointID`).
-6. A file in a kept checkpoint's own directory that no handle references is deleted if it is a
-   unit-attempt state file (`u<unit>-a<attempt>.state`: a stale attempt), else kept (it may be
-   named by sink committables, which are opaque to the cleaner).
-7. Files of a dropped completed checkpoint are deleted (`subsumed`); files of a directory
-   without `_metadata` are deleted as `aborted` (its id is newer than every completed
-   checkpoint) or `orphan` (left by a crash or an interrupted clean); non-state files there are
-   `staged` files of a failed attempt. Unreferenced `shared/` files are orphans.
-8. Any other path shape is kept and reported as `unknown` (delete it by hand if you know it).
+6. A directory without `_metadata` newer than every completed checkpoint is kept when the
+   caller cannot see the live set (`live_unknown`, the CLI); a `_metadata` the caller did not
+   read (a checkpoint that completed after the scan) keeps its directory.
+7. In a kept checkpoint's own directory, an unreferenced unit-attempt state file
+   (`u<unit>-a<attempt>.state`) is a `stale-attempt` and deleted; other files are kept (they
+   may be named by sink committables, which are opaque to the cleaner).
+8. Files of a dropped completed checkpoint are deleted (`subsumed`); state files of a
+   directory without `_metadata` are deleted as `aborted` (its id is newer than every
+   completed checkpoint) or `orphan` (left by a crash or an interrupted clean); other files
+   there are `staged` files of a failed attempt.
 
 Deletion order (crash safety): first the `_metadata` of every dropped checkpoint, oldest first,
 so that no reader ever sees a "completed" checkpoint with missing files; then the remaining
