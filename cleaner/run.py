@@ -30,6 +30,7 @@ from cleaner.plan import (
     FileDecision,
     PendingCheckpoint,
     RestoreBase,
+    RetentionInputError,
     RetentionPlan,
     StoredFile,
     plan_retention,
@@ -195,17 +196,20 @@ def execute(
 
     `live` returns the checkpoints in progress *now* (the coordinator's pending set); it is
     called before each phase. `progress` is called from the calling thread after each
-    deletion. Exceptions that are not `Exception`s (e.g. KeyboardInterrupt) stop the run;
-    re-planning afterwards finishes it.
+    deletion. Exceptions that are not `Exception`s (e.g. KeyboardInterrupt) stop the run
+    (deletions not started are dropped); re-planning afterwards finishes it.
     """
     if max_workers < 1:
-        raise ValueError(f"max_workers must be at least 1 (got {max_workers})")
+        raise RetentionInputError(
+            f"max-workers must be at least 1 (got {max_workers}): it bounds the deletions in flight"
+        )
     deletions = plan.deletions
     total = len(deletions)
     outcomes: list[DeletionOutcome] = []
     freed = 0
     phases = sorted({d.phase for d in deletions if d.phase is not None})
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="regional-clean") as pool:
+    pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="regional-clean")
+    try:
         for phase in phases:
             guard = _live_guard(live() if live is not None else ())
             futures = []
@@ -227,4 +231,6 @@ def execute(
                     freed += outcome.size
                 if progress is not None:
                     progress(CleanProgress(len(outcomes), total, freed, outcome))
+    finally:  # on an interrupt, deletions not started yet are dropped, not run
+        pool.shutdown(wait=True, cancel_futures=True)
     return CleanReport(tuple(outcomes))

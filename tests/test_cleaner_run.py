@@ -16,6 +16,7 @@ from cleaner.plan import (
     FileDecision,
     PendingCheckpoint,
     Reason,
+    RetentionInputError,
     RetentionPlan,
 )
 from cleaner.run import CleanProgress, DeletionStatus, execute, scan
@@ -306,6 +307,12 @@ def test_cli_dry_run_json_and_exit_codes(
     assert "job 'nope' not found" in capsys.readouterr().err
     assert main(["clean", local.root, "--num-retained", "0"]) == 2
     assert "num-retained must be at least 1 (got 0)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["clean", local.root, "--max-workers", "0"])
+    assert exc.value.code == 2
+    assert "--max-workers: must be at least 1 (got 0)" in capsys.readouterr().err
+    with pytest.raises(RetentionInputError, match=r"max-workers must be at least 1 \(got 0\)"):
+        execute(scan(local, num_retained=1), local, max_workers=0)
 
 
 def test_retention_view_schema_and_totals(local: JobStorage) -> None:

@@ -15,7 +15,6 @@ that is newer than every completed checkpoint is kept as possibly in progress (r
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pyarrow as pa
 
@@ -27,6 +26,17 @@ from metadata.storage import JobStorage
 from regional.cli.render import print_table
 
 __all__ = ["register"]
+
+
+def _at_least_one(text: str) -> int:
+    """argparse type for `--max-workers`: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-workers",
-        type=int,
+        type=_at_least_one,
         metavar="N",
         default=8,
         help="deletions in flight at once (default 8; object stores like more)",
@@ -112,12 +122,6 @@ def _totals(plan: RetentionPlan, report: CleanReport | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
-    if args.max_workers < 1:
-        print(
-            f"regional clean: --max-workers must be at least 1 (got {args.max_workers})",
-            file=sys.stderr,
-        )
-        return 2
     storage = JobStorage.open(args.root, args.job)
     plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
     report = None
