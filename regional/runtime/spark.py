@@ -17,7 +17,11 @@ demos: a unit failing or hanging at a checkpoint, or the driver crashing at a co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -105,6 +109,7 @@ class CheckpointReport:
     seconds: float
     records_in: int
     message: str = ""
+    causes: dict[int, str] = dataclasses.field(default_factory=dict)  # why units fell back
 
 
 @dataclasses.dataclass
@@ -134,6 +139,33 @@ class _DictParam:
     def addInPlace(self, a: dict[Any, Any], b: dict[Any, Any]) -> dict[Any, Any]:
         a.update(b)
         return a
+
+
+def _ship_user_code_by_value(pipeline: Pipeline) -> None:
+    """Pickle the pipeline's user modules by value: Python workers may not import them (a test
+    module, a script loaded from a path); installed packages are still shipped by name."""
+    from pyspark import cloudpickle
+
+    things: list[Any] = []
+    for v in pipeline.vertices.values():
+        things += [v.source, v.sink, v.operator]
+        if v.operator is not None:
+            things += [v.operator.fn, v.operator.key]
+        if v.source is not None:
+            things += list(vars(v.source).values())
+    installed = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]})
+    for thing in things:
+        name = getattr(thing, "__module__", None) or type(thing).__module__
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if module is None or file is None or name.split(".")[0] in _OURS:
+            continue
+        if not os.path.abspath(file).startswith(installed):
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(module)
+
+
+_OURS = frozenset({"regional", "metadata", "cleaner", "builtins", "__main__"})
 
 
 def _warm_up(it: Any) -> Any:
@@ -214,8 +246,10 @@ class SparkRuntime:
         )
         # a packed task runs its units one after another: half the deadline per unit leaves
         # the others of a task with a hung unit time to finish before the epoch deadline
+        _ship_user_code_by_value(pipeline)
         self.env = TaskEnv(root, self.job_id, pipeline, unit_timeout=region_timeout / 2)
         self._commit_failures: dict[tuple[str, int], int] = {}
+        self._causes: dict[int, dict[int, str]] = {}
         self._finished = False
 
     # --- the loop ---------------------------------------------------------------------------
@@ -284,9 +318,11 @@ class SparkRuntime:
             )
         return works
 
-    def _run_job(self, trigger: TriggerCheckpoint, works: list[UnitWork]) -> list[dict[str, Any]]:
-        """One Spark job for the epoch; answers from collect, or from the accumulator after a
-        cancel at the deadline."""
+    def _run_job(
+        self, trigger: TriggerCheckpoint, works: list[UnitWork]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One Spark job for the epoch: the answers (from collect, or from the accumulator
+        after a cancel at the deadline or a failed job) and why the job failed, if it did."""
         sc = self.spark.sparkContext
         acc = sc.accumulator({}, _DictParam())  # type: ignore[arg-type]
         group = f"regional-{self.job_id}-chk{trigger.checkpoint_id}"
@@ -304,19 +340,24 @@ class SparkRuntime:
         thread = threading.Thread(target=job, name=group, daemon=True)
         thread.start()
         thread.join(max(0.0, (trigger.deadline_ms - _now_ms()) / 1000))
-        if thread.is_alive():
+        thread_cancelled = thread.is_alive()
+        if thread_cancelled:
             sc.cancelJobGroup(group)
             thread.join()
         if "answers" in box:
-            return list(box["answers"])
-        return list(acc.value.values())
+            return list(box["answers"]), None
+        answers = list(acc.value.values())
+        if "error" in box and not thread_cancelled:
+            first = str(box["error"]).strip().splitlines()
+            return answers, f"spark job failed: {first[0][:300] if first else box['error']!r}"
+        return answers, None
 
     def _epoch(self) -> CheckpointReport:
         t0 = time.monotonic()
         trigger = self.coordinator.trigger(_now_ms())
         cid = trigger.checkpoint_id
         works = self._works(trigger)
-        answers = self._run_job(trigger, works)
+        answers, job_error = self._run_job(trigger, works)
         decisions: list[Decision] = []
         records_in = 0
         for a in answers:
@@ -330,6 +371,13 @@ class SparkRuntime:
                 decisions += self.coordinator.on_decline(
                     a["checkpoint_id"], a["unit"], a["attempt"], a["reason"], _now_ms()
                 )
+        if job_error is not None:  # units lost with a failed task: declined with the cause
+            answered = {a["unit"] for a in answers}
+            for work in works:
+                if work.unit_id not in answered and self.coordinator.pending_checkpoint_id == cid:
+                    decisions += self.coordinator.on_decline(
+                        cid, work.unit_id, work.attempt, job_error, _now_ms()
+                    )
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(_now_ms(), trigger.deadline_ms))
         self._crash(cid, "after-acks")
@@ -345,6 +393,7 @@ class SparkRuntime:
             time.monotonic() - t0,
             records_in,
             message,
+            self._causes.pop(cid, {}),
         )
 
     @property
@@ -389,6 +438,9 @@ class SparkRuntime:
                 fallback = tuple(u.unit_id for u in md.fallback_units)
                 kind = md.kind.value if isinstance(md.kind, CheckpointKind) else str(md.kind)
                 outcome[md.checkpoint_id] = (kind, fallback, "; ".join(md.reasons))
+                self._causes[md.checkpoint_id] = {
+                    u.unit_id: u.reason or "" for u in md.fallback_units
+                }
                 queue += self.coordinator.on_metadata_durable(md.checkpoint_id, _now_ms())
             elif isinstance(d, Commit):
                 queue += self._commit(d)

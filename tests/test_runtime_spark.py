@@ -1,0 +1,175 @@
+"""Integration tests of the Spark runtime on the shared local[2] session: regional completion,
+timeouts, fencing, staleness limits, the final global checkpoint, crash-then-resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from metadata.storage import JobStorage
+from regional.errors import JobFailedError
+from regional.pipeline import Pipeline
+from regional.policy import load_policy
+from regional.runtime.spark import CRASH_STEPS, DriverCrash, Faults, SparkRuntime
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.generator import GeneratorSource
+
+pytestmark = pytest.mark.spark
+
+SPLITS, PER_SPLIT, PER_EPOCH = 4, 30, 10
+
+
+def _click(split: int, n: int) -> dict:
+    return {"split": split, "n": n, "user": f"u{(split + n) % 3}"}
+
+
+def _count(ctx, record):
+    state = ctx.value_state("count", 0)
+    state.update(state.value() + 1)
+    yield {**record, "count": state.value()}
+
+
+def _pipeline(table: str) -> Pipeline:
+    p = Pipeline("job", records_per_epoch=PER_EPOCH)
+    src = p.source(
+        GeneratorSource(SPLITS, _click, records_per_split=PER_SPLIT), parallelism=4, name="src"
+    )
+    counted = src.key_by(lambda r: r["user"]).process(_count, name="count")
+    counted.sink(ParquetSink(table), name="out")
+    return p
+
+
+def _expected() -> list[tuple]:
+    rows = []
+    for split in range(SPLITS):
+        seen: Counter[str] = Counter()
+        for n in range(PER_SPLIT):
+            r = _click(split, n)
+            seen[r["user"]] += 1
+            rows.append((split, n, r["user"], seen[r["user"]]))
+    return sorted(rows)
+
+
+def _rows(table: str) -> list[tuple]:
+    t = read_table(table)
+    cols = [t.column(c).to_pylist() for c in ("split", "n", "user", "count")]
+    return sorted(zip(*cols, strict=True))
+
+
+def _policy(**region):
+    region = {k.replace("_", "-"): v for k, v in region.items()}
+    return load_policy(env={}, overrides={"checkpointing": {"region": region}}).policy
+
+
+def _run(spark, tmp_path, faults=None, policy=None, **kw):
+    table = str(tmp_path / "table")
+    rt = SparkRuntime(
+        _pipeline(table),
+        spark,
+        root=str(tmp_path / "ckpt"),
+        faults=faults,
+        policy=policy or _policy(timeout="20 s"),
+        **kw,
+    )
+    return rt, rt.run(), table
+
+
+def test_failing_region_falls_back_while_others_commit(spark, tmp_path):
+    _, summary, table = _run(spark, tmp_path, Faults(units={(2, 1): "fail"}))
+    kinds = [(c.checkpoint_id, c.kind, c.fallback_units) for c in summary.checkpoints]
+    assert kinds[:2] == [(1, "global", ()), (2, "regional", (1,))]
+    cause = summary.checkpoints[1].causes[1]
+    assert cause.startswith("declined: InjectedFault: unit 1 fails checkpoint 2")
+    assert summary.finished
+    assert _rows(table) == _expected()
+
+
+def test_hung_region_is_cut_off_by_its_timeout(spark, tmp_path):
+    _, summary, table = _run(
+        spark, tmp_path, Faults(units={(2, 2): "hang"}), policy=_policy(timeout="3 s")
+    )
+    second = summary.checkpoints[1]
+    assert (second.kind, second.fallback_units) == ("regional", (2,))
+    assert second.causes[2].startswith("declined: timeout: unit ran over 1.5 s")
+    assert _rows(table) == _expected()
+
+
+def test_late_ack_of_a_fenced_attempt_is_ignored_and_its_files_discarded(spark, tmp_path):
+    from regional.runtime.task import UnitWork, run_units
+
+    rt, _, table = _run(spark, tmp_path)
+    storage = JobStorage(str(tmp_path / "ckpt"), "job")
+    # an attempt of checkpoint 2 that answers long after checkpoint 2 was decided
+    work = UnitWork(2, 7, 0, rt.coordinator.unit_states(0))
+    [late] = run_units(rt.env, [work])
+    assert late["status"] == "ack" and storage.exists("chk-2/u0-a7.state")
+    before = _rows(table)
+    rt.handle_answer(late)
+    assert not storage.exists("chk-2/u0-a7.state")
+    assert _rows(table) == before == _expected()
+
+
+def test_forced_global_after_the_consecutive_limit(spark, tmp_path):
+    faults = Faults(units={(2, 1): "fail", (3, 2): "fail"})
+    _, summary, table = _run(
+        spark, tmp_path, faults, policy=_policy(timeout="20 s", max_consecutive_regional=1)
+    )
+    kinds = [c.kind for c in summary.checkpoints[:4]]
+    assert kinds == ["global", "regional", "aborted", "global"]
+    assert "rule 3a" in summary.checkpoints[2].message
+    assert _rows(table) == _expected()
+
+
+def test_unit_level_limit_forces_the_unit_fresh(spark, tmp_path):
+    faults = Faults(units={(2, 1): "fail", (3, 1): "fail", (4, 1): "fail"})
+    _, summary, table = _run(
+        spark, tmp_path, faults, policy=_policy(timeout="20 s", max_unit_fallbacks=2)
+    )
+    kinds = [c.kind for c in summary.checkpoints[:5]]
+    assert kinds == ["global", "regional", "regional", "aborted", "global"]
+    assert "unit 1 had to be fresh" in summary.checkpoints[3].message
+    assert _rows(table) == _expected()
+
+
+def test_bounded_job_ends_with_a_global_checkpoint(spark, tmp_path):
+    _, summary, table = _run(spark, tmp_path, Faults(units={(3, 0): "fail"}))
+    last = summary.checkpoints[-1]
+    assert summary.finished and last.kind == "global"
+    assert "every bounded source has finished" in last.message
+    assert last.commit_lag == 0
+    assert _rows(table) == _expected()
+
+
+def test_too_many_aborted_checkpoints_fail_the_job(spark, tmp_path):
+    faults = Faults(units={(c, 0): "fail" for c in range(1, 10)})
+    policy = load_policy(
+        env={},
+        overrides={"checkpointing": {"tolerable-failed-checkpoints": 1, "region": {"timeout": 20}}},
+    ).policy
+    with pytest.raises(JobFailedError, match="unit"):
+        _run(spark, tmp_path, faults, policy=policy)
+
+
+@pytest.mark.parametrize("step", CRASH_STEPS)
+def test_crash_then_resume_commits_exactly_once(spark, tmp_path, step):
+    table = str(tmp_path / "table")
+    root = str(tmp_path / "ckpt")
+    # checkpoint 2 falls back to 1, so 1 and 2 are subsumed (and cleaned) when 5 completes
+    crash_at = 5 if step == "mid-clean" else 4
+    first = SparkRuntime(
+        _pipeline(table),
+        spark,
+        root=root,
+        policy=_policy(timeout="20 s"),
+        faults=Faults(units={(2, 1): "fail"}, crash_at=(crash_at, step)),
+    )
+    with pytest.raises(DriverCrash, match=f"checkpoint {crash_at}, {step}"):
+        first.run()
+    second = SparkRuntime(_pipeline(table), spark, root=root, policy=_policy(timeout="20 s"))
+    summary = second.run()
+    expected_restore = crash_at - 1 if step == "after-acks" else crash_at
+    assert summary.restored_from == expected_restore
+    assert summary.checkpoints[0].checkpoint_id == crash_at + 1
+    assert summary.finished
+    assert _rows(table) == _expected()
