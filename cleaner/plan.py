@@ -149,11 +149,13 @@ def _plural(n: int, word: str) -> str:
 class _References:
     """Which normalised paths each checkpoint references, and its fallback (owner, unit) pairs."""
 
-    def __init__(self, completed: Sequence[CheckpointMetadata]) -> None:
+    def __init__(self, completed: Sequence[CheckpointMetadata], listed: set[str]) -> None:
         self.paths: dict[int, set[str]] = {}
         self.owner_units: dict[int, dict[int, set[int]]] = {}
         self.refused: list[RefusedPath] = []
-        safe: set[str] = set()  # paths already known to be normal and inside the root
+        # Paths known to be normal and inside the root: the listing's own paths (they name real
+        # files under it), and every path checked once already.
+        safe = set(listed)  # a copy: it grows
         for md in completed:
             cid = md.checkpoint_id
             raw = {h.path for s in md.subtasks for h in s.handles}
@@ -252,7 +254,9 @@ def plan_retention(
     )
     newest_completed = max(by_id, default=-1)
 
-    refs = _References(checkpoints)
+    listed = sorted(files, key=attrgetter("path"))
+    listed_paths = {f.path for f in listed}
+    refs = _References(checkpoints, listed_paths)
     kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
     for cid in sorted(kept_ids):
         paths = refs.paths[cid]
@@ -263,6 +267,7 @@ def plan_retention(
             kept_by[path] += one
 
     rules = _Rules(
+        listed_paths=listed_paths,
         kept_by=kept_by,
         kept_ids=kept_ids,
         by_id=by_id,
@@ -277,7 +282,7 @@ def plan_retention(
         num_retained=num_retained,
         no_claim_upto=no_claim_upto,
     )
-    decisions = rules.decide_all(sorted(files, key=attrgetter("path")))
+    decisions = rules.decide_all(listed)
     referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
     for cid in kept_ids:
         for owner, units in refs.owner_units[cid].items():
@@ -309,7 +314,6 @@ def plan_retention(
     )
     referenced = tuple(c.checkpoint_id for c in cps if c.action is Action.KEEP_FILES)
 
-    listed_paths = rules.listed_paths
     missing = tuple(
         MissingFile(path, kept_by[path])
         for path in sorted(p for p in kept_by if p not in listed_paths)
@@ -343,6 +347,7 @@ class _Rules:
     def __init__(
         self,
         *,
+        listed_paths: set[str],
         kept_by: dict[str, tuple[int, ...]],
         kept_ids: set[int],
         by_id: dict[int, CheckpointMetadata],
@@ -371,7 +376,7 @@ class _Rules:
         self.num_retained = num_retained
         self.no_claim_upto = no_claim_upto
         self.has_metadata: set[int] = set()
-        self.listed_paths: set[str] = set()
+        self.listed_paths = listed_paths
         self.dir_ids: set[int] = set()
         self.kept_bytes: dict[int, int] = defaultdict(int)
         self.deleted_bytes: dict[int, int] = defaultdict(int)
@@ -382,7 +387,6 @@ class _Rules:
     def decide_all(self, listed: Sequence[StoredFile]) -> list[FileDecision]:
         """Decide every listed file. `listed` must be sorted by path, so that the files of one
         top-level directory are contiguous (the per-directory sums rely on it)."""
-        self.listed_paths = {f.path for f in listed}
         verdicts: dict[tuple[str, str], tuple[Reason, str, int | None, tuple[int, ...]]] = {}
         details: dict[tuple[tuple[int, ...], bool], str] = {}
         out: list[FileDecision] = []
