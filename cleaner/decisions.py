@@ -166,6 +166,16 @@ class RetentionPlan(msgspec.Struct, frozen=True):
         return tuple(dels)
 
     @property
+    def dropped_ids(self) -> tuple[int, ...]:
+        """Completed checkpoints whose `_metadata` this plan deletes (subsumed or kept for
+        referenced files only): remove them from the completed-checkpoint store."""
+        return tuple(
+            c.checkpoint_id
+            for c in self.checkpoints
+            if c.kind is not None and c.action is not Action.KEEP
+        )
+
+    @property
     def saved_bytes(self) -> int:
         """Bytes deleted that whole-checkpoint retention would have kept."""
         return self.whole_checkpoint_bytes - self.kept_bytes

@@ -128,6 +128,7 @@ def test_three_deep_fallback_of_one_unit_while_the_others_advance() -> None:
     assert [c.checkpoint_id for c in plan.checkpoints if c.action is Action.DELETE] == [100, 101]
     assert plan.subsumed_ids == (100, 101)
     assert plan.referenced_ids == (99,)
+    assert plan.dropped_ids == (99, 100, 101)
     # Metadata first (oldest first), then files oldest first.
     assert deleted(plan)[:3] == [
         ("chk-99/_metadata", "subsumed"),
