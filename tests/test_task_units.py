@@ -1,0 +1,100 @@
+"""The task-side protocol without Spark: restore, process, snapshot, verified upload, answers."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from metadata.model import SubtaskState
+from metadata.storage import JobStorage
+from regional.pipeline import Pipeline
+from regional.runtime.task import TaskEnv, UnitWork, run_units
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.generator import GeneratorSource
+
+
+def _count(ctx, r):
+    c = ctx.value_state("c", 0)
+    c.update(c.value() + 1)
+    yield {"n": r["n"], "c": c.value()}
+
+
+@pytest.fixture
+def env(tmp_path):
+    p = Pipeline("job", records_per_epoch=3)
+    src = p.source(GeneratorSource(2, lambda s, n: {"n": n}, records_per_split=5), name="src")
+    src.key_by(lambda r: "k").process(_count, name="count").sink(
+        ParquetSink(str(tmp_path / "t")), name="out"
+    )
+    return TaskEnv(str(tmp_path / "ckpt"), "job", p, unit_timeout=5.0)
+
+
+def _initial(unit=0):
+    return tuple(SubtaskState(v, 0, unit, ref_checkpoint_id=0) for v in ("src", "count", "out"))
+
+
+def _states(answer):
+    return msgspec.msgpack.decode(answer["states"], type=tuple[SubtaskState, ...])
+
+
+def test_ack_carries_positions_state_handles_and_committables(env, tmp_path):
+    [ack] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g1"),))])
+    assert (ack["status"], ack["records_in"], ack["records_out"]) == ("ack", 3, 3)
+    src, count, out = _states(ack)
+    assert [(s.split_id, s.position) for s in src.split_states] == [("g1", b"3")]
+    assert src.handles == () and out.handles == () and len(out.committables) == 1
+    [handle] = count.handles
+    assert handle.path == "chk-1/u0-a1.state" and count.attempt == 1
+    storage = JobStorage(env.root, "job")
+    assert storage.file_size(handle.path) == handle.size
+    # the next epoch restores from these states (as the coordinator hands them back)
+    owned = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in (src, count, out))
+    [ack2] = run_units(env, [UnitWork(2, 1, 0, owned)])
+    src2, _, out2 = _states(ack2)
+    assert src2.split_states == () and ack2["records_in"] == 2  # g1 finished at 5
+    ParquetSink(str(tmp_path / "t")).commit("job", 1, out.committables + out2.committables)
+    assert read_table(str(tmp_path / "t")).column("c").to_pylist() == [1, 2, 3, 4, 5]
+
+
+def test_user_exception_becomes_a_decline_and_other_units_still_ack(env):
+    works = [
+        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),), fault="fail"),
+        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g1"),)),
+    ]
+    declined, acked = run_units(env, works)
+    assert declined["status"] == "decline" and acked["status"] == "ack"
+    assert declined["reason"] == "InjectedFault: unit 0 fails checkpoint 1 (injected fault)"
+    assert "InjectedFault" in declined["trace"]
+
+
+def test_hanging_unit_is_interrupted_by_its_timeout(env):
+    short = msgspec.structs.replace(env, unit_timeout=0.3)
+    [answer] = run_units(short, [UnitWork(1, 1, 0, _initial(), fault="hang")])
+    assert answer == {
+        "status": "decline",
+        "checkpoint_id": 1,
+        "unit": 0,
+        "attempt": 1,
+        "reason": "timeout: unit ran over 0.3 s",
+    }
+
+
+def test_spark_task_retries_are_refused(env):
+    [answer] = run_units(env, [UnitWork(4, 2, 0, _initial())], spark_attempt=1)
+    assert answer["status"] == "decline"
+    assert answer["reason"] == "spark task attempt 1 refused: units run once per attempt"
+
+
+def test_corrupt_restore_state_declines_naming_the_file(env):
+    [ack] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
+    states = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in _states(ack))
+    storage = JobStorage(env.root, "job")
+    path = states[1].handles[0].path
+    full = f"{storage.job_path}/{path}"
+    with open(full, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+    [answer] = run_units(env, [UnitWork(2, 1, 0, states)])
+    assert answer["status"] == "decline"
+    assert path in answer["reason"] and "checksum" in answer["reason"]
