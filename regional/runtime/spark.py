@@ -2,7 +2,7 @@
 
 Per checkpoint epoch the driver triggers the coordinator, builds one `UnitWork` per fallback
 unit (the state it restores from, new splits from the split enumerators, injected faults) and
-runs them as **one Spark job** in its own job group, units packed into about two tasks per core
+runs them as **one Spark job** in its own job group, units packed into one task per core
 (research/spark.md §1: the cost is per Python task). Each task runs `regional.runtime.task
 .run_units`, so user exceptions and unit timeouts come back as declines. Results reach the
 driver through `collect()`, or, when the job had to be cancelled at the epoch deadline (a hang
@@ -192,7 +192,7 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
 class SparkRuntime:
     """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI).
 
-    `tasks` is how many Spark tasks an epoch packs the units into (default 2 per core).
+    `tasks` is how many Spark tasks an epoch packs the units into (default: one per core).
     `progress` is called with a `CheckpointReport` after every epoch.
     """
 
@@ -240,7 +240,7 @@ class SparkRuntime:
             coordinators={**self.enumerators, **self.committers},
         )
         cores = spark.sparkContext.defaultParallelism
-        self.tasks = tasks or max(1, 2 * cores)
+        self.tasks = tasks or max(1, cores)
         region_timeout = min(
             self.policy.checkpointing.timeout, self.policy.checkpointing.region.timeout
         )
@@ -251,6 +251,7 @@ class SparkRuntime:
         self._commit_failures: dict[tuple[str, int], int] = {}
         self._causes: dict[int, dict[int, str]] = {}
         self._finished = False
+        self._started = False  # run() restores only the first time
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -263,7 +264,9 @@ class SparkRuntime:
         started = time.monotonic()
         sc = self.spark.sparkContext
         sc.parallelize(range(self.tasks), self.tasks).mapPartitions(_warm_up).collect()
-        summary = RunSummary(self.job_id, restored_from=self._restore())
+        restored = None if self._started else self._restore()
+        self._started = True
+        summary = RunSummary(self.job_id, restored_from=restored)
         epochs = 0
         while not self._finished and (max_checkpoints is None or epochs < max_checkpoints):
             epoch_start = time.monotonic()

@@ -77,18 +77,33 @@ class FileSource:
 
     def _table(self, split_id: str) -> pa.Table:
         fs, base = self._fs()
-        full = f"{base.rstrip('/')}/{split_id}"
-        if self.format == "parquet":
-            return pq.read_table(full, filesystem=fs)
-        with fs.open_input_stream(full) as f:
+        with fs.open_input_stream(f"{base.rstrip('/')}/{split_id}") as f:
             return pajson.read_json(f)
+
+    def _parquet_rows(self, split_id: str, start: int, count: int) -> tuple[pa.Table, int]:
+        """Rows `start .. start+count` of a Parquet file, reading only the row groups needed."""
+        fs, base = self._fs()
+        with pq.ParquetFile(f"{base.rstrip('/')}/{split_id}", filesystem=fs) as f:
+            meta = f.metadata
+            groups, first, offset = [], None, 0
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                if offset + n > start and offset < start + count:
+                    groups.append(g)
+                    first = offset if first is None else first
+                offset += n
+            if not groups:
+                return pa.table({}), meta.num_rows
+            table = f.read_row_groups(groups)
+        return table.slice(start - (first or 0), count), meta.num_rows
 
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         start = int(position) if position else 0
-        table = self._table(split_id)
-        part = table.slice(start, max_records)
+        if self.format == "parquet":
+            part, total = self._parquet_rows(split_id, start, max_records)
+        else:
+            table = self._table(split_id)
+            part, total = table.slice(start, max_records), table.num_rows
         end = start + part.num_rows
         batches = part.to_batches(max_chunksize=self.batch_size)
-        return ReadResult(
-            [b for b in batches if b.num_rows], str(end).encode(), end >= table.num_rows
-        )
+        return ReadResult([b for b in batches if b.num_rows], str(end).encode(), end >= total)
