@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="epochs of the throughput run")
     parser.add_argument("--overhead-epochs", type=int, default=5)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--repeat", type=int, default=3, help="throughput runs (median)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="regional-bench-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
@@ -115,10 +116,20 @@ def main() -> None:
     plain_throughput(spark, f"{work}/warm", f"{work}/warm-plain")
     regional_throughput(spark, f"{work}/warm", f"{work}/warm-regional", 80_000, 1)
 
-    plain_s, plain_rows = plain_throughput(spark, f"{work}/data", work)
-    reg_s, reg_rows = regional_throughput(spark, f"{work}/data", work, args.rows, args.epochs)
-    assert plain_rows == reg_rows, (plain_rows, reg_rows)
-    print(f"\nSpark master {args.master} ({cores} cores); {args.rows:,} rows in 8 Parquet files\n")
+    plain_runs, reg_runs = [], []
+    for i in range(args.repeat):  # interleaved, medians: this VM's timing noise is large
+        plain_s, plain_rows = plain_throughput(spark, f"{work}/data", f"{work}/p{i}")
+        reg_s, reg_rows = regional_throughput(
+            spark, f"{work}/data", f"{work}/r{i}", args.rows, args.epochs
+        )
+        assert plain_rows == reg_rows, (plain_rows, reg_rows)
+        plain_runs.append(plain_s)
+        reg_runs.append(reg_s)
+    plain_s, reg_s = statistics.median(plain_runs), statistics.median(reg_runs)
+    print(
+        f"\nSpark master {args.master} ({cores} cores); {args.rows:,} rows in 8 Parquet files; "
+        f"median of {args.repeat} interleaved runs\n"
+    )
     print("variant                                   seconds   rows/s        ratio")
     plain_rate = args.rows / plain_s
     print(f"plain Spark job (no checkpoints)          {plain_s:7.2f}   {plain_rate:>11,.0f}   1.00")

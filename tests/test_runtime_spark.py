@@ -173,3 +173,24 @@ def test_crash_then_resume_commits_exactly_once(spark, tmp_path, step):
     assert summary.checkpoints[0].checkpoint_id == crash_at + 1
     assert summary.finished
     assert _rows(table) == _expected()
+
+
+def test_unbounded_log_source_picks_up_appended_records_exactly_once(spark, tmp_path):
+    from regional.sources.log import LogSource
+
+    logdir = tmp_path / "log"
+    for part in ("p0", "p1"):
+        (logdir / part).mkdir(parents=True)
+        (logdir / part / "000.jsonl").write_text("".join(f'{{"v": {i}}}\n' for i in range(5)))
+    p = Pipeline("log-job", records_per_epoch=4)
+    p.source(LogSource(str(logdir)), parallelism=2, name="log").sink(
+        ParquetSink(str(tmp_path / "t")), name="out"
+    )
+    rt = SparkRuntime(p, spark, root=str(tmp_path / "ckpt"), policy=_policy(timeout="20 s"))
+    first = rt.run(max_checkpoints=3)
+    assert not first.finished and [c.kind for c in first.checkpoints] == ["global"] * 3
+    with open(logdir / "p1" / "000.jsonl", "a") as f:
+        f.write('{"v": 100}\n')
+    rt.run(max_checkpoints=1)
+    values = sorted(read_table(str(tmp_path / "t")).column("v").to_pylist())
+    assert values == sorted([*range(5), *range(5), 100])

@@ -5,5 +5,6 @@ from __future__ import annotations
 from regional.sources.base import ReadResult, Source
 from regional.sources.files import FileSource
 from regional.sources.generator import GeneratorSource
+from regional.sources.log import LogSource
 
-__all__ = ["FileSource", "GeneratorSource", "ReadResult", "Source"]
+__all__ = ["FileSource", "GeneratorSource", "LogSource", "ReadResult", "Source"]
