@@ -194,3 +194,16 @@ def test_unbounded_log_source_picks_up_appended_records_exactly_once(spark, tmp_
     rt.run(max_checkpoints=1)
     values = sorted(read_table(str(tmp_path / "t")).column("v").to_pylist())
     assert values == sorted([*range(5), *range(5), 100])
+
+
+def test_restoring_with_another_parallelism_is_refused(spark, tmp_path):
+    from regional.errors import GraphError
+
+    _run(spark, tmp_path)
+    p = Pipeline("job", records_per_epoch=PER_EPOCH)
+    p.source(
+        GeneratorSource(SPLITS, _click, records_per_split=PER_SPLIT), parallelism=2, name="src"
+    )
+    rt = SparkRuntime(p, spark, root=str(tmp_path / "ckpt"))
+    with pytest.raises(GraphError, match=r"vertices .*src=4.*now has src=2; restoring with other"):
+        rt.run()

@@ -48,7 +48,7 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.errors import CommitError, JobFailedError, RegionalError
+from regional.errors import CommitError, GraphError, JobFailedError, RegionalError
 from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
 from regional.pipeline import Pipeline
 from regional.policy import Policy
@@ -285,6 +285,15 @@ class SparkRuntime:
         md = self.storage.find_latest_restorable()
         if md is None:
             return None
+        if set(md.vertices) != set(self.layout.vertices):
+            then = ", ".join(f"{v.vertex_id}={v.parallelism}" for v in md.vertices)
+            now = ", ".join(f"{v.vertex_id}={v.parallelism}" for v in self.layout.vertices)
+            raise GraphError(
+                f"checkpoint {md.checkpoint_id} under {self.storage.describe('')} was taken with "
+                f"vertices {then}, the pipeline now has {now}; restoring with other vertices or "
+                "parallelism is not supported yet: keep the pipeline's shape or use a new "
+                "checkpoint directory"
+            )
         files = self.storage.list_files()
         used = [c for f in files if (c := checkpoint_id_of(f.path)) is not None]
         decisions = self.coordinator.restore(
