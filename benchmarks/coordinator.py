@@ -9,6 +9,7 @@ CPU time per checkpoint (process time inside coordinator calls only: trigger, ev
 decline, ticks, completion, commits).
 
     .venv/bin/python benchmarks/coordinator.py [--units N] [--checkpoints N] [--json]
+        [--max-consecutive-regional N|unlimited]   # the regional mode's tier-1 limit
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import json
 import multiprocessing
 import sys
 from pathlib import Path
+
+import msgspec
 
 # Run as a script, this directory comes first on sys.path, and benchmarks/metadata.py would
 # shadow the `metadata` package: put the repository root first instead.
@@ -45,11 +48,19 @@ MODES = {
 }
 
 
-def measure(args: tuple[str, float, int, int]) -> dict[str, object]:
-    mode, p, units, checkpoints = args
+def measure(args: tuple[str, float, int, int, int | None]) -> dict[str, object]:
+    mode, p, units, checkpoints, tier1 = args
+    policy = MODES[mode]
+    if mode == "regional":
+        region = msgspec.structs.replace(
+            policy.checkpointing.region, max_consecutive_regional=tier1
+        )
+        policy = msgspec.structs.replace(
+            policy, checkpointing=msgspec.structs.replace(policy.checkpointing, region=region)
+        )
     sim = Simulation(
         units,
-        MODES[mode],
+        policy,
         faults=RandomFaults(p, seed=42),
         bounded=False,
         records_per_epoch=1,
@@ -77,14 +88,21 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=10_000)
     parser.add_argument("--checkpoints", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="also write benchmarks/results/")
+    parser.add_argument(
+        "--max-consecutive-regional",
+        default="10",
+        help='tier-1 limit of the regional mode: a number or "unlimited" (default 10)',
+    )
     args = parser.parse_args()
-    jobs = [(m, p, args.units, args.checkpoints) for p in PROBABILITIES for m in MODES]
+    limit = args.max_consecutive_regional
+    tier1 = None if limit == "unlimited" else int(limit)
+    jobs = [(m, p, args.units, args.checkpoints, tier1) for p in PROBABILITIES for m in MODES]
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         rows = pool.map(measure, jobs)
     by = {(r["mode"], r["p"]): r for r in rows}
     print(
-        f"{args.units} units, {args.checkpoints} checkpoints, default policy; each measure "
-        "as regional / global"
+        f"{args.units} units, {args.checkpoints} checkpoints, default policy "
+        f"(regional: max-consecutive-regional = {limit}); each measure as regional / global"
     )
     head = (
         f"{'p':>7} | {'completed':^15} | {'mean unit lag':^13} | {'max lag':^11} | "
@@ -105,7 +123,8 @@ def main() -> None:
         if row["failed"]:
             print(f"note: {row['mode']} p={row['p']}: {str(row['failed'])[:160]}")
     if args.json:
-        out = Path(__file__).parent / "results" / "coordinator.json"
+        suffix = "" if limit == "10" else f"-tier1-{limit}"
+        out = Path(__file__).parent / "results" / f"coordinator{suffix}.json"
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(rows, indent=2))
         print(f"wrote {out}")
