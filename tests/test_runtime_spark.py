@@ -207,3 +207,22 @@ def test_restoring_with_another_parallelism_is_refused(spark, tmp_path):
     rt = SparkRuntime(p, spark, root=str(tmp_path / "ckpt"))
     with pytest.raises(GraphError, match=r"vertices .*src=4.*now has src=2; restoring with other"):
         rt.run()
+
+
+@pytest.mark.s3
+def test_checkpoints_and_table_on_s3(spark, s3_server, tmp_path):
+    bucket = s3_server.new_bucket()
+    root, table = s3_server.uri(bucket, "ckpt"), s3_server.uri(bucket, "table")
+    rt = SparkRuntime(
+        _pipeline(table),
+        spark,
+        root=root,
+        policy=_policy(timeout="20 s"),
+        faults=Faults(units={(2, 3): "fail"}),
+    )
+    summary = rt.run()
+    assert summary.finished and summary.checkpoints[1].kind == "regional"
+    assert _rows(table) == _expected()
+    assert JobStorage(root, "job").find_latest_restorable().checkpoint_id == len(
+        summary.checkpoints
+    )
