@@ -380,7 +380,7 @@ class Simulation:
             elif isinstance(d, NotifyFallback):
                 self._restart(d.unit_id)
             elif isinstance(d, AbortCheckpoint):
-                for u in d.failed_units:
+                for u in range(self.n):
                     self._restart(u)
             elif isinstance(d, DiscardAttempt):
                 self.sink.discard(d.committables)

@@ -125,7 +125,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             elif isinstance(d, AbortCheckpoint):
                 self.trigger = None
                 self.writing = None
-                for u in d.failed_units:
+                for u in range(UNITS):
                     self._restart(u)
             elif isinstance(d, DiscardAttempt):
                 self.sink.discard(d.committables)

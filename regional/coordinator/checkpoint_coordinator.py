@@ -23,7 +23,7 @@ is aborted or its metadata is durable. Cost per checkpoint is O(units); an ack i
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -533,7 +533,7 @@ class CheckpointCoordinator:
                 )
         return snapshots
 
-    def _per_vertex(self, units: Mapping[int, object] | set[int]) -> dict[str, dict[int, int]]:
+    def _per_vertex(self, units: Iterable[int]) -> dict[str, dict[int, int]]:
         """For the coordinated vertices: subtask index -> owner, over the subtasks of `units`."""
         out: dict[str, dict[int, int]] = {}
         if not self._coordinators:
@@ -613,22 +613,24 @@ class CheckpointCoordinator:
     def _abort(
         self, p: PendingCheckpoint, rule: Rule, message: str, extra_failed: tuple[int, ...] = ()
     ) -> list[Decision]:
+        """Abort `p`: every unit restarts from its latest completed state (`unit_states`), so
+        the state and staged output of every attempt of `p` is garbage."""
         cid = p.checkpoint_id
-        restarting = sorted({*p.declined, *p.unanswered(), *extra_failed})
-        out: list[Decision] = [AbortCheckpoint(cid, rule, message, tuple(restarting))]
-        restart = set(restarting)
+        failed = tuple(sorted({*p.declined, *extra_failed}))
+        out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed)]
         for unit_id, states in enumerate(p.states):
-            if states is not None:
-                out.append(_discard(cid, unit_id, 1, states, committables=unit_id in restart))
-        per_vertex = self._per_vertex(restart)
+            if states:
+                out.append(_discard(cid, unit_id, p.attempt_of(unit_id), states, committables=True))
+        everyone = range(self._layout.num_units)
+        per_vertex = self._per_vertex(everyone)
         for vertex_id, coordinator in self._coordinators.items():
             coordinator.notify_aborted(cid, per_vertex.get(vertex_id, {}))
-        self._reopen_sources(restart)
+        self._reopen_sources(everyone)
         self._pending = None
         self._completing = None
         self.metrics.aborted_by_rule[rule] += 1
         failure = self.limits.aborted(
-            p.declined, tier1=p.tier1, counted=p.kind is not CheckpointKind.SAVEPOINT
+            failed, tier1=p.tier1, counted=p.kind is not CheckpointKind.SAVEPOINT
         )
         if failure is not None:
             self._failed = failure
@@ -692,7 +694,7 @@ class CheckpointCoordinator:
         sources = self._layout.sources
         return bool(sources) and sources == self._layout.bounded_sources == self._finished_sources
 
-    def _reopen_sources(self, units: Mapping[int, object] | set[int]) -> None:
+    def _reopen_sources(self, units: Iterable[int]) -> None:
         """Units restarting from older state read their input again: sources not finished."""
         if self._finished_sources:
             for unit_id in units:

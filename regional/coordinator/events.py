@@ -75,8 +75,9 @@ class WriteMetadata(msgspec.Struct, frozen=True):
 
 
 class AbortCheckpoint(msgspec.Struct, frozen=True):
-    """Checkpoint `checkpoint_id` is aborted by `rule`; tell every unit aborted(Y). The
-    `failed_units` restart from their latest completed state (`unit_owner`)."""
+    """Checkpoint `checkpoint_id` is aborted by `rule`; `failed_units` declined or timed out.
+    Tell every unit aborted(Y): every unit (cancel those still running) restarts from its
+    state in the latest completed checkpoint (`unit_states`); nothing of Y is kept."""
 
     checkpoint_id: int
     rule: Rule
@@ -86,8 +87,8 @@ class AbortCheckpoint(msgspec.Struct, frozen=True):
 
 class DiscardAttempt(msgspec.Struct, frozen=True):
     """The state `files` (paths relative to the job root, never shared files) of a unit attempt
-    are garbage; so are the staged sink files behind `committables` (empty when the unit carries
-    them on to its next checkpoint, after an abort it acked in). DESIGN rules 8 and 9."""
+    are garbage (an aborted checkpoint, a fenced or late attempt, a malformed ack); so are the
+    staged sink files behind `committables`. DESIGN rules 8 and 9."""
 
     checkpoint_id: int
     unit_id: int
