@@ -260,7 +260,7 @@ def plan_retention(
     kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
     for cid in sorted(kept_ids):
         paths = refs.paths[cid]
-        again = paths.intersection(kept_by)  # referenced by an older kept checkpoint too
+        again = [p for p in paths if p in kept_by]  # referenced by an older kept one too
         one = (cid,)  # shared by every path only this checkpoint references so far
         kept_by.update(dict.fromkeys(paths.difference(again), one))
         for path in again:
@@ -315,8 +315,7 @@ def plan_retention(
     referenced = tuple(c.checkpoint_id for c in cps if c.action is Action.KEEP_FILES)
 
     missing = tuple(
-        MissingFile(path, kept_by[path])
-        for path in sorted(p for p in kept_by if p not in listed_paths)
+        MissingFile(path, kept_by[path]) for path in sorted(kept_by.keys() - listed_paths)
     )
     kept_total, deleted_total = rules.kept_total, rules.deleted_total
     flink = _flink_closure(retained, refs) | kept_ids
