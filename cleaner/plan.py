@@ -387,7 +387,7 @@ class _Rules:
         """Decide every listed file. `listed` must be sorted by path, so that the files of one
         top-level directory are contiguous (the per-directory sums rely on it)."""
         verdicts: dict[tuple[str, str], tuple[Reason, str, int | None, tuple[int, ...]]] = {}
-        details: dict[tuple[tuple[int, ...], bool], str] = {}
+        details: dict[tuple[tuple[int, ...], int | None], str] = {}
         out: list[FileDecision] = []
         append = out.append
         kept_by_get = self.kept_by.get
@@ -404,11 +404,11 @@ class _Rules:
                 cur_top, cid = top, _checkpoint_id_of(top)
             users = kept_by_get(path)
             if users:
-                own = cid in users
+                own = cid if cid in users else None
                 detail = details.get((users, own))
                 if detail is None:
-                    detail = details[users, own] = _referenced_detail(users, cid if own else None)
-                reason = Reason.RETAINED if own else Reason.REFERENCED
+                    detail = details[users, own] = _referenced_detail(users, own)
+                reason = Reason.REFERENCED if own is None else Reason.RETAINED
                 append(FileDecision(path, size, Action.KEEP, reason, detail, cid, users))
                 kept += size
                 n_kept += 1

@@ -380,3 +380,25 @@ def test_without_the_live_set_a_newest_incomplete_checkpoint_is_kept() -> None:
     c2 = plan.checkpoint(2)
     assert (c2.action, c2.reason) == (Action.KEEP, Reason.PENDING)
     assert deleted(st.plan()) == [("chk-0/u0-a0.state", "orphan"), ("chk-2/u0-a0.state", "aborted")]
+
+
+def test_keep_details_name_each_files_own_checkpoint() -> None:
+    def md(cid: int) -> CheckpointMetadata:
+        handles = tuple(
+            StateHandle(p, 0, 1, 1, b"") for p in ("chk-3/u0-a0.state", "chk-5/u1-a0.state")
+        )
+        return CheckpointMetadata(
+            checkpoint_id=cid,
+            job_id="job",
+            kind="global",
+            trigger_time_ms=0,
+            completion_time_ms=0,
+            subtasks=(SubtaskState("map", 0, 0, handles=handles),),
+        )
+
+    files = [ListedFile(p, 1) for p in ("chk-3/u0-a0.state", "chk-5/u1-a0.state")]
+    plan = plan_retention([md(3), md(5)], files, num_retained=2)
+    assert [(f.path, f.detail) for f in plan.files] == [
+        ("chk-3/u0-a0.state", "file of kept checkpoint 3, also referenced by 5"),
+        ("chk-5/u1-a0.state", "file of kept checkpoint 5, also referenced by 3"),
+    ]
