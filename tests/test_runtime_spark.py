@@ -226,3 +226,11 @@ def test_checkpoints_and_table_on_s3(spark, s3_server, tmp_path):
     assert JobStorage(root, "job").find_latest_restorable().checkpoint_id == len(
         summary.checkpoints
     )
+
+
+def test_worker_crash_loses_only_its_unit_after_the_lost_units_rerun_alone(spark, tmp_path):
+    _, summary, table = _run(spark, tmp_path, Faults(units={(2, 2): "crash"}))
+    second = summary.checkpoints[1]
+    assert (second.kind, second.fallback_units) == ("regional", (2,))
+    assert second.causes[2].startswith("declined: spark job failed")
+    assert _rows(table) == _expected()

@@ -79,17 +79,18 @@ class DriverCrash(RegionalError):
 @dataclasses.dataclass(frozen=True)
 class Faults:
     """Injected faults, off by default. `units` maps (checkpoint id, unit id) to ``"fail"``
-    (raise in the unit) or ``"hang"`` (block until the unit's timeout); `crash_at` is
-    (checkpoint id, step in `CRASH_STEPS`)."""
+    (raise in the unit), ``"hang"`` (block until the unit's timeout) or ``"crash"`` (kill the
+    Python worker, losing its Spark task); `crash_at` is (checkpoint id, step in
+    `CRASH_STEPS`)."""
 
     units: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     crash_at: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         for (cid, unit), what in self.units.items():
-            if what not in ("fail", "hang"):
+            if what not in ("fail", "hang", "crash"):
                 raise ValueError(
-                    f"fault {what!r} for unit {unit} at checkpoint {cid}: use fail/hang"
+                    f"fault {what!r} for unit {unit} at checkpoint {cid}: use fail, hang or crash"
                 )
         if self.crash_at is not None and self.crash_at[1] not in CRASH_STEPS:
             raise ValueError(
@@ -370,25 +371,23 @@ class SparkRuntime:
         cid = trigger.checkpoint_id
         works = self._works(trigger)
         answers, job_error = self._run_job(trigger, works)
-        decisions: list[Decision] = []
-        records_in = 0
-        for a in answers:
-            if a["status"] == "ack":
-                states = msgspec.msgpack.decode(a["states"], type=tuple[SubtaskState, ...])
-                records_in += a["records_in"]
-                decisions += self.coordinator.on_ack(
-                    a["checkpoint_id"], a["unit"], a["attempt"], states, _now_ms()
-                )
-            else:
-                decisions += self.coordinator.on_decline(
-                    a["checkpoint_id"], a["unit"], a["attempt"], a["reason"], _now_ms()
-                )
-        if job_error is not None:  # units lost with a failed task: declined with the cause
+        records_in = sum(a["records_in"] for a in answers if a["status"] == "ack")
+        decisions = self._feed(answers)
+        if job_error is not None:  # units lost with a failed task: each re-run alone, once
             answered = {a["unit"] for a in answers}
-            for work in works:
-                if work.unit_id not in answered and self.coordinator.pending_checkpoint_id == cid:
+            lost = [w for w in works if w.unit_id not in answered]
+            attempts = {w.unit_id: w.attempt for w in lost}
+            retried = self._retry_alone(trigger, lost, attempts)
+            for a in retried:
+                if a["status"] == "ack":
+                    records_in += a["records_in"]
+            decisions += self._feed(retried)
+            for work in lost:
+                if self.coordinator.pending_checkpoint_id != cid:
+                    break
+                if not any(a["unit"] == work.unit_id for a in retried):
                     decisions += self.coordinator.on_decline(
-                        cid, work.unit_id, work.attempt, job_error, _now_ms()
+                        cid, work.unit_id, attempts[work.unit_id], job_error, _now_ms()
                     )
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(_now_ms(), trigger.deadline_ms))
@@ -407,6 +406,60 @@ class SparkRuntime:
             message,
             self._causes.pop(cid, {}),
         )
+
+    def _feed(self, answers: list[dict[str, Any]]) -> list[Decision]:
+        """Hand task answers to the coordinator (stale attempts are fenced off there)."""
+        decisions: list[Decision] = []
+        for a in answers:
+            if a["status"] == "ack":
+                states = msgspec.msgpack.decode(a["states"], type=tuple[SubtaskState, ...])
+                decisions += self.coordinator.on_ack(
+                    a["checkpoint_id"], a["unit"], a["attempt"], states, _now_ms()
+                )
+            else:
+                decisions += self.coordinator.on_decline(
+                    a["checkpoint_id"], a["unit"], a["attempt"], a["reason"], _now_ms()
+                )
+        return decisions
+
+    def _retry_alone(
+        self, trigger: TriggerCheckpoint, lost: list[UnitWork], attempts: dict[int, int]
+    ) -> list[dict[str, Any]]:
+        """Re-run units lost with a failed Spark task, each as its own one-task job with a new
+        (fenced) attempt, so a crash is confined to its own unit (research/spark.md §1.2).
+        `attempts` is updated to the attempt each unit now runs as."""
+        cid = trigger.checkpoint_id
+        if not lost or self.coordinator.pending_checkpoint_id != cid:
+            return []
+        if trigger.deadline_ms - _now_ms() < 1000:
+            return []  # no time left: the lost units are declined
+        sc = self.spark.sparkContext
+        works = [
+            msgspec.structs.replace(
+                w, attempt=self.coordinator.retry_unit(cid, w.unit_id, _now_ms())
+            )
+            for w in lost
+        ]
+        attempts.update((w.unit_id, w.attempt) for w in works)
+        acc = sc.accumulator({}, _DictParam())  # type: ignore[arg-type]
+        fn = _epoch_partition(self.env, acc)
+        out: list[dict[str, Any]] = []
+
+        def one(work: UnitWork) -> None:
+            group = f"regional-{self.job_id}-chk{cid}-u{work.unit_id}-a{work.attempt}"
+            sc.setJobGroup(group, f"checkpoint {cid} unit {work.unit_id}", interruptOnCancel=True)
+            with contextlib.suppress(Exception):  # a failed job: the unit is declined
+                out.extend(sc.parallelize([work], 1).mapPartitions(fn).collect())
+
+        threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in works]
+        for t in threads:
+            t.start()
+        for w, t in zip(works, threads, strict=True):
+            t.join(max(0.0, (trigger.deadline_ms - _now_ms()) / 1000))
+            if t.is_alive():
+                sc.cancelJobGroup(f"regional-{self.job_id}-chk{cid}-u{w.unit_id}-a{w.attempt}")
+                t.join()
+        return out
 
     @property
     def commit_lag(self) -> int:

@@ -37,6 +37,7 @@ from regional.pipeline import Chunk, Pipeline
 from regional.state import OperatorState
 
 __all__ = [
+    "FAULT_CRASH",
     "FAULT_FAIL",
     "FAULT_HANG",
     "InjectedFault",
@@ -48,6 +49,7 @@ __all__ = [
 
 FAULT_FAIL = "fail"
 FAULT_HANG = "hang"
+FAULT_CRASH = "crash"
 
 
 class InjectedFault(RuntimeError):
@@ -131,6 +133,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         raise InjectedFault(
             f"unit {work.unit_id} fails checkpoint {work.checkpoint_id} (injected fault)"
         )
+    if work.fault == FAULT_CRASH:
+        os._exit(3)  # the Python worker dies: the whole Spark task (and its other units) is lost
     if work.fault == FAULT_HANG:
         while True:  # interruptible by SIGALRM, like a stuck user function
             time.sleep(0.05)
