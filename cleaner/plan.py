@@ -116,6 +116,7 @@ _STATE_FILE = re.compile(r"^u\d+-a\d+\.state$")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)
 
 
+_NOT_KEPT: tuple[int, ...] = (-1,)  # identity sentinel: never a value of `kept_by`
 _MAYBE_LIVE = "no _metadata, newer than every completed checkpoint: may be in progress"
 
 
@@ -258,15 +259,17 @@ def plan_retention(
     listed_paths = {f.path for f in listed}
     refs = _References(checkpoints, listed_paths)
     kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
+    own_only: dict[int, tuple[int, ...]] = {}  # kept id -> the one tuple `(id,)` kept_by shares
     for cid in sorted(kept_ids):
         paths = refs.paths[cid]
         again = [p for p in paths if p in kept_by]  # referenced by an older kept one too
-        one = (cid,)  # shared by every path only this checkpoint references so far
+        one = own_only[cid] = (cid,)  # shared by every path only this checkpoint references
         kept_by.update(dict.fromkeys(paths.difference(again), one))
         for path in again:
             kept_by[path] += one
 
     rules = _Rules(
+        own_only=own_only,
         listed_paths=listed_paths,
         kept_by=kept_by,
         kept_ids=kept_ids,
@@ -346,6 +349,7 @@ class _Rules:
     def __init__(
         self,
         *,
+        own_only: dict[int, tuple[int, ...]],
         listed_paths: set[str],
         kept_by: dict[str, tuple[int, ...]],
         kept_ids: set[int],
@@ -376,6 +380,7 @@ class _Rules:
         self.no_claim_upto = no_claim_upto
         self.has_metadata: set[int] = set()
         self.listed_paths = listed_paths
+        self.own_only = own_only
         self.dir_ids: set[int] = set()
         self.kept_bytes: dict[int, int] = defaultdict(int)
         self.deleted_bytes: dict[int, int] = defaultdict(int)
@@ -394,6 +399,8 @@ class _Rules:
         pending_files = self.pending_files
         cur_top: str | None = None
         cid: int | None = None
+        own_only = _NOT_KEPT
+        own_detail = ""
         kept = deleted = n_kept = 0
         for f in listed:
             path, size = f.path, f.size
@@ -402,7 +409,16 @@ class _Rules:
                 self._flush(cid, kept, deleted, n_kept)
                 kept = deleted = n_kept = 0
                 cur_top, cid = top, _checkpoint_id_of(top)
+                own_only = self.own_only.get(cid, _NOT_KEPT)  # the (cid,) `kept_by` shares
+                own_detail = f"file of kept checkpoint {cid}"
             users = kept_by_get(path)
+            if users is own_only:  # the common case: a file only its own checkpoint uses
+                append(
+                    FileDecision(path, size, Action.KEEP, Reason.RETAINED, own_detail, cid, users)
+                )
+                kept += size
+                n_kept += 1
+                continue
             if users:
                 own = cid if cid in users else None
                 detail = details.get((users, own))
