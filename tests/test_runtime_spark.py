@@ -234,3 +234,13 @@ def test_worker_crash_loses_only_its_unit_after_the_lost_units_rerun_alone(spark
     assert (second.kind, second.fallback_units) == ("regional", (2,))
     assert second.causes[2].startswith("declined: spark job failed")
     assert _rows(table) == _expected()
+
+
+def test_stalled_unit_is_cancelled_at_the_deadline_and_finished_tasks_still_count(spark, tmp_path):
+    _, summary, table = _run(
+        spark, tmp_path, Faults(units={(2, 2): "stall"}), policy=_policy(timeout="3 s"), tasks=4
+    )
+    second = summary.checkpoints[1]
+    assert (second.kind, second.fallback_units) == ("regional", (2,))
+    assert second.causes[2].startswith("timeout: no answer after")
+    assert _rows(table) == _expected()

@@ -79,18 +79,20 @@ class DriverCrash(RegionalError):
 @dataclasses.dataclass(frozen=True)
 class Faults:
     """Injected faults, off by default. `units` maps (checkpoint id, unit id) to ``"fail"``
-    (raise in the unit), ``"hang"`` (block until the unit's timeout) or ``"crash"`` (kill the
-    Python worker, losing its Spark task); `crash_at` is (checkpoint id, step in
-    `CRASH_STEPS`)."""
+    (raise in the unit), ``"hang"`` (block until the unit's timeout), ``"stall"`` (a C-level
+    loop the unit's timeout cannot break: the driver cancels the job at the epoch deadline) or
+    ``"crash"`` (kill the Python worker, losing its Spark task); `crash_at` is (checkpoint id,
+    step in `CRASH_STEPS`)."""
 
     units: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     crash_at: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         for (cid, unit), what in self.units.items():
-            if what not in ("fail", "hang", "crash"):
+            if what not in ("fail", "hang", "stall", "crash"):
                 raise ValueError(
-                    f"fault {what!r} for unit {unit} at checkpoint {cid}: use fail, hang or crash"
+                    f"fault {what!r} for unit {unit} at checkpoint {cid}: use fail, hang, stall "
+                    "or crash"
                 )
         if self.crash_at is not None and self.crash_at[1] not in CRASH_STEPS:
             raise ValueError(

@@ -40,6 +40,7 @@ __all__ = [
     "FAULT_CRASH",
     "FAULT_FAIL",
     "FAULT_HANG",
+    "FAULT_STALL",
     "InjectedFault",
     "TaskEnv",
     "UnitTimeout",
@@ -50,6 +51,7 @@ __all__ = [
 FAULT_FAIL = "fail"
 FAULT_HANG = "hang"
 FAULT_CRASH = "crash"
+FAULT_STALL = "stall"
 
 
 class InjectedFault(RuntimeError):
@@ -135,6 +137,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         )
     if work.fault == FAULT_CRASH:
         os._exit(3)  # the Python worker dies: the whole Spark task (and its other units) is lost
+    if work.fault == FAULT_STALL:  # a C-level loop: SIGALRM cannot interrupt it
+        sum(range(10**13))
     if work.fault == FAULT_HANG:
         while True:  # interruptible by SIGALRM, like a stuck user function
             time.sleep(0.05)
