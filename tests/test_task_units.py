@@ -98,3 +98,14 @@ def test_corrupt_restore_state_declines_naming_the_file(env):
     [answer] = run_units(env, [UnitWork(2, 1, 0, states)])
     assert answer["status"] == "decline"
     assert path in answer["reason"] and "checksum" in answer["reason"]
+
+
+def test_failed_upload_declines_and_deletes_the_staged_sink_file(env, tmp_path, monkeypatch):
+    def broken(self, relpath, segments):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(JobStorage, "write_segments", broken)
+    [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
+    assert answer["status"] == "decline"
+    assert answer["reason"] == "upload failed: OSError: disk full"
+    assert list((tmp_path / "t" / "data").iterdir()) == []

@@ -302,16 +302,28 @@ def run_units(
                     )
                 )
                 continue
-            pending.append((work, pool.submit(_upload, storage, snap), started))
-        for work, future, started in pending:
+            pending.append((snap, pool.submit(_upload, storage, snap), started))
+        for snap, future, started in pending:
             left = env.unit_timeout - (time.monotonic() - started)
             try:
                 answers.append(future.result(timeout=max(left, 0.001)))
+                continue
             except TimeoutError:
-                answers.append(_decline(work, "timeout: upload did not finish in time"))
+                answers.append(_decline(snap.work, "timeout: upload did not finish in time"))
             except Exception as exc:
-                answers.append(_decline(work, f"upload failed: {type(exc).__name__}: {exc}"))
+                reason = f"upload failed: {type(exc).__name__}: {exc}"
+                answers.append(_decline(snap.work, reason))
+            _discard_staged(env.pipeline, snap.states)
     if on_answer is not None:
         for a in answers:
             on_answer(a)
     return answers
+
+
+def _discard_staged(pipeline: Pipeline, states: Sequence[SubtaskState]) -> None:
+    """Delete the sink files a declined unit staged (DESIGN §4 rule 8); best effort."""
+    for s in states:
+        sink = pipeline.vertices[s.vertex_id].sink
+        if s.committables and sink is not None:
+            with contextlib.suppress(Exception):
+                sink.discard(s.committables)
