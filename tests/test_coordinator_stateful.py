@@ -283,6 +283,6 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
 
 CoordinatorMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=50, deadline=None
+    max_examples=200, stateful_step_count=50, deadline=None
 )
 TestCoordinatorStateful = CoordinatorMachine.TestCase

@@ -18,7 +18,7 @@ faults = st.dictionaries(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     faults=faults,
     crashes=st.lists(st.integers(1, 250), max_size=3),
