@@ -86,6 +86,15 @@ class Faults:
 
     units: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     crash_at: tuple[int, str] | None = None
+    #: crash by killing the driver process (`os._exit`) instead of raising `DriverCrash`
+    hard: bool = False
+
+    def crash(self, message: str) -> None:
+        """Stop the driver here: raise `DriverCrash`, or end the process at once if `hard`."""
+        if self.hard:
+            sys.stdout.flush()
+            os._exit(70)
+        raise DriverCrash(message)
 
     def __post_init__(self) -> None:
         for (cid, unit), what in self.units.items():
@@ -482,7 +491,7 @@ class SparkRuntime:
 
     def _crash(self, checkpoint_id: int, step: str) -> None:
         if self.faults.crash_at == (checkpoint_id, step):
-            raise DriverCrash(f"driver crashed at checkpoint {checkpoint_id}, {step} (injected)")
+            self.faults.crash(f"driver crashed at checkpoint {checkpoint_id}, {step} (injected)")
 
     def _carry_out(self, decisions: list[Decision]) -> dict[int, tuple[str, tuple[int, ...], str]]:
         """Carry out decisions in order (new ones are appended); returns per checkpoint id
@@ -552,11 +561,11 @@ class SparkRuntime:
     def _clean(self) -> None:
         plan = scan(self.storage, num_retained=self.policy.checkpointing.num_retained)
         latest = self.coordinator.latest_completed_id or 0
-        crash = self.faults.crash_at
+        faults = self.faults
 
         def progress(p: Any) -> None:
-            if crash == (latest, "mid-clean"):
-                raise DriverCrash(f"driver crashed at checkpoint {latest}, mid-clean (injected)")
+            if faults.crash_at == (latest, "mid-clean"):
+                faults.crash(f"driver crashed at checkpoint {latest}, mid-clean (injected)")
 
         execute(plan, self.storage, progress=progress, max_workers=1)
 
