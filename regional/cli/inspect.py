@@ -14,10 +14,13 @@ import sys
 
 import pyarrow as pa
 
+from cleaner.run import scan
+from cleaner.views import retention_table
 from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
+from regional.cli.clean import totals_text
 from regional.cli.render import print_table
 
 __all__ = ["register"]
@@ -30,6 +33,7 @@ _VIEWS: dict[str, str] = {
     "validate": "check files, sizes, checksums and references; which checkpoint a restore uses",
     "summary": "counts and min/median/max of duration and size",
     "diff": "per subtask, what changed between two checkpoints",
+    "retention": "what a clean would keep or delete, per checkpoint and file, with the reason",
 }
 
 
@@ -87,6 +91,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     storage = JobStorage.open(args.root, args.job)
     if args.view == "validate":
         return _validate(storage, args)
+    if args.view == "retention":
+        return _retention(storage, args)
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
@@ -100,6 +106,15 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = getattr(inspector, args.view)()
     print_table(table, as_json=args.json)
     return 0
+
+
+def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The cleaner's plan, without deleting anything (what `regional clean --dry-run` shows)."""
+    plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
+    print_table(retention_table(plan), as_json=args.json)
+    if not args.json:
+        print(totals_text(plan, None))
+    return 1 if plan.refused else 0
 
 
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
