@@ -307,13 +307,17 @@ class PaimonSink:
         file_io = self._table().file_io
         return [p for p in paths if not file_io.exists(p)]
 
+    def data_files(self, committables: Iterable[bytes]) -> list[str]:
+        """Paths of the data files behind `committables`."""
+        return self._data_files(self._messages(committables))
+
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        return self._missing(self._data_files(self._messages(committables)))
+        return self._missing(self.data_files(committables))
 
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete the files of a declined or aborted attempt (already gone is fine)."""
         file_io = self._table().file_io
-        for path in self._data_files(self._messages(committables)):
+        for path in self.data_files(committables):
             file_io.delete_quietly(path)
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
