@@ -88,6 +88,17 @@ def test_recommit_is_skipped_from_paimon_snapshots_even_by_a_new_driver(tmp_path
     )
 
 
+def test_partitioned_table_one_committable_per_partition(tmp_path):
+    sink = PaimonSink(str(tmp_path / "wh"), "db.p", schema=SCHEMA, partition_keys=["user"])
+    c = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}, {"user": "a", "n": 3}])
+    after_crash = PaimonSink(sink.warehouse, "db.p")  # decodes without the writer's objects
+    files = after_crash.data_files(c)
+    assert len(c) == 2 and sorted(f.split("/")[-3] for f in files) == ["user=a", "user=b"]
+    assert after_crash.missing_files(c) == [] and after_crash.rows_of(c) == 3
+    assert perform_commit(Commit(1, "out", "job", c), after_crash)
+    assert _rows(sink) == [("a", 1), ("a", 3), ("b", 2)]
+
+
 def test_a_missing_data_file_is_refused_before_anything_is_committed(tmp_path):
     sink = _sink(tmp_path)
     c = _stage(sink, 3, [{"user": "a", "n": 1}])
@@ -118,6 +129,24 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt(tmp_path):
     sink.discard(c)
     sink.discard(c)  # already gone is fine
     assert sink.missing_files(c) == files
+
+
+def test_discard_skips_committables_of_other_sinks(tmp_path):
+    from regional.sinks.parquet import ParquetSink
+
+    paimon, other = _sink(tmp_path), _sink(tmp_path, "db.other")
+    parquet = ParquetSink(str(tmp_path / "parquet"))
+    mine = _stage(paimon, 1, [{"user": "a", "n": 1}])
+    theirs = _stage(other, 1, [{"user": "b", "n": 2}])
+    staged = parquet.write(
+        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+    )
+    everything = mine + theirs + staged  # the runtime hands a unit's committables to each sink
+    paimon.discard(everything)
+    assert paimon.missing_files(mine) == paimon.data_files(mine)
+    assert other.missing_files(theirs) == [] and parquet.missing_files(staged) == []
+    parquet.discard(everything)
+    assert other.missing_files(theirs) == [] and len(parquet.missing_files(staged)) == 1
 
 
 def test_rows_that_do_not_fit_the_table_are_refused_with_the_columns(tmp_path):

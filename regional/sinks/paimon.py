@@ -48,6 +48,7 @@ class _Committable(msgspec.Struct, frozen=True, array_like=True):
     schema_id: int
     rows: int
     message: bytes
+    table_path: str  # the table's location when written (discard skips other tables' files)
 
 
 def _require_pypaimon() -> Any:
@@ -236,6 +237,7 @@ class PaimonSink:
                     schema_id,
                     sum(f.row_count for f in m.new_files),
                     serialize_commit_message(m, table.partition_keys_fields),
+                    str(table.table_path),
                 )
             )
             for m in messages
@@ -315,10 +317,22 @@ class PaimonSink:
         return self._missing(self.data_files(committables))
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the files of a declined or aborted attempt (already gone is fine)."""
-        file_io = self._table().file_io
-        for path in self.data_files(committables):
-            file_io.delete_quietly(path)
+        """Delete the files of a declined or aborted attempt (already gone is fine).
+
+        Committables of other sinks (the runtime may hand a unit's committables to every sink)
+        are skipped.
+        """
+        table = self._table()
+        own = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table_path == str(table.table_path):
+                own.append(raw)
+        for path in self.data_files(own):
+            table.file_io.delete_quietly(path)
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""

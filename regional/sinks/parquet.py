@@ -191,10 +191,14 @@ class ParquetSink:
         return [f for f, i in zip(files, infos, strict=True) if i.type != pafs.FileType.File]
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete staged files of a declined or aborted attempt (already gone is fine)."""
+        """Delete staged files of a declined or aborted attempt (already gone is fine);
+        committables of other sinks' formats are skipped."""
         fs, base = _open(self.path)
         for c in committables:
-            file = msgspec.msgpack.decode(c, type=_Committable).file
+            try:
+                file = msgspec.msgpack.decode(c, type=_Committable).file
+            except msgspec.DecodeError:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{base}/{file}")
 
