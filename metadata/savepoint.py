@@ -36,7 +36,19 @@ from metadata.layout import METADATA_NAME, SAVEPOINTS_DIR, checkpoint_dir
 from metadata.model import CheckpointKind, CheckpointMetadata, StateHandle
 from metadata.storage import JobStorage, _redact, reference_problems, resolve_root
 
-__all__ = ["CheckpointSource", "open_checkpoint", "savepoint_storage", "write_savepoint"]
+__all__ = [
+    "CheckpointPathError",
+    "CheckpointSource",
+    "open_checkpoint",
+    "savepoint_storage",
+    "write_savepoint",
+]
+
+
+class CheckpointPathError(StorageError):
+    """The path to restore from holds no usable checkpoint or savepoint (bad input: exit 2)."""
+
+    exit_code = 2
 
 
 class CheckpointSource(msgspec.Struct, frozen=True):
@@ -93,8 +105,9 @@ def write_savepoint(storage: JobStorage, md: CheckpointMetadata) -> str:
 
 
 def open_checkpoint(path: str) -> CheckpointSource:
-    """The checkpoint or savepoint at `path` (see the module docstring); `StorageError` or
-    `MetadataError` naming the path when there is none, or a referenced file is missing."""
+    """The checkpoint or savepoint at `path` (see the module docstring). `CheckpointPathError`
+    names the path when it holds none or a referenced file is missing; `MetadataError` when
+    its metadata is damaged."""
     filesystem, full = resolve_root(path)
     shown = _redact(path)
     if posixpath.basename(full) == METADATA_NAME:
@@ -102,7 +115,7 @@ def open_checkpoint(path: str) -> CheckpointSource:
     parent, name = posixpath.split(full.rstrip("/"))
     holder = JobStorage(parent or "/", name, filesystem=filesystem)
     if not holder.exists(METADATA_NAME):
-        raise MetadataError(
+        raise CheckpointPathError(
             f"{shown} holds no {METADATA_NAME}; give a savepoint directory (sp-<id>), a "
             f"checkpoint directory (chk-<id>) or its {METADATA_NAME} file"
         )
@@ -111,7 +124,7 @@ def open_checkpoint(path: str) -> CheckpointSource:
         storage = holder
     else:
         if name != checkpoint_dir(md.checkpoint_id):
-            raise MetadataError(
+            raise CheckpointPathError(
                 f"{shown} holds checkpoint {md.checkpoint_id}, but its directory is named "
                 f"{name!r}; a checkpoint's state paths are relative to its job root, so restore "
                 f"it from <job root>/{checkpoint_dir(md.checkpoint_id)} (or take a savepoint, "
@@ -124,7 +137,7 @@ def open_checkpoint(path: str) -> CheckpointSource:
     if problems:
         listed = "; ".join(f"{p.path}: {p.problem}" for p in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise StorageError(
+        raise CheckpointPathError(
             f"{shown} (checkpoint {md.checkpoint_id}) cannot be restored: {listed}{more}; "
             "copy the whole directory, or restore from another checkpoint"
         )

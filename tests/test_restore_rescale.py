@@ -7,21 +7,16 @@ import shutil
 from collections import Counter
 
 import pytest
+from clicks_job import expected_rows, pipeline, policy, rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metadata.model import CheckpointMetadata, SplitState, StateHandle, SubtaskState, VertexInfo
 from metadata.storage import JobStorage
 from regional.errors import RestoreError
-from regional.pipeline import Pipeline
-from regional.policy import load_policy
 from regional.rescale import VertexShape, deal, place_splits, plan_restore, redistribute_state
 from regional.runtime.spark import SparkRuntime
-from regional.sinks.parquet import ParquetSink, read_table
-from regional.sources.generator import GeneratorSource
 from regional.state import OperatorState
-
-SPLITS, PER_SPLIT, PER_EPOCH = 8, 20, 7
 
 # --- the pure mapping --------------------------------------------------------------------------
 
@@ -172,57 +167,12 @@ def test_only_fresh_committables_are_carried_and_none_is_lost():
 # --- Spark: restore at half and double the parallelism ---------------------------------------
 
 
-def _click(split: int, n: int) -> dict:
-    return {"split": split, "n": n, "user": f"u{(split * 7 + n) % 5}"}
-
-
-def _count(ctx, record):
-    state = ctx.value_state("count", 0)
-    state.update(state.value() + 1)
-    ctx.list_state("seen").append(record["n"])
-    yield {**record, "count": state.value()}
-
-
-def _pipeline(table: str, parallelism: int) -> Pipeline:
-    p = Pipeline("clicks", records_per_epoch=PER_EPOCH)
-    src = p.source(
-        GeneratorSource(SPLITS, _click, records_per_split=PER_SPLIT),
-        parallelism=parallelism,
-        name="src",
-    )
-    src.key_by(lambda r: r["user"]).process(_count, name="count").sink(
-        ParquetSink(table), name="out"
-    )
-    return p
-
-
-def _expected() -> list[tuple]:
-    rows = []
-    for split in range(SPLITS):
-        seen: Counter[str] = Counter()
-        for n in range(PER_SPLIT):
-            r = _click(split, n)
-            seen[r["user"]] += 1
-            rows.append((split, n, r["user"], seen[r["user"]]))
-    return sorted(rows)
-
-
-def _rows(table: str) -> list[tuple]:
-    t = read_table(table)
-    cols = [t.column(c).to_pylist() for c in ("split", "n", "user", "count")]
-    return sorted(zip(*cols, strict=True))
-
-
-def _policy():
-    return load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
-
-
 @pytest.fixture(scope="module")
 def run_at_4(spark, tmp_path_factory):
     """Three checkpoints at parallelism 4 (8 splits: some read, some finished, some waiting)."""
     base = tmp_path_factory.mktemp("rescale")
     rt = SparkRuntime(
-        _pipeline(str(base / "table"), 4), spark, root=str(base / "ckpt"), policy=_policy()
+        pipeline(str(base / "table"), 4), spark, root=str(base / "ckpt"), policy=policy()
     )
     summary = rt.run(max_checkpoints=3)
     assert [c.kind for c in summary.checkpoints] == ["global"] * 3
@@ -237,10 +187,10 @@ def test_restore_at_another_parallelism_gives_the_fault_free_output(
     table = str(tmp_path / "table")
     shutil.copytree(run_at_4 / "table", table)
     rt = SparkRuntime(
-        _pipeline(table, parallelism),
+        pipeline(table, parallelism),
         spark,
         root=str(tmp_path / "ckpt"),
-        policy=_policy(),
+        policy=policy(),
         restore_from=str(run_at_4 / "ckpt" / "clicks" / "chk-3"),
     )
     summary = rt.run()
@@ -250,18 +200,18 @@ def test_restore_at_another_parallelism_gives_the_fault_free_output(
         f"count: 4 -> {parallelism}",
         f"out: 4 -> {parallelism}",
     )
-    assert _rows(table) == _expected()
+    assert rows(table) == expected_rows()
 
 
 @pytest.mark.spark
 def test_a_rerun_with_a_new_parallelism_on_the_same_root_rescales(spark, run_at_4, tmp_path):
     shutil.copytree(run_at_4, tmp_path / "job")
     table, root = str(tmp_path / "job" / "table"), str(tmp_path / "job" / "ckpt")
-    rt = SparkRuntime(_pipeline(table, 2), spark, root=root, policy=_policy())
+    rt = SparkRuntime(pipeline(table, 2), spark, root=root, policy=policy())
     summary = rt.run()
     assert summary.finished and summary.restored_from == 3
     assert summary.checkpoints[0].kind == "global"
-    assert _rows(table) == _expected()
+    assert rows(table) == expected_rows()
     # the rewritten state was staged for checkpoint 4 only: cleaned once it succeeded
     left = [f.path for f in JobStorage(root, "clicks").list_files()]
     assert not [p for p in left if p.endswith("-a0.state")], left

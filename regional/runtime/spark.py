@@ -664,6 +664,7 @@ class SparkRuntime:
                     u.unit_id: u.reason or "" for u in md.fallback_units
                 }
                 queue += self.coordinator.on_metadata_durable(md.checkpoint_id, _now_ms())
+                clean |= md.kind is CheckpointKind.SAVEPOINT  # its chk-<id> subsumes others
             elif isinstance(d, Commit):
                 queue += self._commit(d)
             elif isinstance(d, AbortCheckpoint):
