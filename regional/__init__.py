@@ -16,6 +16,7 @@ from regional.errors import (
     MetadataError,
     PolicyError,
     RegionalError,
+    RestoreError,
     StorageError,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "MetadataError",
     "PolicyError",
     "RegionalError",
+    "RestoreError",
     "StorageError",
 ]
 
