@@ -15,6 +15,7 @@ from metadata.layout import METADATA_NAME
 from metadata.savepoint import CheckpointPathError, open_checkpoint
 from metadata.storage import JobStorage
 from regional.errors import RestoreError
+from regional.policy import load_policy
 from regional.runtime.spark import SparkRuntime
 
 pytestmark = pytest.mark.spark
@@ -184,3 +185,22 @@ def test_bad_restore_paths_are_refused_with_the_reason(spark, stopped, tmp_path)
         r"there resumes from them\. Drop --from",
     ):
         restore(str(sp2), base / "ckpt")
+
+
+def test_resuming_the_job_root_in_no_claim_mode_keeps_the_restored_checkpoint(spark, tmp_path):
+    table, root = str(tmp_path / "table"), str(tmp_path / "ckpt")
+    SparkRuntime(pipeline(table), spark, root=root, policy=policy()).run(max_checkpoints=2)
+    restored = tmp_path / "ckpt" / "clicks" / "chk-2"
+    before = _digest(restored)
+    no_claim = load_policy(
+        env={},
+        overrides={
+            "checkpointing": {"timeout": "30 s", "num-retained": 1},
+            "restore": {"mode": "no-claim"},
+        },
+    ).policy
+    summary = SparkRuntime(pipeline(table), spark, root=root, policy=no_claim).run()
+    assert summary.restored_from == 2 and summary.finished and len(summary.checkpoints) >= 4
+    assert summary.checkpoints[0].kind == "global"
+    assert _digest(restored) == before  # not cleaned although subsumed many times
+    assert rows(table) == expected_rows()
