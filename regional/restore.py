@@ -20,14 +20,29 @@ import msgspec
 
 from metadata.layout import state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState
+from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
 from regional.coordinator.layout import JobLayout
+from regional.errors import RestoreError
 from regional.operators.split_enumerator import SplitEnumerator
 from regional.pipeline import Pipeline
 from regional.rescale import RestorePlan, VertexShape, plan_restore, redistribute_state
 from regional.state import OperatorState
 
-__all__ = ["rewrite_for_pipeline", "vertex_shapes"]
+__all__ = ["open_restore_source", "rewrite_for_pipeline", "vertex_shapes"]
+
+
+def open_restore_source(target: JobStorage, path: str) -> CheckpointSource:
+    """The checkpoint or savepoint at `path`, to restore into job root `target`; refuses a
+    target that already holds checkpoints (a run there resumes from them)."""
+    completed = target.list_checkpoint_ids()
+    if completed:
+        raise RestoreError(
+            f"cannot restore {path} into {target.describe('')}: that job root already holds "
+            f"checkpoints (latest {completed[-1]}), and a run there resumes from them. Drop "
+            "--from to resume, or restore into another job root (--checkpoint-dir or --job-id)"
+        )
+    return open_checkpoint(path)
 
 
 def vertex_shapes(pipeline: Pipeline, layout: JobLayout) -> list[VertexShape]:

@@ -112,12 +112,19 @@ def run_pipeline(args: argparse.Namespace) -> int:
             f"{args.file} defines no module-level `pipeline` (a regional.Pipeline); "
             "assign one, e.g. `pipeline = Pipeline('clicks')`"
         )
+    from metadata.storage import JobStorage
+    from regional.restore import open_restore_source
     from regional.runtime.session import spark_session
     from regional.runtime.spark import Faults, SparkRuntime
+
+    if args.restore_from:  # bad restore input fails before Spark starts
+        open_restore_source(JobStorage(root, args.job_id or pipeline.name), args.restore_from)
 
     log_file = None if args.verbose else f"{root.rstrip('/')}-spark.log"
     if log_file and "://" in root:
         log_file = os.path.join(tempfile.gettempdir(), "regional-spark.log")
+    if log_file:  # next to a checkpoint dir that may not exist yet
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     print(f"starting Spark ({args.master}); checkpoints under {root}", flush=True)
     spark = spark_session(args.master, verbose=args.verbose, log_file=log_file)
     plan = pipeline.regions()

@@ -37,7 +37,7 @@ from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.layout import checkpoint_id_of
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
-from metadata.savepoint import open_checkpoint, write_savepoint
+from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
     AbortCheckpoint,
@@ -64,7 +64,7 @@ from regional.errors import (
 from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import rewrite_for_pipeline
+from regional.restore import open_restore_source, rewrite_for_pipeline
 from regional.runtime.task import TaskEnv, UnitWork, run_units
 
 if TYPE_CHECKING:
@@ -419,15 +419,7 @@ class SparkRuntime:
 
     def _restore_from(self, path: str) -> int:
         """Restore the checkpoint or savepoint at `path` into this (empty) job root."""
-        completed = self.storage.list_checkpoint_ids()
-        if completed:
-            raise RestoreError(
-                f"cannot restore {path} into {self.storage.describe('')}: that job root already "
-                f"holds checkpoints (latest {completed[-1]}), and a run there resumes from them. "
-                "Drop --from to resume, or restore into another job root (--checkpoint-dir or "
-                "--job-id)"
-            )
-        source = open_checkpoint(path)
+        source = open_restore_source(self.storage, path)
         md = source.metadata
         cid = md.checkpoint_id
         next_id = max(cid + 1, self._next_free_id())
