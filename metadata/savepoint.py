@@ -52,8 +52,9 @@ class CheckpointPathError(StorageError):
 
 
 class CheckpointSource(msgspec.Struct, frozen=True):
-    """A checkpoint or savepoint opened by path: `storage` is rooted where its state paths are
-    relative to (the savepoint directory, or the checkpoint's job root)."""
+    """A checkpoint or savepoint opened by path: its directory (`location`), and `storage`
+    rooted where its state paths are relative to (the savepoint directory, or the
+    checkpoint's job root)."""
 
     location: str
     storage: JobStorage
@@ -141,4 +142,5 @@ def open_checkpoint(path: str) -> CheckpointSource:
             f"{shown} (checkpoint {md.checkpoint_id}) cannot be restored: {listed}{more}; "
             "copy the whole directory, or restore from another checkpoint"
         )
-    return CheckpointSource(storage.describe(""), storage, md)
+    where = "" if storage is holder else checkpoint_dir(md.checkpoint_id)
+    return CheckpointSource(storage.describe(where), storage, md)
