@@ -317,13 +317,11 @@ class SparkRuntime:
         injected crash point, `CheckpointAbortedError` when the final savepoint failed.
         """
         started = time.monotonic()
-        self._start()
-        summary = RunSummary(
-            self.job_id,
-            restored_from=self._restored,
-            restored_location=self._restored_location,
-            restore_notes=self._restore_notes,
-        )
+        summary = RunSummary(self.job_id)
+        if self._start():
+            summary.restored_from = self._restored
+            summary.restored_location = self._restored_location
+            summary.restore_notes = self._restore_notes
         epochs = 0
         while (
             not self._finished
@@ -338,6 +336,7 @@ class SparkRuntime:
             epochs += 1
             if self.interval and not self._finished and not self._stop_requested:
                 time.sleep(max(0.0, self.interval - (time.monotonic() - epoch_start)))
+        self._stop_requested = False  # a later run() runs again
         if stop_with_savepoint and not self._finished:
             summary.savepoint = self._take_savepoint(summary)
         summary.finished = self._finished
@@ -373,13 +372,15 @@ class SparkRuntime:
             )
         return location
 
-    def _start(self) -> None:
-        """Warm up the Python workers; restore the first time."""
+    def _start(self) -> bool:
+        """Warm up the Python workers; restore the first time (then returns True)."""
         sc = self.spark.sparkContext
         sc.parallelize(range(self.tasks), self.tasks).mapPartitions(_warm_up).collect()
-        if not self._started:
-            self._restored = self._restore()
+        if self._started:
+            return False
+        self._restored = self._restore()
         self._started = True
+        return True
 
     def _next_free_id(self) -> int:
         """The first checkpoint id no file under the job root uses."""
@@ -394,7 +395,7 @@ class SparkRuntime:
         if md is None:
             return None
         next_id = self._next_free_id()
-        if md.vertices == self.layout.vertices:
+        if set(md.vertices) == set(self.layout.vertices):
             decisions = self.coordinator.restore(
                 md, mode=self.policy.restore.mode, next_checkpoint_id=next_id
             )
