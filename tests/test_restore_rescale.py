@@ -7,15 +7,18 @@ import shutil
 from collections import Counter
 
 import pytest
-from clicks_job import expected_rows, pipeline, policy, rows
+from clicks_job import PER_SPLIT, SPLITS, click, expected_rows, pipeline, policy, rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metadata.model import CheckpointMetadata, SplitState, StateHandle, SubtaskState, VertexInfo
 from metadata.storage import JobStorage
 from regional.errors import RestoreError
+from regional.pipeline import Pipeline
 from regional.rescale import VertexShape, deal, place_splits, plan_restore, redistribute_state
 from regional.runtime.spark import SparkRuntime
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.generator import GeneratorSource
 from regional.state import OperatorState
 
 # --- the pure mapping --------------------------------------------------------------------------
@@ -215,3 +218,42 @@ def test_a_rerun_with_a_new_parallelism_on_the_same_root_rescales(spark, run_at_
     # the rewritten state was staged for checkpoint 4 only: cleaned once it succeeded
     left = [f.path for f in JobStorage(root, "clicks").list_files()]
     assert not [p for p in left if p.endswith("-a0.state")], left
+
+
+@pytest.mark.spark
+def test_dropping_state_restores_the_rest(spark, run_at_4, tmp_path):
+    """A pipeline without the counter and with another sink: refused, then restored with
+    `allow_dropped_state`; the sources go on from their positions (no click read twice)."""
+    p = Pipeline("clicks", records_per_epoch=7)
+    p.source(
+        GeneratorSource(SPLITS, click, records_per_split=PER_SPLIT), parallelism=2, name="src"
+    ).sink(ParquetSink(str(tmp_path / "table")), name="plain")
+    source = str(run_at_4 / "ckpt" / "clicks" / "chk-3")
+
+    def restore(allow: bool) -> SparkRuntime:
+        return SparkRuntime(
+            p,
+            spark,
+            root=str(tmp_path / f"ckpt-{allow}"),
+            policy=policy(),
+            restore_from=source,
+            allow_dropped_state=allow,
+        )
+
+    with pytest.raises(RestoreError, match=r"vertex 'count' has state in checkpoint 3"):
+        restore(False).run()
+    summary = restore(True).run()
+    assert summary.finished
+    assert summary.restore_notes == (
+        "src: 4 -> 2",
+        "dropped: vertex 'count' has state in checkpoint 3 but the pipeline has no such vertex "
+        "(renamed or removed?)",
+        "dropped: vertex 'out' has state in checkpoint 3 but the pipeline has no such vertex "
+        "(renamed or removed?)",
+    )
+    t = read_table(str(tmp_path / "table"))
+    got = sorted(zip(t.column("split").to_pylist(), t.column("n").to_pylist(), strict=True))
+    before = {(s, n) for s, n, _, _ in rows(str(run_at_4 / "table"))}
+    assert len(got) == len(set(got))  # nothing twice
+    assert set(got) | before == {(s, n) for s in range(SPLITS) for n in range(PER_SPLIT)}
+    assert not set(got) & before  # nothing the checkpoint had read
