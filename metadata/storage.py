@@ -283,12 +283,25 @@ class JobStorage:
             )
         return md
 
-    def write_metadata(self, md: CheckpointMetadata) -> None:
-        """Write `chk-<id>/_metadata` atomically; refuses to overwrite an existing one.
+    def read_metadata_at(self, relpath: str) -> CheckpointMetadata:
+        """Read and decode the metadata file at `relpath` (e.g. a savepoint's `_metadata`)."""
+        source = self.describe(relpath)
+        try:
+            with self.filesystem.open_input_stream(self._full(relpath)) as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise MetadataError(f"{source} does not exist") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {source}: {exc}") from None
+        return decode_metadata(data, source=source)
+
+    def write_metadata(self, md: CheckpointMetadata, *, at: str | None = None) -> None:
+        """Write `chk-<id>/_metadata` (or the file at `at`) atomically; refuses to overwrite an
+        existing one.
 
         Call it only after every state file `md` references is durable (DESIGN §4 rule 10).
         """
-        rel = metadata_path(md.checkpoint_id)
+        rel = at or metadata_path(md.checkpoint_id)
         data = encode_metadata(md)
         if self.exists(rel):
             raise StorageError(

@@ -16,6 +16,7 @@ from regional.errors import (
     MetadataError,
     PolicyError,
     RegionalError,
+    RestoreError,
     SinkError,
     StorageError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "MetadataError",
     "PolicyError",
     "RegionalError",
+    "RestoreError",
     "SinkError",
     "StorageError",
 ]

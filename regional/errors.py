@@ -12,6 +12,7 @@ __all__ = [
     "MetadataError",
     "PolicyError",
     "RegionalError",
+    "RestoreError",
     "SinkError",
     "StorageError",
 ]
@@ -39,6 +40,13 @@ class JobFailedError(RegionalError):
 
 class CommitError(RegionalError):
     """A sink commit failed or cannot be made safely (e.g. a committed data file is missing)."""
+
+
+class RestoreError(RegionalError):
+    """A checkpoint or savepoint cannot be restored into this job: the path holds none, or its
+    state cannot be mapped onto the pipeline. Names the path or vertex and what to do."""
+
+    exit_code = 2
 
 
 class SinkError(RegionalError):

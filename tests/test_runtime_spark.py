@@ -196,17 +196,27 @@ def test_unbounded_log_source_picks_up_appended_records_exactly_once(spark, tmp_
     assert values == sorted([*range(5), *range(5), 100])
 
 
-def test_restoring_with_another_parallelism_is_refused(spark, tmp_path):
-    from regional.errors import GraphError
+def test_restoring_without_the_stateful_vertices_is_refused_and_leaves_the_root_alone(
+    spark, tmp_path
+):
+    from regional.errors import RestoreError
 
     _run(spark, tmp_path)
+    storage = JobStorage(str(tmp_path / "ckpt"), "job")
+    before = storage.list_files()
     p = Pipeline("job", records_per_epoch=PER_EPOCH)
     p.source(
         GeneratorSource(SPLITS, _click, records_per_split=PER_SPLIT), parallelism=2, name="src"
     )
     rt = SparkRuntime(p, spark, root=str(tmp_path / "ckpt"))
-    with pytest.raises(GraphError, match=r"vertices .*src=4.*now has src=2; restoring with other"):
+    with pytest.raises(
+        RestoreError,
+        match=r"^cannot map checkpoint \d+ onto the pipeline: vertex 'count' has state in "
+        r"checkpoint \d+ but the pipeline has no such vertex \(renamed or removed\?\)\. "
+        r"Restore with the pipeline that wrote it, or allow dropping",
+    ):
         rt.run()
+    assert storage.list_files() == before
 
 
 @pytest.mark.s3

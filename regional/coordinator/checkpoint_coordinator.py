@@ -381,11 +381,14 @@ class CheckpointCoordinator:
         *,
         mode: str = "claim",
         next_checkpoint_id: int | None = None,
+        global_until_success: str | None = None,
     ) -> list[Decision]:
         """Start from a completed checkpoint (DESIGN rule 12). `mode` is `claim` or `no-claim`
         (checkpoints stay global until one succeeds; nothing falls back to the restored one).
         `next_checkpoint_id`: the first id not used under the job root (ids of checkpoints that
-        were in flight at a crash are not reused). Returns the re-commits."""
+        were in flight at a crash are not reused). `global_until_success`: why checkpoints must
+        stay global until one succeeds in claim mode too (e.g. the restored state was rewritten
+        for another parallelism and is not kept). Returns the re-commits."""
         if self._latest_id is not None or self._pending or self._completing or self._next_id > 1:
             raise CoordinatorStateError("restore only a coordinator that has not checkpointed")
         if mode not in ("claim", "no-claim"):
@@ -419,6 +422,8 @@ class CheckpointCoordinator:
                 f"restored checkpoint {cid} in no-claim mode: checkpoints stay global until one "
                 "succeeds"
             )
+        elif global_until_success is not None:
+            self._global_until_success = global_until_success
         elif metadata.kind is CheckpointKind.SAVEPOINT:
             self._global_until_success = (
                 f"restored savepoint {cid} is user-owned: no unit may fall back to it"

@@ -74,6 +74,11 @@ class SplitEnumerator:
         self._by_subtask.setdefault(index, []).append(split)
         return split
 
+    @property
+    def owners(self) -> dict[str, int]:
+        """Every handed-out split (still read or finished) and the subtask index that owns it."""
+        return dict(self._owner)
+
     def owner_of(self, split_id: str) -> int | None:
         """The subtask index the split is assigned to, or None."""
         return self._owner.get(split_id)
@@ -106,6 +111,16 @@ class SplitEnumerator:
         self._assigned_in = state.assigned_in
         self._by_subtask = {}
         for split, index in sorted(state.owner.items(), key=lambda kv: state.assigned_in[kv[0]]):
+            self._by_subtask.setdefault(index, []).append(split)
+
+    def reassign(self, owners: Mapping[str, int]) -> None:
+        """Move splits to other subtasks (a restore with another parallelism): `owners` maps a
+        split to its new subtask index; splits it does not name keep theirs."""
+        for split, index in owners.items():
+            if split in self._owner:
+                self._owner[split] = index
+        self._by_subtask = {}
+        for split, index in sorted(self._owner.items(), key=lambda kv: self._assigned_in[kv[0]]):
             self._by_subtask.setdefault(index, []).append(split)
 
     def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:

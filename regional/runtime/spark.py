@@ -11,8 +11,12 @@ units without an answer are declined by the coordinator's tick.
 
 The driver carries out the coordinator's decisions in order: write metadata, then commit, then
 notify, then clean (the cleaner's plan and executor). On start, a root that already holds
-checkpoints is restored from the latest restorable one. `Faults` injects failures for tests and
-demos: a unit failing or hanging at a checkpoint, or the driver crashing at a coordinator step.
+checkpoints is restored from the latest restorable one (rewritten by `regional.restore` when the
+pipeline's parallelism changed); `restore_from` restores a given checkpoint or savepoint into
+an empty job root instead. `savepoint()` and `run(stop_with_savepoint=True)` take savepoints:
+a global checkpoint whose state is also copied, self-contained, to `savepoints/sp-<id>/`.
+`Faults` injects failures for tests and demos: a unit failing or hanging at a checkpoint, or
+the driver crashing at a coordinator step.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.layout import checkpoint_id_of
-from metadata.model import CheckpointKind, SubtaskState
+from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
+from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
     AbortCheckpoint,
@@ -49,10 +55,17 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.errors import CommitError, GraphError, JobFailedError, RegionalError
+from regional.errors import (
+    CheckpointAbortedError,
+    CommitError,
+    JobFailedError,
+    RegionalError,
+    RestoreError,
+)
 from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
 from regional.pipeline import Pipeline
 from regional.policy import Policy
+from regional.restore import open_restore_source, rewrite_for_pipeline
 from regional.runtime.task import TaskEnv, UnitWork, run_units
 
 if TYPE_CHECKING:
@@ -134,6 +147,9 @@ class RunSummary:
     checkpoints: list[CheckpointReport] = dataclasses.field(default_factory=list)
     finished: bool = False
     seconds: float = 0.0
+    restored_location: str | None = None  # where the restored checkpoint was read from
+    restore_notes: tuple[str, ...] = ()  # rescaled vertices, dropped state
+    savepoint: str | None = None  # the location of the savepoint taken at the stop
 
     def count(self, kind: str) -> int:
         return sum(1 for c in self.checkpoints if c.kind == kind)
@@ -207,6 +223,15 @@ class SparkRuntime:
 
     `tasks` is how many Spark tasks an epoch packs the units into (default: one per core).
     `progress` is called with a `CheckpointReport` after every epoch.
+
+    `restore_from` is a checkpoint or savepoint to start from (a savepoint directory, a
+    `chk-<id>` directory or its `_metadata`; local or URI) instead of the job root's latest;
+    the job root must hold no completed checkpoint then. `restore_mode` (default: the policy's
+    `restore.mode`): ``claim`` imports the restored state into the job root as a checkpoint of
+    its own (`chk-<id>/`, cleaned like any other); ``no-claim`` only stages it there for the
+    first checkpoint, which must be global. The source is never modified either way.
+    `allow_dropped_state` lets a restore leave behind state the pipeline cannot take (a
+    vertex it no longer has, a changed max parallelism) instead of failing.
     """
 
     def __init__(
@@ -221,6 +246,9 @@ class SparkRuntime:
         tasks: int | None = None,
         progress: Callable[[CheckpointReport], None] | None = None,
         interval: float = 0.0,
+        restore_from: str | None = None,
+        restore_mode: str | None = None,
+        allow_dropped_state: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.spark = spark
@@ -271,56 +299,167 @@ class SparkRuntime:
         self._causes: dict[int, dict[int, str]] = {}
         self._finished = False
         self._started = False  # run() restores only the first time
+        self.restore_from = restore_from
+        self.restore_mode = restore_mode or self.policy.restore.mode
+        if self.restore_mode not in ("claim", "no-claim"):
+            raise RestoreError(f"restore mode {self.restore_mode!r}: use claim or no-claim")
+        self.allow_dropped_state = allow_dropped_state
+        self._restored_location: str | None = None
+        self._restore_notes: tuple[str, ...] = ()
+        self._restored: int | None = None
+        self._savepoints: dict[int, str] = {}
+        self._stop_requested = False
+        self._restore_base: RestoreBase | None = None  # a no-claim restore of this job root
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def run(self, *, max_checkpoints: int | None = None) -> RunSummary:
-        """Run until the job finishes (bounded sources) or `max_checkpoints` epochs ran.
+    def run(
+        self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
+    ) -> RunSummary:
+        """Run until the job finishes (bounded sources), `max_checkpoints` epochs ran or
+        `request_stop()` was called; with `stop_with_savepoint`, a job that has not finished
+        then takes a savepoint (`RunSummary.savepoint`) and stops.
 
         Raises `JobFailedError` past `tolerable-failed-checkpoints`, `DriverCrash` at an
-        injected crash point.
+        injected crash point, `CheckpointAbortedError` when the final savepoint failed.
         """
         started = time.monotonic()
-        sc = self.spark.sparkContext
-        sc.parallelize(range(self.tasks), self.tasks).mapPartitions(_warm_up).collect()
-        restored = None if self._started else self._restore()
-        self._started = True
-        summary = RunSummary(self.job_id, restored_from=restored)
+        summary = RunSummary(self.job_id)
+        if self._start():
+            summary.restored_from = self._restored
+            summary.restored_location = self._restored_location
+            summary.restore_notes = self._restore_notes
         epochs = 0
-        while not self._finished and (max_checkpoints is None or epochs < max_checkpoints):
+        while (
+            not self._finished
+            and not self._stop_requested
+            and (max_checkpoints is None or epochs < max_checkpoints)
+        ):
             epoch_start = time.monotonic()
             report = self._epoch()
             summary.checkpoints.append(report)
             if self.progress is not None:
                 self.progress(report)
             epochs += 1
-            if self.interval and not self._finished:
+            if self.interval and not self._finished and not self._stop_requested:
                 time.sleep(max(0.0, self.interval - (time.monotonic() - epoch_start)))
+        self._stop_requested = False  # a later run() runs again
+        if stop_with_savepoint and not self._finished:
+            summary.savepoint = self._take_savepoint(summary)
         summary.finished = self._finished
         summary.seconds = time.monotonic() - started
         return summary
 
+    def request_stop(self) -> None:
+        """Stop `run` after the running epoch (safe to call from a signal handler)."""
+        self._stop_requested = True
+
+    def savepoint(self) -> str:
+        """Take a savepoint now (between epochs): a global checkpoint epoch whose state is also
+        copied to `savepoints/sp-<id>/`, self-contained; returns that directory's location.
+
+        Raises `CheckpointAbortedError` when a unit failed it (the job's checkpoints are
+        untouched), `CoordinatorStateError` when the job has finished.
+        """
+        self._start()
+        return self._take_savepoint(None)
+
+    def _take_savepoint(self, summary: RunSummary | None) -> str:
+        report = self._epoch(savepoint=True)
+        if summary is not None:
+            summary.checkpoints.append(report)
+        if self.progress is not None:
+            self.progress(report)
+        location = self._savepoints.get(report.checkpoint_id)
+        if report.kind != CheckpointKind.SAVEPOINT.value or location is None:
+            raise CheckpointAbortedError(
+                f"savepoint {report.checkpoint_id} of job {self.job_id} failed: "
+                f"{report.message or 'aborted'}; the job's checkpoints are intact, so a new run "
+                "resumes from its latest checkpoint"
+            )
+        return location
+
+    def _start(self) -> bool:
+        """Warm up the Python workers; restore the first time (then returns True)."""
+        sc = self.spark.sparkContext
+        sc.parallelize(range(self.tasks), self.tasks).mapPartitions(_warm_up).collect()
+        if self._started:
+            return False
+        self._restored = self._restore()
+        self._started = True
+        return True
+
+    def _next_free_id(self) -> int:
+        """The first checkpoint id no file under the job root uses."""
+        files = self.storage.list_files()
+        used = [c for f in files if (c := checkpoint_id_of(f.path)) is not None]
+        return max(used, default=0) + 1
+
     def _restore(self) -> int | None:
+        if self.restore_from is not None:
+            return self._restore_from(self.restore_from)
         md = self.storage.find_latest_restorable()
         if md is None:
             return None
-        if set(md.vertices) != set(self.layout.vertices):
-            then = ", ".join(f"{v.vertex_id}={v.parallelism}" for v in md.vertices)
-            now = ", ".join(f"{v.vertex_id}={v.parallelism}" for v in self.layout.vertices)
-            raise GraphError(
-                f"checkpoint {md.checkpoint_id} under {self.storage.describe('')} was taken with "
-                f"vertices {then}, the pipeline now has {now}; restoring with other vertices or "
-                "parallelism is not supported yet: keep the pipeline's shape or use a new "
-                "checkpoint directory"
+        next_id = self._next_free_id()
+        if set(md.vertices) == set(self.layout.vertices):
+            decisions = self.coordinator.restore(
+                md, mode=self.policy.restore.mode, next_checkpoint_id=next_id
             )
-        files = self.storage.list_files()
-        used = [c for f in files if (c := checkpoint_id_of(f.path)) is not None]
-        decisions = self.coordinator.restore(
-            md, mode=self.policy.restore.mode, next_checkpoint_id=max(used, default=0) + 1
-        )
+        else:  # another shape: the rewritten state is staged for the next checkpoint only
+            restored = self._rewrite(self.storage, md, next_id, ())
+            decisions = self.coordinator.restore(
+                restored,
+                mode=self.policy.restore.mode,
+                next_checkpoint_id=next_id,
+                global_until_success=(
+                    f"checkpoint {md.checkpoint_id} was restored with another parallelism; its "
+                    "rewritten state is kept only until a checkpoint succeeds, so checkpoints "
+                    "stay global until then"
+                ),
+            )
+        self._restored_location = self.storage.describe(f"chk-{md.checkpoint_id}")
+        if self.policy.restore.mode == "no-claim":  # the cleaner keeps chk-<k> for k <= base
+            self._restore_base = RestoreBase(md.checkpoint_id, "no-claim")
         self._carry_out(decisions)
         self._check_sources_finished()
         return md.checkpoint_id
+
+    def _restore_from(self, path: str) -> int:
+        """Restore the checkpoint or savepoint at `path` into this (empty) job root."""
+        source = open_restore_source(self.storage, path)
+        md = source.metadata
+        cid = md.checkpoint_id
+        next_id = max(cid + 1, self._next_free_id())
+        claim = self.restore_mode == "claim"
+        what = f"restored from {source.location} ({self.restore_mode})"
+        restored = self._rewrite(source.storage, md, cid if claim else next_id, (what,))
+        if claim:  # the job owns its copy: a checkpoint of its own, cleaned when subsumed
+            self.storage.write_metadata(restored)
+        decisions = self.coordinator.restore(
+            restored, mode=self.restore_mode, next_checkpoint_id=next_id
+        )
+        self._restored_location = source.location
+        self._carry_out(decisions)
+        self._check_sources_finished()
+        return cid
+
+    def _rewrite(
+        self, source: JobStorage, md: CheckpointMetadata, state_id: int, reasons: tuple[str, ...]
+    ) -> CheckpointMetadata:
+        """`md`'s state mapped onto the pipeline, written under `chk-<state_id>/` here."""
+        restored, plan = rewrite_for_pipeline(
+            source,
+            md,
+            self.pipeline,
+            self.layout,
+            self.storage,
+            state_checkpoint_id=state_id,
+            allow_dropped_state=self.allow_dropped_state,
+            reasons=reasons,
+        )
+        self._restore_notes = (*plan.rescaled, *plan.dropped)
+        return restored
 
     def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
         for vertex_id, enumerator in self.enumerators.items():
@@ -383,9 +522,9 @@ class SparkRuntime:
             return answers, f"spark job failed: {first[0][:300] if first else box['error']!r}"
         return answers, None
 
-    def _epoch(self) -> CheckpointReport:
+    def _epoch(self, *, savepoint: bool = False) -> CheckpointReport:
         t0 = time.monotonic()
-        trigger = self.coordinator.trigger(_now_ms())
+        trigger = self.coordinator.trigger(_now_ms(), savepoint=savepoint)
         cid = trigger.checkpoint_id
         works = self._works(trigger)
         answers, job_error = self._run_job(trigger, works)
@@ -511,7 +650,7 @@ class SparkRuntime:
             if isinstance(d, WriteMetadata):
                 md = d.metadata
                 try:
-                    self.storage.write_metadata(md)
+                    self._write_metadata(md)
                 except RegionalError as exc:
                     queue += self.coordinator.on_metadata_failed(
                         md.checkpoint_id, str(exc), _now_ms()
@@ -525,6 +664,7 @@ class SparkRuntime:
                     u.unit_id: u.reason or "" for u in md.fallback_units
                 }
                 queue += self.coordinator.on_metadata_durable(md.checkpoint_id, _now_ms())
+                clean |= md.kind is CheckpointKind.SAVEPOINT  # its chk-<id> subsumes others
             elif isinstance(d, Commit):
                 queue += self._commit(d)
             elif isinstance(d, AbortCheckpoint):
@@ -547,6 +687,20 @@ class SparkRuntime:
             self._clean()
         return outcome
 
+    def _write_metadata(self, md: CheckpointMetadata) -> None:
+        """Write a completed checkpoint's metadata. A savepoint is first copied, self-contained,
+        to `savepoints/sp-<id>/`; its `chk-<id>` is then written as a global checkpoint of the
+        job (a crash after the savepoint resumes from it; the cleaner treats it as any other)."""
+        if md.kind is not CheckpointKind.SAVEPOINT:
+            self.storage.write_metadata(md)
+            return
+        location = write_savepoint(self.storage, md)
+        self._savepoints[md.checkpoint_id] = location
+        reasons = (*md.reasons, f"savepoint: a self-contained copy is in {location}")
+        self.storage.write_metadata(
+            msgspec.structs.replace(md, kind=CheckpointKind.GLOBAL, reasons=reasons)
+        )
+
     def _commit(self, commit: Commit) -> list[Decision]:
         sink = self.pipeline.vertices[commit.vertex_id].sink
         key = (commit.vertex_id, commit.checkpoint_id)
@@ -566,7 +720,11 @@ class SparkRuntime:
         return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
 
     def _clean(self) -> None:
-        plan = scan(self.storage, num_retained=self.policy.checkpointing.num_retained)
+        plan = scan(
+            self.storage,
+            num_retained=self.policy.checkpointing.num_retained,
+            restore_base=self._restore_base,
+        )
         latest = self.coordinator.latest_completed_id or 0
         faults = self.faults
 
