@@ -1,4 +1,5 @@
-"""Shared fixtures: a loopback S3-compatible server (moto) for the whole session.
+"""Shared fixtures: a loopback S3-compatible server (moto), the local SparkSession and a
+standalone Spark cluster (`cluster.py`), each for the whole session.
 
 Servers are started by the tests themselves on 127.0.0.1 and stopped at the end.
 """
@@ -83,3 +84,12 @@ def spark():  # -> pyspark.sql.SparkSession
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):  # -> cluster.StandaloneCluster
+    """A standalone Spark master + worker (2 cores, 1 GiB) on loopback, for the session."""
+    from cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
