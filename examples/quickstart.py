@@ -89,7 +89,8 @@ def beside(root: str, suffix: str) -> str:
 
 if __name__ == "regional_pipeline":  # loaded by `regional run`
     _root = os.environ.get("REGIONAL_CHECKPOINT_DIR", os.path.join(_WORK, "ckpt"))
-    pipeline = build_pipeline(make_clickstream(os.path.join(_WORK, "data")), beside(_root, "-table"))
+    _data = make_clickstream(os.path.join(_WORK, "data"))
+    pipeline = build_pipeline(_data, beside(_root, "-table"))
     faults = FAULTS
 
 

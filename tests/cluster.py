@@ -97,12 +97,16 @@ class StandaloneCluster:
         while True:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{what}: a daemon exited ({proc.returncode})\n{self.logs()}")
+                    raise RuntimeError(
+                        f"{what}: a daemon exited ({proc.returncode})\n{self.logs()}"
+                    )
             with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
                 if ready(self.status()):
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: not ready after {START_TIMEOUT_S:.0f} s\n{self.logs()}")
+                raise RuntimeError(
+                    f"{what}: not ready after {START_TIMEOUT_S:.0f} s\n{self.logs()}"
+                )
             time.sleep(_POLL_S)
 
     def start(self) -> None:

@@ -117,6 +117,8 @@ def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
     from pyarrow import fs as pafs
 
     listed = fs.get_file_info(pafs.FileSelector(f"{bucket}/ckpt/quickstart", recursive=True))
-    state_files = {i.path.split("/quickstart/", 1)[1] for i in listed if i.type == pafs.FileType.File}
+    state_files = {
+        i.path.split("/quickstart/", 1)[1] for i in listed if i.type == pafs.FileType.File
+    }
     assert "chk-7/_metadata" in state_files  # the last (global) checkpoint, on S3
     assert any(p.startswith("chk-7/u") and p.endswith(".state") for p in state_files)

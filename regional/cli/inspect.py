@@ -1,10 +1,11 @@
 """`regional inspect ROOT [--job JOB] VIEW [--json]`: what the checkpoints of a job hold.
 
-Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate`, rendered here):
-`checkpoints`, `show ID`, `refs`, `lag`, `validate`, `summary`, `diff A B`. `--job` may be left
-out when ROOT holds one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage
-failed), 2 bad usage (no such root, job or checkpoint). Checkpoints whose metadata does not
-decode are reported on stderr (and as rows by `validate`).
+Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
+`metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`, `validate`,
+`summary`, `diff A B`, `events` (the job's event log). `--job` may be left out when ROOT holds
+one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage failed), 2 bad usage (no
+such root, job or checkpoint). Checkpoints whose metadata does not decode are reported on stderr
+(and as rows by `validate`), and so are event files that do not.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 import pyarrow as pa
 
+from metadata.events import events_table, read_events
 from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -30,6 +32,7 @@ _VIEWS: dict[str, str] = {
     "validate": "check files, sizes, checksums and references; which checkpoint a restore uses",
     "summary": "counts and min/median/max of duration and size",
     "diff": "per subtask, what changed between two checkpoints",
+    "events": "the event log: every checkpoint outcome with the coordinator's metrics",
 }
 
 
@@ -87,6 +90,12 @@ def inspect_command(args: argparse.Namespace) -> int:
     storage = JobStorage.open(args.root, args.job)
     if args.view == "validate":
         return _validate(storage, args)
+    if args.view == "events":
+        events, problems = read_events(storage)
+        for p in problems:
+            print(f"warning: event {p.path} skipped: {p.problem}", file=sys.stderr)
+        print_table(events_table(events), as_json=args.json)
+        return 0
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
