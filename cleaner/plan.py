@@ -459,8 +459,10 @@ class _Rules:
                 kept += size
                 n_kept += 1
                 continue
-            if top == EVENTS_DIR:
-                kind = "expired-event" if path in self.expired_events else "event"
+            if top == EVENTS_DIR and path in self.expired_events:
+                kind = "expired-event"
+            elif top == EVENTS_DIR and event_checkpoint_id(path) is not None:
+                kind = "event"
             elif name == METADATA_NAME:
                 kind = "metadata"
             elif _STATE_FILE.match(name) is not None:

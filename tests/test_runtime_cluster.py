@@ -2,8 +2,9 @@
 `cluster.py`): `regional run --master spark://...` in a subprocess (one SparkContext per
 process; the suite's local session lives in this one), unit 3 failing at checkpoints 2-4, and
 the committed table checked against the rows a fault-free run must commit, computed here from
-the input files. Once with checkpoints on local disk, once on the S3-compatible test server
-with credentials that reach the executors only through `spark.executorEnv.*`."""
+the input files, and the job's event log read back by the inspector. Once with checkpoints on
+local disk, once on the S3-compatible test server with credentials that reach the executors only
+through `spark.executorEnv.*`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from pathlib import Path
 import pytest
 
 import regional
+from metadata.events import read_events
+from metadata.storage import JobStorage
+from regional.cli import main
 from regional.sinks.parquet import read_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
@@ -81,7 +85,19 @@ def _check_run(run: subprocess.CompletedProcess, cluster, apps_before: dict) -> 
     assert executor_logs, "no executor ran on the worker"
 
 
-def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, tmp_path):
+#: The quickstart's outcomes: (checkpoint id, kind, fallback units, max unit lag).
+_OUTCOMES = [
+    (1, "global", [], 0),
+    (2, "regional", [3], 1),
+    (3, "regional", [3], 2),
+    (4, "regional", [3], 3),
+    (5, "global", [], 0),
+    (6, "global", [], 0),
+    (7, "global", [], 0),
+]
+
+
+def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, tmp_path, capsys):
     before = _apps(spark_cluster)
     root = str(tmp_path / "ckpt")
     run = _run_quickstart(spark_cluster, tmp_path, root)
@@ -89,6 +105,19 @@ def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, 
     want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
     assert len(want) == 4341
     assert _committed_rows(root + "-table") == want
+    # the cleaner dropped checkpoints 1-4 and left the whole event log
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "quickstart").iterdir()) == [
+        "chk-5",
+        "chk-6",
+        "chk-7",
+        "events",
+    ]
+    assert main(["inspect", root, "events", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    got = [(e["checkpoint_id"], e["kind"], e["fallback_units"], e["max_unit_lag"]) for e in events]
+    assert got == _OUTCOMES
+    assert [e["oldest_ref_checkpoint_id"] for e in events] == [None, 1, 1, 1, None, None, None]
+    assert events[-1]["regional_checkpoint_count"] == 3
 
 
 @pytest.mark.s3
@@ -113,6 +142,13 @@ def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
     _check_run(run, spark_cluster, before)
     want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
     assert _committed_rows(f"s3://{bucket}/ckpt-table{query}") == want
+    events, problems = read_events(JobStorage(root, "quickstart"))
+    assert problems == []
+    got = [
+        (e.checkpoint_id, e.kind, list(e.fallback_units), max(e.unit_lag.values(), default=0))
+        for e in events
+    ]
+    assert got == _OUTCOMES
     fs = s3_server.filesystem()
     from pyarrow import fs as pafs
 
