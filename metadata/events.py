@@ -49,7 +49,7 @@ __all__ = [
     "write_event",
 ]
 
-#: How many event files the cleaner keeps (the newest); about 1 KiB each.
+#: How many event files the cleaner keeps (the newest); 0.4-0.5 KiB each for 8 units.
 DEFAULT_RETAINED_EVENTS = 1000
 
 

@@ -64,3 +64,16 @@ def test_metrics_and_event_log_follow_fallbacks_and_aborts(spark, tmp_path):
     assert (last.kind, last.unit_lag, last.regional_checkpoint_count) == ("global", {}, 1)
     assert all(e.trigger_time_ms <= e.time_ms for e in events)
     assert sum(e.records_in for e in events) == sum(c.records_in for c in summary.checkpoints)
+
+
+def test_a_failed_event_write_is_logged_and_the_job_goes_on(spark, tmp_path, caplog):
+    p = Pipeline("blocked", records_per_epoch=5)
+    src = p.source(GeneratorSource(2, _record, records_per_split=5), parallelism=2, name="src")
+    src.sink(ParquetSink(str(tmp_path / "table")), name="out")
+    (tmp_path / "ckpt" / "blocked").mkdir(parents=True)
+    (tmp_path / "ckpt" / "blocked" / "events").write_text("a file where the log's directory goes")
+    summary = SparkRuntime(p, spark, root=str(tmp_path / "ckpt")).run()
+    assert summary.finished and summary.count("global") == len(summary.checkpoints)
+    assert [r.getMessage().split(":")[0] for r in caplog.records if "event" in r.getMessage()] == [
+        f"event of checkpoint {c.checkpoint_id} not written" for c in summary.checkpoints
+    ]
