@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,7 @@ class StandaloneCluster:
         with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as r:
             return json.loads(r.read())
 
-    def _await(self, what: str, ready: Any) -> None:
+    def _await(self, what: str, ready: Callable[[dict[str, Any]], bool]) -> None:
         """Poll until `ready(status)` holds; fail with the daemons' log tails if a daemon
         exits or START_TIMEOUT_S passes."""
         deadline = time.monotonic() + START_TIMEOUT_S
