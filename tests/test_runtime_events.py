@@ -8,6 +8,7 @@ import pytest
 
 from metadata.events import read_events
 from metadata.storage import JobStorage
+from regional.errors import JobFailedError
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.spark import Faults, SparkRuntime
@@ -77,3 +78,24 @@ def test_a_failed_event_write_is_logged_and_the_job_goes_on(spark, tmp_path, cap
     assert [r.getMessage().split(":")[0] for r in caplog.records if "event" in r.getMessage()] == [
         f"event of checkpoint {c.checkpoint_id} not written" for c in summary.checkpoints
     ]
+
+
+def test_the_last_event_of_a_failed_job_says_why(spark, tmp_path):
+    p = Pipeline("failing", records_per_epoch=5)
+    src = p.source(GeneratorSource(4, _record, records_per_split=10), parallelism=4, name="src")
+    src.sink(ParquetSink(str(tmp_path / "table")), name="out")
+    faults = Faults(units={(c, u): "fail" for c in (1, 2) for u in (0, 1)})  # 2 of 4 > 0.3
+    policy = load_policy(
+        env={}, overrides={"checkpointing": {"tolerable-failed-checkpoints": 1}}
+    ).policy
+    root = str(tmp_path / "ckpt")
+    runtime = SparkRuntime(p, spark, root=root, faults=faults, policy=policy)
+    with pytest.raises(JobFailedError) as failed:
+        runtime.run()
+    events, _ = read_events(JobStorage(root, "failing"))
+    assert [(e.checkpoint_id, e.kind, e.abort_rule, e.fallback_units) for e in events] == [
+        (1, "aborted", "3c-failure-ratio", (0, 1)),
+        (2, "aborted", "3c-failure-ratio", (0, 1)),
+    ]
+    assert events[-1].message == str(failed.value) and "units" in events[-1].message
+    assert events[-1].aborted_by_rule == {"3c-failure-ratio": 2}

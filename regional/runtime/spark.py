@@ -268,7 +268,7 @@ class SparkRuntime:
         self.env = TaskEnv(root, self.job_id, pipeline, unit_timeout=region_timeout / 2)
         self._commit_failures: dict[tuple[str, int], int] = {}
         self._causes: dict[int, dict[int, str]] = {}
-        self._abort_rules: dict[int, str] = {}
+        self._aborts: dict[int, AbortCheckpoint] = {}  # for the event log
         self._finished = False
         self._started = False  # run() restores only the first time
 
@@ -411,7 +411,17 @@ class SparkRuntime:
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(_now_ms(), trigger.deadline_ms))
         self._crash(cid, "after-acks")
-        outcome = self._carry_out(decisions)
+        try:
+            outcome = self._carry_out(decisions)
+        except JobFailedError as failed:  # the job's last event says why it failed
+            abort = self._aborts.get(cid)
+            failed_units = abort.failed_units if abort is not None else ()
+            seconds = time.monotonic() - t0
+            report = CheckpointReport(
+                cid, "aborted", 0, failed_units, self.commit_lag, seconds, records_in, str(failed)
+            )
+            self._log_event(report, trigger_ms)
+            raise
         self._check_sources_finished()
         kind, fallback, message = outcome.get(cid, ("aborted", (), "no decision"))
         report = CheckpointReport(
@@ -441,13 +451,14 @@ class SparkRuntime:
     def _log_event(self, report: CheckpointReport, trigger_ms: int) -> None:
         """Write the epoch's event (`events/...json` under the job root). Best effort: a
         failed write is logged, never fails the job (checkpoints do not depend on it)."""
+        abort = self._aborts.pop(report.checkpoint_id, None)
         event = checkpoint_event(
             self.job_id,
             report,
             self.metrics,
             trigger_time_ms=trigger_ms,
             time_ms=_now_ms(),
-            abort_rule=self._abort_rules.pop(report.checkpoint_id, None),
+            abort_rule=abort.rule.value if abort is not None else None,
         )
         try:
             write_event(self.storage, event)
@@ -558,7 +569,7 @@ class SparkRuntime:
                 queue += self._commit(d)
             elif isinstance(d, AbortCheckpoint):
                 outcome[d.checkpoint_id] = ("aborted", d.failed_units, d.message)
-                self._abort_rules[d.checkpoint_id] = d.rule.value
+                self._aborts[d.checkpoint_id] = d
             elif isinstance(d, DiscardAttempt):
                 for path in d.files:
                     self.storage.delete_file(path)
