@@ -28,6 +28,8 @@ __all__ = ["StandaloneCluster", "standalone_cluster"]
 #: Start-up of two JVMs on a loaded 2-core machine; failing earlier would only be flaky.
 START_TIMEOUT_S = 180.0
 _POLL_S = 0.2
+#: Loopback needs no proxy, whatever HTTP_PROXY says.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _free_port() -> int:
@@ -87,7 +89,7 @@ class StandaloneCluster:
 
     def status(self) -> dict[str, Any]:
         """The master's JSON status (workers, apps)."""
-        with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as r:
+        with _NO_PROXY.open(f"{self.ui_url}/json/", timeout=5) as r:
             return json.loads(r.read())
 
     def _await(self, what: str, ready: Callable[[dict[str, Any]], bool]) -> None:
