@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@scripts/require-python "$(PYTHON)"
 	@test -x $(BIN)/python || "$(PYTHON)" -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[test]'
+	@$(BIN)/python -m pip install --quiet -e '.[test,paimon]'
 	@touch $(STAMP)
 
 check-java:

@@ -16,6 +16,7 @@ from regional.errors import (
     MetadataError,
     PolicyError,
     RegionalError,
+    SinkError,
     StorageError,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "MetadataError",
     "PolicyError",
     "RegionalError",
+    "SinkError",
     "StorageError",
 ]
 
@@ -38,6 +40,7 @@ _LAZY = {
     "GeneratorSource": "regional.sources.generator",
     "LogSource": "regional.sources.log",
     "ParquetSink": "regional.sinks.parquet",
+    "PaimonSink": "regional.sinks.paimon",
     "read_table": "regional.table",
     "SparkRuntime": "regional.runtime.spark",
     "Faults": "regional.runtime.spark",

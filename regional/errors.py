@@ -12,6 +12,7 @@ __all__ = [
     "MetadataError",
     "PolicyError",
     "RegionalError",
+    "SinkError",
     "StorageError",
 ]
 
@@ -38,3 +39,10 @@ class JobFailedError(RegionalError):
 
 class CommitError(RegionalError):
     """A sink commit failed or cannot be made safely (e.g. a committed data file is missing)."""
+
+
+class SinkError(RegionalError):
+    """A sink cannot be used as configured (missing optional package, unsupported table, rows
+    that do not fit the table); the message names the table and the fix."""
+
+    exit_code = 2

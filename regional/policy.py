@@ -6,7 +6,7 @@ The policy is a tree of frozen msgspec Structs. Durations are float seconds;
 three layers with the precedence code > environment > file > defaults, validates every value it
 is given (also values a higher layer overrides: a bad file is bad), and records where each
 effective value came from. Keys are written in kebab case, as in the file
-(`checkpointing.region.max-failure-ratio`); the reference is docs/readme/policy.md.
+(`checkpointing.region.max-failure-ratio`); the reference is the README section "Policy".
 
 >>> resolved = load_policy(env={"REGIONAL_CHECKPOINTING__INTERVAL": "2 min"})
 >>> resolved.policy.checkpointing.interval

@@ -481,6 +481,44 @@ def test_final_checkpoint_is_global_and_the_job_ends_after_it() -> None:
     assert [type(d).__name__ for d in out] == ["FinishJob"] and c.finished
 
 
+def test_commit_of_a_regional_checkpoint_names_the_fallback_units_also_after_restore() -> None:
+    from regional.operators import CommitCoordinator
+
+    lay = JobLayout(
+        units=tuple((("src", u), ("sink", u)) for u in range(4)),
+        vertices=(VertexInfo("src", 4, 128), VertexInfo("sink", 4, 128)),
+        sources=frozenset({"src"}),
+    )
+
+    def states(cid: int, u: int) -> tuple[SubtaskState, ...]:
+        return (
+            SubtaskState("src", u, u, attempt=1),
+            SubtaskState("sink", u, u, committables=(b"f%d-%d" % (cid, u),), attempt=1),
+        )
+
+    def coordinator(commit_user: str) -> CheckpointCoordinator:
+        committer = CommitCoordinator("sink", commit_user=commit_user)
+        return CheckpointCoordinator(lay, Policy(), job_id="job", coordinators={"sink": committer})
+
+    c = coordinator("job-run-1")
+    c.trigger(0)
+    for u in range(4):
+        c.on_ack(1, u, 1, states(1, u), 1)
+    c.on_metadata_durable(1, 2)
+    c.on_commit_done("sink", 1)
+    c.trigger(10)
+    out = [d for u in (0, 1, 3) for d in c.on_ack(2, u, 1, states(2, u), 11)]
+    out += c.on_decline(2, 2, 1, "boom", 11)
+    [write] = [d for d in out if isinstance(d, WriteMetadata)]
+    [commit] = [d for d in c.on_metadata_durable(2, 12) if d.__class__.__name__ == "Commit"]
+    assert commit.committables == (b"f2-0", b"f2-1", b"f2-3")
+    assert commit.fallback == {2: 1}  # unit 2 fell back to checkpoint 1
+    # a driver crash before the commit: the restore re-commits 2 with the same fallback units
+    [again] = coordinator("job-run-2").restore(write.metadata)
+    assert (again.checkpoint_id, again.recommit, again.fallback) == (2, True, {2: 1})
+    assert again.commit_user == "job-run-1"  # the commit user comes back from the checkpoint
+
+
 # --- notifications, retention, attempts (items 25-30, rules 6 and 9) -------------------------
 
 

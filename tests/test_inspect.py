@@ -454,3 +454,31 @@ def test_cli_on_an_s3_root(s3_server, capsys) -> None:
     code, _, err = run(capsys, root, "--job", "nope", "lag")
     assert code == 2 and "testing:testing" not in err and "endpoint_override" not in err
     assert f"under 's3://{root.split('@')[1].split('?')[0]}'" in err
+
+
+def test_cli_retention_view_shows_the_cleaners_plan_and_deletes_nothing(job, capsys) -> None:
+    root, storage, _ = job
+    before = sorted(f.path for f in storage.list_files())
+    code, out, err = run(capsys, root, "--num-retained", "1", "retention", "--json")
+    assert (code, err) == (0, "")
+    rows = {(r["row"], r["checkpoint_id"], r["path"]): r for r in json.loads(out)}
+    checkpoints = {
+        cid: (r["action"], r["reason"], r["kept_by"])
+        for (kind, cid, _), r in rows.items()
+        if kind == "checkpoint"
+    }
+    assert checkpoints == {
+        1: ("delete", "subsumed", []),
+        2: ("delete", "subsumed", []),
+        3: ("delete", "subsumed", []),
+        4: ("keep-files", "referenced", [5]),
+        5: ("keep", "retained", []),
+    }
+    assert rows[("file", 4, "chk-4/u0-a0.state")]["action"] == "keep"
+    assert rows[("file", 4, "chk-4/_metadata")]["action"] == "delete"
+    assert sorted(f.path for f in storage.list_files()) == before  # a view never deletes
+
+    code, out, _ = run(capsys, root, "--num-retained", "1", "retention")
+    assert code == 0
+    assert out.splitlines()[0].startswith("row         checkpoint_id  path")
+    assert "retained checkpoints: 5" in out

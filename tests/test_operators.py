@@ -182,3 +182,18 @@ def test_empty_commits_are_not_queued() -> None:
     c = CommitCoordinator("sink", "job")
     c.checkpoint_complete(1, ())
     assert c.next_commit() is None and c.queued == ()
+
+
+def test_fallback_units_reach_the_table_and_survive_a_coordinator_restore() -> None:
+    sink = InMemoryTableSink()
+    c = CommitCoordinator("sink", "job-7")
+    c.checkpoint_complete(4, (sink.stage("chk-4/a", ["r4"]),), fallback={2: 3, 5: 0})
+    c.checkpoint_complete(5, (sink.stage("chk-5/a", ["r5"]),))
+    r = CommitCoordinator("sink", "ignored")
+    r.restore(c.snapshot(5))
+    first = r.next_commit()
+    assert (first.checkpoint_id, first.fallback) == (4, {2: 3, 5: 0})
+    perform_commit(first, sink)
+    r.commit_succeeded(4)
+    perform_commit(r.next_commit(), sink)
+    assert sink.fallback == {("job-7", 4): {2: 3, 5: 0}, ("job-7", 5): {}}

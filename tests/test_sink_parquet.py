@@ -69,3 +69,13 @@ def test_sink_on_s3(s3_server):
     sink.commit("job", 1, _stage(sink, 1, [1, 2, 3]))
     assert read_table(uri).column("v").to_pylist() == [1, 2, 3]
     assert sink.committed_identifiers("job") == frozenset({1})
+
+
+def test_the_commit_object_records_the_fallback_units(tmp_path):
+    import json
+
+    sink = ParquetSink(str(tmp_path / "t"))
+    perform_commit(Commit(3, "out", "job-r-out", _stage(sink, 3, [1]), fallback={2: 1}), sink)
+    [record] = (tmp_path / "t" / "_commits" / "job-r-out").glob("*.json")
+    assert record.name == "00000000000000000003.json"
+    assert json.loads(record.read_text())["fallback"] == {"2": 1}

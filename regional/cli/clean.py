@@ -27,7 +27,7 @@ from metadata.inspect import DEFAULT_NUM_RETAINED
 from metadata.storage import JobStorage
 from regional.cli.render import print_table
 
-__all__ = ["register"]
+__all__ = ["register", "totals_text"]
 
 
 def _at_least(least: int) -> Callable[[str], int]:
@@ -108,7 +108,8 @@ def _with_status(table: pa.Table, report: CleanReport | None) -> pa.Table:
     return table.set_column(idx, table.schema.field(idx), pa.array(details, pa.string()))
 
 
-def _totals(plan: RetentionPlan, report: CleanReport | None) -> str:
+def totals_text(plan: RetentionPlan, report: CleanReport | None) -> str:
+    """The byte totals under the plan table: kept, deleted, and what file-level retention saves."""
     n_del = len(plan.deletions)
     lines = [
         f"retained checkpoints: {', '.join(map(str, plan.retained_ids)) or 'none'}",
@@ -147,6 +148,6 @@ def run(args: argparse.Namespace) -> int:
         report = execute(plan, storage, max_workers=args.max_workers)
     print_table(_with_status(retention_table(plan), report), as_json=args.json)
     if not args.json:
-        print(_totals(plan, report))
+        print(totals_text(plan, report))
     failed = report is not None and not report.ok
     return 1 if plan.refused or failed else 0

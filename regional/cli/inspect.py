@@ -1,9 +1,9 @@
 """`regional inspect ROOT [--job JOB] VIEW [--json]`: what the checkpoints of a job hold.
 
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
-`metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`, `validate`,
-`summary`, `diff A B`, `events` (the job's event log). `--job` may be left out when ROOT holds
-one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage failed), 2 bad usage (no
+`cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
+`validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
+event log). `--job` may be left out when ROOT holds one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage failed), 2 bad usage (no
 such root, job or checkpoint). Checkpoints whose metadata does not decode are reported on stderr
 (and as rows by `validate`), and so are event files that do not.
 """
@@ -15,11 +15,14 @@ import sys
 
 import pyarrow as pa
 
+from cleaner.run import scan
+from cleaner.views import retention_table
 from metadata.events import events_table, read_events
 from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
+from regional.cli.clean import totals_text
 from regional.cli.render import print_table
 
 __all__ = ["register"]
@@ -32,6 +35,7 @@ _VIEWS: dict[str, str] = {
     "validate": "check files, sizes, checksums and references; which checkpoint a restore uses",
     "summary": "counts and min/median/max of duration and size",
     "diff": "per subtask, what changed between two checkpoints",
+    "retention": "what a clean would keep or delete, per checkpoint and file, with the reason",
     "events": "the event log: every checkpoint outcome with the coordinator's metrics",
 }
 
@@ -90,6 +94,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     storage = JobStorage.open(args.root, args.job)
     if args.view == "validate":
         return _validate(storage, args)
+    if args.view == "retention":
+        return _retention(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -109,6 +115,15 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = getattr(inspector, args.view)()
     print_table(table, as_json=args.json)
     return 0
+
+
+def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The cleaner's plan, without deleting anything (what `regional clean --dry-run` shows)."""
+    plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
+    print_table(retention_table(plan), as_json=args.json)
+    if not args.json:
+        print(totals_text(plan, None))
+    return 1 if plan.refused else 0
 
 
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:

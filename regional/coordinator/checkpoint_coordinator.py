@@ -336,8 +336,11 @@ class CheckpointCoordinator:
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
         if not savepoint:
             out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
+        owners_of_fallback = {u: self._owner[u] for u in fallback}
         for vertex_id, committer in self._committers.items():
-            committer.checkpoint_complete(checkpoint_id, _fresh_committables(md, vertex_id))
+            committer.checkpoint_complete(
+                checkpoint_id, _fresh_committables(md, vertex_id), fallback=owners_of_fallback
+            )
         if p.final and not fallback:
             self._final_checkpoint = checkpoint_id
         return out + self._pump()
@@ -433,10 +436,13 @@ class CheckpointCoordinator:
         for vertex_id, data in metadata.coordinators.items():
             if vertex_id in self._coordinators:
                 self._coordinators[vertex_id].restore(data)
+        fell_back = {u: o for u, o in enumerate(self._owner) if o != cid}
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
-                committer.checkpoint_complete(cid, committables, recommit=True)
+                committer.checkpoint_complete(
+                    cid, committables, recommit=True, fallback=fell_back
+                )
         return self._pump()
 
     # --- deciding ----------------------------------------------------------------------------

@@ -122,13 +122,16 @@ class NotifySubsumed(msgspec.Struct, frozen=True):
 class Commit(msgspec.Struct, frozen=True):
     """Commit `committables` of sink `vertex_id` to its table as `commit_user` with identifier
     `checkpoint_id` (see `regional.operators.perform_commit`), then call `on_commit_done` or
-    `on_commit_failed`. `recommit` marks a re-commit after restore (check data files exist)."""
+    `on_commit_failed`. `recommit` marks a re-commit after restore (check data files exist).
+    `fallback` maps each unit that fell back in the checkpoint to the checkpoint owning its state:
+    those units' output since that checkpoint is not in this commit (tables may record it)."""
 
     checkpoint_id: int
     vertex_id: str
     commit_user: str
     committables: tuple[bytes, ...]
     recommit: bool = False
+    fallback: dict[int, int] = {}
 
 
 class FailJob(msgspec.Struct, frozen=True):

@@ -14,7 +14,7 @@ holds for the job's commit user and refuses a re-commit whose data files are gon
 >>> c.checkpoint_complete(3, (b"f1", b"f2"))
 >>> c.next_commit()
 Commit(checkpoint_id=3, vertex_id='sink', commit_user='job-1', committables=(b'f1', b'f2'), \
-recommit=False)
+recommit=False, fallback={})
 >>> c.commit_succeeded(3); c.next_commit() is None
 True
 """
@@ -39,11 +39,19 @@ class TableCommitter(Protocol):
     """A table that commits committables atomically under (commit user, identifier).
 
     `commit` must be atomic and must refuse an identifier not greater than the user's latest;
-    `committed_identifiers` lists what the user committed; `missing_files` names the data files
-    behind `committables` that no longer exist.
+    `fallback` (unit -> owner checkpoint of the units that fell back) is for the table's commit
+    record. `committed_identifiers` lists what the user committed; `missing_files` names the data
+    files behind `committables` that no longer exist.
     """
 
-    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None: ...
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None: ...
 
     def committed_identifiers(self, commit_user: str) -> frozenset[int]: ...
 
@@ -63,13 +71,16 @@ def perform_commit(commit: Commit, table: TableCommitter) -> bool:
             f"data file(s) {', '.join(missing[:5])} are missing (were they cleaned?); restore "
             "from a newer checkpoint or restore the files"
         )
-    table.commit(commit.commit_user, commit.checkpoint_id, commit.committables)
+    table.commit(
+        commit.commit_user, commit.checkpoint_id, commit.committables, fallback=commit.fallback
+    )
     return True
 
 
 class _State(msgspec.Struct, array_like=True):
     commit_user: str
     pending: list[tuple[int, list[bytes]]]
+    fallback: dict[int, dict[int, int]] = {}  # checkpoint -> unit -> owner (if any fell back)
 
 
 class CommitCoordinator:
@@ -91,9 +102,15 @@ class CommitCoordinator:
         return tuple(c.checkpoint_id for c in self._queue)
 
     def checkpoint_complete(
-        self, checkpoint_id: int, committables: tuple[bytes, ...], *, recommit: bool = False
+        self,
+        checkpoint_id: int,
+        committables: tuple[bytes, ...],
+        *,
+        recommit: bool = False,
+        fallback: Mapping[int, int] | None = None,
     ) -> None:
-        """Queue checkpoint `checkpoint_id`'s committables (its metadata is durable)."""
+        """Queue checkpoint `checkpoint_id`'s committables (its metadata is durable); `fallback`:
+        unit -> owner checkpoint of the units that fell back in it."""
         if self._queue and checkpoint_id <= self._queue[-1].checkpoint_id:
             raise CommitError(
                 f"sink {self._vertex_id!r}: checkpoint {checkpoint_id} queued after "
@@ -101,7 +118,14 @@ class CommitCoordinator:
             )
         if committables:
             self._queue.append(
-                Commit(checkpoint_id, self._vertex_id, self.commit_user, committables, recommit)
+                Commit(
+                    checkpoint_id,
+                    self._vertex_id,
+                    self.commit_user,
+                    committables,
+                    recommit,
+                    dict(fallback or {}),
+                )
             )
 
     def next_commit(self) -> Commit | None:
@@ -131,7 +155,8 @@ class CommitCoordinator:
 
     def snapshot(self, checkpoint_id: int) -> bytes:
         pending = [(c.checkpoint_id, list(c.committables)) for c in self._queue]
-        return msgspec.msgpack.encode(_State(self.commit_user, pending))
+        fallback = {c.checkpoint_id: c.fallback for c in self._queue if c.fallback}
+        return msgspec.msgpack.encode(_State(self.commit_user, pending, fallback))
 
     def snapshot_for_fallback(self, checkpoint_id: int, fallback: Mapping[int, int]) -> bytes:
         return self.snapshot(checkpoint_id)
@@ -145,7 +170,8 @@ class CommitCoordinator:
         self.commit_user = state.commit_user
         self._in_flight = False
         self._queue = deque(
-            Commit(i, self._vertex_id, state.commit_user, tuple(c), True) for i, c in state.pending
+            Commit(i, self._vertex_id, state.commit_user, tuple(c), True, state.fallback.get(i, {}))
+            for i, c in state.pending
         )
 
     def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:

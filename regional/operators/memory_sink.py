@@ -12,7 +12,7 @@ failed attempts; `delete_file` stands in for a cleaned data file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from regional.errors import CommitError
@@ -26,6 +26,7 @@ class InMemoryTableSink:
     def __init__(self) -> None:
         self.files: dict[str, tuple[Any, ...]] = {}
         self.log: list[tuple[str, int, tuple[str, ...]]] = []
+        self.fallback: dict[tuple[str, int], dict[int, int]] = {}  # the commits' fallback units
         self._latest: dict[str, int] = {}
         self.fail_next_commits = 0  # make the next N commits fail (tests)
 
@@ -42,7 +43,14 @@ class InMemoryTableSink:
     def delete_file(self, path: str) -> None:
         del self.files[path]
 
-    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None:
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
         latest = self._latest.get(commit_user, 0)
         if identifier <= latest:
             raise CommitError(
@@ -56,6 +64,7 @@ class InMemoryTableSink:
             self.fail_next_commits -= 1
             raise CommitError(f"commit {identifier} of user {commit_user!r} failed (injected)")
         self.log.append((commit_user, identifier, paths))
+        self.fallback[commit_user, identifier] = dict(fallback or {})
         self._latest[commit_user] = identifier
 
     def committed_identifiers(self, commit_user: str) -> frozenset[int]:

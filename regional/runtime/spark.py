@@ -27,6 +27,7 @@ import sys
 import sysconfig
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -250,7 +251,13 @@ class SparkRuntime:
             v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
             for v, s in pipeline.sources.items()
         }
-        self.committers = {v: CommitCoordinator(v, commit_user=self.job_id) for v in pipeline.sinks}
+        # One commit user per job run and sink (Paimon's rule): a restore reloads it from the
+        # checkpoint, while a fresh run of the same job (a new checkpoint root) gets a new one, so
+        # its commits are never mistaken for the old run's and skipped.
+        run = uuid.uuid4().hex[:12]
+        self.committers = {
+            v: CommitCoordinator(v, commit_user=f"{self.job_id}-{run}-{v}") for v in pipeline.sinks
+        }
         self.coordinator = CheckpointCoordinator(
             self.layout,
             self.policy,

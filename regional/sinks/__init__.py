@@ -1,1 +1,2 @@
-"""Sinks: `ParquetSink`, an exactly-once Parquet table committed through the commit coordinator."""
+"""Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table)
+and `PaimonSink` (an Apache Paimon append table; needs the extra ``regional[paimon]``)."""

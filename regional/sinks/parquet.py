@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -60,6 +60,7 @@ class _CommitRecord(msgspec.Struct, frozen=True):
     identifier: int
     files: list[str]
     rows: int
+    fallback: dict[int, int] = {}  # unit -> owner checkpoint, for units that fell back
 
 
 def _open(path: str) -> tuple[pafs.FileSystem, str]:
@@ -138,8 +139,16 @@ class ParquetSink:
     def _record_path(self, base: str, commit_user: str, identifier: int) -> str:
         return f"{base}/{_COMMITS}/{commit_user}/{identifier:020d}.json"
 
-    def commit(self, commit_user: str, identifier: int, committables: Iterable[bytes]) -> None:
-        """Make the files behind `committables` part of the table, atomically, as one commit."""
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Make the files behind `committables` part of the table, atomically, as one commit;
+        the commit object also records `fallback` (unit -> owner checkpoint)."""
         done = self.committed_identifiers(commit_user)
         if done and identifier <= max(done):
             raise CommitError(
@@ -148,7 +157,11 @@ class ParquetSink:
             )
         items = [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
         record = _CommitRecord(
-            commit_user, identifier, [i.file for i in items], sum(i.rows for i in items)
+            commit_user,
+            identifier,
+            [i.file for i in items],
+            sum(i.rows for i in items),
+            dict(fallback or {}),
         )
         fs, base = _open(self.path)
         final = self._record_path(base, commit_user, identifier)
@@ -178,10 +191,14 @@ class ParquetSink:
         return [f for f, i in zip(files, infos, strict=True) if i.type != pafs.FileType.File]
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete staged files of a declined or aborted attempt (already gone is fine)."""
+        """Delete staged files of a declined or aborted attempt (already gone is fine);
+        committables of other sinks' formats are skipped."""
         fs, base = _open(self.path)
         for c in committables:
-            file = msgspec.msgpack.decode(c, type=_Committable).file
+            try:
+                file = msgspec.msgpack.decode(c, type=_Committable).file
+            except msgspec.DecodeError:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{base}/{file}")
 

@@ -1,0 +1,346 @@
+"""An exactly-once Apache Paimon sink through pypaimon (DESIGN §4 rule 8, Paimon PIP-30).
+
+Needs the optional extra: ``pip install 'regional[paimon]'`` (pypaimon is imported only when a
+`PaimonSink` is created or used). Only append tables without a primary key and with unaware
+buckets (``bucket = -1``, the default) are supported, as in PIP-30 itself.
+
+Writers (in Spark tasks) write their epoch's rows as Paimon data files and return one committable
+per Paimon commit message: the message in Java Paimon's ``CommitMessageSerializer`` v14 layout,
+with the table's schema id and row count. The committables live in the writer's subtask state.
+Once checkpoint Y's metadata is durable the driver commits Y's committables as one Paimon snapshot
+with commit identifier Y and the job's commit user, after
+
+- skipping Y if the table already has a snapshot of that commit user with identifier Y (read from
+  Paimon's own snapshots, so the check survives a driver crash; pypaimon does not filter), and
+- checking that every data file exists (pypaimon would commit a missing file and every later read
+  of the table would fail).
+
+Each snapshot records ``regional.checkpoint-id`` (Y) and ``regional.fallback-units`` (JSON: unit ->
+the checkpoint owning its state, for the units that fell back in Y, whose output since then is not
+in this snapshot) in its properties. Staged files of declined or aborted attempts are deleted.
+
+Only one process may commit to a table at a time (pypaimon's local rename lock is per process).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from regional.errors import CommitError, SinkError
+
+__all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
+
+#: Snapshot property: the checkpoint id committed by the snapshot (also its commit identifier).
+CHECKPOINT_PROPERTY = "regional.checkpoint-id"
+#: Snapshot property: JSON object unit -> owner checkpoint of the units that fell back.
+FALLBACK_PROPERTY = "regional.fallback-units"
+
+_MESSAGE_VERSION = 14  # Java Paimon's CommitMessageSerializer version of the message bytes
+
+
+class _Committable(msgspec.Struct, frozen=True, array_like=True):
+    version: int  # serializer version of `message`
+    schema_id: int
+    rows: int
+    message: bytes
+    table_path: str  # the table's location when written (discard skips other tables' files)
+
+
+def _require_pypaimon() -> Any:
+    try:
+        import pypaimon
+    except ImportError as exc:
+        raise SinkError(
+            f"the Paimon sink needs the pypaimon package ({exc}); install regional[paimon], e.g. "
+            "pip install 'regional[paimon]'"
+        ) from exc
+    return pypaimon
+
+
+class PaimonSink:
+    """The Paimon append table `table` ("database.table") in the catalog at `warehouse`.
+
+    With `schema` the database and table are created if missing (`partition_keys` and
+    `table_options` apply then); otherwise the table must exist. `catalog_options` are extra
+    pypaimon catalog options (e.g. object-store credentials).
+    """
+
+    def __init__(
+        self,
+        warehouse: str,
+        table: str,
+        *,
+        schema: pa.Schema | None = None,
+        partition_keys: Sequence[str] = (),
+        table_options: Mapping[str, str] | None = None,
+        catalog_options: Mapping[str, str] | None = None,
+    ) -> None:
+        if table.count(".") != 1:
+            raise SinkError(f"Paimon table {table!r}: expected 'database.table'")
+        self.warehouse = warehouse
+        self.table_name = table
+        self.catalog_options = {**(catalog_options or {}), "warehouse": warehouse}
+        self._table_object: Any = None
+        self._seen_snapshots = 0  # snapshots up to this id are in `_identifiers`
+        self._identifiers: dict[str, set[int]] = {}
+        pypaimon = _require_pypaimon()
+        if schema is not None:
+            catalog = pypaimon.CatalogFactory.create(self.catalog_options)
+            catalog.create_database(table.split(".")[0], True)
+            paimon_schema = pypaimon.Schema.from_pyarrow_schema(
+                schema, partition_keys=list(partition_keys), options=dict(table_options or {})
+            )
+            catalog.create_table(table, paimon_schema, True)
+        self._check_append_table(self._table())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ship only the configuration to tasks (no table object, no commit-side cache)."""
+        return {
+            "warehouse": self.warehouse,
+            "table_name": self.table_name,
+            "catalog_options": self.catalog_options,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._table_object = None
+        self._seen_snapshots = 0
+        self._identifiers = {}
+
+    def __repr__(self) -> str:
+        return f"PaimonSink({self.warehouse!r}, {self.table_name!r})"
+
+    # --- the table --------------------------------------------------------------------------
+
+    def _table(self) -> Any:
+        if self._table_object is None:
+            pypaimon = _require_pypaimon()
+            from pypaimon.catalog.catalog_exception import TableNotExistException
+
+            catalog = pypaimon.CatalogFactory.create(self.catalog_options)
+            try:
+                self._table_object = catalog.get_table(self.table_name)
+            except TableNotExistException as exc:
+                raise SinkError(
+                    f"Paimon table {self.table_name!r} does not exist in warehouse "
+                    f"{self.warehouse}: create it, or pass schema= to PaimonSink to create it"
+                ) from exc
+        return self._table_object
+
+    def _check_append_table(self, table: Any) -> None:
+        from pypaimon.table.bucket_mode import BucketMode
+
+        if table.is_primary_key_table or table.bucket_mode() != BucketMode.BUCKET_UNAWARE:
+            raise SinkError(
+                f"Paimon table {self.table_name!r} in {self.warehouse}: only append tables "
+                "without a primary key and with bucket = -1 are supported (PIP-30); it has "
+                f"primary keys {table.primary_keys or 'none'}, bucket mode "
+                f"{table.bucket_mode().name}"
+            )
+
+    def _fit(self, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+        """`batch` as a table of the table's columns, in its order and types."""
+        missing = [n for n in schema.names if n not in batch.schema.names]
+        extra = [n for n in batch.schema.names if n not in schema.names]
+        if missing or extra:
+            raise SinkError(
+                f"records for Paimon table {self.table_name!r} do not fit its columns "
+                f"{schema.names}: missing {missing or 'none'}, unknown {extra or 'none'}; "
+                "map the records to the table's columns before the sink"
+            )
+        try:
+            return pa.Table.from_batches([batch]).select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SinkError(
+                f"records for Paimon table {self.table_name!r} do not convert to its schema "
+                f"({schema}): {exc}"
+            ) from exc
+
+    def _messages(self, committables: Iterable[bytes]) -> list[Any]:
+        from pypaimon.write.commit_message_serializer import deserialize_commit_message
+
+        table = self._table()
+        out = []
+        for raw in committables:
+            c = msgspec.msgpack.decode(raw, type=_Committable)
+            try:
+                out.append(
+                    deserialize_commit_message(
+                        c.message,
+                        table.partition_keys_fields,
+                        table.trimmed_primary_keys_fields,
+                        version=c.version,
+                    )
+                )
+            except ValueError as exc:
+                raise CommitError(
+                    f"Paimon table {self.table_name!r}: cannot decode a committable written "
+                    f"with schema {c.schema_id} (message version {c.version}): {exc}"
+                ) from exc
+        return out
+
+    def _data_files(self, messages: Iterable[Any]) -> list[str]:
+        """Paths of every data file (and sidecar) the commit messages add."""
+        from pypaimon.utils.file_store_path_factory import canonical_data_file_path
+
+        table = self._table()
+        paths: list[str] = []
+        for m in messages:
+            for f in [*m.new_files, *m.changelog_files]:
+                if not f.physical_path():  # v14 bytes do not carry the path: derive it
+                    f.file_path = canonical_data_file_path(
+                        table, tuple(m.partition), m.bucket, f.file_name
+                    )
+                paths += f.collect_files()
+        return paths
+
+    # --- writer side (in tasks) -------------------------------------------------------------
+
+    def write(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        checkpoint_id: int,
+        vertex_id: str,
+        index: int,
+        attempt: int,
+    ) -> tuple[bytes, ...]:
+        """Write `batches` as Paimon data files; one committable per commit message (none if
+        there are no rows). Nothing is visible until the driver commits."""
+        from pypaimon.write.commit_message_serializer import serialize_commit_message
+
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return ()
+        table = self._table()
+        write = table.new_stream_write_builder().new_write()
+        try:
+            schema = write.table_pyarrow_schema
+            for b in batches:
+                write.write_arrow(self._fit(b, schema))
+            messages = write.prepare_commit(checkpoint_id)
+        except BaseException:
+            write.abort()  # delete this attempt's files
+            raise
+        finally:
+            write.close()
+        schema_id = table.table_schema.id
+        return tuple(
+            msgspec.msgpack.encode(
+                _Committable(
+                    _MESSAGE_VERSION,
+                    schema_id,
+                    sum(f.row_count for f in m.new_files),
+                    serialize_commit_message(m, table.partition_keys_fields),
+                    str(table.table_path),
+                )
+            )
+            for m in messages
+            if not m.is_empty()
+        )
+
+    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Commit `committables` as one snapshot of `commit_user` with `identifier`, recording
+        the checkpoint and the fallback units (unit -> owner checkpoint) in its properties."""
+        done = self.committed_identifiers(commit_user)
+        if done and identifier <= max(done):
+            raise CommitError(
+                f"Paimon table {self.table_name!r}: commit {identifier} of user {commit_user!r} "
+                f"is not after its latest commit {max(done)}; commits must be in checkpoint order"
+            )
+        messages = self._messages(committables)
+        if missing := self._missing(self._data_files(messages)):
+            raise CommitError(
+                f"Paimon table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
+                f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
+                "committed; restore from a newer checkpoint or restore the files"
+            )
+        properties = {
+            CHECKPOINT_PROPERTY: str(identifier),
+            FALLBACK_PROPERTY: json.dumps(
+                {str(u): o for u, o in sorted((fallback or {}).items())}, separators=(",", ":")
+            ),
+        }
+        builder = self._table().new_stream_write_builder()
+        builder.commit_user = commit_user
+        commit = builder.new_commit()
+        try:
+            commit.commit(messages, identifier, snapshot_properties=properties)
+        finally:
+            commit.close()
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
+        """Commit identifiers of the table's snapshots by `commit_user`.
+
+        Snapshots are immutable, so those already read are remembered and only newer ones are
+        read (a new `PaimonSink`, e.g. after a driver crash, reads them all once).
+        """
+        manager = self._table().snapshot_manager()
+        latest = manager.get_latest_snapshot()
+        if latest is not None and latest.id > self._seen_snapshots:
+            if self._seen_snapshots == 0:
+                snapshots = manager.list_snapshots()
+            else:
+                snapshots = [
+                    s
+                    for i in range(self._seen_snapshots + 1, latest.id + 1)
+                    if (s := manager.get_snapshot_by_id(i)) is not None
+                ]
+            for s in snapshots:
+                self._identifiers.setdefault(s.commit_user, set()).add(s.commit_identifier)
+            self._seen_snapshots = max([latest.id, *(s.id for s in snapshots)])
+        return frozenset(self._identifiers.get(commit_user, ()))
+
+    def _missing(self, paths: Sequence[str]) -> list[str]:
+        file_io = self._table().file_io
+        return [p for p in paths if not file_io.exists(p)]
+
+    def data_files(self, committables: Iterable[bytes]) -> list[str]:
+        """Paths of the data files behind `committables`."""
+        return self._data_files(self._messages(committables))
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        return self._missing(self.data_files(committables))
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete the files of a declined or aborted attempt (already gone is fine).
+
+        Committables of other sinks (the runtime may hand a unit's committables to every sink)
+        are skipped.
+        """
+        table = self._table()
+        own = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table_path == str(table.table_path):
+                own.append(raw)
+        for path in self.data_files(own):
+            table.file_io.delete_quietly(path)
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def read(self) -> pa.Table:
+        """Every committed row of the table (pypaimon's own reader)."""
+        builder = self._table().new_read_builder()
+        return builder.new_read().to_arrow(builder.new_scan().plan().splits())
