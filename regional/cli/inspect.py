@@ -3,9 +3,10 @@
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 `cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
 `validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
-event log). `--job` may be left out when ROOT holds one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage failed), 2 bad usage (no
-such root, job or checkpoint). Checkpoints whose metadata does not decode are reported on stderr
-(and as rows by `validate`), and so are event files that do not.
+event log). `--job` may be left out when ROOT holds one job. Exit codes: 0 fine, 1 `validate`
+found a problem (or storage failed), 2 bad usage (no such root, job or checkpoint). Checkpoints
+whose metadata does not decode are reported on stderr (and as rows by `validate`), and so are
+event files that do not.
 """
 
 from __future__ import annotations
