@@ -77,6 +77,8 @@ class Reason(enum.StrEnum):
     ABORTED = "aborted"  # state of a checkpoint that never completed
     STAGED = "staged"  # another file of a failed attempt (e.g. a staged sink file)
     ORPHAN = "orphan"  # left by a crash or interrupted clean; unreferenced shared file
+    EVENT_LOG = "event-log"  # one of the newest files of the event log (`events/`)
+    EXPIRED_EVENT = "expired-event"  # an event file older than the newest N
 
 
 class PendingCheckpoint(msgspec.Struct, frozen=True):
@@ -115,7 +117,7 @@ class FileDecision(msgspec.Struct, frozen=True, gc=False):
     """One listed file: kept (with the kept checkpoints that reference it) or deleted.
 
     `phase` orders deletions: 0 metadata of dropped checkpoints, 1 other checkpoint files,
-    2 shared files (None for kept files)."""
+    2 orphaned shared files and expired events (None for kept files)."""
 
     path: str
     size: int

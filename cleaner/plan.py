@@ -13,8 +13,10 @@ Rules, in the order they apply to a file (the first that matches decides):
    A physical file holding several segments stays while any kept segment remains; `shared/`
    files are reference-counted the same way.
 2. A file named by a pending checkpoint, or under its directory, is kept.
-3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. Any
-   other path outside `chk-<id>/` is kept and reported as `unknown` (delete it by hand).
+3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. The
+   event log (`events/<id>-<ms>.json`, `metadata.events`) keeps its newest
+   `num_retained_events` files; older ones are deleted as `expired-event`. Any other path
+   outside `chk-<id>/` is kept and reported as `unknown` (delete it by hand).
 4. Everything under a checkpoint with damaged metadata is kept for inspection (never deleted
    automatically, DESIGN §8).
 5. With a `no-claim` restore base `B`, everything under `chk-<k>/` with `k <= B` is kept: the
@@ -32,8 +34,9 @@ Rules, in the order they apply to a file (the first that matches decides):
 
 Deletion order (crash safety): first the `_metadata` of every dropped checkpoint, oldest first,
 so that no reader ever sees a "completed" checkpoint with missing files; then the remaining
-files of checkpoint directories, oldest first; then orphaned `shared/` files. A crash at any
-point leaves only unreferenced files behind, which the next plan deletes as orphans.
+files of checkpoint directories, oldest first; then orphaned `shared/` files and expired
+events. A crash at any point leaves only unreferenced files behind, which the next plan deletes
+as orphans.
 
 `subsumed_ids` holds only checkpoints that no kept checkpoint references and whose last files
 this plan deletes: dropped completed checkpoints, and orphaned directories (e.g. an owner whose
@@ -86,11 +89,14 @@ from cleaner.decisions import (
     StoredFile,
 )
 from metadata.errors import StorageError
+from metadata.events import DEFAULT_RETAINED_EVENTS
 from metadata.layout import (
+    EVENTS_DIR,
     METADATA_NAME,
     SAVEPOINTS_DIR,
     SHARED_DIR,
     check_relative,
+    event_checkpoint_id,
 )
 from metadata.model import CheckpointKind, CheckpointMetadata
 
@@ -207,6 +213,7 @@ def plan_retention(
     damaged: Iterable[int] = (),
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
+    num_retained_events: int = DEFAULT_RETAINED_EVENTS,
 ) -> RetentionPlan:
     """Decide, for every checkpoint and every listed file, keep or delete, with the reason.
 
@@ -214,13 +221,18 @@ def plan_retention(
     did not (never deleted); `pending` the checkpoints in progress; `files` the listing of the
     job root (paths relative to it). With `live_unknown` (a caller that cannot see the
     coordinator, like the CLI), a directory without `_metadata` newer than every completed
-    checkpoint is kept as possibly in progress instead of deleted as aborted. Raises
-    `RetentionInputError` if `num_retained` < 1.
+    checkpoint is kept as possibly in progress instead of deleted as aborted. The newest
+    `num_retained_events` event files are kept. Raises `RetentionInputError` if `num_retained`
+    < 1 or `num_retained_events` < 0.
     """
     if num_retained < 1:
         raise RetentionInputError(
             f"num-retained must be at least 1 (got {num_retained}): the latest completed "
             "checkpoint is always kept; fix [checkpointing] num-retained or --num-retained"
+        )
+    if num_retained_events < 0:
+        raise RetentionInputError(
+            f"the number of event files to keep cannot be negative (got {num_retained_events})"
         )
     by_id = {md.checkpoint_id: md for md in completed}
     damaged_ids = set(damaged) - by_id.keys()
@@ -257,6 +269,12 @@ def plan_retention(
 
     listed = sorted(files, key=attrgetter("path"))
     listed_paths = {f.path for f in listed}
+    events = [
+        f.path
+        for f in listed
+        if f.path.startswith(EVENTS_DIR + "/") and event_checkpoint_id(f.path) is not None
+    ]  # in name order: checkpoint order
+    expired_events = set(events[: max(0, len(events) - num_retained_events)])
     refs = _References(checkpoints, listed_paths)
     kept_by: dict[str, tuple[int, ...]] = {}  # path -> kept ids referencing it, ascending
     own_only: dict[int, tuple[int, ...]] = {}  # kept id -> the one tuple `(id,)` kept_by shares
@@ -284,6 +302,8 @@ def plan_retention(
         savepoint_ids=savepoint_ids,
         num_retained=num_retained,
         no_claim_upto=no_claim_upto,
+        expired_events=expired_events,
+        num_retained_events=num_retained_events,
     )
     decisions = rules.decide_all(listed)
     referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
@@ -364,8 +384,12 @@ class _Rules:
         savepoint_ids: set[int],
         num_retained: int,
         no_claim_upto: int | None,
+        expired_events: set[str],
+        num_retained_events: int,
     ) -> None:
         self.kept_by = kept_by
+        self.expired_events = expired_events
+        self.num_retained_events = num_retained_events
         self.kept_ids = kept_ids
         self.by_id = by_id
         self.pending_ids = pending_ids
@@ -435,7 +459,11 @@ class _Rules:
                 kept += size
                 n_kept += 1
                 continue
-            if name == METADATA_NAME:
+            if top == EVENTS_DIR and path in self.expired_events:
+                kind = "expired-event"
+            elif top == EVENTS_DIR and event_checkpoint_id(path) is not None:
+                kind = "event"
+            elif name == METADATA_NAME:
                 kind = "metadata"
             elif _STATE_FILE.match(name) is not None:
                 kind = "state"
@@ -477,6 +505,12 @@ class _Rules:
                 return Reason.SAVEPOINT, "savepoint: user-owned, never deleted", None, ()
             if top == SHARED_DIR:
                 return Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2, ()
+            if kind == "expired-event":
+                detail = f"event older than the newest {self.num_retained_events} events"
+                return Reason.EXPIRED_EVENT, detail, 2, ()
+            if kind == "event":
+                detail = f"event log: within the newest {self.num_retained_events} events"
+                return Reason.EVENT_LOG, detail, None, ()
             return Reason.UNKNOWN, "not a checkpoint, shared or savepoint file; kept", None, ()
         if cid in self.pending_ids:
             return Reason.PENDING, f"checkpoint {cid} is in progress", None, ()

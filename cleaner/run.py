@@ -36,6 +36,7 @@ from cleaner.plan import (
     plan_retention,
 )
 from metadata.errors import MetadataError, StorageError
+from metadata.events import DEFAULT_RETAINED_EVENTS
 from metadata.layout import check_relative, checkpoint_id_of
 from metadata.model import CheckpointMetadata
 
@@ -124,6 +125,7 @@ def scan(
     pending: Sequence[PendingCheckpoint] = (),
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
+    num_retained_events: int = DEFAULT_RETAINED_EVENTS,
 ) -> RetentionPlan:
     """Read every checkpoint's metadata (damaged ones are reported, never deleted), list the job
     root, and plan retention (`cleaner.plan.plan_retention`). Pending checkpoints are not
@@ -147,6 +149,7 @@ def scan(
         damaged=damaged,
         restore_base=restore_base,
         live_unknown=live_unknown,
+        num_retained_events=num_retained_events,
     )
 
 

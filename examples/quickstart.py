@@ -76,11 +76,21 @@ FAULTS = Faults(units={(2, 3): "fail", (3, 3): "fail", (4, 3): "fail"})
 
 _WORK = os.path.join(tempfile.gettempdir(), "regional-quickstart")
 
+
+def beside(root: str, suffix: str) -> str:
+    """A location next to the checkpoint root, keeping a URI's query (endpoint, scheme).
+
+    >>> beside("s3://bucket/ckpt?scheme=http", "-table"), beside("/tmp/ckpt/", "-table")
+    ('s3://bucket/ckpt-table?scheme=http', '/tmp/ckpt-table')
+    """
+    path, mark, query = root.partition("?")
+    return path.rstrip("/") + suffix + mark + query
+
+
 if __name__ == "regional_pipeline":  # loaded by `regional run`
     _root = os.environ.get("REGIONAL_CHECKPOINT_DIR", os.path.join(_WORK, "ckpt"))
-    pipeline = build_pipeline(
-        make_clickstream(os.path.join(_WORK, "data")), _root.rstrip("/") + "-table"
-    )
+    _data = make_clickstream(os.path.join(_WORK, "data"))
+    pipeline = build_pipeline(_data, beside(_root, "-table"))
     faults = FAULTS
 
 

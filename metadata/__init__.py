@@ -6,6 +6,7 @@ metadata layer never starts or needs Spark.
 """
 
 from metadata.errors import MetadataError, RegionalError, StorageError
+from metadata.events import CheckpointEvent, read_events
 from metadata.format import FORMAT_VERSION, decode_metadata, encode_metadata
 from metadata.inspect import Inspector
 from metadata.model import (
@@ -23,6 +24,7 @@ from metadata.validate import Validation, validate_job
 
 __all__ = [
     "FORMAT_VERSION",
+    "CheckpointEvent",
     "CheckpointKind",
     "CheckpointMetadata",
     "CompletedCheckpointStore",
@@ -42,5 +44,6 @@ __all__ = [
     "VertexInfo",
     "decode_metadata",
     "encode_metadata",
+    "read_events",
     "validate_job",
 ]

@@ -6,6 +6,7 @@
   chk-<id>/<unit>-<attempt>.state  snapshot files of the units fresh in <id>
   shared/                          files shared across checkpoints
   savepoints/sp-<id>/...           self-contained savepoints
+  events/<id>-<trigger ms>.json    the event log: one JSON line per checkpoint outcome
 ```
 
 Every path stored in metadata is relative to the job root. `check_relative` refuses anything
@@ -15,6 +16,10 @@ come from a tampered metadata file.
 >>> state_file_path(7, 3, 1)
 'chk-7/u3-a1.state'
 >>> checkpoint_id_of("chk-7/_metadata")
+7
+>>> event_path(7, 1795383295552)
+'events/000000000007-1795383295552.json'
+>>> event_checkpoint_id("events/000000000007-1795383295552.json")
 7
 >>> check_relative("chk-7/../../etc/passwd")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
@@ -30,12 +35,15 @@ import re
 from metadata.errors import StorageError
 
 __all__ = [
+    "EVENTS_DIR",
     "METADATA_NAME",
     "SAVEPOINTS_DIR",
     "SHARED_DIR",
     "check_relative",
     "checkpoint_dir",
     "checkpoint_id_of",
+    "event_checkpoint_id",
+    "event_path",
     "metadata_path",
     "savepoint_dir",
     "state_file_path",
@@ -44,8 +52,10 @@ __all__ = [
 METADATA_NAME = "_metadata"
 SHARED_DIR = "shared"
 SAVEPOINTS_DIR = "savepoints"
+EVENTS_DIR = "events"
 
 _CHK = re.compile(r"^chk-(\d+)(?:/|$)")
+_EVENT = re.compile(r"^events/(\d{12})-(\d+)\.json$")
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -66,6 +76,21 @@ def state_file_path(checkpoint_id: int, unit_id: int, attempt: int) -> str:
 def savepoint_dir(savepoint_id: int) -> str:
     """`savepoints/sp-<id>`, relative to the job root."""
     return f"{SAVEPOINTS_DIR}/sp-{savepoint_id}"
+
+
+def event_path(checkpoint_id: int, trigger_time_ms: int) -> str:
+    """The event of one checkpoint attempt: `events/<id, 12 digits>-<trigger ms>.json`.
+
+    Zero-padded ids list in checkpoint order; the trigger time keeps the name new even when a
+    restarted driver reuses the id of an aborted checkpoint (object stores have no append, so
+    every event is its own object and none is ever rewritten)."""
+    return f"{EVENTS_DIR}/{checkpoint_id:012d}-{trigger_time_ms}.json"
+
+
+def event_checkpoint_id(path: str) -> int | None:
+    """The checkpoint id of an event file's path (as `event_path` names it), else None."""
+    m = _EVENT.match(path)
+    return int(m.group(1)) if m else None
 
 
 def checkpoint_id_of(path: str) -> int | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from metadata.events import events_table, read_events
 from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["VIEW_NAMES", "dataframes", "register_views", "to_dataframe"]
 
 #: The views registered by `register_views` (each as `<prefix><name>`).
-VIEW_NAMES = ("checkpoints", "refs", "lag", "summary", "validate")
+VIEW_NAMES = ("checkpoints", "refs", "lag", "summary", "validate", "events")
 
 
 def to_dataframe(spark: SparkSession, table: pa.Table) -> DataFrame:
@@ -45,12 +46,14 @@ def dataframes(
 ) -> dict[str, DataFrame]:
     """Every argument-free view of the job under `root` (see `VIEW_NAMES`) as a DataFrame.
 
-    `validate` checks sizes only unless `verify_checksums` (reading every state file).
+    `validate` checks sizes only unless `verify_checksums` (reading every state file);
+    `events` is the job's event log (`metadata.events`; files that do not decode are left out).
     """
     storage = JobStorage.open(root, job_id)
     inspector = Inspector(CompletedCheckpointStore.load(storage), num_retained=num_retained)
     tables = dict(inspector.tables())
     tables["validate"] = validate_table(validate_job(storage, verify_checksums=verify_checksums))
+    tables["events"] = events_table(read_events(storage)[0])
     return {name: to_dataframe(spark, tables[name]) for name in VIEW_NAMES}
 
 

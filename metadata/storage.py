@@ -320,6 +320,22 @@ class JobStorage:
                 "not complete"
             ) from None
 
+    def write_new_file(self, relpath: str, data: bytes) -> None:
+        """Write `data` as a new file at `relpath`, appearing whole or not at all, like
+        `_metadata` (see the module docstring); `StorageError` if it exists or the write fails.
+        For small records that readers may list at any time (the event log)."""
+        rel = check_relative(relpath)
+        if self.exists(rel):
+            raise StorageError(f"{self.describe(rel)} already exists; it is never rewritten")
+        try:
+            if self._local:
+                self._write_local_atomic(rel, data)
+            else:
+                with self.filesystem.open_output_stream(self._full(rel)) as out:
+                    out.write(data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
+
     def _write_local_atomic(self, rel: str, data: bytes) -> None:
         final = self._full(rel)
         directory = os.path.dirname(final)

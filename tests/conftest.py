@@ -1,4 +1,5 @@
-"""Shared fixtures: a loopback S3-compatible server (moto) for the whole session.
+"""Shared fixtures: a loopback S3-compatible server (moto) and the local SparkSession for the
+whole session, and a standalone Spark cluster (`cluster.py`) per module that uses it.
 
 Servers are started by the tests themselves on 127.0.0.1 and stopped at the end.
 """
@@ -83,3 +84,13 @@ def spark():  # -> pyspark.sql.SparkSession
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory):  # -> cluster.StandaloneCluster
+    """A standalone Spark master + worker (2 cores, 1 GiB) on loopback, shared by the tests of
+    a module and stopped after them (two idle JVMs would slow the rest of the suite)."""
+    from cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster

@@ -6,6 +6,7 @@ import datetime as dt
 
 import pytest
 
+from metadata.events import CheckpointEvent, write_event
 from metadata.model import CheckpointMetadata, SubtaskState, UnitState
 from metadata.spark import VIEW_NAMES, register_views
 from metadata.storage import JobStorage
@@ -45,6 +46,21 @@ def test_views_are_queryable_with_sql(spark, tmp_path) -> None:
             ),
         )
     )
+    write_event(
+        storage,
+        CheckpointEvent(
+            job_id="orders",
+            checkpoint_id=2,
+            kind="regional",
+            trigger_time_ms=1000,
+            time_ms=1050,
+            fresh_units=1,
+            fallback_units=(1,),
+            causes={1: "timeout"},
+            oldest_ref_checkpoint_id=1,
+            unit_lag={1: 1},
+        ),
+    )
     names = register_views(spark, str(tmp_path), num_retained=1)
     assert names == [f"regional_{n}" for n in VIEW_NAMES]
     rows = spark.sql(
@@ -64,3 +80,8 @@ def test_views_are_queryable_with_sql(spark, tmp_path) -> None:
     assert [tuple(r) for r in lag.collect()] == [(1, 1)]
     assert spark.table("regional_validate").columns == ["checkpoint_id", "path", "problem"]
     assert spark.table("regional_refs").schema["units"].dataType.simpleString() == "array<bigint>"
+    events = spark.sql(
+        "SELECT checkpoint_id, duration_ms, u.unit_id, u.lag "
+        "FROM regional_events LATERAL VIEW explode(unit_lag) AS u"
+    )
+    assert [tuple(r) for r in events.collect()] == [(2, 50, 1, 1)]

@@ -53,3 +53,13 @@ def test_file_without_pipeline_is_a_usage_error(tmp_path, capsys):
     assert f"{file} defines no module-level `pipeline` (a regional.Pipeline)" in err
     assert main(["run", str(tmp_path / "nope.py")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_conf_must_be_key_equals_value(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(tmp_path / "job.py"), "--conf", "spark.executor.memory"])
+    assert exit_info.value.code == 2
+    assert (
+        "argument --conf: expected KEY=VALUE (a Spark setting, e.g. spark.executor.memory=512m), "
+        "got 'spark.executor.memory'" in capsys.readouterr().err
+    )

@@ -1,5 +1,5 @@
-"""`regional clean ROOT [--job JOB] [--dry-run] [--json] [--num-retained N]`: delete what no
-retained checkpoint needs.
+"""`regional clean ROOT [--job JOB] [--dry-run] [--json] [--num-retained N]
+[--num-retained-events N]`: delete what no retained checkpoint needs, and old events.
 
 Plans with `cleaner.run.scan` and deletes with `cleaner.run.execute`; prints one row per
 checkpoint and per file with the action and its reason (`cleaner.views.retention_table`, plus
@@ -15,12 +15,14 @@ that is newer than every completed checkpoint is kept as possibly in progress (r
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import pyarrow as pa
 
 from cleaner.plan import RetentionPlan
 from cleaner.run import CleanReport, DeletionStatus, execute, scan
 from cleaner.views import retention_table
+from metadata.events import DEFAULT_RETAINED_EVENTS
 from metadata.inspect import DEFAULT_NUM_RETAINED
 from metadata.storage import JobStorage
 from regional.cli.render import print_table
@@ -28,15 +30,19 @@ from regional.cli.render import print_table
 __all__ = ["register", "totals_text"]
 
 
-def _at_least_one(text: str) -> int:
-    """argparse type for `--max-workers`: an int of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
+def _at_least(least: int) -> Callable[[str], int]:
+    """argparse type: an int of at least `least`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least} (got {value})")
+        return value
+
+    return parse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,8 +66,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"newest completed checkpoints to retain (default {DEFAULT_NUM_RETAINED})",
     )
     p.add_argument(
+        "--num-retained-events",
+        type=_at_least(0),
+        metavar="N",
+        default=DEFAULT_RETAINED_EVENTS,
+        help=f"newest event-log files to keep (default {DEFAULT_RETAINED_EVENTS})",
+    )
+    p.add_argument(
         "--max-workers",
-        type=_at_least_one,
+        type=_at_least(1),
         metavar="N",
         default=8,
         help="deletions in flight at once (default 8; object stores like more)",
@@ -124,7 +137,12 @@ def totals_text(plan: RetentionPlan, report: CleanReport | None) -> str:
 def run(args: argparse.Namespace) -> int:
     """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
     storage = JobStorage.open(args.root, args.job)
-    plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
+    plan = scan(
+        storage,
+        num_retained=args.num_retained,
+        live_unknown=True,
+        num_retained_events=args.num_retained_events,
+    )
     report = None
     if not args.dry_run:
         report = execute(plan, storage, max_workers=args.max_workers)

@@ -1,10 +1,12 @@
 """`regional inspect ROOT [--job JOB] VIEW [--json]`: what the checkpoints of a job hold.
 
-Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate`, rendered here):
-`checkpoints`, `show ID`, `refs`, `lag`, `validate`, `summary`, `diff A B`. `--job` may be left
-out when ROOT holds one job. Exit codes: 0 fine, 1 `validate` found a problem (or storage
-failed), 2 bad usage (no such root, job or checkpoint). Checkpoints whose metadata does not
-decode are reported on stderr (and as rows by `validate`).
+Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
+`cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
+`validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
+event log). `--job` may be left out when ROOT holds one job. Exit codes: 0 fine, 1 `validate`
+found a problem (or storage failed), 2 bad usage (no such root, job or checkpoint). Checkpoints
+whose metadata does not decode are reported on stderr (and as rows by `validate`), and so are
+event files that do not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pyarrow as pa
 
 from cleaner.run import scan
 from cleaner.views import retention_table
+from metadata.events import events_table, read_events
 from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -34,6 +37,7 @@ _VIEWS: dict[str, str] = {
     "summary": "counts and min/median/max of duration and size",
     "diff": "per subtask, what changed between two checkpoints",
     "retention": "what a clean would keep or delete, per checkpoint and file, with the reason",
+    "events": "the event log: every checkpoint outcome with the coordinator's metrics",
 }
 
 
@@ -93,6 +97,12 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _validate(storage, args)
     if args.view == "retention":
         return _retention(storage, args)
+    if args.view == "events":
+        events, problems = read_events(storage)
+        for p in problems:
+            print(f"warning: event {p.path} skipped: {p.problem}", file=sys.stderr)
+        print_table(events_table(events), as_json=args.json)
+        return 0
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)

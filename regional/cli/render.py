@@ -26,7 +26,8 @@ __all__ = ["format_cell", "format_table", "print_table", "to_json"]
 
 
 def format_cell(value: Any) -> str:
-    """How one value looks in a text table: lists joined by commas, None as '-'."""
+    """How one value looks in a text table: lists joined by commas, structs' fields by colons,
+    None as '-'."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -37,6 +38,8 @@ def format_cell(value: Any) -> str:
         return value.isoformat(sep=" ", timespec="seconds")
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, dict):  # a struct: its fields in order, e.g. (unit 3, lag 2) "3:2"
+        return ":".join(format_cell(v) for v in value.values())
     if isinstance(value, list | tuple):
         return ",".join(format_cell(v) for v in value) if value else "-"
     return str(value)

@@ -1,4 +1,5 @@
-"""`regional run PIPELINE.py [--policy FILE] [--master URL] [--checkpoint-dir DIR] ...`.
+"""`regional run PIPELINE.py [--policy FILE] [--master URL] [--conf KEY=VALUE]...
+[--checkpoint-dir DIR] ...`.
 
 PIPELINE.py defines a module-level `pipeline` (a `regional.Pipeline`), and may define `faults`
 (a `regional.runtime.spark.Faults`, for demos). Before the file is loaded, the checkpoint
@@ -43,6 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--policy", metavar="FILE", type=Path, help="TOML policy file")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     parser.add_argument(
+        "--conf",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=_conf_pair,
+        help="a Spark setting for the session, e.g. spark.executor.memory=512m or "
+        "spark.executorEnv.AWS_ACCESS_KEY_ID=...; may be repeated",
+    )
+    parser.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
         help="checkpoint root: a local directory or pyarrow.fs URI (default: the policy's "
@@ -81,6 +91,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SIGTERM / Ctrl-C",
     )
     parser.set_defaults(handler=run_pipeline)
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    """`KEY=VALUE` of `--conf` (argparse reports a bad one as a usage error, exit 2)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (a Spark setting, e.g. spark.executor.memory=512m), got {text!r}"
+        )
+    return key.strip(), value
 
 
 def _progress(report: object) -> None:
@@ -126,7 +146,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     if log_file:  # next to a checkpoint dir that may not exist yet
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     print(f"starting Spark ({args.master}); checkpoints under {root}", flush=True)
-    spark = spark_session(args.master, verbose=args.verbose, log_file=log_file)
+    spark = spark_session(
+        args.master, verbose=args.verbose, log_file=log_file, extra=dict(args.conf)
+    )
     plan = pipeline.regions()
     print(
         f"pipeline {pipeline.name!r}: {len(pipeline.vertices)} vertices, "

@@ -10,19 +10,21 @@ SIGALRM could not break), through a dict accumulator that holds every finished t
 units without an answer are declined by the coordinator's tick.
 
 The driver carries out the coordinator's decisions in order: write metadata, then commit, then
-notify, then clean (the cleaner's plan and executor). On start, a root that already holds
-checkpoints is restored from the latest restorable one (rewritten by `regional.restore` when the
-pipeline's parallelism changed); `restore_from` restores a given checkpoint or savepoint into
-an empty job root instead. `savepoint()` and `run(stop_with_savepoint=True)` take savepoints:
-a global checkpoint whose state is also copied, self-contained, to `savepoints/sp-<id>/`.
-`Faults` injects failures for tests and demos: a unit failing or hanging at a checkpoint, or
-the driver crashing at a coordinator step.
+notify, then clean (the cleaner's plan and executor); then it adds the epoch's outcome and the
+coordinator's metrics (`metrics`) to the job's event log (`metadata.events`). On start, a root
+that already holds checkpoints is restored from the latest restorable one (rewritten by
+`regional.restore` when the pipeline's parallelism changed); `restore_from` restores a given
+checkpoint or savepoint into an empty job root instead. `savepoint()` and
+`run(stop_with_savepoint=True)` take savepoints: a global checkpoint whose state is also copied,
+self-contained, to `savepoints/sp-<id>/`. `Faults` injects failures for tests and demos: a unit
+failing or hanging at a checkpoint, or the driver crashing at a coordinator step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import sysconfig
@@ -36,6 +38,7 @@ import msgspec
 
 from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
+from metadata.events import write_event
 from metadata.layout import checkpoint_id_of
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
 from metadata.savepoint import write_savepoint
@@ -66,6 +69,7 @@ from regional.operators import CommitCoordinator, SplitEnumerator, perform_commi
 from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.restore import open_restore_source, rewrite_for_pipeline
+from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.task import TaskEnv, UnitWork, run_units
 
 if TYPE_CHECKING:
@@ -84,6 +88,7 @@ __all__ = [
 #: write), after the metadata write, after the sink commit, in the middle of cleaning.
 CRASH_STEPS = ("after-acks", "after-metadata", "after-commit", "mid-clean")
 _COMMIT_RETRIES = 3
+log = logging.getLogger(__name__)
 
 
 class DriverCrash(RegionalError):
@@ -297,6 +302,7 @@ class SparkRuntime:
         self.env = TaskEnv(root, self.job_id, pipeline, unit_timeout=region_timeout / 2)
         self._commit_failures: dict[tuple[str, int], int] = {}
         self._causes: dict[int, dict[int, str]] = {}
+        self._aborts: dict[int, AbortCheckpoint] = {}  # for the event log
         self._finished = False
         self._started = False  # run() restores only the first time
         self.restore_from = restore_from
@@ -524,7 +530,8 @@ class SparkRuntime:
 
     def _epoch(self, *, savepoint: bool = False) -> CheckpointReport:
         t0 = time.monotonic()
-        trigger = self.coordinator.trigger(_now_ms(), savepoint=savepoint)
+        trigger_ms = _now_ms()
+        trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
         cid = trigger.checkpoint_id
         works = self._works(trigger)
         answers, job_error = self._run_job(trigger, works)
@@ -549,10 +556,20 @@ class SparkRuntime:
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(_now_ms(), trigger.deadline_ms))
         self._crash(cid, "after-acks")
-        outcome = self._carry_out(decisions)
+        try:
+            outcome = self._carry_out(decisions)
+        except JobFailedError as failed:  # the job's last event says why it failed
+            abort = self._aborts.get(cid)
+            failed_units = abort.failed_units if abort is not None else ()
+            seconds = time.monotonic() - t0
+            report = CheckpointReport(
+                cid, "aborted", 0, failed_units, self.commit_lag, seconds, records_in, str(failed)
+            )
+            self._log_event(report, trigger_ms)
+            raise
         self._check_sources_finished()
         kind, fallback, message = outcome.get(cid, ("aborted", (), "no decision"))
-        return CheckpointReport(
+        report = CheckpointReport(
             cid,
             kind,
             self.layout.num_units - len(fallback) if kind != "aborted" else 0,
@@ -563,6 +580,35 @@ class SparkRuntime:
             message,
             self._causes.pop(cid, {}),
         )
+        self._log_event(report, trigger_ms)
+        return report
+
+    @property
+    def metrics(self) -> MetricsSnapshot:
+        """The coordinator's metrics now: completions, aborts by rule, the latest checkpoint's
+        `oldest_ref_checkpoint_id`, per-unit lag, commit lag."""
+        return metrics_snapshot(
+            self.coordinator.metrics,
+            latest_completed_id=self.coordinator.latest_completed_id,
+            commit_lag=self.commit_lag,
+        )
+
+    def _log_event(self, report: CheckpointReport, trigger_ms: int) -> None:
+        """Write the epoch's event (`events/...json` under the job root). Best effort: a
+        failed write is logged, never fails the job (checkpoints do not depend on it)."""
+        abort = self._aborts.pop(report.checkpoint_id, None)
+        event = checkpoint_event(
+            self.job_id,
+            report,
+            self.metrics,
+            trigger_time_ms=trigger_ms,
+            time_ms=_now_ms(),
+            abort_rule=abort.rule.value if abort is not None else None,
+        )
+        try:
+            write_event(self.storage, event)
+        except RegionalError as exc:
+            log.warning("event of checkpoint %d not written: %s", report.checkpoint_id, exc)
 
     def _feed(self, answers: list[dict[str, Any]]) -> list[Decision]:
         """Hand task answers to the coordinator (stale attempts are fenced off there)."""
@@ -669,6 +715,7 @@ class SparkRuntime:
                 queue += self._commit(d)
             elif isinstance(d, AbortCheckpoint):
                 outcome[d.checkpoint_id] = ("aborted", d.failed_units, d.message)
+                self._aborts[d.checkpoint_id] = d
             elif isinstance(d, DiscardAttempt):
                 for path in d.files:
                     self.storage.delete_file(path)

@@ -1,0 +1,206 @@
+"""The event log of a job: one JSON line per checkpoint outcome, under `<job root>/events/`.
+
+Object stores have no append, so the log is one small object per event, named by
+`metadata.layout.event_path` (`events/<id, 12 digits>-<trigger ms>.json`) and written once as
+a new object (`JobStorage.write_new_file`); no object is ever read, modified and rewritten.
+Listing `events/` in name order gives the log in checkpoint order, and concatenating the
+files gives a JSON-lines stream (`cat <job root>/events/*.json`). The cleaner keeps the newest
+`DEFAULT_RETAINED_EVENTS` files and deletes older ones (`cleaner.plan`, reason `expired-event`).
+
+Each event is a `CheckpointEvent`: the outcome (kind, fallback units and why, abort rule,
+duration) and the coordinator's metrics right after it (`oldest_ref_checkpoint_id`, per-unit
+lag, completion counts, aborts by rule). The encoding is additive: readers ignore fields they do
+not know, and fields added later get defaults. `events_table` is the inspector view
+(`regional inspect ROOT events`).
+
+>>> e = CheckpointEvent(job_id="j", checkpoint_id=2, kind="regional", trigger_time_ms=1000,
+...     time_ms=1250, fresh_units=7, fallback_units=(3,), causes={3: "declined: boom"},
+...     oldest_ref_checkpoint_id=1, unit_lag={3: 1}, regional_checkpoint_count=1,
+...     global_checkpoint_count=1)
+>>> line = encode_event(e); line.endswith(b"\\n") and b"\\n" not in line[:-1]
+True
+>>> decode_event(line, source="events/x.json") == e
+True
+>>> row = events_table([e]).to_pylist()[0]
+>>> row["kind"], row["duration_ms"], row["fallback_units"], row["unit_lag"], row["causes"]
+('regional', 250, [3], [{'unit_id': 3, 'lag': 1}], [{'unit_id': 3, 'cause': 'declined: boom'}])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+import pyarrow as pa
+from pyarrow import fs as pafs
+
+from metadata.errors import MetadataError
+from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
+from metadata.storage import JobStorage, Problem
+
+__all__ = [
+    "DEFAULT_RETAINED_EVENTS",
+    "EVENTS_SCHEMA",
+    "CheckpointEvent",
+    "decode_event",
+    "encode_event",
+    "events_table",
+    "read_events",
+    "write_event",
+]
+
+#: How many event files the cleaner keeps (the newest); 0.4-0.5 KiB each for 8 units.
+DEFAULT_RETAINED_EVENTS = 1000
+
+
+class CheckpointEvent(
+    msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint", tag_field="event"
+):
+    """What one checkpoint attempt ended with, and the coordinator's metrics right after.
+
+    `kind` is global, regional, savepoint or aborted. `fallback_units` fell back (regional) or
+    failed (aborted), with `causes` per unit; `abort_rule` is the DESIGN §4 rule that aborted
+    it (e.g. ``3c-failure-ratio``) and `message` the coordinator's explanation. Metrics:
+    `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
+    None when nothing fell back), `unit_lag` (unit -> completed checkpoints its state is
+    behind; units at 0 left out), and counters since the driver started (they restart at 0
+    after a restore): completions by kind and aborts by rule.
+    """
+
+    job_id: str
+    checkpoint_id: int
+    kind: str
+    trigger_time_ms: int
+    time_ms: int  # when the outcome was carried out (metadata durable, committed, cleaned)
+    fresh_units: int
+    fallback_units: tuple[int, ...] = ()
+    causes: dict[int, str] = {}
+    abort_rule: str | None = None
+    message: str = ""
+    records_in: int = 0
+    commit_lag: int = 0
+    oldest_ref_checkpoint_id: int | None = None
+    unit_lag: dict[int, int] = {}
+    regional_checkpoint_count: int = 0
+    global_checkpoint_count: int = 0
+    savepoint_count: int = 0
+    aborted_by_rule: dict[str, int] = {}
+
+    @property
+    def path(self) -> str:
+        """Where the event is stored, relative to the job root."""
+        return event_path(self.checkpoint_id, self.trigger_time_ms)
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(CheckpointEvent)
+
+
+def encode_event(event: CheckpointEvent) -> bytes:
+    """One JSON line (compact, newline-terminated)."""
+    return _ENCODER.encode(event) + b"\n"
+
+
+def decode_event(data: bytes, *, source: str) -> CheckpointEvent:
+    """Decode one event file; `MetadataError` naming `source` if it is not a checkpoint event."""
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MetadataError(
+            f"event file {source} is not a checkpoint event ({exc}); it was damaged or written "
+            "by a newer regional: skip it or delete it by hand"
+        ) from None
+
+
+def write_event(storage: JobStorage, event: CheckpointEvent) -> str:
+    """Store `event` as its own new object under the job root; returns its relative path."""
+    storage.write_new_file(event.path, encode_event(event))
+    return event.path
+
+
+def read_events(storage: JobStorage) -> tuple[list[CheckpointEvent], list[Problem]]:
+    """Every event of the job in checkpoint order, and the files that did not decode."""
+    selector = pafs.FileSelector(f"{storage.job_path}/{EVENTS_DIR}", allow_not_found=True)
+    cut = len(storage.job_path) + 1
+    infos = storage.filesystem.get_file_info(selector)
+    paths = sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+    events, problems = [], []
+    for rel in paths:
+        cid = event_checkpoint_id(rel)
+        if cid is None:
+            continue  # not named like an event (e.g. a temporary file of a write in progress)
+        try:
+            with storage.filesystem.open_input_stream(f"{storage.job_path}/{rel}") as f:
+                data = f.read()
+            events.append(decode_event(data, source=storage.describe(rel)))
+        except FileNotFoundError:
+            continue  # deleted by the cleaner since the listing
+        except (OSError, MetadataError) as exc:
+            problems.append(Problem(cid, rel, str(exc)))
+    return events, problems
+
+
+_TS = pa.timestamp("ms", tz="UTC")
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("trigger_time", _TS, nullable=False),
+        pa.field("duration_ms", pa.int64(), nullable=False),
+        pa.field("records_in", pa.int64(), nullable=False),
+        pa.field("fresh_units", pa.int64(), nullable=False),
+        pa.field("fallback_units", pa.list_(pa.int64()), nullable=False),
+        pa.field("abort_rule", pa.string()),
+        pa.field("oldest_ref_checkpoint_id", pa.int64()),
+        pa.field("max_unit_lag", pa.int64(), nullable=False),
+        pa.field(
+            "unit_lag",
+            pa.list_(pa.struct([("unit_id", pa.int64()), ("lag", pa.int64())])),
+            nullable=False,
+        ),
+        pa.field("regional_checkpoint_count", pa.int64(), nullable=False),
+        pa.field("global_checkpoint_count", pa.int64(), nullable=False),
+        pa.field("aborted_count", pa.int64(), nullable=False),
+        pa.field("commit_lag", pa.int64(), nullable=False),
+        pa.field(
+            "causes",
+            pa.list_(pa.struct([("unit_id", pa.int64()), ("cause", pa.string())])),
+            nullable=False,
+        ),
+    ]
+)
+
+
+def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """The `events` view, one row per event in the order given (`read_events`: by checkpoint).
+
+    Columns (`EVENTS_SCHEMA`): `checkpoint_id`; `kind` (global, regional, savepoint, aborted);
+    `trigger_time`; `duration_ms` (trigger to outcome carried out); `records_in`;
+    `fresh_units`; `fallback_units` (fell back, or failed when aborted); `abort_rule`;
+    `oldest_ref_checkpoint_id`; `max_unit_lag` and `unit_lag` (unit_id, lag) after the
+    outcome; `regional_checkpoint_count`, `global_checkpoint_count`, `aborted_count` (since the
+    driver started); `commit_lag`; `causes` (unit_id, cause).
+    """
+    rows = [
+        {
+            "checkpoint_id": e.checkpoint_id,
+            "kind": e.kind,
+            "trigger_time": e.trigger_time_ms,
+            "duration_ms": max(0, e.time_ms - e.trigger_time_ms),
+            "records_in": e.records_in,
+            "fresh_units": e.fresh_units,
+            "fallback_units": list(e.fallback_units),
+            "abort_rule": e.abort_rule,
+            "oldest_ref_checkpoint_id": e.oldest_ref_checkpoint_id,
+            "max_unit_lag": max(e.unit_lag.values(), default=0),
+            "unit_lag": [{"unit_id": u, "lag": n} for u, n in sorted(e.unit_lag.items())],
+            "regional_checkpoint_count": e.regional_checkpoint_count,
+            "global_checkpoint_count": e.global_checkpoint_count,
+            "aborted_count": sum(e.aborted_by_rule.values()),
+            "commit_lag": e.commit_lag,
+            "causes": [{"unit_id": u, "cause": c} for u, c in sorted(e.causes.items())],
+        }
+        for e in events
+    ]
+    return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)

@@ -1,0 +1,113 @@
+"""What a running job reports about itself: a frozen snapshot of the coordinator's metrics
+(`SparkRuntime.metrics`) and the event written to the job's event log after every checkpoint
+outcome (`metadata.events`). Pure: the runtime passes in the times and the report.
+
+>>> from regional.coordinator import CoordinatorMetrics
+>>> m = CoordinatorMetrics(regional_checkpoint_count=3, global_checkpoint_count=1)
+>>> m.oldest_ref_checkpoint_id = {1: None, 2: 1, 3: 1, 4: 1}
+>>> m.unit_lag = {3: 3}
+>>> s = metrics_snapshot(m, latest_completed_id=4, commit_lag=0)
+>>> s.oldest_ref_checkpoint_id, s.unit_lag, s.max_unit_lag, s.regional_checkpoint_count
+(1, {3: 3}, 3, 3)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from metadata.events import CheckpointEvent
+from regional.coordinator import CoordinatorMetrics
+
+if TYPE_CHECKING:
+    from regional.runtime.spark import CheckpointReport
+
+__all__ = ["MetricsSnapshot", "checkpoint_event", "metrics_snapshot"]
+
+
+class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The coordinator's metrics at one moment (flink_regional.md §1.3).
+
+    `oldest_ref_checkpoint_id` is the oldest owner the latest completed checkpoint's fallback
+    state refers to (None when it is global); `unit_lag` maps each unit whose state is behind
+    the latest completed checkpoint to how many checkpoints behind it is (units at 0 left
+    out); `commit_lag` counts completed checkpoints whose output is not committed yet.
+    Counters run since the driver started (a restored job starts them at 0).
+    """
+
+    latest_completed_id: int | None
+    regional_checkpoint_count: int
+    global_checkpoint_count: int
+    savepoint_count: int
+    aborted_by_rule: dict[str, int]
+    oldest_ref_checkpoint_id: int | None
+    unit_lag: dict[int, int]
+    commit_lag: int
+    commit_failures: int
+
+    @property
+    def max_unit_lag(self) -> int:
+        return max(self.unit_lag.values(), default=0)
+
+    @property
+    def aborted_count(self) -> int:
+        return sum(self.aborted_by_rule.values())
+
+
+def metrics_snapshot(
+    metrics: CoordinatorMetrics, *, latest_completed_id: int | None, commit_lag: int
+) -> MetricsSnapshot:
+    """Copy the coordinator's live metrics into a `MetricsSnapshot`."""
+    oldest = (
+        None
+        if latest_completed_id is None
+        else metrics.oldest_ref_checkpoint_id.get(latest_completed_id)
+    )
+    return MetricsSnapshot(
+        latest_completed_id=latest_completed_id,
+        regional_checkpoint_count=metrics.regional_checkpoint_count,
+        global_checkpoint_count=metrics.global_checkpoint_count,
+        savepoint_count=metrics.savepoint_count,
+        aborted_by_rule={str(rule): n for rule, n in sorted(metrics.aborted_by_rule.items())},
+        oldest_ref_checkpoint_id=oldest,
+        unit_lag=dict(sorted(metrics.unit_lag.items())),
+        commit_lag=commit_lag,
+        commit_failures=metrics.commit_failures,
+    )
+
+
+def checkpoint_event(
+    job_id: str,
+    report: CheckpointReport,
+    metrics: MetricsSnapshot,
+    *,
+    trigger_time_ms: int,
+    time_ms: int,
+    abort_rule: str | None,
+) -> CheckpointEvent:
+    """The event-log record of one checkpoint outcome (`report`) with the metrics after it.
+
+    `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
+    references nothing)."""
+    completed = report.kind != "aborted"
+    return CheckpointEvent(
+        job_id=job_id,
+        checkpoint_id=report.checkpoint_id,
+        kind=report.kind,
+        trigger_time_ms=trigger_time_ms,
+        time_ms=time_ms,
+        fresh_units=report.fresh_units,
+        fallback_units=tuple(report.fallback_units),
+        causes=dict(report.causes),
+        abort_rule=abort_rule,
+        message=report.message,
+        records_in=report.records_in,
+        commit_lag=report.commit_lag,
+        oldest_ref_checkpoint_id=metrics.oldest_ref_checkpoint_id if completed else None,
+        unit_lag=metrics.unit_lag,
+        regional_checkpoint_count=metrics.regional_checkpoint_count,
+        global_checkpoint_count=metrics.global_checkpoint_count,
+        savepoint_count=metrics.savepoint_count,
+        aborted_by_rule=metrics.aborted_by_rule,
+    )

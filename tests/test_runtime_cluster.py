@@ -1,0 +1,160 @@
+"""The quickstart on a real Spark standalone cluster (master + worker on loopback, see
+`cluster.py`): `regional run --master spark://...` in a subprocess (one SparkContext per
+process; the suite's local session lives in this one), unit 3 failing at checkpoints 2-4, and
+the committed table checked against the rows a fault-free run must commit, computed here from
+the input files, and the job's event log read back by the inspector. Once with checkpoints on
+local disk, once on the S3-compatible test server with credentials that reach the executors only
+through `spark.executorEnv.*`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import regional
+from metadata.events import read_events
+from metadata.storage import JobStorage
+from regional.cli import main
+from regional.sinks.parquet import read_table
+
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+
+_QUICKSTART = Path(__file__).parent.parent / "examples" / "quickstart.py"
+#: Where this test's `regional` is imported from: executors must import the same code.
+_SOURCE_ROOT = str(Path(regional.__file__).parent.parent)
+
+
+def _run_quickstart(cluster, tmp_path: Path, root: str, *conf: str) -> subprocess.CompletedProcess:
+    """`regional run examples/quickstart.py` on the cluster; its data under `tmp_path`."""
+    settings = [
+        "spark.executor.memory=512m",
+        f"spark.executorEnv.PYTHONPATH={_SOURCE_ROOT}",
+        *conf,
+    ]
+    cmd = [sys.executable, "-m", "regional.cli", "run", str(_QUICKSTART)]
+    cmd += ["--master", cluster.master_url, "--checkpoint-dir", root]
+    for setting in settings:
+        cmd += ["--conf", setting]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": _SOURCE_ROOT}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _fault_free_rows(data_dir: Path) -> list[tuple]:
+    """What the quickstart must commit: every human click with its running count per user
+    within its input file (keyed state is scoped by split), in file order."""
+    rows = []
+    for path in sorted(data_dir.glob("clicks-*.jsonl")):
+        counts: dict[str, int] = {}
+        for line in path.read_text().splitlines():
+            click = json.loads(line)
+            if click["bot"]:
+                continue
+            counts[click["user"]] = counts.get(click["user"], 0) + 1
+            rows.append((click["user"], click["page"], click["ts"], counts[click["user"]]))
+    return sorted(rows)
+
+
+def _committed_rows(table: str) -> list[tuple]:
+    t = read_table(table)
+    return sorted(zip(*(t.column(c).to_pylist() for c in ("user", "page", "ts", "n")), strict=True))
+
+
+def _apps(cluster) -> dict[str, dict]:
+    """Every application the master knows (running or finished, which it learns a moment
+    after the driver process ended), by id."""
+    status = cluster.status()
+    return {a["id"]: a for a in status["activeapps"] + status["completedapps"]}
+
+
+def _check_run(run: subprocess.CompletedProcess, cluster, apps_before: dict) -> None:
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{cluster.logs()}"
+    out = run.stdout
+    assert f"starting Spark ({cluster.master_url})" in out
+    for cid in (2, 3, 4):  # unit 3 fails: regional checkpoints, the other 7 units fresh
+        assert f"checkpoint    {cid}  regional  fresh   7  fallback 3 " in out, out
+    assert "checkpoint    5  global    fresh   8" in out, out  # max-unit-fallbacks = 3
+    assert "0 aborted checkpoints; job finished" in out, out
+    new = [a for i, a in _apps(cluster).items() if i not in apps_before]
+    assert [a["name"] for a in new] == ["regional"]  # it ran as an application of the master
+    executor_logs = list((cluster.log_dir / "work" / new[0]["id"]).glob("*/stderr"))
+    assert executor_logs, "no executor ran on the worker"
+
+
+#: The quickstart's outcomes: (checkpoint id, kind, fallback units, max unit lag).
+_OUTCOMES = [
+    (1, "global", [], 0),
+    (2, "regional", [3], 1),
+    (3, "regional", [3], 2),
+    (4, "regional", [3], 3),
+    (5, "global", [], 0),
+    (6, "global", [], 0),
+    (7, "global", [], 0),
+]
+
+
+def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, tmp_path, capsys):
+    before = _apps(spark_cluster)
+    root = str(tmp_path / "ckpt")
+    run = _run_quickstart(spark_cluster, tmp_path, root)
+    _check_run(run, spark_cluster, before)
+    want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
+    assert len(want) == 4341
+    assert _committed_rows(root + "-table") == want
+    # the cleaner dropped checkpoints 1-4 and left the whole event log
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "quickstart").iterdir()) == [
+        "chk-5",
+        "chk-6",
+        "chk-7",
+        "events",
+    ]
+    assert main(["inspect", root, "events", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    got = [(e["checkpoint_id"], e["kind"], e["fallback_units"], e["max_unit_lag"]) for e in events]
+    assert got == _OUTCOMES
+    assert [e["oldest_ref_checkpoint_id"] for e in events] == [None, 1, 1, 1, None, None, None]
+    assert events[-1]["regional_checkpoint_count"] == 3
+
+
+@pytest.mark.s3
+def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
+    spark_cluster, s3_server, tmp_path
+):
+    bucket = s3_server.new_bucket()
+    query = f"?endpoint_override={s3_server.endpoint}&scheme=http&region=us-east-1"
+    root = f"s3://{bucket}/ckpt{query}"  # no credentials in the URI
+    credentials = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    before = _apps(spark_cluster)
+    run = _run_quickstart(
+        spark_cluster,
+        tmp_path,
+        root,
+        *(f"spark.executorEnv.{k}={v}" for k, v in credentials.items()),
+    )
+    _check_run(run, spark_cluster, before)
+    want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
+    assert _committed_rows(f"s3://{bucket}/ckpt-table{query}") == want
+    events, problems = read_events(JobStorage(root, "quickstart"))
+    assert problems == []
+    got = [
+        (e.checkpoint_id, e.kind, list(e.fallback_units), max(e.unit_lag.values(), default=0))
+        for e in events
+    ]
+    assert got == _OUTCOMES
+    fs = s3_server.filesystem()
+    from pyarrow import fs as pafs
+
+    listed = fs.get_file_info(pafs.FileSelector(f"{bucket}/ckpt/quickstart", recursive=True))
+    state_files = {
+        i.path.split("/quickstart/", 1)[1] for i in listed if i.type == pafs.FileType.File
+    }
+    assert "chk-7/_metadata" in state_files  # the last (global) checkpoint, on S3
+    assert any(p.startswith("chk-7/u") and p.endswith(".state") for p in state_files)
