@@ -383,7 +383,7 @@ class Simulation:
                 for u in range(self.n):
                     self._restart(u)
             elif isinstance(d, DiscardAttempt):
-                self.sink.discard(d.committables)
+                self.sink.discard(d.all_committables)
             elif isinstance(d, FailJob):
                 self.result.failed = d.message
             elif isinstance(d, FinishJob):

@@ -563,7 +563,7 @@ def test_late_ack_from_a_timed_out_attempt_is_ignored_and_its_files_discarded() 
         job.ack(u)
     md = metadata_of(job.c.on_tick(t.deadline_ms))
     late = job.c.on_ack(1, 4, 1, job.states(4), t.deadline_ms + 5)
-    assert late == [DiscardAttempt(1, 4, 1, ("chk-1/4-1.state",), ())]
+    assert late == [DiscardAttempt(1, 4, 1, ("chk-1/4-1.state",), {})]
     assert [u.unit_id for u in md.fallback_units] == [4]
 
 
@@ -625,3 +625,18 @@ def test_metrics_count_regional_and_aborts_by_rule() -> None:
     assert m.aborted_by_rule == {Rule.FAILURE_RATIO: 1}
     assert m.oldest_ref_checkpoint_id == {1: None, 2: 1}
     assert m.unit_lag == {1: 1, 2: 1} and m.max_unit_lag == 1
+
+
+def test_discarded_committables_are_grouped_by_sink_so_a_sink_sees_only_its_own() -> None:
+    job = Job(units=4, per_unit=2, enabled=False)
+    job.start()
+    cid = job.trigger.checkpoint_id
+    states = tuple(
+        msgspec.structs.replace(s, committables=(f"{s.vertex_id}-file".encode(),))
+        for s in job.states(0)
+    )
+    job.c.on_ack(cid, 0, 1, states, job.now + 1)
+    out = job.decline(1)  # global mode: the first decline aborts, unit 0's attempt is garbage
+    [discard] = [d for d in out if isinstance(d, DiscardAttempt) and d.unit_id == 0]
+    assert discard.committables == {"v0": (b"v0-file",), "v1": (b"v1-file",)}
+    assert discard.all_committables == (b"v0-file", b"v1-file")

@@ -128,7 +128,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 for u in range(UNITS):
                     self._restart(u)
             elif isinstance(d, DiscardAttempt):
-                self.sink.discard(d.committables)
+                self.sink.discard(d.all_committables)
             elif isinstance(d, FailJob):
                 self.failed = True
 

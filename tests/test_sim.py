@@ -57,7 +57,7 @@ def test_late_ack_files_are_discarded_never_committed() -> None:
     [discard] = [d for d in run.decisions if isinstance(d, DiscardAttempt)]
     assert (discard.checkpoint_id, discard.unit_id) == (2, 1)
     committed = {p for _, _, paths in run.commit_log for p in paths}
-    assert not committed & {c.decode() for c in discard.committables}
+    assert not committed & {c.decode() for c in discard.all_committables}
     assert sorted(run.committed_rows) == run.expected_rows
 
 

@@ -141,7 +141,7 @@ def test_discard_skips_committables_of_other_sinks(tmp_path):
     staged = parquet.write(
         [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
     )
-    everything = mine + theirs + staged  # the runtime hands a unit's committables to each sink
+    everything = mine + theirs + staged  # defence in depth: never delete another sink's files
     paimon.discard(everything)
     assert paimon.missing_files(mine) == paimon.data_files(mine)
     assert other.missing_files(theirs) == [] and parquet.missing_files(staged) == []

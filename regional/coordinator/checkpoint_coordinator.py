@@ -743,7 +743,11 @@ def _discard(
     committables: bool,
 ) -> DiscardAttempt:
     files = tuple(dict.fromkeys(h.path for s in states for h in s.handles if not h.shared))
-    staged = tuple(c for s in states for c in s.committables) if committables else ()
+    staged: dict[str, tuple[bytes, ...]] = {}
+    if committables:
+        for s in states:
+            if s.committables:
+                staged[s.vertex_id] = staged.get(s.vertex_id, ()) + tuple(s.committables)
     return DiscardAttempt(checkpoint_id, unit_id, attempt, files, staged)
 
 

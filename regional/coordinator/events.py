@@ -88,13 +88,19 @@ class AbortCheckpoint(msgspec.Struct, frozen=True):
 class DiscardAttempt(msgspec.Struct, frozen=True):
     """The state `files` (paths relative to the job root, never shared files) of a unit attempt
     are garbage (an aborted checkpoint, a fenced or late attempt, a malformed ack); so are the
-    staged sink files behind `committables`. DESIGN rules 8 and 9."""
+    staged sink files behind `committables` (sink vertex id -> that sink's committables, so each
+    sink only ever sees its own). DESIGN rules 8 and 9."""
 
     checkpoint_id: int
     unit_id: int
     attempt: int
     files: tuple[str, ...] = ()
-    committables: tuple[bytes, ...] = ()
+    committables: dict[str, tuple[bytes, ...]] = {}
+
+    @property
+    def all_committables(self) -> tuple[bytes, ...]:
+        """Every sink's committables, in sink order (for single-sink callers and tests)."""
+        return tuple(c for v in sorted(self.committables) for c in self.committables[v])
 
 
 class NotifyComplete(msgspec.Struct, frozen=True):

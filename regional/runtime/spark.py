@@ -719,9 +719,8 @@ class SparkRuntime:
             elif isinstance(d, DiscardAttempt):
                 for path in d.files:
                     self.storage.delete_file(path)
-                if d.committables:
-                    for vertex_id in self.committers:
-                        self.pipeline.vertices[vertex_id].sink.discard(d.committables)
+                for vertex_id, committables in d.committables.items():
+                    self.pipeline.vertices[vertex_id].sink.discard(committables)
             elif isinstance(d, NotifySubsumed):
                 clean = True
             elif isinstance(d, FailJob):
