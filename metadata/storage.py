@@ -309,11 +309,7 @@ class JobStorage:
                 "before, so its id must not be reused"
             )
         try:
-            if self._local:
-                self._write_local_atomic(rel, data)
-            else:
-                with self.filesystem.open_output_stream(self._full(rel)) as out:
-                    out.write(data)
+            self._put_whole(rel, data)
         except OSError as exc:
             raise StorageError(
                 f"cannot write {self.describe(rel)}: {exc}; checkpoint {md.checkpoint_id} is "
@@ -328,13 +324,18 @@ class JobStorage:
         if self.exists(rel):
             raise StorageError(f"{self.describe(rel)} already exists; it is never rewritten")
         try:
-            if self._local:
-                self._write_local_atomic(rel, data)
-            else:
-                with self.filesystem.open_output_stream(self._full(rel)) as out:
-                    out.write(data)
+            self._put_whole(rel, data)
         except OSError as exc:
             raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
+
+    def _put_whole(self, rel: str, data: bytes) -> None:
+        """One object that appears whole or not at all: temp file + fsync + link on a local
+        disk, a single PUT on object stores (never a rename there)."""
+        if self._local:
+            self._write_local_atomic(rel, data)
+        else:
+            with self.filesystem.open_output_stream(self._full(rel)) as out:
+                out.write(data)
 
     def _write_local_atomic(self, rel: str, data: bytes) -> None:
         final = self._full(rel)
