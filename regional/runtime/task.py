@@ -159,13 +159,16 @@ def _decline(work: UnitWork, reason: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
-    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
-    pipeline: Pipeline = env.pipeline
+def _fail_if_injected(work: UnitWork) -> None:
     if work.fault == FAULT_FAIL:
         raise InjectedFault(
             f"unit {work.unit_id} fails checkpoint {work.checkpoint_id} (injected fault)"
         )
+
+
+def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
+    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
+    pipeline: Pipeline = env.pipeline
     if work.fault == FAULT_CRASH:
         os._exit(3)  # the Python worker dies: the whole Spark task (and its other units) is lost
     if work.fault == FAULT_STALL:  # a C-level loop: SIGALRM cannot interrupt it
@@ -208,6 +211,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             split_states = tuple(kept)
             outputs[vertex_id] = chunks
         else:
+            _fail_if_injected(work)  # after the sources read, like user code failing on data
             inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
             if spec.operator is not None:
                 op_state = None
@@ -243,6 +247,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         )
         if blob is not None:
             blobs[vertex_id, index] = blob
+    _fail_if_injected(work)  # a unit made of sources only
     # the coordinator expects the subtasks (and we write the segments) in layout order
     by_key = {(s.vertex_id, s.index): s for s in states}
     ordered = [by_key[s.vertex_id, s.index] for s in work.restore]
