@@ -383,15 +383,16 @@ def measure(o: Outcome) -> dict[str, Any]:
     for at, files in o.commits:
         for file in files:
             cols = pq.read_table(file, columns=["split", "n"])
-            if not cols.num_rows:
-                continue
-            split = cols["split"][0].as_py()
-            lo, hi = pc.min(cols["n"]).as_py(), pc.max(cols["n"]).as_py() + 1
-            assert hi - lo == cols.num_rows and pc.all(pc.equal(cols["split"], split)).as_py()
-            committed[split].append((lo, hi))
-            for latency, n in reads.latencies(split, lo, hi, at):
-                lat.append(latency)
-                weights.append(n)
+            groups = cols.group_by("split").aggregate([("n", "min"), ("n", "max"), ("n", "count")])
+            g = groups.to_pydict()
+            for split, lo, top, count in zip(
+                g["split"], g["n_min"], g["n_max"], g["n_count"], strict=True
+            ):
+                assert top + 1 - lo == count, f"{o.name}: {file} holds a gap or a duplicate"
+                committed[split].append((lo, top + 1))
+                for latency, n in reads.latencies(split, lo, top + 1, at):
+                    lat.append(latency)
+                    weights.append(n)
             total += cols.num_rows
         curve.append((round(at - o.started, 3), total))
     for split, ranges in committed.items():  # exactly once: 0..n-1, each once
