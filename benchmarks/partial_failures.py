@@ -446,6 +446,7 @@ COLUMNS = (
     ("aborted", "abort", ">5"),
     ("restarts", "restarts", ">8"),
     ("seconds", "seconds", ">7"),
+    ("records_committed", "committed", ">9"),
     ("committed_per_s", "committed/s", ">11"),
     ("p50_latency_s", "p50 s", ">6"),
     ("p99_latency_s", "p99 s", ">6"),
@@ -470,9 +471,10 @@ def plot(rows: list[dict[str, Any]], p: float, path: str) -> None:
     for r in rows:
         if r["p"] != p:
             continue
-        xs = [0.0] + [x for x, _ in r["committed_over_time"]]
-        ys = [0] + [y for _, y in r["committed_over_time"]]
-        ax.step(xs, ys, where="post", label=r["contender"])
+        xs = [0.0] + [x for x, _ in r["committed_over_time"]] + [r["seconds"]]
+        ys = [0] + [y for _, y in r["committed_over_time"]] + [r["records_committed"]]
+        label = f"{r['contender']}: {r['records_committed']:,} in {r['seconds']:.0f} s"
+        ax.step(xs, ys, where="post", label=label)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("records committed (visible in the sink)")
     ax.set_title(f"64 regions, per-region failure probability p = {p} per checkpoint")
@@ -491,7 +493,14 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--quick", action="store_true", help="16 regions, 10 checkpoints, p=0.05")
     ap.add_argument("--out", default=RESULTS, help="directory for the JSON and PNG")
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON")
     args = ap.parse_args()
+    stem = "partial_failures-quick" if args.quick else "partial_failures"
+    if args.replot:
+        with open(f"{args.out}/{stem}.json") as f:
+            saved = json.load(f)
+        plot(saved["rows"], max(saved["config"]["p"]), f"{args.out}/{stem}.png")
+        return
     if args.quick:
         args.regions, args.checkpoints, args.records, args.p = 16, 10, 100, [0.05]
     work = tempfile.mkdtemp(prefix="regional-bench-failures-")
@@ -522,7 +531,6 @@ def main() -> None:
     )
     print_table(rows)
     os.makedirs(args.out, exist_ok=True)
-    stem = "partial_failures-quick" if args.quick else "partial_failures"
     with open(f"{args.out}/{stem}.json", "w") as f:
         json.dump(
             {
@@ -531,7 +539,7 @@ def main() -> None:
                     "python": platform.python_version(),
                     "master": args.master,
                 },
-                "config": {k: v for k, v in vars(args).items() if k != "out"},
+                "config": {k: v for k, v in vars(args).items() if k not in ("out", "replot")},
                 "rows": rows,
             },
             f,
