@@ -60,7 +60,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
 
 from regional.pipeline import Pipeline  # noqa: E402
-from regional.policy import load_policy  # noqa: E402
+from regional.policy import Policy, load_policy  # noqa: E402
 from regional.runtime.session import spark_session  # noqa: E402
 from regional.runtime.spark import CheckpointReport, Faults, SparkRuntime  # noqa: E402
 from regional.sinks.parquet import ParquetSink  # noqa: E402
@@ -69,6 +69,7 @@ from regional.sources.generator import GeneratorSource  # noqa: E402
 
 RESULTS = os.path.join(_HERE, "results")
 TOLERABLE = 1_000_000
+DEFAULT_TOLERABLE = Policy().checkpointing.tolerable_failed_checkpoints
 SCHEMA = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("value", pa.int64())])
 OUT_SCHEMA = "split long, n long, score long"
 
@@ -232,6 +233,7 @@ def run_regional(
     p: float,
 ) -> Outcome:
     base = f"{work}/{name}-{p}"
+    assert not os.path.exists(base), f"{base} exists: every run starts from nothing"
     log = f"{base}.reads"
     table = f"{base}/table"
     pipeline = Pipeline(name, records_per_epoch=args.records)
@@ -269,9 +271,15 @@ def _regional_epoch(report: CheckpointReport, units: int) -> tuple[bool, frozens
 
 
 def run_structured_streaming(
-    spark: Any, faults: frozenset[tuple[int, int]], args: argparse.Namespace, work: str, p: float
+    spark: Any,
+    name: str,
+    faults: frozenset[tuple[int, int]],
+    args: argparse.Namespace,
+    work: str,
+    p: float,
 ) -> Outcome:
-    base = f"{work}/sss-{p}"
+    base = f"{work}/{name}-{p}"
+    assert not os.path.exists(base), f"{base} exists: every run starts from nothing"
     log, table, checkpoint = f"{base}.reads", f"{base}/table", f"{base}/checkpoint"
     state = {"attempt": 0, "restarts": 0}
     epochs: list[tuple[bool, frozenset[int]]] = []
@@ -406,6 +414,11 @@ def measure(o: Outcome) -> dict[str, Any]:
         lag = collections.Counter({u: lag[u] + 1 for u in behind})
         worst = max(worst, max(lag.values(), default=0))
     done = sum(1 for ok, _ in o.epochs if ok)
+    aborts_in_a_row, job_fails_at = 0, None  # with tolerable-failed-checkpoints at its default
+    for epoch, (ok, _) in enumerate(o.epochs, 1):
+        aborts_in_a_row = 0 if ok else aborts_in_a_row + 1
+        if aborts_in_a_row > DEFAULT_TOLERABLE and job_fails_at is None:
+            job_fails_at = epoch
     gaps = [  # Structured Streaming: from a failed attempt's end to the restarted query's next
         b[0] - a[1]
         for (ok, _), a, b in zip(o.epochs, o.attempt_times, o.attempt_times[1:], strict=False)
@@ -426,6 +439,7 @@ def measure(o: Outcome) -> dict[str, Any]:
         "p99_latency_s": round(float(np.percentile(samples, 99)), 3),
         "records_reprocessed": reads.total - total,
         "max_unit_lag": worst,
+        "job_fails_at_default_tolerance": job_fails_at,
         "restart_gap_median_s": round(float(np.median(gaps)), 2) if gaps else None,
         "committed_over_time": curve,
     }
@@ -511,7 +525,7 @@ def main() -> None:
         # warm both paths up (Python workers, Catalyst, the data source planner), unmeasured
         warm = argparse.Namespace(**{**vars(args), "checkpoints": 3})
         run_regional(spark, "warm-up", {}, frozenset(), warm, work, 0.0)
-        run_structured_streaming(spark, frozenset(), warm, work, 0.0)
+        run_structured_streaming(spark, "warm-up-sss", frozenset(), warm, work, 0.0)
         for p in args.p:
             faults = schedule(args.seed, p, args.checkpoints, args.regions)
             for name, overrides in CONTENDERS.items():
@@ -520,7 +534,7 @@ def main() -> None:
                 outcome = run_regional(spark, name, overrides, faults, args, work, p)
                 rows.append(measure(outcome))
                 print_table(rows[-1:])
-            rows.append(measure(run_structured_streaming(spark, faults, args, work, p)))
+            rows.append(measure(run_structured_streaming(spark, "sss", faults, args, work, p)))
             print_table(rows[-1:])
     finally:
         spark.stop()
