@@ -72,6 +72,7 @@ TOLERABLE = 1_000_000
 DEFAULT_TOLERABLE = Policy().checkpointing.tolerable_failed_checkpoints
 SCHEMA = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("value", pa.int64())])
 OUT_SCHEMA = "split long, n long, score long"
+INJECTED = "(injected fault)"  # in every injected failure's message, ours and Spark's
 
 
 # --- the workload, identical for every contender ----------------------------------------------
@@ -193,7 +194,7 @@ def _failing_transform(failing: frozenset[int], attempt: int) -> Any:
         for b in batches:  # Spark re-batches: a batch may hold several splits
             hit = pc.filter(b["split"], pc.is_in(b["split"], value_set=failing_splits))
             if len(hit):
-                raise RuntimeError(f"split {hit[0]} fails attempt {attempt} (injected fault)")
+                raise RuntimeError(f"split {hit[0]} fails attempt {attempt} {INJECTED}")
             yield transform(b)
 
     return run
@@ -265,6 +266,9 @@ def run_regional(
 
 
 def _regional_epoch(report: CheckpointReport, units: int) -> tuple[bool, frozenset[int]]:
+    for unit, cause in report.causes.items():
+        if INJECTED not in cause:
+            raise RuntimeError(f"checkpoint {report.checkpoint_id}: unit {unit} fell back: {cause}")
     if report.kind == "aborted":
         return False, frozenset(range(units))
     return True, frozenset(report.fallback_units)
@@ -286,6 +290,7 @@ def run_structured_streaming(
     every = frozenset(range(args.regions))
     starts: list[float] = []  # when each attempt started and ended
     ends: list[float] = []
+    unexpected: list[Exception] = []  # failures that were not injected end the benchmark
 
     def each_batch(df: Any, batch_id: int) -> None:
         if state["attempt"] >= args.checkpoints:
@@ -297,9 +302,11 @@ def run_structured_streaming(
         out = df.mapInArrow(_failing_transform(failing, attempt), OUT_SCHEMA)
         try:
             out.write.mode("overwrite").parquet(f"{table}/batch={batch_id}")
-        except Exception:
+        except Exception as exc:
             epochs.append((False, every))
             ends.append(time.time())
+            if INJECTED not in str(exc):
+                unexpected.append(exc)
             raise
         epochs.append((True, frozenset()))
         ends.append(time.time())
@@ -319,9 +326,13 @@ def run_structured_streaming(
             .option("checkpointLocation", checkpoint)
             .start()
         )
+        attempts_before = state["attempt"]
         try:
             query.awaitTermination()
-        except Exception:
+        except Exception as exc:
+            if unexpected or state["attempt"] == attempts_before:
+                cause = unexpected[0] if unexpected else exc
+                raise RuntimeError(f"{name}: the query failed without an injected fault") from cause
             if state["attempt"] < args.checkpoints:
                 state["restarts"] += 1  # the operator restarts the failed query at once
     seconds = time.time() - started
