@@ -550,7 +550,7 @@ def main() -> None:
     rows = []
     try:
         # warm both paths up (Python workers, Catalyst, the data source planner), unmeasured
-        warm = argparse.Namespace(**{**vars(args), "checkpoints": 3})
+        warm = argparse.Namespace(**{**vars(args), "checkpoints": 10})
         run_regional(spark, "warm-up", {}, frozenset(), warm, work, 0.0)
         run_structured_streaming(spark, "warm-up-sss", frozenset(), warm, work, 0.0)
         for p in args.p:
