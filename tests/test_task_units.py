@@ -103,11 +103,15 @@ def test_corrupt_restore_state_declines_naming_the_file(env):
     assert path in answer["reason"] and "checksum" in answer["reason"]
 
 
-def test_failed_upload_declines_and_deletes_the_staged_sink_file(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_sync_phase", [False, True], ids=["async", "sync"])
+def test_failed_upload_declines_and_deletes_the_staged_sink_file(
+    env, tmp_path, monkeypatch, in_sync_phase
+):
     def broken(self, relpath, segments):
         raise OSError("disk full")
 
     monkeypatch.setattr(JobStorage, "write_segments", broken)
+    env = msgspec.structs.replace(env, upload_in_sync_phase=in_sync_phase)
     [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     assert answer["status"] == "decline"
     assert answer["reason"] == "upload failed: OSError: disk full"

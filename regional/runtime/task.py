@@ -276,9 +276,10 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> dict[str, Any
     work = snap.work
     handles: dict[tuple[str, int], StateHandle] = {}
     if snap.local_file is not None:
-        if env.upload_latency is not None:
-            time.sleep(env.upload_latency.seconds(work.checkpoint_id, work.unit_id, work.attempt))
         try:
+            if env.upload_latency is not None:
+                delay = env.upload_latency.seconds(work.checkpoint_id, work.unit_id, work.attempt)
+                time.sleep(delay)
             with open(snap.local_file, "rb") as f:
                 data = f.read()
         finally:
