@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test lint bench clean-venv check-java
 
@@ -14,6 +15,10 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 	@$(BIN)/python -m pip install --quiet -e '.[test,paimon]'
 	@touch $(STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
 
 check-java:
 	@scripts/require-java
@@ -28,7 +33,7 @@ test: $(STAMP) check-java
 lint: $(STAMP)
 	@$(BIN)/ruff check .
 
-bench: $(STAMP) check-java
+bench: $(BENCH_STAMP) check-java
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean-venv:

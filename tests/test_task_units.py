@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import msgspec
 import pytest
 
 from metadata.model import SubtaskState
 from metadata.storage import JobStorage
 from regional.pipeline import Pipeline
-from regional.runtime.task import TaskEnv, UnitWork, run_units
+from regional.runtime import task
+from regional.runtime.task import TaskEnv, UnitWork, UploadLatency, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
 
@@ -100,12 +103,76 @@ def test_corrupt_restore_state_declines_naming_the_file(env):
     assert path in answer["reason"] and "checksum" in answer["reason"]
 
 
-def test_failed_upload_declines_and_deletes_the_staged_sink_file(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_sync_phase", [False, True], ids=["async", "sync"])
+def test_failed_upload_declines_and_deletes_the_staged_sink_file(
+    env, tmp_path, monkeypatch, in_sync_phase
+):
     def broken(self, relpath, segments):
         raise OSError("disk full")
 
     monkeypatch.setattr(JobStorage, "write_segments", broken)
+    env = msgspec.structs.replace(env, upload_in_sync_phase=in_sync_phase)
     [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     assert answer["status"] == "decline"
     assert answer["reason"] == "upload failed: OSError: disk full"
     assert list((tmp_path / "t" / "data").iterdir()) == []
+
+
+def test_upload_latency_is_seeded_and_heavy_tailed():
+    slow = UploadLatency(0.01, tail_probability=0.25, tail_factor=10.0, seed=7)
+    delays = [slow.seconds(c, u, 1) for c in range(1, 21) for u in range(10)]
+    assert set(delays) == {0.01, 0.1}
+    assert 0 < delays.count(0.1) < len(delays) / 2
+    assert delays == [slow.seconds(c, u, 1) for c in range(1, 21) for u in range(10)]
+    other_seed = UploadLatency(0.01, tail_probability=0.25, tail_factor=10.0, seed=8)
+    assert delays != [other_seed.seconds(c, u, 1) for c in range(1, 21) for u in range(10)]
+
+
+def _two_units():
+    return [
+        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),)),
+        UnitWork(1, 1, 1, _initial(1), (("src", 0, "g1"),)),
+    ]
+
+
+def _record_steps(monkeypatch, *, wait_for_second_unit: bool):
+    """Record the order of processing and uploads; with `wait_for_second_unit` the first
+    upload waits (up to 5 s) until the second unit has been processed."""
+    steps: list[tuple[str, int]] = []
+    processed = threading.Event()
+    process, write = task._process, JobStorage.write_segments
+
+    def recording_process(env, storage, work):
+        snap = process(env, storage, work)
+        steps.append(("process", work.unit_id))
+        if work.unit_id == 1:
+            processed.set()
+        return snap
+
+    def recording_write(self, relpath, segments):
+        if wait_for_second_unit:
+            processed.wait(5)
+        steps.append(("upload", int(relpath.split("/u")[1].split("-")[0])))
+        return write(self, relpath, segments)
+
+    monkeypatch.setattr(task, "_process", recording_process)
+    monkeypatch.setattr(JobStorage, "write_segments", recording_write)
+    return steps
+
+
+def test_async_phase_uploads_while_the_next_unit_runs(env, monkeypatch):
+    steps = _record_steps(monkeypatch, wait_for_second_unit=True)
+    answers = run_units(env, _two_units())
+    assert [a["status"] for a in answers] == ["ack", "ack"]
+    assert steps[:2] == [("process", 0), ("process", 1)]
+
+
+def test_upload_in_sync_phase_blocks_the_unit_for_its_injected_latency(env, monkeypatch):
+    steps = _record_steps(monkeypatch, wait_for_second_unit=False)
+    sync = msgspec.structs.replace(
+        env, upload_in_sync_phase=True, upload_latency=UploadLatency(0.05, tail_probability=0)
+    )
+    answers = run_units(sync, _two_units())
+    assert steps == [("process", 0), ("upload", 0), ("process", 1), ("upload", 1)]
+    assert [a["status"] for a in answers] == ["ack", "ack"]
+    assert all(a["snapshot_blocked_s"] >= 0.05 for a in answers)  # at least the injected sleep

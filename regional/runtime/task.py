@@ -9,6 +9,11 @@ reads its sources from their positions, runs the operators, stages sink files, a
   the task already runs its next unit; the upload is read back and every segment's checksum
   verified before the ack is produced (DESIGN §4 rule 10).
 
+Two knobs exist for the slow-storage benchmark, both off by default: `TaskEnv.upload_latency`
+(an injected, seeded, heavy-tailed upload delay) and `TaskEnv.upload_in_sync_phase` (upload
+inside the sync phase, blocking the task, as Flink did before FLINK-37375). Every ack reports
+`snapshot_blocked_s`, the seconds its unit was blocked in the snapshot's synchronous step.
+
 Every exception becomes a decline, never a failed Spark task; a unit running past its timeout is
 interrupted with SIGALRM (Python code only; the driver's deadline cancel covers the rest).
 Answers are small dicts (KB scale): state lives in files.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import tempfile
 import threading
@@ -45,6 +51,7 @@ __all__ = [
     "TaskEnv",
     "UnitTimeout",
     "UnitWork",
+    "UploadLatency",
     "run_units",
 ]
 
@@ -75,15 +82,38 @@ class UnitWork(msgspec.Struct, frozen=True):
     fault: str | None = None
 
 
+class UploadLatency(msgspec.Struct, frozen=True):
+    """Injected checkpoint-storage latency (benchmarks; off unless set on `TaskEnv`): every
+    state upload first waits `base` seconds, a `tail_probability` share of them `tail_factor`
+    times longer. Which uploads are slow depends only on (seed, checkpoint, unit, attempt), so
+    runs that differ in anything else see the same delays."""
+
+    base: float
+    tail_probability: float = 0.05
+    tail_factor: float = 10.0
+    seed: int = 0
+
+    def seconds(self, checkpoint_id: int, unit_id: int, attempt: int) -> float:
+        """The delay of one unit attempt's upload."""
+        rng = random.Random(f"{self.seed}/{checkpoint_id}/{unit_id}/{attempt}")
+        slow = rng.random() < self.tail_probability
+        return self.base * (self.tail_factor if slow else 1.0)
+
+
 class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     """What every unit of a job shares (shipped once per epoch job): where checkpoints live,
-    the pipeline, the per-unit timeout (seconds) and the upload pool size."""
+    the pipeline, the per-unit timeout (seconds) and the upload pool size.
+
+    `upload_latency` injects slow storage; `upload_in_sync_phase` uploads inside the unit's
+    sync phase instead of the async thread pool (both for benchmarks, off by default)."""
 
     root: str
     job_id: str
     pipeline: Any  # regional.pipeline.Pipeline (cloudpickled with the task)
     unit_timeout: float
     upload_threads: int = 2
+    upload_latency: UploadLatency | None = None
+    upload_in_sync_phase: bool = False
 
 
 class _Snapshot(msgspec.Struct):
@@ -96,6 +126,7 @@ class _Snapshot(msgspec.Struct):
     states: list[SubtaskState]  # in layout order, without handles yet
     records_in: int
     records_out: int
+    serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -128,13 +159,16 @@ def _decline(work: UnitWork, reason: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
-    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
-    pipeline: Pipeline = env.pipeline
+def _fail_if_injected(work: UnitWork) -> None:
     if work.fault == FAULT_FAIL:
         raise InjectedFault(
             f"unit {work.unit_id} fails checkpoint {work.checkpoint_id} (injected fault)"
         )
+
+
+def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
+    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
+    pipeline: Pipeline = env.pipeline
     if work.fault == FAULT_CRASH:
         os._exit(3)  # the Python worker dies: the whole Spark task (and its other units) is lost
     if work.fault == FAULT_STALL:  # a C-level loop: SIGALRM cannot interrupt it
@@ -177,6 +211,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             split_states = tuple(kept)
             outputs[vertex_id] = chunks
         else:
+            _fail_if_injected(work)  # after the sources read, like user code failing on data
             inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
             if spec.operator is not None:
                 op_state = None
@@ -212,27 +247,39 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         )
         if blob is not None:
             blobs[vertex_id, index] = blob
+    _fail_if_injected(work)  # a unit made of sources only
     # the coordinator expects the subtasks (and we write the segments) in layout order
     by_key = {(s.vertex_id, s.index): s for s in states}
     ordered = [by_key[s.vertex_id, s.index] for s in work.restore]
     seg_keys = [(s.vertex_id, s.index) for s in ordered if (s.vertex_id, s.index) in blobs]
     local = None
+    serialise_started = time.monotonic()
     if seg_keys:
         fd, local = tempfile.mkstemp(prefix=f"regional-u{work.unit_id}-", suffix=".state")
         with os.fdopen(fd, "wb") as f:
             for key in seg_keys:
                 f.write(blobs[key])
     return _Snapshot(
-        work, local, seg_keys, [len(blobs[k]) for k in seg_keys], ordered, records_in, records_out
+        work,
+        local,
+        seg_keys,
+        [len(blobs[k]) for k in seg_keys],
+        ordered,
+        records_in,
+        records_out,
+        time.monotonic() - serialise_started,
     )
 
 
-def _upload(storage: JobStorage, snap: _Snapshot) -> dict[str, Any]:
+def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> dict[str, Any]:
     """Async phase: upload the local snapshot, read it back, verify, build the ack."""
     work = snap.work
     handles: dict[tuple[str, int], StateHandle] = {}
     if snap.local_file is not None:
         try:
+            if env.upload_latency is not None:
+                delay = env.upload_latency.seconds(work.checkpoint_id, work.unit_id, work.attempt)
+                time.sleep(delay)
             with open(snap.local_file, "rb") as f:
                 data = f.read()
         finally:
@@ -261,6 +308,7 @@ def _upload(storage: JobStorage, snap: _Snapshot) -> dict[str, Any]:
         "states": msgspec.msgpack.encode(states),
         "records_in": snap.records_in,
         "records_out": snap.records_out,
+        "snapshot_blocked_s": snap.serialise_s,
     }
 
 
@@ -287,22 +335,33 @@ def run_units(
     with ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool:
         for work in works:
             started = time.monotonic()
+            snap: _Snapshot | None = None
             try:
                 with _timeout(env.unit_timeout):
                     snap = _process(env, storage, work)
+                    if env.upload_in_sync_phase:  # the unit blocks until its upload is verified
+                        upload_started = time.monotonic()
+                        answer = _upload(env, storage, snap)
+                        answer["snapshot_blocked_s"] += time.monotonic() - upload_started
             except UnitTimeout:
                 answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
-                continue
             except Exception as exc:
+                prefix = "upload failed: " if snap is not None else ""
                 answers.append(
                     _decline(
                         work,
-                        f"{type(exc).__name__}: {exc}",
+                        f"{prefix}{type(exc).__name__}: {exc}",
                         trace=traceback.format_exc(limit=4)[-2000:],
                     )
                 )
+            else:
+                if env.upload_in_sync_phase:
+                    answers.append(answer)
+                else:
+                    pending.append((snap, pool.submit(_upload, env, storage, snap), started))
                 continue
-            pending.append((snap, pool.submit(_upload, storage, snap), started))
+            if snap is not None:  # the sync-phase upload failed or ran out of time
+                _discard_staged(env.pipeline, snap.states)
         for snap, future, started in pending:
             left = env.unit_timeout - (time.monotonic() - started)
             try:
