@@ -255,7 +255,7 @@ def run_regional(
     summary = runtime.run(max_checkpoints=args.checkpoints)
     seconds = time.time() - started
     epochs = [_regional_epoch(r, args.regions) for r in summary.checkpoints]
-    commits_dir = f"{table}/_commits/{name}"
+    commits_dir = f"{table}/_commits/{runtime.committers['out'].commit_user}"
     commits = []
     for entry in sorted(os.listdir(commits_dir)):
         path = f"{commits_dir}/{entry}"
