@@ -62,7 +62,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from regional.pipeline import Pipeline  # noqa: E402
 from regional.policy import Policy, load_policy  # noqa: E402
 from regional.runtime.session import spark_session  # noqa: E402
-from regional.runtime.spark import CheckpointReport, Faults, SparkRuntime  # noqa: E402
+from metadata.events import CheckpointEvent  # noqa: E402
+from regional.runtime.spark import Faults, SparkRuntime  # noqa: E402
 from regional.sinks.parquet import ParquetSink  # noqa: E402
 from regional.sources.base import ReadResult  # noqa: E402
 from regional.sources.generator import GeneratorSource  # noqa: E402
@@ -265,7 +266,7 @@ def run_regional(
     return Outcome(name, p, started, seconds, epochs, commits, log)
 
 
-def _regional_epoch(report: CheckpointReport, units: int) -> tuple[bool, frozenset[int]]:
+def _regional_epoch(report: CheckpointEvent, units: int) -> tuple[bool, frozenset[int]]:
     for unit, cause in report.causes.items():
         if INJECTED not in cause:
             raise RuntimeError(f"checkpoint {report.checkpoint_id}: unit {unit} fell back: {cause}")

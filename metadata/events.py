@@ -13,7 +13,7 @@ lag, completion counts, aborts by rule). The encoding is additive: readers ignor
 not know, and fields added later get defaults. `events_table` is the inspector view
 (`regional inspect ROOT events`).
 
->>> e = CheckpointEvent(job_id="j", checkpoint_id=2, kind="regional", trigger_time_ms=1000,
+>>> e = CheckpointEvent(job_id="j", checkpoint_id=2, kind=Outcome.REGIONAL, trigger_time_ms=1000,
 ...     time_ms=1250, fresh_units=7, fallback_units=(3,), causes={3: "declined: boom"},
 ...     oldest_ref_checkpoint_id=1, unit_lag={3: 1}, regional_checkpoint_count=1,
 ...     global_checkpoint_count=1)
@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
 import msgspec
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_RETAINED_EVENTS",
     "EVENTS_SCHEMA",
     "CheckpointEvent",
+    "Outcome",
     "decode_event",
     "encode_event",
     "events_table",
@@ -53,12 +55,22 @@ __all__ = [
 DEFAULT_RETAINED_EVENTS = 1000
 
 
+class Outcome(enum.StrEnum):
+    """How one checkpoint attempt ended: completed as one of the `CheckpointKind`s, or aborted."""
+
+    GLOBAL = "global"
+    REGIONAL = "regional"
+    SAVEPOINT = "savepoint"
+    ABORTED = "aborted"
+
+
 class CheckpointEvent(
     msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint", tag_field="event"
 ):
-    """What one checkpoint attempt ended with, and the coordinator's metrics right after.
+    """What one checkpoint attempt ended with, and the coordinator's metrics right after: the
+    one record of a checkpoint outcome (progress callbacks, `RunSummary`, the event log).
 
-    `kind` is global, regional, savepoint or aborted. `fallback_units` fell back (regional) or
+    `kind` is the `Outcome`. `fallback_units` fell back (regional) or
     failed (aborted), with `causes` per unit; `abort_rule` is the DESIGN §4 rule that aborted
     it (e.g. ``3c-failure-ratio``) and `message` the coordinator's explanation. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
@@ -69,7 +81,7 @@ class CheckpointEvent(
 
     job_id: str
     checkpoint_id: int
-    kind: str
+    kind: Outcome
     trigger_time_ms: int
     time_ms: int  # when the outcome was carried out (metadata durable, committed, cleaned)
     fresh_units: int
@@ -85,6 +97,11 @@ class CheckpointEvent(
     global_checkpoint_count: int = 0
     savepoint_count: int = 0
     aborted_by_rule: dict[str, int] = {}
+
+    @property
+    def seconds(self) -> float:
+        """From the trigger until the outcome was carried out."""
+        return (self.time_ms - self.trigger_time_ms) / 1000
 
     @property
     def path(self) -> str:
@@ -185,7 +202,7 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
     rows = [
         {
             "checkpoint_id": e.checkpoint_id,
-            "kind": e.kind,
+            "kind": str(e.kind),
             "trigger_time": e.trigger_time_ms,
             "duration_ms": max(0, e.time_ms - e.trigger_time_ms),
             "records_in": e.records_in,

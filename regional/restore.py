@@ -10,6 +10,12 @@ its own root, whatever the source was.
 The rewrite is a copy when the shape is unchanged; a vertex with other parallelism has its
 operator states unpickled on the driver, redistributed (`redistribute_state`) and pickled
 again, and its source's split enumerator reassigned.
+
+`find_restore_point` is the orchestration the driver runs at start: resume from the job root's
+latest restorable checkpoint (rewritten when the pipeline's vertices changed), or restore a given
+checkpoint or savepoint (`restore_from`) in claim or no-claim mode. It returns a `RestorePoint`:
+what the coordinator restores, from which id on new checkpoints are numbered, and what the
+cleaner must keep.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from metadata.layout import state_file_path
+from cleaner.decisions import RestoreBase
+from metadata.layout import checkpoint_id_of, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
@@ -29,7 +36,118 @@ from regional.pipeline import Pipeline
 from regional.rescale import RestorePlan, VertexShape, plan_restore, redistribute_state
 from regional.state import OperatorState
 
-__all__ = ["open_restore_source", "rewrite_for_pipeline", "vertex_shapes"]
+__all__ = [
+    "RestorePoint",
+    "find_restore_point",
+    "open_restore_source",
+    "rewrite_for_pipeline",
+    "vertex_shapes",
+]
+
+
+class RestorePoint(msgspec.Struct, frozen=True):
+    """Where a run starts: `metadata` is what the coordinator restores in `mode`; checkpoint
+    ids go on from `next_checkpoint_id`; `global_until_success` says why checkpoints must stay
+    global until one succeeds (rewritten state that is not kept); `restore_base` is what the
+    cleaner must never delete (a no-claim restore of this job root); `location` and `notes`
+    are for the user (where it came from; rescaled vertices, dropped state)."""
+
+    checkpoint_id: int
+    metadata: CheckpointMetadata
+    mode: str
+    next_checkpoint_id: int
+    location: str
+    global_until_success: str | None = None
+    restore_base: RestoreBase | None = None
+    notes: tuple[str, ...] = ()
+
+
+def find_restore_point(
+    storage: JobStorage,
+    pipeline: Pipeline,
+    layout: JobLayout,
+    *,
+    restore_from: str | None,
+    mode: str,
+    resume_mode: str,
+    allow_dropped_state: bool = False,
+) -> RestorePoint | None:
+    """Where the job in `storage` starts: `restore_from` (a checkpoint or savepoint, restored
+    into this empty job root in `mode`), else the root's latest restorable checkpoint (resumed
+    in `resume_mode`, the policy's), else None (a fresh start)."""
+    if mode not in ("claim", "no-claim"):
+        raise RestoreError(f"restore mode {mode!r}: use claim or no-claim")
+    if restore_from is not None:
+        return _restore_given(storage, pipeline, layout, restore_from, mode, allow_dropped_state)
+    md = storage.find_latest_restorable()
+    if md is None:
+        return None
+    next_id = _next_free_id(storage)
+    where = storage.describe(f"chk-{md.checkpoint_id}")
+    base = RestoreBase(md.checkpoint_id, "no-claim") if resume_mode == "no-claim" else None
+    if set(md.vertices) == set(layout.vertices):
+        return RestorePoint(md.checkpoint_id, md, resume_mode, next_id, where, restore_base=base)
+    # another shape: the rewritten state is staged for the next checkpoint only
+    restored, plan = rewrite_for_pipeline(
+        storage,
+        md,
+        pipeline,
+        layout,
+        storage,
+        state_checkpoint_id=next_id,
+        allow_dropped_state=allow_dropped_state,
+    )
+    return RestorePoint(
+        md.checkpoint_id,
+        restored,
+        resume_mode,
+        next_id,
+        where,
+        global_until_success=(
+            f"checkpoint {md.checkpoint_id} was restored with another parallelism; its "
+            "rewritten state is kept only until a checkpoint succeeds, so checkpoints stay "
+            "global until then"
+        ),
+        restore_base=base,
+        notes=(*plan.rescaled, *plan.dropped),
+    )
+
+
+def _restore_given(
+    storage: JobStorage,
+    pipeline: Pipeline,
+    layout: JobLayout,
+    path: str,
+    mode: str,
+    allow_dropped_state: bool,
+) -> RestorePoint:
+    """Restore the checkpoint or savepoint at `path` into the (empty) job root of `storage`."""
+    source = open_restore_source(storage, path)
+    md = source.metadata
+    cid = md.checkpoint_id
+    next_id = max(cid + 1, _next_free_id(storage))
+    claim = mode == "claim"
+    restored, plan = rewrite_for_pipeline(
+        source.storage,
+        md,
+        pipeline,
+        layout,
+        storage,
+        state_checkpoint_id=cid if claim else next_id,
+        allow_dropped_state=allow_dropped_state,
+        reasons=(f"restored from {source.location} ({mode})",),
+    )
+    if claim:  # the job owns its copy: a checkpoint of its own, cleaned when subsumed
+        storage.write_metadata(restored)
+    notes = (*plan.rescaled, *plan.dropped)
+    return RestorePoint(cid, restored, mode, next_id, source.location, notes=notes)
+
+
+def _next_free_id(storage: JobStorage) -> int:
+    """The first checkpoint id no file under the job root uses (ids of checkpoints in flight
+    at a crash are never reused)."""
+    used = [c for f in storage.list_files() if (c := checkpoint_id_of(f.path)) is not None]
+    return max(used, default=0) + 1
 
 
 def open_restore_source(target: JobStorage, path: str) -> CheckpointSource:

@@ -1,11 +1,17 @@
-"""A deterministic simulator that drives the real `CheckpointCoordinator` (DESIGN §3).
+"""A deterministic simulation of a job on the driver that ships (DESIGN §3).
 
-N units, each a source subtask `("src", u)` reading splits from the real `SplitEnumerator` and a
-sink subtask `("sink", u)` staging its records into an `InMemoryTableSink` committed through the
-real `CommitCoordinator`. A fake clock, a fault schedule (declines, hangs past the timeout, late
-acks from fenced attempts), driver crashes before any numbered coordinator step, and restore from
-the latest durable metadata. Every decision is recorded. Used by the tests (invariants, crash +
-restore equals a fault-free run) and by `benchmarks/coordinator.py`.
+`Simulation` runs the real `JobDriver` — the real `CheckpointCoordinator`, `SplitEnumerator`,
+`CommitCoordinator`, metadata writes, restore and cleaner — over an in-memory checkpoint root,
+with a simulated dispatcher and clock instead of Spark. The job: N units, each a source
+subtask `("src", u)` reading splits of numbered records and a sink subtask `("sink", u)` staging
+its records into an `InMemoryTableSink`. Units are stateless between epochs, as Spark tasks are:
+every epoch restores from the states the coordinator hands out.
+
+Faults: a unit declines, hangs past its deadline, or acks late from a fenced attempt; the
+driver crashes before any numbered coordinator call (`crash_before`; calls counted over the
+whole run), and a new driver restores from the latest restorable checkpoint in storage, as
+`regional run` would. Every trigger and decision is recorded. Used by the tests (crash + restore
+commits exactly the fault-free output) and by `benchmarks/`.
 
 >>> from regional.policy import Policy
 >>> run = Simulation(4, Policy(), faults={(2, 1): "decline"}).run(50)
@@ -20,36 +26,32 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Literal
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
-from metadata.model import (
-    CheckpointKind,
-    CheckpointMetadata,
-    SplitState,
-    StateHandle,
-    SubtaskState,
-    VertexInfo,
-)
-from regional.coordinator.checkpoint_coordinator import CheckpointCoordinator
-from regional.coordinator.events import (
+import msgspec
+import pyarrow as pa
+from fsspec.implementations.memory import MemoryFileSystem
+from pyarrow import fs as pafs
+
+from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState
+from metadata.storage import JobStorage
+from regional.coordinator import (
     AbortCheckpoint,
-    Commit,
     Decision,
-    DiscardAttempt,
-    FailJob,
-    FinishJob,
     NotifyComplete,
     NotifyFallback,
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.layout import JobLayout
-from regional.errors import CommitError
-from regional.operators.commit import CommitCoordinator, perform_commit
+from regional.errors import JobFailedError
 from regional.operators.memory_sink import InMemoryTableSink
-from regional.operators.split_enumerator import SplitEnumerator
+from regional.pipeline import Pipeline
 from regional.policy import Policy
+from regional.runtime.driver import JobDriver
+from regional.runtime.protocol import Ack, Answer, Decline, Dispatch, UnitWork
+from regional.sources.base import ReadResult
 
 __all__ = ["Fault", "RandomFaults", "SimResult", "Simulation", "kind_counts"]
 
@@ -58,7 +60,21 @@ __all__ = ["Fault", "RandomFaults", "SimResult", "Simulation", "kind_counts"]
 Fault = Literal["decline", "hang", "late_ack"]
 FaultSchedule = Callable[[int, int], Fault | None] | Mapping[tuple[int, int], Fault]
 
-_HASH = b"\0" * 16
+#: The coordinator calls the crash schedule counts (and whose CPU time is measured).
+_STEPS = frozenset(
+    {
+        "trigger",
+        "restore",
+        "retry_unit",
+        "on_ack",
+        "on_decline",
+        "on_tick",
+        "on_metadata_durable",
+        "on_metadata_failed",
+        "on_commit_done",
+        "on_commit_failed",
+    }
+)
 
 
 class RandomFaults:
@@ -78,7 +94,9 @@ class RandomFaults:
 
 @dataclasses.dataclass
 class SimResult:
-    """What a run did: every decision, the metadata written, the sink's rows, and measures."""
+    """What a run did: every trigger and decision, the metadata written, the sink's rows, and
+    measures (unit epochs run and redone, lag of unit state behind the latest checkpoint, CPU
+    seconds inside the coordinator)."""
 
     decisions: list[Decision | TriggerCheckpoint]
     metadata: list[CheckpointMetadata]
@@ -107,18 +125,153 @@ class SimResult:
         return self.lag_sum / self.lag_samples if self.lag_samples else 0.0
 
 
-class _Unit:
-    __slots__ = ("epochs_since_durable", "pending", "pos", "split")
+class _Crash(Exception):
+    """The simulated driver process died."""
+
+
+class _NumberedSource:
+    """`splits` of `records_per_split` records `(split, n)` each (never ending when not
+    `bounded`); the position is the next record number."""
+
+    def __init__(self, splits: Sequence[str], records_per_split: int, bounded: bool) -> None:
+        self.splits = list(splits)
+        self.records_per_split = records_per_split
+        self._bounded = bounded
+
+    @property
+    def bounded(self) -> bool:
+        return self._bounded
+
+    def discover(self) -> list[str]:
+        return list(self.splits)
+
+    def advance(self, split: str, position: bytes, budget: int) -> tuple[list[Any], bytes, bool]:
+        """The records from `position` (up to `budget`), the next position, and whether the
+        split is done."""
+        start = int(position or b"0")
+        end = start + budget
+        if self._bounded:
+            end = min(end, self.records_per_split)
+        rows = [(split, n) for n in range(start, end)]
+        return rows, str(end).encode(), self._bounded and end >= self.records_per_split
+
+    def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
+        rows, after, finished = self.advance(split_id, position, max_records)
+        batch = pa.RecordBatch.from_pylist([{"split": s, "n": n} for s, n in rows])
+        return ReadResult([batch] if rows else [], after, finished)
+
+
+class _SimDispatcher:
+    """Runs unit work in-process as the task side would, with scheduled faults."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.late: list[Answer] = []
+
+    def start(self) -> None:
+        return None
+
+    def run(
+        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
+    ) -> Dispatch:
+        sim = self.sim
+        answers: list[Answer] = []
+        hung = False
+        for work in works:
+            fault = sim.fault(work.checkpoint_id, work.unit_id)
+            sim.unit_ran(work.unit_id)
+            if fault == "decline":
+                answers.append(Decline(work.checkpoint_id, work.unit_id, work.attempt, "injected"))
+                continue
+            hung |= fault in ("hang", "late_ack")
+            if fault == "hang":
+                continue
+            ack = self._epoch(work)
+            (self.late if fault == "late_ack" else answers).append(ack)
+        if sim.rng is not None:
+            sim.rng.shuffle(answers)
+        sim.clock.now = deadline_ms if hung else sim.clock.now + 10
+        return Dispatch(answers)
+
+    def _epoch(self, work: UnitWork) -> Ack:
+        """Read the unit's splits from its restored positions, stage the records, snapshot."""
+        sim = self.sim
+        states: list[SubtaskState] = []
+        rows: list[Any] = []
+        for s in work.restore:
+            if s.vertex_id == "src":
+                positions = {x.split_id: x.position for x in s.split_states}
+                for v, i, split in work.new_splits:
+                    if (v, i) == ("src", s.index):
+                        positions.setdefault(split, b"")
+                budget = sim.records_per_epoch
+                kept = []
+                for split, position in positions.items():
+                    got, position, finished = sim.source.advance(split, position, budget)
+                    rows += got
+                    budget -= len(got)
+                    if not finished:
+                        kept.append(SplitState(split, position))
+                states.append(
+                    SubtaskState(
+                        "src", s.index, work.unit_id, split_states=tuple(kept), attempt=work.attempt
+                    )
+                )
+            else:
+                committables: tuple[bytes, ...] = ()
+                if rows and sim.stage_output:
+                    path = f"chk-{work.checkpoint_id}/u{work.unit_id}-a{work.attempt}.data"
+                    committables = (sim.sink.stage(path, rows),)
+                states.append(
+                    SubtaskState(
+                        s.vertex_id,
+                        s.index,
+                        work.unit_id,
+                        committables=committables,
+                        attempt=work.attempt,
+                    )
+                )
+        return Ack(work.checkpoint_id, work.unit_id, work.attempt, tuple(states), len(rows))
+
+
+class _SimClock:
+    """A clock that moves only when told to."""
 
     def __init__(self) -> None:
-        self.split: str | None = None
-        self.pos = 0
-        self.pending: list[bytes] = []
-        self.epochs_since_durable = 0
+        self.now = 0
+
+    def now_ms(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += round(seconds * 1000)
 
 
-class _Crash(Exception):
-    pass
+class _CountedCoordinator:
+    """The driver's coordinator, with every event call counted (the crash schedule) and its CPU
+    time measured."""
+
+    def __init__(self, inner: Any, sim: Simulation) -> None:
+        self._inner = inner
+        self._sim = sim
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in _STEPS:
+            return attr
+        sim = self._sim
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            sim.step += 1
+            if sim.step in sim.crash_before:
+                raise _Crash
+            started = time.process_time()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                sim.result.coordinator_seconds += time.process_time() - started
+
+        return call
 
 
 class Simulation:
@@ -126,11 +279,12 @@ class Simulation:
     `max_checkpoints` were triggered.
 
     Input: `splits_per_unit * num_units` splits of `records_per_split` records, read
-    `records_per_epoch` per unit and epoch (`bounded=False`: splits never run out).
-    `crash_before`: coordinator step numbers (1, 2, ... counted over the whole run) before
-    which the driver crashes; the run resumes by restoring the latest durable metadata in
-    `restore_mode`. `shuffle_seed`: deliver answers in a random order. `stage_output=False`
-    stages no sink files (benchmarks: keeps memory flat when nothing commits for long).
+    `records_per_epoch` per unit and epoch (`bounded=False`: one never-ending split per unit).
+    `crash_before`: coordinator call numbers (1, 2, ... counted over the whole run) before
+    which the driver crashes; a new driver then restores the latest restorable checkpoint in
+    `restore_mode`. `interval_ms`: simulated time between epochs. `shuffle_seed`: deliver
+    answers in a random order. `fail_commits`: the sink fails that many commits first.
+    `stage_output=False` stages no sink files (benchmarks: keeps memory flat).
     """
 
     def __init__(
@@ -152,246 +306,119 @@ class Simulation:
         job_id: str = "sim",
     ) -> None:
         self.n = num_units
-        self.policy = policy
         if faults is None:
-            self._fault: Callable[[int, int], Fault | None] = lambda c, u: None
+            self.fault: Callable[[int, int], Fault | None] = lambda c, u: None
         elif isinstance(faults, Mapping):
             table = dict(faults)
-            self._fault = lambda c, u: table.get((c, u))
+            self.fault = lambda c, u: table.get((c, u))
         else:
-            self._fault = faults
-        self._crash_before = set(crash_before)
-        self._restore_mode = restore_mode
-        self._records_per_split = records_per_split
-        self._records_per_epoch = records_per_epoch
+            self.fault = faults
+        # a crashed driver resumes from the latest checkpoint in `restore_mode`
+        restore = msgspec.structs.replace(policy.restore, mode=restore_mode)
+        self.policy = msgspec.structs.replace(policy, restore=restore)
+        self.crash_before = frozenset(crash_before)
+        self.records_per_epoch = records_per_epoch
+        self.stage_output = stage_output
+        self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+        self._interval = interval_ms / 1000
         self._bounded = bounded
-        self._interval = interval_ms
-        self._rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
-        self._job_id = job_id
-        self._stage_output = stage_output
-        self._splits = [f"s{k}" for k in range((splits_per_unit if bounded else 1) * num_units)]
-        vertices = (VertexInfo("src", num_units, 128), VertexInfo("sink", num_units, 128))
-        self.layout = JobLayout(
-            units=tuple((("src", u), ("sink", u)) for u in range(num_units)),
-            vertices=vertices,
-            sources=frozenset({"src"}),
-            bounded_sources=frozenset({"src"}) if bounded else frozenset(),
-        )
+        splits = [f"s{k}" for k in range((splits_per_unit if bounded else 1) * num_units)]
+        self.source = _NumberedSource(splits, records_per_split, bounded)
         self.sink = InMemoryTableSink()
         self.sink.fail_next_commits = fail_commits
-        self._step = 0
-        self._now = 0
-        self._max_id = 0
+        self.pipeline = Pipeline(job_id, records_per_epoch=records_per_epoch)
+        src = self.pipeline.source(self.source, parallelism=num_units, name="src")
+        src.sink(self.sink, name="sink")
+        memory = MemoryFileSystem(skip_instance_cache=True)
+        memory.store, memory.pseudo_dirs = {}, [""]  # this simulation's own, not fsspec's global
+        self.storage = JobStorage(
+            f"/{job_id}-{uuid.uuid4().hex[:8]}",
+            job_id,
+            filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(memory)),
+        )
+        self.clock = _SimClock()
+        self.dispatcher = _SimDispatcher(self)
+        self.step = 0
+        self._since_durable = [0] * num_units
 
-    # --- the driver -------------------------------------------------------------------------
+    # --- what the dispatcher and the driver report ------------------------------------------
+
+    def unit_ran(self, unit_id: int) -> None:
+        self._since_durable[unit_id] += 1
+        self.result.unit_epochs += 1
+
+    def _redo(self, units: Iterable[int]) -> None:
+        for u in units:
+            self.result.redone_unit_epochs += self._since_durable[u]
+            self._since_durable[u] = 0
+
+    def _observe(self, d: Decision | TriggerCheckpoint) -> None:
+        r = self.result
+        r.decisions.append(d)
+        if isinstance(d, TriggerCheckpoint):
+            r.triggered += 1
+        elif isinstance(d, WriteMetadata):
+            r.metadata.append(d.metadata)
+            r.completed += 1
+        elif isinstance(d, NotifyComplete):
+            for u in d.units:
+                self._since_durable[u] = 0
+        elif isinstance(d, NotifyFallback):
+            self._redo([d.unit_id])
+        elif isinstance(d, AbortCheckpoint):
+            self._redo(range(self.n))
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def _driver(self) -> JobDriver:
+        """A new driver process on the same checkpoint root and table."""
+        driver = JobDriver(
+            self.pipeline,
+            self.dispatcher,
+            storage=self.storage,
+            policy=self.policy,
+            clock=self.clock,
+            observe=self._observe,
+        )
+        driver.coordinator = _CountedCoordinator(driver.coordinator, self)  # type: ignore[assignment]
+        return driver
 
     def run(self, max_checkpoints: int) -> SimResult:
         expected = (
-            sorted((s, i) for s in self._splits for i in range(self._records_per_split))
+            sorted((s, i) for s in self.source.splits for i in range(self.source.records_per_split))
             if self._bounded
             else []
         )
-        self.result = SimResult([], [], [], expected, [])
-        self._start(None)
-        starting = False
-        while self.result.triggered < max_checkpoints and not self._done():
+        self.result = r = SimResult([], [], [], expected, [])
+        driver: JobDriver | None = None
+        while r.triggered < max_checkpoints and r.failed is None:
             try:
-                if starting:
-                    self._start(self.result.metadata[-1] if self.result.metadata else None)
-                    starting = False
-                self._checkpoint()
-            except _Crash:
-                self.result.crashes += 1
-                starting = True
-        self.result.committed_rows = self.sink.rows()
-        self.result.commit_log = list(self.sink.log)
-        return self.result
-
-    def _done(self) -> bool:
-        return self.result.finished or self.result.failed is not None
-
-    def _start(self, restore_from: CheckpointMetadata | None) -> None:
-        """(Re)start the driver: a new coordinator; every unit restarts from its state."""
-        self.enumerator = SplitEnumerator("src", [] if restore_from else self._splits)
-        self.committer = CommitCoordinator("sink", commit_user=self._job_id)
-        self.coordinator = CheckpointCoordinator(
-            self.layout,
-            self.policy,
-            job_id=self._job_id,
-            coordinators={"src": self.enumerator, "sink": self.committer},
-        )
-        old = getattr(self, "units", [])
-        self.units = [_Unit() for _ in range(self.n)]
-        for unit, before in zip(self.units, old, strict=False):
-            unit.epochs_since_durable = before.epochs_since_durable
-        if restore_from is not None:
-            decisions = self._call(
-                self.coordinator.restore,
-                restore_from,
-                mode=self._restore_mode,
-                next_checkpoint_id=self._max_id + 1,
-            )
-            for u in range(self.n):
-                self._restart(u, crashed=True)
-            self._execute(decisions)
-
-    def _call(self, method: Callable[..., object], *args: object, **kwargs: object) -> list:
-        self._step += 1
-        if self._step in self._crash_before:
-            raise _Crash
-        start = time.process_time()
-        out = method(*args, **kwargs)
-        self.result.coordinator_seconds += time.process_time() - start
-        if isinstance(out, TriggerCheckpoint):
-            return [out]
-        return out  # type: ignore[return-value]
-
-    def _checkpoint(self) -> None:
-        self._now += self._interval
-        if self._bounded and self._all_read():
-            self.coordinator.on_source_finished("src")
-        [trigger] = self._call(self.coordinator.trigger, self._now)
-        cid, attempt = trigger.checkpoint_id, trigger.attempt
-        self._max_id = max(self._max_id, cid)
-        self.result.triggered += 1
-        self.result.decisions.append(trigger)
-        answers = []
-        late = []
-        for u in range(self.n):
-            fault = self._fault(cid, u)
-            states = self._epoch(u, cid, attempt)
-            if fault is None:
-                answers.append((u, states))
-            elif fault == "decline":
-                answers.append((u, None))
-            elif fault == "late_ack":
-                late.append((u, states))
-        if self._rng is not None:
-            self._rng.shuffle(answers)
-        self._deliver(cid, attempt, answers, self._now + 10)
-        if self.coordinator.pending_checkpoint_id == cid:
-            self._execute(self._call(self.coordinator.on_tick, trigger.deadline_ms))
-        for u, states in late:
-            self._execute(
-                self._call(self.coordinator.on_ack, cid, u, attempt, states, trigger.deadline_ms)
-            )
-        self._measure(cid)
-
-    def _deliver(
-        self,
-        cid: int,
-        attempt: int,
-        answers: list[tuple[int, tuple[SubtaskState, ...] | None]],
-        now_ms: int,
-    ) -> None:
-        """Hand the units' answers to the coordinator in one timed batch (the hot path), then
-        carry out the decisions in order."""
-        on_ack, on_decline = self.coordinator.on_ack, self.coordinator.on_decline
-        out: list[Decision] = []
-        crash_at = min((s for s in self._crash_before if s > self._step), default=None)
-        start = time.process_time()
-        for u, states in answers:
-            self._step += 1
-            if self._step == crash_at:
-                self.result.coordinator_seconds += time.process_time() - start
-                self._execute(out)
-                raise _Crash
-            if states is None:
-                out += on_decline(cid, u, attempt, "injected", now_ms)
-            else:
-                out += on_ack(cid, u, attempt, states, now_ms)
-        self.result.coordinator_seconds += time.process_time() - start
-        self._execute(out)
-
-    # --- the units --------------------------------------------------------------------------
-
-    def _epoch(self, u: int, cid: int, attempt: int) -> tuple[SubtaskState, ...]:
-        """Unit `u` processes one epoch and snapshots; returns its ack's subtask states."""
-        unit = self.units[u]
-        rows = []
-        for _ in range(self._records_per_epoch):
-            if unit.split is None:
-                unit.split = self.enumerator.assign(u)
-                unit.pos = 0
-                if unit.split is None:
+                if driver is None:
+                    driver = self._driver()
+                    driver.start()
+                if driver.finished:
                     break
-            rows.append((unit.split, unit.pos))
-            unit.pos += 1
-            if self._bounded and unit.pos == self._records_per_split:
-                unit.split = None
-        unit.epochs_since_durable += 1
-        self.result.unit_epochs += 1
-        if rows and self._stage_output:
-            unit.pending.append(self.sink.stage(f"chk-{cid}/u{u}-{attempt}.data", rows))
-        handle = (StateHandle(f"chk-{cid}/{u}-{attempt}.state", 0, 1, 1, _HASH),)
-        splits = (SplitState(unit.split, str(unit.pos).encode()),) if unit.split else ()
-        return (
-            SubtaskState("src", u, u, handles=handle, split_states=splits, attempt=attempt),
-            SubtaskState("sink", u, u, committables=tuple(unit.pending), attempt=attempt),
-        )
+                event = driver.epoch()
+                for answer in self.dispatcher.late:
+                    driver.handle_answer(answer)
+                self.dispatcher.late.clear()
+                self._measure(driver, event.checkpoint_id)
+                self.clock.sleep(self._interval)
+            except _Crash:
+                r.crashes += 1
+                self.dispatcher.late.clear()
+                self._redo(range(self.n))
+                driver = None
+            except JobFailedError as exc:
+                r.failed = str(exc)
+        r.finished = driver is not None and driver.finished
+        r.committed_rows = self.sink.rows()
+        r.commit_log = list(self.sink.log)
+        return r
 
-    def _restart(self, u: int, *, crashed: bool = False) -> None:
-        """Unit `u` restarts from its state in the latest completed checkpoint. After a driver
-        crash its staged files are not discarded (a durable checkpoint may name them; the
-        cleaner collects orphans)."""
-        unit = self.units[u]
-        self.result.redone_unit_epochs += unit.epochs_since_durable
-        if not crashed:
-            self.sink.discard(unit.pending)
-        unit.pending = []
-        unit.epochs_since_durable = 0
-        [src, _] = self.coordinator.unit_states(u) or (None, None)
-        if src is not None and src.split_states:
-            unit.split = src.split_states[0].split_id
-            unit.pos = int(src.split_states[0].position)
-        else:
-            unit.split, unit.pos = None, 0
-
-    def _all_read(self) -> bool:
-        return not self.enumerator.unassigned and all(unit.split is None for unit in self.units)
-
-    # --- carrying out decisions --------------------------------------------------------------
-
-    def _execute(self, decisions: list[Decision]) -> None:
-        queue = list(decisions)
-        while queue:
-            d = queue.pop(0)
-            self.result.decisions.append(d)
-            if isinstance(d, WriteMetadata):
-                self.result.metadata.append(d.metadata)
-                cid = d.metadata.checkpoint_id
-                queue += self._call(self.coordinator.on_metadata_durable, cid, self._now + 20)
-                self.result.completed += 1
-            elif isinstance(d, Commit):
-                try:
-                    perform_commit(d, self.sink)
-                except CommitError as exc:
-                    queue += self._call(
-                        self.coordinator.on_commit_failed, d.vertex_id, d.checkpoint_id, str(exc)
-                    )
-                else:
-                    queue += self._call(
-                        self.coordinator.on_commit_done, d.vertex_id, d.checkpoint_id
-                    )
-            elif isinstance(d, NotifyComplete):
-                for u in d.units:
-                    self.units[u].pending = []
-                    self.units[u].epochs_since_durable = 0
-            elif isinstance(d, NotifyFallback):
-                self._restart(d.unit_id)
-            elif isinstance(d, AbortCheckpoint):
-                for u in range(self.n):
-                    self._restart(u)
-            elif isinstance(d, DiscardAttempt):
-                self.sink.discard(d.all_committables)
-            elif isinstance(d, FailJob):
-                self.result.failed = d.message
-            elif isinstance(d, FinishJob):
-                self.result.finished = True
-
-    def _measure(self, cid: int) -> None:
+    def _measure(self, driver: JobDriver, cid: int) -> None:
         r = self.result
-        owner = self.coordinator.unit_owner
+        owner = driver.coordinator.unit_owner
         lags = [cid - owner(u) for u in range(self.n)]
         r.lag_sum += sum(lags)
         r.lag_max = max(r.lag_max, max(lags))

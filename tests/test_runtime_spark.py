@@ -96,14 +96,15 @@ def test_hung_region_is_cut_off_by_its_timeout(spark, tmp_path):
 
 
 def test_late_ack_of_a_fenced_attempt_is_ignored_and_its_files_discarded(spark, tmp_path):
-    from regional.runtime.task import UnitWork, run_units
+    from regional.runtime.protocol import Ack, UnitWork
+    from regional.runtime.task import run_units
 
     rt, _, table = _run(spark, tmp_path)
     storage = JobStorage(str(tmp_path / "ckpt"), "job")
     # an attempt of checkpoint 2 that answers long after checkpoint 2 was decided
     work = UnitWork(2, 7, 0, rt.coordinator.unit_states(0))
     [late] = run_units(rt.env, [work])
-    assert late["status"] == "ack" and storage.exists("chk-2/u0-a7.state")
+    assert isinstance(late, Ack) and storage.exists("chk-2/u0-a7.state")
     before = _rows(table)
     rt.handle_answer(late)
     assert not storage.exists("chk-2/u0-a7.state")

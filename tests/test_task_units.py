@@ -11,7 +11,9 @@ from metadata.model import SubtaskState
 from metadata.storage import JobStorage
 from regional.pipeline import Pipeline
 from regional.runtime import task
-from regional.runtime.task import TaskEnv, UnitWork, UploadLatency, run_units
+from regional.runtime.faults import UnitFaults
+from regional.runtime.protocol import Ack, Decline, UnitWork
+from regional.runtime.task import TaskEnv, UploadLatency, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
 
@@ -37,12 +39,13 @@ def _initial(unit=0):
 
 
 def _states(answer):
-    return msgspec.msgpack.decode(answer["states"], type=tuple[SubtaskState, ...])
+    assert isinstance(answer, Ack), answer
+    return answer.states
 
 
 def test_ack_carries_positions_state_handles_and_committables(env, tmp_path):
     [ack] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g1"),))])
-    assert (ack["status"], ack["records_in"], ack["records_out"]) == ("ack", 3, 3)
+    assert isinstance(ack, Ack) and (ack.records_in, ack.records_out) == (3, 3)
     src, count, out = _states(ack)
     assert [(s.split_id, s.position) for s in src.split_states] == [("g1", b"3")]
     assert src.handles == () and out.handles == () and len(out.committables) == 1
@@ -54,38 +57,32 @@ def test_ack_carries_positions_state_handles_and_committables(env, tmp_path):
     owned = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in (src, count, out))
     [ack2] = run_units(env, [UnitWork(2, 1, 0, owned)])
     src2, _, out2 = _states(ack2)
-    assert src2.split_states == () and ack2["records_in"] == 2  # g1 finished at 5
+    assert src2.split_states == () and ack2.records_in == 2  # g1 finished at 5
     ParquetSink(str(tmp_path / "t")).commit("job", 1, out.committables + out2.committables)
     assert read_table(str(tmp_path / "t")).column("c").to_pylist() == [1, 2, 3, 4, 5]
 
 
 def test_user_exception_becomes_a_decline_and_other_units_still_ack(env):
     works = [
-        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),), fault="fail"),
-        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g1"),)),
+        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),)),
+        UnitWork(1, 1, 1, _initial(1), (("src", 0, "g1"),)),
     ]
-    declined, acked = run_units(env, works)
-    assert declined["status"] == "decline" and acked["status"] == "ack"
-    assert declined["reason"] == "InjectedFault: unit 0 fails checkpoint 1 (injected fault)"
-    assert "InjectedFault" in declined["trace"]
+    faulty = msgspec.structs.replace(env, faults=UnitFaults({(1, 0): "fail"}))
+    declined, acked = run_units(faulty, works)
+    assert isinstance(declined, Decline) and isinstance(acked, Ack)
+    assert declined.reason == "InjectedFault: unit 0 fails checkpoint 1 (injected fault)"
+    assert declined.trace is not None and "InjectedFault" in declined.trace
 
 
 def test_hanging_unit_is_interrupted_by_its_timeout(env):
-    short = msgspec.structs.replace(env, unit_timeout=0.3)
-    [answer] = run_units(short, [UnitWork(1, 1, 0, _initial(), fault="hang")])
-    assert answer == {
-        "status": "decline",
-        "checkpoint_id": 1,
-        "unit": 0,
-        "attempt": 1,
-        "reason": "timeout: unit ran over 0.3 s",
-    }
+    short = msgspec.structs.replace(env, unit_timeout=0.3, faults=UnitFaults({(1, 0): "hang"}))
+    [answer] = run_units(short, [UnitWork(1, 1, 0, _initial())])
+    assert answer == Decline(1, 0, 1, "timeout: unit ran over 0.3 s")
 
 
 def test_spark_task_retries_are_refused(env):
     [answer] = run_units(env, [UnitWork(4, 2, 0, _initial())], spark_attempt=1)
-    assert answer["status"] == "decline"
-    assert answer["reason"] == "spark task attempt 1 refused: units run once per attempt"
+    assert answer == Decline(4, 0, 2, "spark task attempt 1 refused: units run once per attempt")
 
 
 def test_corrupt_restore_state_declines_naming_the_file(env):
@@ -99,8 +96,8 @@ def test_corrupt_restore_state_declines_naming_the_file(env):
         f.seek(0)
         f.write(bytes([first[0] ^ 0xFF]))
     [answer] = run_units(env, [UnitWork(2, 1, 0, states)])
-    assert answer["status"] == "decline"
-    assert path in answer["reason"] and "checksum" in answer["reason"]
+    assert isinstance(answer, Decline)
+    assert path in answer.reason and "checksum" in answer.reason
 
 
 @pytest.mark.parametrize("in_sync_phase", [False, True], ids=["async", "sync"])
@@ -113,8 +110,8 @@ def test_failed_upload_declines_and_deletes_the_staged_sink_file(
     monkeypatch.setattr(JobStorage, "write_segments", broken)
     env = msgspec.structs.replace(env, upload_in_sync_phase=in_sync_phase)
     [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
-    assert answer["status"] == "decline"
-    assert answer["reason"] == "upload failed: OSError: disk full"
+    assert isinstance(answer, Decline)
+    assert answer.reason == "upload failed: OSError: disk full"
     assert list((tmp_path / "t" / "data").iterdir()) == []
 
 
@@ -163,7 +160,7 @@ def _record_steps(monkeypatch, *, wait_for_second_unit: bool):
 def test_async_phase_uploads_while_the_next_unit_runs(env, monkeypatch):
     steps = _record_steps(monkeypatch, wait_for_second_unit=True)
     answers = run_units(env, _two_units())
-    assert [a["status"] for a in answers] == ["ack", "ack"]
+    assert [type(a) for a in answers] == [Ack, Ack]
     assert steps[:2] == [("process", 0), ("process", 1)]
 
 
@@ -174,5 +171,7 @@ def test_upload_in_sync_phase_blocks_the_unit_for_its_injected_latency(env, monk
     )
     answers = run_units(sync, _two_units())
     assert steps == [("process", 0), ("upload", 0), ("process", 1), ("upload", 1)]
-    assert [a["status"] for a in answers] == ["ack", "ack"]
-    assert all(a["snapshot_blocked_s"] >= 0.05 for a in answers)  # at least the injected sleep
+    assert [type(a) for a in answers] == [Ack, Ack]
+    assert all(
+        a.snapshot_blocked_s >= 0.05 for a in answers if isinstance(a, Ack)
+    )  # at least the injected sleep

@@ -1,6 +1,7 @@
 """What a running job reports about itself: a frozen snapshot of the coordinator's metrics
-(`SparkRuntime.metrics`) and the event written to the job's event log after every checkpoint
-outcome (`metadata.events`). Pure: the runtime passes in the times and the report.
+(`JobDriver.metrics`) and the record of every checkpoint outcome (`metadata.events
+.CheckpointEvent`: progress callbacks, the run summary and the event log). Pure: the driver
+passes in the times and the outcome.
 
 >>> from regional.coordinator import CoordinatorMetrics
 >>> m = CoordinatorMetrics(regional_checkpoint_count=3, global_checkpoint_count=1)
@@ -13,15 +14,12 @@ outcome (`metadata.events`). Pure: the runtime passes in the times and the repor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import msgspec
 
-from metadata.events import CheckpointEvent
+from metadata.events import CheckpointEvent, Outcome
 from regional.coordinator import CoordinatorMetrics
-
-if TYPE_CHECKING:
-    from regional.runtime.spark import CheckpointReport
 
 __all__ = ["MetricsSnapshot", "checkpoint_event", "metrics_snapshot"]
 
@@ -79,31 +77,38 @@ def metrics_snapshot(
 
 def checkpoint_event(
     job_id: str,
-    report: CheckpointReport,
+    checkpoint_id: int,
+    outcome: Outcome,
     metrics: MetricsSnapshot,
     *,
     trigger_time_ms: int,
     time_ms: int,
-    abort_rule: str | None,
+    fresh_units: int,
+    fallback_units: tuple[int, ...] = (),
+    causes: Mapping[int, str] | None = None,
+    abort_rule: str | None = None,
+    message: str = "",
+    records_in: int = 0,
 ) -> CheckpointEvent:
-    """The event-log record of one checkpoint outcome (`report`) with the metrics after it.
+    """The record of one checkpoint outcome with the metrics right after it.
 
+    `fallback_units` fell back (completed) or failed (aborted), with `causes` per unit.
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
-    completed = report.kind != "aborted"
+    completed = outcome is not Outcome.ABORTED
     return CheckpointEvent(
         job_id=job_id,
-        checkpoint_id=report.checkpoint_id,
-        kind=report.kind,
+        checkpoint_id=checkpoint_id,
+        kind=outcome,
         trigger_time_ms=trigger_time_ms,
         time_ms=time_ms,
-        fresh_units=report.fresh_units,
-        fallback_units=tuple(report.fallback_units),
-        causes=dict(report.causes),
+        fresh_units=fresh_units,
+        fallback_units=fallback_units,
+        causes=dict(causes or {}),
         abort_rule=abort_rule,
-        message=report.message,
-        records_in=report.records_in,
-        commit_lag=report.commit_lag,
+        message=message,
+        records_in=records_in,
+        commit_lag=metrics.commit_lag,
         oldest_ref_checkpoint_id=metrics.oldest_ref_checkpoint_id if completed else None,
         unit_lag=metrics.unit_lag,
         regional_checkpoint_count=metrics.regional_checkpoint_count,

@@ -14,9 +14,11 @@ Two knobs exist for the slow-storage benchmark, both off by default: `TaskEnv.up
 inside the sync phase, blocking the task, as Flink did before FLINK-37375). Every ack reports
 `snapshot_blocked_s`, the seconds its unit was blocked in the snapshot's synchronous step.
 
-Every exception becomes a decline, never a failed Spark task; a unit running past its timeout is
-interrupted with SIGALRM (Python code only; the driver's deadline cancel covers the rest).
-Answers are small dicts (KB scale): state lives in files.
+Every exception becomes a `Decline`, never a failed Spark task; a unit running past its timeout
+is interrupted with SIGALRM (Python code only; the driver's deadline cancel covers the rest).
+Answers are small typed Structs (`regional.runtime.protocol`, KB scale): state lives in files.
+Injected faults (`regional.runtime.faults.UnitFaults`) come in through `TaskEnv.faults`, which
+is None in production.
 """
 
 from __future__ import annotations
@@ -40,46 +42,15 @@ from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
 from regional.pipeline import Chunk, Pipeline
+from regional.runtime.faults import UnitFaults
+from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
 from regional.state import OperatorState
 
-__all__ = [
-    "FAULT_CRASH",
-    "FAULT_FAIL",
-    "FAULT_HANG",
-    "FAULT_STALL",
-    "InjectedFault",
-    "TaskEnv",
-    "UnitTimeout",
-    "UnitWork",
-    "UploadLatency",
-    "run_units",
-]
-
-FAULT_FAIL = "fail"
-FAULT_HANG = "hang"
-FAULT_CRASH = "crash"
-FAULT_STALL = "stall"
-
-
-class InjectedFault(RuntimeError):
-    """A fault injected on purpose (tests and demos)."""
+__all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
 
 class UnitTimeout(Exception):
     """The unit ran past its timeout (raised by SIGALRM inside the unit)."""
-
-
-class UnitWork(msgspec.Struct, frozen=True):
-    """One unit's work for one epoch: restore `restore` (the unit's subtask states, in layout
-    order), read `new_splits` (`(vertex, index, split)`) from their start, snapshot as
-    checkpoint `checkpoint_id` attempt `attempt`."""
-
-    checkpoint_id: int
-    attempt: int
-    unit_id: int
-    restore: tuple[SubtaskState, ...]
-    new_splits: tuple[tuple[str, int, str], ...] = ()
-    fault: str | None = None
 
 
 class UploadLatency(msgspec.Struct, frozen=True):
@@ -114,6 +85,7 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     upload_threads: int = 2
     upload_latency: UploadLatency | None = None
     upload_in_sync_phase: bool = False
+    faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
 
 
 class _Snapshot(msgspec.Struct):
@@ -148,34 +120,16 @@ def _timeout(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _decline(work: UnitWork, reason: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "status": "decline",
-        "checkpoint_id": work.checkpoint_id,
-        "unit": work.unit_id,
-        "attempt": work.attempt,
-        "reason": reason,
-        **extra,
-    }
-
-
-def _fail_if_injected(work: UnitWork) -> None:
-    if work.fault == FAULT_FAIL:
-        raise InjectedFault(
-            f"unit {work.unit_id} fails checkpoint {work.checkpoint_id} (injected fault)"
-        )
+def _decline(work: UnitWork, reason: str, trace: str | None = None) -> Decline:
+    return Decline(work.checkpoint_id, work.unit_id, work.attempt, reason, trace)
 
 
 def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
     pipeline: Pipeline = env.pipeline
-    if work.fault == FAULT_CRASH:
-        os._exit(3)  # the Python worker dies: the whole Spark task (and its other units) is lost
-    if work.fault == FAULT_STALL:  # a C-level loop: SIGALRM cannot interrupt it
-        sum(range(10**13))
-    if work.fault == FAULT_HANG:
-        while True:  # interruptible by SIGALRM, like a stuck user function
-            time.sleep(0.05)
+    faults = env.faults
+    if faults is not None:
+        faults.before_unit(work)
     restore = {(s.vertex_id, s.index): s for s in work.restore}
     order = [v for v in pipeline.topological_order() if any(k[0] == v for k in restore)]
     outputs: dict[str, list[Chunk]] = {}
@@ -211,7 +165,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             split_states = tuple(kept)
             outputs[vertex_id] = chunks
         else:
-            _fail_if_injected(work)  # after the sources read, like user code failing on data
+            if faults is not None:  # after the sources read, like user code failing on data
+                faults.after_sources(work)
             inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
             if spec.operator is not None:
                 op_state = None
@@ -247,7 +202,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         )
         if blob is not None:
             blobs[vertex_id, index] = blob
-    _fail_if_injected(work)  # a unit made of sources only
+    if faults is not None:  # a unit made of sources only
+        faults.after_sources(work)
     # the coordinator expects the subtasks (and we write the segments) in layout order
     by_key = {(s.vertex_id, s.index): s for s in states}
     ordered = [by_key[s.vertex_id, s.index] for s in work.restore]
@@ -271,7 +227,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     )
 
 
-def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> dict[str, Any]:
+def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
     """Async phase: upload the local snapshot, read it back, verify, build the ack."""
     work = snap.work
     handles: dict[tuple[str, int], StateHandle] = {}
@@ -300,16 +256,15 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> dict[str, Any
         else s
         for s in snap.states
     ]
-    return {
-        "status": "ack",
-        "checkpoint_id": work.checkpoint_id,
-        "unit": work.unit_id,
-        "attempt": work.attempt,
-        "states": msgspec.msgpack.encode(states),
-        "records_in": snap.records_in,
-        "records_out": snap.records_out,
-        "snapshot_blocked_s": snap.serialise_s,
-    }
+    return Ack(
+        work.checkpoint_id,
+        work.unit_id,
+        work.attempt,
+        tuple(states),
+        records_in=snap.records_in,
+        records_out=snap.records_out,
+        snapshot_blocked_s=snap.serialise_s,
+    )
 
 
 def run_units(
@@ -317,9 +272,9 @@ def run_units(
     works: Sequence[UnitWork],
     *,
     spark_attempt: int = 0,
-    on_answer: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run `works` one after another; return one answer dict per unit (never raises).
+    on_answer: Callable[[Answer], None] | None = None,
+) -> list[Answer]:
+    """Run `works` one after another; return one answer per unit (never raises).
 
     `spark_attempt` > 0 means Spark re-ran a failed task: every unit declines, so a region is
     never re-run behind the coordinator's back (DESIGN §4 rule 9).
@@ -330,8 +285,8 @@ def run_units(
             for w in works
         ]
     storage = JobStorage(env.root, env.job_id)
-    answers: list[dict[str, Any]] = []
-    pending: list[tuple[UnitWork, Future[dict[str, Any]], float]] = []
+    answers: list[Answer] = []
+    pending: list[tuple[_Snapshot, Future[Ack], float]] = []
     with ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool:
         for work in works:
             started = time.monotonic()
@@ -342,7 +297,8 @@ def run_units(
                     if env.upload_in_sync_phase:  # the unit blocks until its upload is verified
                         upload_started = time.monotonic()
                         answer = _upload(env, storage, snap)
-                        answer["snapshot_blocked_s"] += time.monotonic() - upload_started
+                        blocked = answer.snapshot_blocked_s + time.monotonic() - upload_started
+                        answer = msgspec.structs.replace(answer, snapshot_blocked_s=blocked)
             except UnitTimeout:
                 answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
             except Exception as exc:

@@ -1,0 +1,600 @@
+"""The driver of a job, for every runtime: plans epochs, runs them through a dispatcher, and
+carries out the checkpoint coordinator's decisions (DESIGN §3, §6).
+
+`JobDriver` owns the `CheckpointCoordinator` and the operator coordinators (a `SplitEnumerator`
+per source, a `CommitCoordinator` per sink). Its ports are the job storage (`JobStorage`), the
+sinks (the pipeline's `TableCommitter`s), a `Clock` and a `TaskDispatcher` that runs unit work
+somewhere: Spark tasks (`regional.runtime.spark.SparkDispatcher`) or a simulation
+(`regional.sim`). One checkpoint id travels driver → coordinator → driver → storage / sink /
+cleaner; no layer rewrites another's decision.
+
+Per epoch: trigger, plan one `UnitWork` per fallback unit (its restore states, new splits from
+the enumerators), dispatch, feed the answers to the coordinator (`feed`), re-run units lost with
+a failed batch each on its own (a fenced new attempt), tick at the deadline, then carry out the
+decisions in order, one handler per decision type: write metadata, commit, discard, notify,
+fail or finish; clean when a checkpoint was subsumed. Every outcome becomes one
+`metadata.events.CheckpointEvent`, handed to `progress`, kept in the `RunSummary` and written
+to the job's event log.
+
+On the first run the job restores (`regional.restore.find_restore_point`): the root's latest
+restorable checkpoint, or a given checkpoint or savepoint. Savepoints are global checkpoints
+whose state is also copied, self-contained, to `savepoints/sp-<id>/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from cleaner.decisions import RestoreBase
+from cleaner.run import execute, scan
+from metadata.events import CheckpointEvent, Outcome, write_event
+from metadata.model import CheckpointKind
+from metadata.savepoint import write_savepoint
+from metadata.storage import JobStorage
+from regional.coordinator import (
+    AbortCheckpoint,
+    CheckpointCoordinator,
+    Commit,
+    Decision,
+    DiscardAttempt,
+    FailJob,
+    FinishJob,
+    JobLayout,
+    NotifyComplete,
+    NotifyFallback,
+    NotifySubsumed,
+    TriggerCheckpoint,
+    WriteMetadata,
+)
+from regional.errors import (
+    CheckpointAbortedError,
+    CommitError,
+    JobFailedError,
+    RegionalError,
+    RestoreError,
+)
+from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
+from regional.pipeline import Pipeline
+from regional.policy import Policy
+from regional.restore import find_restore_point
+from regional.runtime.faults import Faults
+from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
+from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
+
+__all__ = ["Clock", "JobDriver", "RunSummary", "SystemClock", "feed"]
+
+#: How often one commit may fail before the job fails with a `CommitError`.
+COMMIT_ATTEMPTS = 3
+#: A lost unit is re-run alone only if this much time is left before the epoch deadline.
+RETRY_MIN_MS = 1000
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    """Wall-clock time in milliseconds, and waiting (simulations advance a fake one)."""
+
+    def now_ms(self) -> int: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """The outcome of `JobDriver.run`: one `CheckpointEvent` per epoch, and how the run ended."""
+
+    job_id: str
+    restored_from: int | None = None
+    checkpoints: list[CheckpointEvent] = dataclasses.field(default_factory=list)
+    finished: bool = False
+    seconds: float = 0.0
+    restored_location: str | None = None  # where the restored checkpoint was read from
+    restore_notes: tuple[str, ...] = ()  # rescaled vertices, dropped state
+    savepoint: str | None = None  # the location of the savepoint taken at the stop
+
+    def count(self, kind: str) -> int:
+        """How many epochs ended as `kind` (an `Outcome`)."""
+        return sum(1 for c in self.checkpoints if c.kind == kind)
+
+
+def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> list[Decision]:
+    """Hand one unit answer to the coordinator (stale attempts are fenced off there)."""
+    if isinstance(answer, Ack):
+        return coordinator.on_ack(
+            answer.checkpoint_id, answer.unit, answer.attempt, answer.states, now_ms
+        )
+    return coordinator.on_decline(
+        answer.checkpoint_id, answer.unit, answer.attempt, answer.reason, now_ms
+    )
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """How a checkpoint ended, gathered while its decisions are carried out."""
+
+    outcome: Outcome
+    fallback_units: tuple[int, ...] = ()
+    message: str = ""
+    causes: dict[int, str] = dataclasses.field(default_factory=dict)
+    abort_rule: str | None = None
+
+
+class JobDriver:
+    """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
+
+    `progress` is called with every checkpoint outcome. `interval` (seconds) spaces epochs
+    (measured from one trigger to the next). `restore_from` is a checkpoint or savepoint to
+    start from instead of the job root's latest (the root must hold no completed checkpoint
+    then), restored in `restore_mode` (default: the policy's `restore.mode`);
+    `allow_dropped_state` lets a restore leave behind state the pipeline cannot take.
+    `observe` sees every trigger and every decision as it is carried out (tests, simulations).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        dispatcher: TaskDispatcher,
+        *,
+        storage: JobStorage,
+        policy: Policy | None = None,
+        clock: Clock | None = None,
+        faults: Faults | None = None,
+        progress: Callable[[CheckpointEvent], None] | None = None,
+        interval: float = 0.0,
+        restore_from: str | None = None,
+        restore_mode: str | None = None,
+        allow_dropped_state: bool = False,
+        observe: Callable[[Decision | TriggerCheckpoint], None] | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.dispatcher = dispatcher
+        self.storage = storage
+        self.job_id = storage.job_id
+        self.policy = policy or Policy()
+        self.clock: Clock = clock or SystemClock()
+        self.faults = faults or Faults()
+        self.progress = progress
+        self.interval = interval
+        self.restore_from = restore_from
+        self.restore_mode = restore_mode or self.policy.restore.mode
+        if self.restore_mode not in ("claim", "no-claim"):
+            raise RestoreError(f"restore mode {self.restore_mode!r}: use claim or no-claim")
+        self.allow_dropped_state = allow_dropped_state
+        self._observe = observe
+        graph = pipeline.job_graph()
+        self.plan = pipeline.regions()
+        bounded = [v for v, s in pipeline.sources.items() if s.source and s.source.bounded]
+        self.layout = JobLayout.from_plan(
+            self.plan,
+            graph.vertex_infos(),
+            sources=pipeline.sources,
+            bounded_sources=bounded,
+            graph_fingerprint=graph.fingerprint(),
+        )
+        self.enumerators = {
+            v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
+            for v, s in pipeline.sources.items()
+        }
+        # One commit user per job run and sink (Paimon's rule): a restore reloads it from the
+        # checkpoint, while a fresh run of the same job (a new checkpoint root) gets a new one,
+        # so its commits are never mistaken for the old run's and skipped.
+        run = uuid.uuid4().hex[:12]
+        self.committers = {
+            v: CommitCoordinator(v, commit_user=f"{self.job_id}-{run}-{v}") for v in pipeline.sinks
+        }
+        self.coordinator = CheckpointCoordinator(
+            self.layout,
+            self.policy,
+            job_id=self.job_id,
+            coordinators={**self.enumerators, **self.committers},
+        )
+        self._handlers: dict[type, Callable[[Any], list[Decision]]] = {
+            WriteMetadata: self._write_metadata,
+            Commit: self._commit,
+            AbortCheckpoint: self._aborted,
+            DiscardAttempt: self._discard,
+            NotifySubsumed: self._subsumed,
+            FailJob: self._fail,
+            FinishJob: self._finish,
+            NotifyComplete: self._notified,
+            NotifyFallback: self._notified,
+        }
+        self._commit_failures: dict[tuple[str, int], int] = {}
+        self._outcomes: dict[int, _Outcome] = {}
+        self._clean_due = False
+        self._finished = False
+        self._started = False
+        self._stop_requested = False
+        self._savepoints: dict[int, str] = {}
+        self._restore_base: RestoreBase | None = None
+        self.restored_from: int | None = None
+        self.restored_location: str | None = None
+        self.restore_notes: tuple[str, ...] = ()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """True once the job ended: every bounded source read and its output committed."""
+        return self._finished
+
+    def run(
+        self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
+    ) -> RunSummary:
+        """Run until the job finishes (bounded sources), `max_checkpoints` epochs ran or
+        `request_stop()` was called; with `stop_with_savepoint`, a job that has not finished
+        then takes a savepoint (`RunSummary.savepoint`) and stops.
+
+        Raises `JobFailedError` past `tolerable-failed-checkpoints`, `DriverCrash` at an
+        injected crash point, `CheckpointAbortedError` when the final savepoint failed.
+        """
+        started = self.clock.now_ms()
+        summary = RunSummary(self.job_id)
+        if self.start():
+            summary.restored_from = self.restored_from
+            summary.restored_location = self.restored_location
+            summary.restore_notes = self.restore_notes
+        epochs = 0
+        while (
+            not self._finished
+            and not self._stop_requested
+            and (max_checkpoints is None or epochs < max_checkpoints)
+        ):
+            triggered = self.clock.now_ms()
+            event = self.epoch()
+            summary.checkpoints.append(event)
+            epochs += 1
+            if self.interval and not self._finished and not self._stop_requested:
+                elapsed = (self.clock.now_ms() - triggered) / 1000
+                self.clock.sleep(max(0.0, self.interval - elapsed))
+        self._stop_requested = False  # a later run() runs again
+        if stop_with_savepoint and not self._finished:
+            summary.savepoint = self._take_savepoint(summary)
+        summary.finished = self._finished
+        summary.seconds = (self.clock.now_ms() - started) / 1000
+        return summary
+
+    def request_stop(self) -> None:
+        """Stop `run` after the running epoch (safe to call from a signal handler)."""
+        self._stop_requested = True
+
+    def savepoint(self) -> str:
+        """Take a savepoint now (between epochs): a global checkpoint whose state is also
+        copied to `savepoints/sp-<id>/`, self-contained; returns that directory's location.
+
+        Raises `CheckpointAbortedError` when a unit failed it (the job's checkpoints are
+        untouched), `CoordinatorStateError` when the job has finished.
+        """
+        self.start()
+        return self._take_savepoint(None)
+
+    def _take_savepoint(self, summary: RunSummary | None) -> str:
+        event = self.epoch(savepoint=True)
+        if summary is not None:
+            summary.checkpoints.append(event)
+        location = self._savepoints.get(event.checkpoint_id)
+        if event.kind != Outcome.SAVEPOINT or location is None:
+            raise CheckpointAbortedError(
+                f"savepoint {event.checkpoint_id} of job {self.job_id} failed: "
+                f"{event.message or 'aborted'}; the job's checkpoints are intact, so a new run "
+                "resumes from its latest checkpoint"
+            )
+        return location
+
+    def start(self) -> bool:
+        """Prepare the dispatcher's workers; restore the first time (then returns True)."""
+        self.dispatcher.start()
+        if self._started:
+            return False
+        point = find_restore_point(
+            self.storage,
+            self.pipeline,
+            self.layout,
+            restore_from=self.restore_from,
+            mode=self.restore_mode,
+            resume_mode=self.policy.restore.mode,
+            allow_dropped_state=self.allow_dropped_state,
+        )
+        if point is not None:
+            decisions = self.coordinator.restore(
+                point.metadata,
+                mode=point.mode,
+                next_checkpoint_id=point.next_checkpoint_id,
+                global_until_success=point.global_until_success,
+            )
+            self._restore_base = point.restore_base
+            self.restored_from = point.checkpoint_id
+            self.restored_location = point.location
+            self.restore_notes = point.notes
+            self._carry_out(decisions)
+            self._check_sources_finished()
+        self._started = True
+        return True
+
+    def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
+        """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
+        trigger_ms = self.clock.now_ms()
+        trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
+        cid = trigger.checkpoint_id
+        self._seen(trigger)
+        works = self._works(trigger)
+        batch = self.dispatcher.run(works, trigger.deadline_ms)
+        answers = list(batch.answers)
+        decisions = self._feed(answers)
+        if batch.error is not None:  # units lost with a failed batch: each re-run alone, once
+            answered = {a.unit for a in answers}
+            lost = [w for w in works if w.unit_id not in answered]
+            attempts = {w.unit_id: w.attempt for w in lost}
+            retried = self._retry_alone(trigger, lost, attempts)
+            answers += retried
+            decisions += self._feed(retried)
+            again = {a.unit for a in retried}
+            for work in lost:
+                if self.coordinator.pending_checkpoint_id != cid:
+                    break
+                if work.unit_id not in again:
+                    decisions += self.coordinator.on_decline(
+                        cid, work.unit_id, attempts[work.unit_id], batch.error, self.clock.now_ms()
+                    )
+        if self.coordinator.pending_checkpoint_id == cid:
+            decisions += self.coordinator.on_tick(max(self.clock.now_ms(), trigger.deadline_ms))
+        records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
+        self.faults.crash_point(cid, "after-acks")
+        try:
+            self._carry_out(decisions)
+        except JobFailedError as failed:  # the job's last event says why it failed
+            self._record(cid, records_in, trigger_ms, str(failed))
+            raise
+        self._check_sources_finished()
+        return self._record(cid, records_in, trigger_ms)
+
+    def handle_answer(self, answer: Answer) -> None:
+        """Feed one (possibly late) unit answer to the coordinator and carry out the result."""
+        self._carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
+
+    # --- reporting --------------------------------------------------------------------------
+
+    @property
+    def metrics(self) -> MetricsSnapshot:
+        """The coordinator's metrics now: completions, aborts by rule, the latest checkpoint's
+        `oldest_ref_checkpoint_id`, per-unit lag, commit lag."""
+        return metrics_snapshot(
+            self.coordinator.metrics,
+            latest_completed_id=self.coordinator.latest_completed_id,
+            commit_lag=self.commit_lag,
+        )
+
+    @property
+    def commit_lag(self) -> int:
+        """Completed checkpoints whose output is not committed yet (the longest sink queue)."""
+        return max((len(c.queued) for c in self.committers.values()), default=0)
+
+    def _record(
+        self, cid: int, records_in: int, trigger_ms: int, failed: str | None = None
+    ) -> CheckpointEvent:
+        """The epoch's outcome: reported to `progress` and written to the event log (best
+        effort: a failed write is logged, never fails the job)."""
+        o = self._outcomes.pop(cid, None) or _Outcome(Outcome.ABORTED, message="no decision")
+        completed = o.outcome is not Outcome.ABORTED
+        event = checkpoint_event(
+            self.job_id,
+            cid,
+            o.outcome,
+            self.metrics,
+            trigger_time_ms=trigger_ms,
+            time_ms=self.clock.now_ms(),
+            fresh_units=self.layout.num_units - len(o.fallback_units) if completed else 0,
+            fallback_units=o.fallback_units,
+            causes=o.causes,
+            abort_rule=o.abort_rule,
+            message=failed or o.message,
+            records_in=records_in,
+        )
+        try:
+            write_event(self.storage, event)
+        except RegionalError as exc:
+            log.warning("event of checkpoint %d not written: %s", cid, exc)
+        if self.progress is not None:
+            self.progress(event)
+        return event
+
+    def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
+        if self._observe is not None:
+            self._observe(thing)
+
+    # --- planning and dispatching -----------------------------------------------------------
+
+    def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
+        """One `UnitWork` per unit: its restore states and the splits newly assigned to its
+        source subtasks (up to `splits_per_subtask` open splits each)."""
+        for vertex_id, enumerator in self.enumerators.items():
+            source = self.pipeline.vertices[vertex_id].source
+            assert source is not None
+            enumerator.discover(source.discover())
+        works = []
+        per = self.pipeline.splits_per_subtask
+        for unit_id in range(self.layout.num_units):
+            restore = self.coordinator.unit_states(unit_id)
+            new: list[tuple[str, int, str]] = []
+            for state in restore:
+                enumerator = self.enumerators.get(state.vertex_id)
+                if enumerator is None:
+                    continue
+                for _ in range(per - len(state.split_states)):
+                    split = enumerator.assign(state.index)
+                    if split is None:
+                        break
+                    new.append((state.vertex_id, state.index, split))
+            works.append(
+                UnitWork(trigger.checkpoint_id, trigger.attempt, unit_id, restore, tuple(new))
+            )
+        return works
+
+    def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
+        decisions: list[Decision] = []
+        for a in answers:
+            decisions += feed(self.coordinator, a, self.clock.now_ms())
+        return decisions
+
+    def _retry_alone(
+        self, trigger: TriggerCheckpoint, lost: list[UnitWork], attempts: dict[int, int]
+    ) -> list[Answer]:
+        """Re-run units lost with a failed batch, each on its own with a new (fenced) attempt,
+        so a crash is confined to its own unit (research/spark.md §1.2). `attempts` is updated
+        to the attempt each unit now runs as."""
+        cid = trigger.checkpoint_id
+        if not lost or self.coordinator.pending_checkpoint_id != cid:
+            return []
+        if trigger.deadline_ms - self.clock.now_ms() < RETRY_MIN_MS:
+            return []  # no time left: the lost units are declined
+        works = [
+            msgspec.structs.replace(
+                w, attempt=self.coordinator.retry_unit(cid, w.unit_id, self.clock.now_ms())
+            )
+            for w in lost
+        ]
+        attempts.update((w.unit_id, w.attempt) for w in works)
+        return self.dispatcher.run(works, trigger.deadline_ms, isolated=True).answers
+
+    def _check_sources_finished(self) -> None:
+        """Tell the coordinator which bounded sources have read everything."""
+        for vertex_id in self.layout.bounded_sources:
+            enumerator = self.enumerators[vertex_id]
+            source = self.pipeline.vertices[vertex_id].source
+            assert source is not None
+            enumerator.discover(source.discover())
+            if enumerator.unassigned:
+                continue
+            parallelism = self.pipeline.vertices[vertex_id].parallelism
+            states = [
+                s
+                for u in {self.layout.unit_of(vertex_id, i) for i in range(parallelism)}
+                for s in self.coordinator.unit_states(u)
+                if s.vertex_id == vertex_id
+            ]
+            if self.coordinator.latest_completed_id is not None and not any(
+                s.split_states for s in states
+            ):
+                self.coordinator.on_source_finished(vertex_id)
+
+    # --- carrying out decisions -------------------------------------------------------------
+
+    def _carry_out(self, decisions: list[Decision]) -> None:
+        """Carry out decisions in order; the follow-ups of each are carried out after the ones
+        already queued. Cleans once at the end when a checkpoint was subsumed."""
+        queue = list(decisions)
+        while queue:
+            d = queue.pop(0)
+            self._seen(d)
+            queue += self._handlers[type(d)](d)
+        if self._clean_due:
+            self._clean_due = False
+            self._clean()
+
+    def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
+        """Write a completed checkpoint's metadata; the checkpoint is complete once it is
+        durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; its
+        `chk-<id>` is then written as a global checkpoint of the job (a crash after the
+        savepoint resumes from it; the cleaner treats it as any other)."""
+        md = d.metadata
+        cid = md.checkpoint_id
+        try:
+            if md.kind is CheckpointKind.SAVEPOINT:
+                location = write_savepoint(self.storage, md)
+                self._savepoints[cid] = location
+                reasons = (*md.reasons, f"savepoint: a self-contained copy is in {location}")
+                self.storage.write_metadata(
+                    msgspec.structs.replace(md, kind=CheckpointKind.GLOBAL, reasons=reasons)
+                )
+                self._clean_due = True  # its chk-<id> subsumes others
+            else:
+                self.storage.write_metadata(md)
+        except RegionalError as exc:
+            return self.coordinator.on_metadata_failed(cid, str(exc), self.clock.now_ms())
+        self.faults.crash_point(cid, "after-metadata")
+        self._outcomes[cid] = _Outcome(
+            Outcome(md.kind.value),
+            tuple(u.unit_id for u in md.fallback_units),
+            "; ".join(md.reasons),
+            {u.unit_id: u.reason or "" for u in md.fallback_units},
+        )
+        return self.coordinator.on_metadata_durable(cid, self.clock.now_ms())
+
+    def _commit(self, commit: Commit) -> list[Decision]:
+        """Commit to the sink idempotently; a failed commit is retried (it blocks later ones)
+        until it failed `COMMIT_ATTEMPTS` times, then the job fails with a `CommitError`."""
+        sink = self.pipeline.vertices[commit.vertex_id].sink
+        key = (commit.vertex_id, commit.checkpoint_id)
+        try:
+            perform_commit(commit, sink)
+        except Exception as exc:
+            self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
+            if self._commit_failures[key] >= COMMIT_ATTEMPTS:
+                raise CommitError(
+                    f"commit of checkpoint {commit.checkpoint_id} to sink {commit.vertex_id!r} "
+                    f"failed {COMMIT_ATTEMPTS} times: {exc}"
+                ) from exc
+            return self.coordinator.on_commit_failed(
+                commit.vertex_id, commit.checkpoint_id, str(exc)
+            )
+        self._commit_failures.pop(key, None)
+        self.faults.crash_point(commit.checkpoint_id, "after-commit")
+        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+
+    def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
+        self._outcomes[d.checkpoint_id] = _Outcome(
+            Outcome.ABORTED, d.failed_units, d.message, abort_rule=d.rule.value
+        )
+        return []
+
+    def _discard(self, d: DiscardAttempt) -> list[Decision]:
+        """Delete a failed or fenced attempt's state files and staged sink files."""
+        for path in d.files:
+            self.storage.delete_file(path)
+        for vertex_id, committables in d.committables.items():
+            self.pipeline.vertices[vertex_id].sink.discard(committables)
+        return []
+
+    def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
+        self._clean_due = True
+        return []
+
+    def _fail(self, d: FailJob) -> list[Decision]:
+        raise JobFailedError(d.message)
+
+    def _finish(self, d: FinishJob) -> list[Decision]:
+        self._finished = True
+        return []
+
+    def _notified(self, d: NotifyComplete | NotifyFallback) -> list[Decision]:
+        return []  # units restore from the coordinator's states every epoch
+
+    def _clean(self) -> None:
+        """Delete what no retained checkpoint needs (the cleaner's plan and executor)."""
+        plan = scan(
+            self.storage,
+            num_retained=self.policy.checkpointing.num_retained,
+            restore_base=self._restore_base,
+        )
+        latest = self.coordinator.latest_completed_id or 0
+
+        def progress(_: object) -> None:
+            self.faults.crash_point(latest, "mid-clean")
+
+        execute(plan, self.storage, progress=progress, max_workers=1)
