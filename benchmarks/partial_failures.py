@@ -59,10 +59,10 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
 
+from metadata.events import CheckpointEvent  # noqa: E402
 from regional.pipeline import Pipeline  # noqa: E402
 from regional.policy import Policy, load_policy  # noqa: E402
 from regional.runtime.session import spark_session  # noqa: E402
-from metadata.events import CheckpointEvent  # noqa: E402
 from regional.runtime.spark import Faults, SparkRuntime  # noqa: E402
 from regional.sinks.parquet import ParquetSink  # noqa: E402
 from regional.sources.base import ReadResult  # noqa: E402
