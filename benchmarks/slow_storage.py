@@ -30,6 +30,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 # benchmarks/metadata.py (another benchmark) would shadow the `metadata` package
@@ -40,6 +41,7 @@ import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 
 from regional.pipeline import Pipeline  # noqa: E402
+from regional.runtime.protocol import Ack, Answer  # noqa: E402
 from regional.runtime.session import spark_session  # noqa: E402
 from regional.runtime.spark import SparkRuntime  # noqa: E402
 from regional.runtime.task import UploadLatency  # noqa: E402
@@ -67,9 +69,9 @@ def record_key(record: dict[str, int]) -> int:
 class AnswerLog(SparkRuntime):
     """The runtime, keeping every task answer it hands to the coordinator (benchmark only)."""
 
-    answers: list[dict[str, Any]]
+    answers: list[Answer]
 
-    def _feed(self, answers: list[dict[str, Any]]) -> Any:
+    def _feed(self, answers: Sequence[Answer]) -> Any:
         self.answers.extend(answers)
         return super()._feed(answers)
 
@@ -91,9 +93,9 @@ def run_mode(
     acks = [
         a
         for a in runtime.answers
-        if a["status"] == "ack" and a["checkpoint_id"] > summary.checkpoints[0].checkpoint_id
+        if isinstance(a, Ack) and a.checkpoint_id > summary.checkpoints[0].checkpoint_id
     ]
-    blocked = np.array([a["snapshot_blocked_s"] for a in acks])
+    blocked = np.array([a.snapshot_blocked_s for a in acks])
     seconds = [c.seconds for c in measured]
     kinds = {c.kind for c in measured}
     committed = read_table(f"{base}/table").num_rows

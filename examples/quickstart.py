@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from regional.pipeline import Pipeline
-from regional.runtime.spark import Faults
+from regional.runtime.faults import Faults
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
 

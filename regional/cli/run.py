@@ -2,7 +2,7 @@
 [--checkpoint-dir DIR] ...`.
 
 PIPELINE.py defines a module-level `pipeline` (a `regional.Pipeline`), and may define `faults`
-(a `regional.runtime.spark.Faults`, for demos). Before the file is loaded, the checkpoint
+(a `regional.runtime.faults.Faults`, for demos). Before the file is loaded, the checkpoint
 directory is put in the environment as `REGIONAL_CHECKPOINT_DIR`, so a pipeline can place its
 output next to it. The run restores automatically when the directory already holds checkpoints
 of the job (with the pipeline's current parallelism); `--from PATH [--mode claim|no-claim]`
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metadata.events import CheckpointEvent, Outcome
 from regional.errors import GraphError
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
@@ -103,16 +104,16 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _progress(report: object) -> None:
-    r = report  # CheckpointReport
-    fallback = ",".join(map(str, r.fallback_units)) or "-"  # type: ignore[attr-defined]
+def _progress(r: CheckpointEvent) -> None:
+    """One line per checkpoint outcome (and the abort's explanation)."""
+    fallback = ",".join(map(str, r.fallback_units)) or "-"
     line = (
-        f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "  # type: ignore[attr-defined]
-        f"fresh {r.fresh_units:>3}  fallback {fallback:<10}  "  # type: ignore[attr-defined]
-        f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"  # type: ignore[attr-defined]
+        f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
+        f"fresh {r.fresh_units:>3}  fallback {fallback:<10}  "
+        f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"
     )
-    if r.kind == "aborted":  # type: ignore[attr-defined]
-        line += f"\n    {r.message}"  # type: ignore[attr-defined]
+    if r.kind == Outcome.ABORTED:
+        line += f"\n    {r.message}"
     print(line, flush=True)
 
 
@@ -134,8 +135,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         )
     from metadata.storage import JobStorage
     from regional.restore import open_restore_source
+    from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
-    from regional.runtime.spark import Faults, SparkRuntime
+    from regional.runtime.spark import SparkRuntime
 
     if args.restore_from:  # bad restore input fails before Spark starts
         open_restore_source(JobStorage(root, args.job_id or pipeline.name), args.restore_from)
@@ -186,9 +188,10 @@ def run_pipeline(args: argparse.Namespace) -> int:
     if summary.savepoint is not None:
         print(f"savepoint: {summary.savepoint}")
     print(
-        f"done in {summary.seconds:.1f} s: {summary.count('global')} global, "
-        f"{summary.count('regional')} regional, {summary.count('aborted')} aborted checkpoints"
-        + (f", {n} savepoint" if (n := summary.count("savepoint")) else "")
+        f"done in {summary.seconds:.1f} s: {summary.count(Outcome.GLOBAL)} global, "
+        f"{summary.count(Outcome.REGIONAL)} regional, {summary.count(Outcome.ABORTED)} aborted "
+        "checkpoints"
+        + (f", {n} savepoint" if (n := summary.count(Outcome.SAVEPOINT)) else "")
         + "; "
         + (
             "job finished"
