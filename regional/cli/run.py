@@ -213,7 +213,7 @@ def _on_stop_signals(stop: Callable[[], None]) -> dict[int, Any]:
         print(f"got signal {signum}: stopping with a savepoint after this epoch", flush=True)
         stop()
 
-    old = {}
+    old: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         old[signum] = signal.signal(signum, handler)
     return old

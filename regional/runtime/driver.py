@@ -433,11 +433,11 @@ class JobDriver:
             restore = self.coordinator.unit_states(unit_id)
             new: list[tuple[str, int, str]] = []
             for state in restore:
-                enumerator = self.enumerators.get(state.vertex_id)
-                if enumerator is None:
+                assigner = self.enumerators.get(state.vertex_id)
+                if assigner is None:
                     continue
                 for _ in range(per - len(state.split_states)):
-                    split = enumerator.assign(state.index)
+                    split = assigner.assign(state.index)
                     if split is None:
                         break
                     new.append((state.vertex_id, state.index, split))

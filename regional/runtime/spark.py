@@ -139,7 +139,7 @@ class SparkDispatcher:
         """One Spark job in job group `group`, cancelled at `deadline_ms`: the answers (from
         collect, or from the accumulator after a cancel or a failure) and why it failed."""
         sc = self.sc
-        acc = sc.accumulator({}, _DictParam())  # type: ignore[arg-type]
+        acc: Any = sc.accumulator({}, _DictParam())  # type: ignore[arg-type]
         fn = _epoch_partition(self.env, acc)
         parts = max(1, min(self.tasks, len(works)))
         box: dict[str, Any] = {}
