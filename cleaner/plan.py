@@ -25,7 +25,7 @@ Rules, in the order they apply to a file (the first that matches decides):
    caller cannot see the live set (`live_unknown`, the CLI); a `_metadata` the caller did not
    read (a checkpoint that completed after the scan) keeps its directory.
 7. In a kept checkpoint's own directory, an unreferenced unit-attempt state file
-   (`u<unit>-a<attempt>.state`) is a `stale-attempt` and deleted; other files are kept (they
+   (`u<unit>-a<attempt>[-<run>].state`) is a `stale-attempt` and deleted; other files are kept (they
    may be named by sink committables, which are opaque to the cleaner).
 8. Files of a dropped completed checkpoint are deleted (`subsumed`); state files of a
    directory without `_metadata` are deleted as `aborted` (its id is newer than every
@@ -116,7 +116,7 @@ __all__ = [
     "plan_retention",
 ]
 
-_STATE_FILE = re.compile(r"^u\d+-a\d+\.state$")
+_STATE_FILE = re.compile(r"^u\d+-a\d+(?:-[A-Za-z0-9_.]+)?\.state$")
 # A path that is certainly normal and inside the root (no segment starts with "."; no "/",
 # "\\" or ":" anywhere else); anything else goes through `check_relative`.
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)

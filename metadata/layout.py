@@ -3,18 +3,19 @@
 ```
 <root>/<job-id>/
   chk-<id>/_metadata               written last, one object; its presence = completed
-  chk-<id>/<unit>-<attempt>.state  snapshot files of the units fresh in <id>
+  chk-<id>/u<unit>-a<attempt>-<run>.state  snapshot files of the units fresh in <id>
   shared/                          files shared across checkpoints
   savepoints/sp-<id>/...           self-contained savepoints
   events/<id>-<trigger ms>.json    the event log: one JSON line per checkpoint outcome
+  _lease/<ms>-<run>-<n>.json       the driver's lease of the job root (`metadata.lease`)
 ```
 
 Every path stored in metadata is relative to the job root. `check_relative` refuses anything
 that could resolve outside it (`..`, absolute paths, URIs, backslashes), because such paths can
 come from a tampered metadata file.
 
->>> state_file_path(7, 3, 1)
-'chk-7/u3-a1.state'
+>>> state_file_path(7, 3, 1, "4f1c2a")
+'chk-7/u3-a1-4f1c2a.state'
 >>> checkpoint_id_of("chk-7/_metadata")
 7
 >>> event_path(7, 1795383295552)
@@ -36,6 +37,7 @@ from metadata.errors import StorageError
 
 __all__ = [
     "EVENTS_DIR",
+    "LEASE_DIR",
     "METADATA_NAME",
     "SAVEPOINTS_DIR",
     "SHARED_DIR",
@@ -53,6 +55,7 @@ METADATA_NAME = "_metadata"
 SHARED_DIR = "shared"
 SAVEPOINTS_DIR = "savepoints"
 EVENTS_DIR = "events"
+LEASE_DIR = "_lease"
 
 _CHK = re.compile(r"^chk-(\d+)(?:/|$)")
 _EVENT = re.compile(r"^events/(\d{12})-(\d+)\.json$")
@@ -68,9 +71,15 @@ def metadata_path(checkpoint_id: int) -> str:
     return f"chk-{checkpoint_id}/{METADATA_NAME}"
 
 
-def state_file_path(checkpoint_id: int, unit_id: int, attempt: int) -> str:
-    """The snapshot file of one unit attempt: `chk-<id>/u<unit>-a<attempt>.state`."""
-    return f"chk-{checkpoint_id}/u{unit_id}-a{attempt}.state"
+def state_file_path(
+    checkpoint_id: int, unit_id: int, attempt: int, run_id: str | None = None
+) -> str:
+    """The snapshot file of one unit attempt of driver run `run_id`:
+    `chk-<id>/u<unit>-a<attempt>-<run>.state` (`chk-<id>/u<unit>-a<attempt>.state` without a
+    run, as written before runs were named). The run id keeps two drivers that both believe
+    they own the job root from ever writing the same file."""
+    run = f"-{run_id}" if run_id else ""
+    return f"chk-{checkpoint_id}/u{unit_id}-a{attempt}{run}.state"
 
 
 def savepoint_dir(savepoint_id: int) -> str:

@@ -44,7 +44,13 @@ from pyarrow import fs as pafs
 
 from metadata.errors import MetadataError, StorageError
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
-from metadata.layout import check_relative, checkpoint_dir, checkpoint_id_of, metadata_path
+from metadata.layout import (
+    LEASE_DIR,
+    check_relative,
+    checkpoint_dir,
+    checkpoint_id_of,
+    metadata_path,
+)
 from metadata.model import CheckpointMetadata, StateHandle
 
 __all__ = [
@@ -248,6 +254,25 @@ class JobStorage:
                 FileEntry(info.path[cut:], info.size, None if mtime is None else mtime // 1_000_000)
             )
         return sorted(entries, key=lambda e: e.path)
+
+    def list_dir(self, reldir: str) -> list[str]:
+        """Paths (relative to the job root, sorted) of the files directly in `reldir`; none if
+        it is missing. For small directories read often (the lease), not the whole root."""
+        rel = check_relative(reldir)
+        selector = pafs.FileSelector(self._full(rel), recursive=False, allow_not_found=True)
+        cut = len(self.job_path) + 1
+        infos = self.filesystem.get_file_info(selector)
+        return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+
+    def read_file(self, relpath: str) -> bytes | None:
+        """The bytes of the file at `relpath`, or None if there is none."""
+        try:
+            with self.filesystem.open_input_stream(self._full(relpath)) as f:
+                return bytes(f.read())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.describe(relpath)}: {exc}") from None
 
     def list_checkpoint_ids(self, files: Sequence[FileEntry] | None = None) -> list[int]:
         """Ids of the checkpoints that have `chk-<id>/_metadata`, ascending."""
@@ -460,9 +485,9 @@ class JobStorage:
     def delete_file(self, relpath: str) -> bool:
         """Delete one file; False if it was already gone. Paths outside the root are refused.
 
-        On a local file system the emptied `chk-<id>/` directory is removed too (`rmdir` only
-        removes an empty directory, so a concurrent writer cannot lose a file); object stores
-        have no directories to remove.
+        On a local file system an emptied `chk-<id>/` or `_lease/` directory is removed too
+        (`rmdir` only removes an empty directory, so a concurrent writer cannot lose a file);
+        object stores have no directories to remove.
         """
         rel = check_relative(relpath)
         full = f"{self.job_path}/{rel}"
@@ -473,7 +498,10 @@ class JobStorage:
         except OSError as exc:
             raise StorageError(f"cannot delete {self.describe(relpath)}: {exc}") from None
         cid = checkpoint_id_of(rel)
-        if self._local and cid is not None and posixpath.dirname(rel) == checkpoint_dir(cid):
+        parent = posixpath.dirname(rel)
+        if self._local and (
+            parent == LEASE_DIR or (cid is not None and parent == checkpoint_dir(cid))
+        ):
             with contextlib.suppress(OSError):  # not empty (or already gone): keep it
                 os.rmdir(os.path.dirname(full))
         return True

@@ -3,7 +3,7 @@
 The imperative shell around `regional.rescale`: it reads the restored checkpoint's state
 (verified segments) from wherever it lives — another job root, a moved savepoint, or this job's
 own root — maps it onto the pipeline's layout, writes one state file per fallback unit into
-this job's root (`chk-<id>/u<unit>-a0.state`; attempt 0 is never a task attempt) and returns
+this job's root (`chk-<id>/u<unit>-a0-<run>.state`; attempt 0 is never a task attempt) and returns
 the metadata the coordinator restores from. The job's tasks then only ever read files under
 its own root, whatever the source was.
 
@@ -71,14 +71,18 @@ def find_restore_point(
     mode: str,
     resume_mode: str,
     allow_dropped_state: bool = False,
+    run_id: str | None = None,
 ) -> RestorePoint | None:
     """Where the job in `storage` starts: `restore_from` (a checkpoint or savepoint, restored
     into this empty job root in `mode`), else the root's latest restorable checkpoint (resumed
-    in `resume_mode`, the policy's), else None (a fresh start)."""
+    in `resume_mode`, the policy's), else None (a fresh start). Rewritten state files carry
+    the driver's `run_id`."""
     if mode not in ("claim", "no-claim"):
         raise RestoreError(f"restore mode {mode!r}: use claim or no-claim")
     if restore_from is not None:
-        return _restore_given(storage, pipeline, layout, restore_from, mode, allow_dropped_state)
+        return _restore_given(
+            storage, pipeline, layout, restore_from, mode, allow_dropped_state, run_id
+        )
     md = storage.find_latest_restorable()
     if md is None:
         return None
@@ -96,6 +100,7 @@ def find_restore_point(
         storage,
         state_checkpoint_id=next_id,
         allow_dropped_state=allow_dropped_state,
+        run_id=run_id,
     )
     return RestorePoint(
         md.checkpoint_id,
@@ -120,6 +125,7 @@ def _restore_given(
     path: str,
     mode: str,
     allow_dropped_state: bool,
+    run_id: str | None,
 ) -> RestorePoint:
     """Restore the checkpoint or savepoint at `path` into the (empty) job root of `storage`."""
     source = open_restore_source(storage, path)
@@ -136,6 +142,7 @@ def _restore_given(
         state_checkpoint_id=cid if claim else next_id,
         allow_dropped_state=allow_dropped_state,
         reasons=(f"restored from {source.location} ({mode})",),
+        run_id=run_id,
     )
     if claim:  # the job owns its copy: a checkpoint of its own, cleaned when subsumed
         storage.write_metadata(restored)
@@ -192,6 +199,7 @@ def rewrite_for_pipeline(
     state_checkpoint_id: int,
     allow_dropped_state: bool = False,
     reasons: Sequence[str] = (),
+    run_id: str | None = None,
 ) -> tuple[CheckpointMetadata, RestorePlan]:
     """Write `metadata`'s state, mapped onto `pipeline`, into `target` under
     `chk-<state_checkpoint_id>/`; return the (global, every subtask fresh) metadata to restore
@@ -235,7 +243,7 @@ def rewrite_for_pipeline(
         with_state = [k for k in keys if k in blobs]
         handles = {}
         if with_state:
-            rel = state_file_path(state_checkpoint_id, unit_id, 0)
+            rel = state_file_path(state_checkpoint_id, unit_id, 0, run_id)
             written = target.write_segments(rel, [blobs[k] for k in with_state])
             handles = dict(zip(with_state, written, strict=True))
         for key in keys:

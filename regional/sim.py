@@ -9,9 +9,10 @@ every epoch restores from the states the coordinator hands out.
 
 Faults: a unit declines, hangs past its deadline, or acks late from a fenced attempt; the
 driver crashes before any numbered coordinator call (`crash_before`; calls counted over the
-whole run), and a new driver restores from the latest restorable checkpoint in storage, as
-`regional run` would. Every trigger and decision is recorded. Used by the tests (crash + restore
-commits exactly the fault-free output) and by `benchmarks/`.
+whole run), and once its lease of the job root expired a new driver restores from the latest
+restorable checkpoint in storage, as `regional run` would. Every trigger and decision is
+recorded. Used by the tests (crash + restore commits exactly the fault-free output) and by
+`benchmarks/`.
 
 >>> from regional.policy import Policy
 >>> run = Simulation(4, Policy(), faults={(2, 1): "decline"}).run(50)
@@ -337,6 +338,8 @@ class Simulation:
             filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(memory)),
         )
         self.clock = _SimClock()
+        # no renewal thread in simulated time: a lease that outlasts an epoch run to its deadline
+        self._lease_ttl = 3 * self.policy.checkpointing.timeout
         self.dispatcher = _SimDispatcher(self)
         self.step = 0
         self._since_durable = [0] * num_units
@@ -379,6 +382,7 @@ class Simulation:
             policy=self.policy,
             clock=self.clock,
             observe=self._observe,
+            lease_ttl=self._lease_ttl,
         )
         driver.coordinator = _CountedCoordinator(driver.coordinator, self)  # type: ignore[assignment]
         return driver
@@ -409,6 +413,8 @@ class Simulation:
                 self.dispatcher.late.clear()
                 self._redo(range(self.n))
                 driver = None
+                # the crashed driver's lease must expire before the next one may start
+                self.clock.sleep(self._lease_ttl)
             except JobFailedError as exc:
                 r.failed = str(exc)
         r.finished = driver is not None and driver.finished

@@ -104,10 +104,11 @@ def test_late_ack_of_a_fenced_attempt_is_ignored_and_its_files_discarded(spark, 
     # an attempt of checkpoint 2 that answers long after checkpoint 2 was decided
     work = UnitWork(2, 7, 0, rt.coordinator.unit_states(0))
     [late] = run_units(rt.env, [work])
-    assert isinstance(late, Ack) and storage.exists("chk-2/u0-a7.state")
+    late_file = f"chk-2/u0-a7-{rt.run_id}.state"
+    assert isinstance(late, Ack) and storage.exists(late_file)
     before = _rows(table)
     rt.handle_answer(late)
-    assert not storage.exists("chk-2/u0-a7.state")
+    assert not storage.exists(late_file)
     assert _rows(table) == before == _expected()
 
 

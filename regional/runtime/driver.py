@@ -35,6 +35,7 @@ import msgspec
 from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.events import CheckpointEvent, Outcome, write_event
+from metadata.lease import JobLease
 from metadata.model import CheckpointKind
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
@@ -74,6 +75,9 @@ __all__ = ["Clock", "JobDriver", "RunSummary", "SystemClock", "feed"]
 COMMIT_ATTEMPTS = 3
 #: A lost unit is re-run alone only if this much time is left before the epoch deadline.
 RETRY_MIN_MS = 1000
+#: How long the job root's lease lasts without renewal (a driver on another host that died
+#: blocks a restart this long; one on this host does not block it at all).
+DEFAULT_LEASE_TTL = 30.0
 log = logging.getLogger(__name__)
 
 
@@ -144,6 +148,12 @@ class JobDriver:
     then), restored in `restore_mode` (default: the policy's `restore.mode`);
     `allow_dropped_state` lets a restore leave behind state the pipeline cannot take.
     `observe` sees every trigger and every decision as it is carried out (tests, simulations).
+
+    One driver per job root: `start` takes the root's lease (`metadata.lease`, `lease_ttl`
+    seconds per renewal) or raises `LeaseHeldError`; metadata writes, commits and cleaning
+    check it first, and a driver that lost it stops with `LeaseLostError`. `run` and
+    `savepoint` release it when they return or raise. `run_id` names this driver run: in the
+    commit users, the lease and the state file names.
     """
 
     def __init__(
@@ -161,6 +171,8 @@ class JobDriver:
         restore_mode: str | None = None,
         allow_dropped_state: bool = False,
         observe: Callable[[Decision | TriggerCheckpoint], None] | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        run_id: str | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.dispatcher = dispatcher
@@ -191,12 +203,16 @@ class JobDriver:
             v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
             for v, s in pipeline.sources.items()
         }
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.lease = JobLease(
+            storage, self.run_id, ttl_ms=round(lease_ttl * 1000), clock=self.clock.now_ms
+        )
         # One commit user per job run and sink (Paimon's rule): a restore reloads it from the
         # checkpoint, while a fresh run of the same job (a new checkpoint root) gets a new one,
         # so its commits are never mistaken for the old run's and skipped.
-        run = uuid.uuid4().hex[:12]
         self.committers = {
-            v: CommitCoordinator(v, commit_user=f"{self.job_id}-{run}-{v}") for v in pipeline.sinks
+            v: CommitCoordinator(v, commit_user=f"{self.job_id}-{self.run_id}-{v}")
+            for v in pipeline.sinks
         }
         self.coordinator = CheckpointCoordinator(
             self.layout,
@@ -246,26 +262,29 @@ class JobDriver:
         """
         started = self.clock.now_ms()
         summary = RunSummary(self.job_id)
-        if self.start():
-            summary.restored_from = self.restored_from
-            summary.restored_location = self.restored_location
-            summary.restore_notes = self.restore_notes
-        epochs = 0
-        while (
-            not self._finished
-            and not self._stop_requested
-            and (max_checkpoints is None or epochs < max_checkpoints)
-        ):
-            triggered = self.clock.now_ms()
-            event = self.epoch()
-            summary.checkpoints.append(event)
-            epochs += 1
-            if self.interval and not self._finished and not self._stop_requested:
-                elapsed = (self.clock.now_ms() - triggered) / 1000
-                self.clock.sleep(max(0.0, self.interval - elapsed))
-        self._stop_requested = False  # a later run() runs again
-        if stop_with_savepoint and not self._finished:
-            summary.savepoint = self._take_savepoint(summary)
+        try:
+            if self.start():
+                summary.restored_from = self.restored_from
+                summary.restored_location = self.restored_location
+                summary.restore_notes = self.restore_notes
+            epochs = 0
+            while (
+                not self._finished
+                and not self._stop_requested
+                and (max_checkpoints is None or epochs < max_checkpoints)
+            ):
+                triggered = self.clock.now_ms()
+                event = self.epoch()
+                summary.checkpoints.append(event)
+                epochs += 1
+                if self.interval and not self._finished and not self._stop_requested:
+                    elapsed = (self.clock.now_ms() - triggered) / 1000
+                    self.clock.sleep(max(0.0, self.interval - elapsed))
+            self._stop_requested = False  # a later run() runs again
+            if stop_with_savepoint and not self._finished:
+                summary.savepoint = self._take_savepoint(summary)
+        finally:
+            self.lease.release()
         summary.finished = self._finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
@@ -281,8 +300,11 @@ class JobDriver:
         Raises `CheckpointAbortedError` when a unit failed it (the job's checkpoints are
         untouched), `CoordinatorStateError` when the job has finished.
         """
-        self.start()
-        return self._take_savepoint(None)
+        try:
+            self.start()
+            return self._take_savepoint(None)
+        finally:
+            self.lease.release()
 
     def _take_savepoint(self, summary: RunSummary | None) -> str:
         event = self.epoch(savepoint=True)
@@ -298,7 +320,11 @@ class JobDriver:
         return location
 
     def start(self) -> bool:
-        """Prepare the dispatcher's workers; restore the first time (then returns True)."""
+        """Take the job root's lease, prepare the dispatcher's workers, and restore the first
+        time (then returns True). Raises `LeaseHeldError` while another driver runs the job."""
+        self.lease.acquire()
+        if isinstance(self.clock, SystemClock):
+            self.lease.keep_renewed()  # epochs may outlast the TTL
         self.dispatcher.start()
         if self._started:
             return False
@@ -310,6 +336,7 @@ class JobDriver:
             mode=self.restore_mode,
             resume_mode=self.policy.restore.mode,
             allow_dropped_state=self.allow_dropped_state,
+            run_id=self.run_id,
         )
         if point is not None:
             decisions = self.coordinator.restore(
@@ -329,6 +356,8 @@ class JobDriver:
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
         """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
+        if self.lease.renew_due:
+            self.lease.renew()
         trigger_ms = self.clock.now_ms()
         trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
         cid = trigger.checkpoint_id
@@ -514,6 +543,7 @@ class JobDriver:
         savepoint resumes from it; the cleaner treats it as any other)."""
         md = d.metadata
         cid = md.checkpoint_id
+        self.lease.check()  # a driver that lost the lease stops before writing
         try:
             if md.kind is CheckpointKind.SAVEPOINT:
                 location = write_savepoint(self.storage, md)
@@ -541,6 +571,7 @@ class JobDriver:
         until it failed `COMMIT_ATTEMPTS` times, then the job fails with a `CommitError`."""
         sink = self.pipeline.vertices[commit.vertex_id].sink
         key = (commit.vertex_id, commit.checkpoint_id)
+        self.lease.check()
         try:
             perform_commit(commit, sink)
         except Exception as exc:
@@ -587,6 +618,7 @@ class JobDriver:
 
     def _clean(self) -> None:
         """Delete what no retained checkpoint needs (the cleaner's plan and executor)."""
+        self.lease.check()
         plan = scan(
             self.storage,
             num_retained=self.policy.checkpointing.num_retained,

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -209,12 +210,14 @@ class SparkRuntime(JobDriver):
         _ship_user_code_by_value(pipeline)
         # a packed task runs its units one after another: half the deadline per unit leaves
         # the others of a task with a hung unit time to finish before the epoch deadline
+        run_id = uuid.uuid4().hex[:12]
         env = TaskEnv(
             root,
             job_id,
             pipeline,
             unit_timeout=region_timeout / 2,
             faults=faults.unit_faults(),
+            run_id=run_id,
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(
@@ -228,6 +231,7 @@ class SparkRuntime(JobDriver):
             restore_from=restore_from,
             restore_mode=restore_mode,
             allow_dropped_state=allow_dropped_state,
+            run_id=run_id,
         )
         self.spark = spark
         self.root = root

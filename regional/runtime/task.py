@@ -73,7 +73,8 @@ class UploadLatency(msgspec.Struct, frozen=True):
 
 class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     """What every unit of a job shares (shipped once per epoch job): where checkpoints live,
-    the pipeline, the per-unit timeout (seconds) and the upload pool size.
+    the pipeline, the per-unit timeout (seconds), the upload pool size and the driver run (its
+    id names the state files, so two drivers never write the same file).
 
     `upload_latency` injects slow storage; `upload_in_sync_phase` uploads inside the unit's
     sync phase instead of the async thread pool (both for benchmarks, off by default)."""
@@ -86,6 +87,7 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     upload_latency: UploadLatency | None = None
     upload_in_sync_phase: bool = False
     faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
+    run_id: str | None = None  # the driver run: state file names carry it (fencing)
 
 
 class _Snapshot(msgspec.Struct):
@@ -244,7 +246,7 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         for n in snap.lengths:
             segments.append(data[offset : offset + n])
             offset += n
-        rel = state_file_path(work.checkpoint_id, work.unit_id, work.attempt)
+        rel = state_file_path(work.checkpoint_id, work.unit_id, work.attempt, env.run_id)
         written = storage.write_segments(rel, segments)
         for key, handle, seg in zip(snap.seg_keys, written, segments, strict=True):
             if storage.read_segment(handle) != seg:  # verifies size and checksum too
