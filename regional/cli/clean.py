@@ -12,7 +12,7 @@ The CLI cannot see a running job's coordinator, so a checkpoint directory withou
 that is newer than every completed checkpoint is kept as possibly in progress (reason
 `pending`); the runtime's cleaner, which knows the live set, deletes aborted ones. Exit codes:
 0 done, 1 something was refused (a metadata path outside the job root) or failed to delete,
-2 bad input (no such root or job, `--num-retained` below 1).
+2 bad input (no such root or job, `--num-retained` below 1, a bad `--policy` file).
 """
 
 from __future__ import annotations

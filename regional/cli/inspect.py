@@ -6,10 +6,11 @@ Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 event log). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
 depend on `num-retained`: the one the job recorded in its latest checkpoint unless
 `--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
-says which applies and why. Exit codes: 0 fine, 1 `validate`
-found a problem (or storage failed), 2 bad usage (no such root, job or checkpoint). Checkpoints
-whose metadata does not decode are reported on stderr (and as rows by `validate`), and so are
-event files that do not.
+says which applies and why (`--json` keeps the view's rows unchanged for `checkpoints`; the
+`retention` rows start with a `num-retained` row). Exit codes: 0 fine, 1 `validate` found a
+problem (or storage failed), 2 bad usage (no such root, job or checkpoint, `--num-retained` below
+1, a bad `--policy` file). Checkpoints whose metadata does not decode are reported on stderr (and
+as rows by `validate`), and so are event files that do not.
 """
 
 from __future__ import annotations
