@@ -74,12 +74,12 @@ def in_force(args: argparse.Namespace, recorded: Callable[[], NumRetained]) -> N
 
 def note(setting: NumRetained) -> str:
     """The line that tells people which `num-retained` applies and where it came from."""
-    text = str(setting)
-    if setting.source == "default" and setting.checkpoint_id is None:
-        text = (
-            text[:-1] + "; pass --num-retained N or --policy FILE if the job kept another number)"
+    if setting.source == "default":
+        return (
+            f"num-retained {setting.value} ({setting.detail}; pass --num-retained N or "
+            "--policy FILE if the job kept another number)"
         )
-    return text
+    return str(setting)
 
 
 def _newest_first(storage: JobStorage) -> Iterator[CheckpointMetadata]:
