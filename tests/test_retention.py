@@ -21,6 +21,7 @@ from metadata.format import (
     encode_metadata,
     segment_checksum,
 )
+from metadata.inspect import Inspector, checkpoints_table
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, VertexInfo
 from metadata.retention import (
     DEFAULT_NUM_RETAINED,
@@ -32,6 +33,7 @@ from metadata.retention import (
 )
 from metadata.savepoint import open_checkpoint, write_savepoint
 from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
 from regional.coordinator import (
     CheckpointCoordinator,
     JobLayout,
@@ -278,3 +280,46 @@ def test_a_savepoint_keeps_the_recorded_num_retained(tmp_path) -> None:
         num_retained=10,
     )
     assert open_checkpoint(write_savepoint(storage, sp)).metadata.num_retained == 10
+
+
+def _checkpoint(c: CheckpointCoordinator, failed: set[int], now: int) -> list:
+    """One checkpoint of the 4-unit job: `failed` units decline, the others ack."""
+    t = c.trigger(now)
+    out: list = []
+    for u in range(4):
+        if c.pending_checkpoint_id is None:
+            break
+        if u in failed:
+            out += c.on_decline(t.checkpoint_id, u, t.attempt, "timeout", now)
+        else:
+            state = (SubtaskState("map", u, u, attempt=t.attempt),)
+            out += c.on_ack(t.checkpoint_id, u, t.attempt, state, now)
+    [write] = [d.metadata for d in out if isinstance(d, WriteMetadata)]
+    done = c.on_metadata_durable(write.checkpoint_id, now + 1)
+    return [write, *(d.checkpoint_id for d in done if isinstance(d, NotifySubsumed))]
+
+
+def test_a_restored_checkpoint_and_its_owners_are_retained_like_any_other() -> None:
+    first = _coordinator(2)
+    _checkpoint(first, set(), 10)  # 1
+    restored, *_ = _checkpoint(first, {1}, 20)  # 2: unit 1 falls back to 1
+    assert owner_refs(restored) == {1}
+    c = _coordinator(2)
+    c.restore(restored)  # 2 is retained, and keeps 1 alive
+    three, *subsumed = _checkpoint(c, {1}, 30)
+    assert (owner_refs(three), subsumed) == ({1}, [])  # 3 re-uses 1's state too
+    assert _checkpoint(c, set(), 40)[1:] == [2]  # 2 leaves the window; 3 still references 1
+    assert _checkpoint(c, set(), 50)[1:] == [1, 3]
+
+
+def test_inspector_defaults_to_the_recorded_num_retained(tmp_path) -> None:
+    history = [md(c, num_retained=2) for c in (1, 2, 3, 4)]
+    assert checkpoints_table(history)["retained"].to_pylist() == [True, True, False, False]
+    assert checkpoints_table(history, num_retained=3)["retained"].to_pylist().count(True) == 3
+    storage = JobStorage(str(tmp_path), "j")
+    for m in history:
+        storage.write_metadata(m)
+    inspector = Inspector(CompletedCheckpointStore.load(storage))
+    assert inspector.num_retained == 2
+    assert str(inspector.num_retained_in_force) == "num-retained 2 (recorded in checkpoint 4)"
+    assert Inspector(inspector.store, num_retained=1).num_retained == 1
