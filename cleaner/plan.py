@@ -7,7 +7,8 @@ rule 11, `flink_regional.md` §2.6, §4 and §10 items 22–25.
 Rules, in the order they apply to a file (the first that matches decides):
 
 1. A file referenced by a state handle of a *kept* checkpoint (the newest `num_retained`
-   completed ones, savepoints, and a restore base the job does not own) is kept, naming every
+   completed ones and savepoints, as `metadata.retention` decides for the coordinator and the
+   inspector too, and a restore base the job does not own) is kept, naming every
    kept checkpoint that references it. Because fallback state points at its **owner** (rule 4),
    this keeps the few referenced *files* of an intermediate checkpoint, not the whole checkpoint.
    A physical file holding several segments stays while any kept segment remains; `shared/`
@@ -98,7 +99,8 @@ from metadata.layout import (
     check_relative,
     event_checkpoint_id,
 )
-from metadata.model import CheckpointKind, CheckpointMetadata
+from metadata.model import CheckpointMetadata
+from metadata.retention import retain
 
 __all__ = [
     "Action",
@@ -257,9 +259,9 @@ def plan_retention(
         (md for md in completed if md.checkpoint_id not in pending_ids),
         key=lambda md: md.checkpoint_id,
     )
-    savepoint_ids = {md.checkpoint_id for md in checkpoints if md.kind == CheckpointKind.SAVEPOINT}
-    regular = [md.checkpoint_id for md in checkpoints if md.checkpoint_id not in savepoint_ids]
-    retained = set(regular[-num_retained:])
+    rule = retain(checkpoints, num_retained)
+    savepoint_ids = set(rule.savepoints)
+    retained = set(rule.retained)
     kept_ids = (
         retained
         | savepoint_ids

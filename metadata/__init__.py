@@ -18,6 +18,7 @@ from metadata.model import (
     UnitState,
     VertexInfo,
 )
+from metadata.retention import Retention, retain
 from metadata.storage import FileEntry, JobStorage, Problem
 from metadata.store import CompletedCheckpointStore, DamagedCheckpoint
 from metadata.validate import Validation, validate_job
@@ -35,6 +36,7 @@ __all__ = [
     "MetadataError",
     "Problem",
     "RegionalError",
+    "Retention",
     "SplitState",
     "StateHandle",
     "StorageError",
@@ -45,5 +47,6 @@ __all__ = [
     "decode_metadata",
     "encode_metadata",
     "read_events",
+    "retain",
     "validate_job",
 ]

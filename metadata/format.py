@@ -62,7 +62,8 @@ MAGIC = b"RGNL"
 #: Major version of what this code writes; readers refuse anything newer.
 FORMAT_VERSION = 1
 #: Minor version of what this code writes (additive changes within a major version).
-FORMAT_MINOR = 0
+#: 1.1 added `CheckpointMetadata.num_retained`.
+FORMAT_MINOR = 1
 
 _HEADER = struct.Struct(">4sHHQ")
 HEADER_SIZE = _HEADER.size
@@ -175,6 +176,8 @@ def _check_values(md: CheckpointMetadata, source: str) -> None:
 
     if md.checkpoint_id < 0:
         raise bad(f"negative checkpoint id {md.checkpoint_id}")
+    if md.num_retained is not None and md.num_retained < 1:
+        raise bad(f"num-retained {md.num_retained} (at least 1 is always retained)")
     for u in md.units:
         if u.ref_checkpoint_id is not None and not 0 <= u.ref_checkpoint_id < md.checkpoint_id:
             raise bad(f"unit {u.unit_id} refers to checkpoint {u.ref_checkpoint_id}")

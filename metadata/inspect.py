@@ -4,7 +4,8 @@ Each view is a pure function of the completed checkpoints (ascending by id) with
 (the `*_SCHEMA` constants, documented on each function); the CLI (`regional inspect`) and
 `metadata.spark` only render them. `Inspector` bundles a store and `num_retained`, pyiceberg
 style (`Inspector(store).checkpoints()`); `validate` lives in `metadata.validate` because it
-reads files.
+reads files. Which checkpoints are retained is decided by `metadata.retention`, the rule the
+coordinator and the cleaner use; by default with the `num-retained` the job recorded.
 
 "Owner" of a subtask's state in checkpoint Y: `ref_checkpoint_id` for a fallback subtask, else Y.
 
@@ -33,6 +34,7 @@ import pyarrow as pa
 
 from metadata.errors import MetadataError
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
+from metadata.retention import DEFAULT_NUM_RETAINED, NumRetained, recorded_num_retained, retain
 from metadata.store import CompletedCheckpointStore
 
 __all__ = [
@@ -60,9 +62,6 @@ __all__ = [
     "summary_table",
     "unit_ids",
 ]
-
-#: Flink's default `state.checkpoints.num-retained` is 1; we keep 3 (DESIGN §7 policy default).
-DEFAULT_NUM_RETAINED = 3
 
 _TS = pa.timestamp("ms", tz="UTC")
 _IDS = pa.list_(pa.int64())
@@ -191,11 +190,9 @@ def is_forced_global(md: CheckpointMetadata) -> bool:
 
 
 def retained_ids(checkpoints: Sequence[CheckpointMetadata], num_retained: int) -> frozenset[int]:
-    """The newest `num_retained` non-savepoint checkpoints plus every savepoint (user-owned),
-    the same rule as `cleaner.plan`."""
-    regular = sorted(c.checkpoint_id for c in checkpoints if c.kind != CheckpointKind.SAVEPOINT)
-    savepoints = {c.checkpoint_id for c in checkpoints if c.kind == CheckpointKind.SAVEPOINT}
-    return frozenset(regular[-num_retained:] if num_retained > 0 else ()) | savepoints
+    """The newest `num_retained` non-savepoint checkpoints plus every savepoint (user-owned):
+    `metadata.retention.retain(...).kept`."""
+    return retain(checkpoints, num_retained).kept
 
 
 def referenced_by(
@@ -212,7 +209,7 @@ def referenced_by(
 
 
 def checkpoints_table(
-    checkpoints: Sequence[CheckpointMetadata], *, num_retained: int = DEFAULT_NUM_RETAINED
+    checkpoints: Sequence[CheckpointMetadata], *, num_retained: int | None = None
 ) -> pa.Table:
     """History, newest first: one row per completed checkpoint.
 
@@ -221,10 +218,13 @@ def checkpoints_table(
     `num_subtasks`, `num_fallback_subtasks`; `oldest_ref_checkpoint_id` (null if nothing fell
     back); `state_bytes` (fresh and fallback state it needs); `retained` (among the newest
     `num_retained`, or a savepoint); `referenced_by` (retained checkpoints that refer to it);
-    `reasons` (why regional, why forced global).
+    `reasons` (why regional, why forced global). `num_retained` None: the value the newest
+    checkpoint recorded (`metadata.retention.recorded_num_retained`).
     """
-    retained = retained_ids(checkpoints, num_retained)
-    refs = referenced_by(checkpoints, retained)
+    if num_retained is None:
+        num_retained = recorded_num_retained(reversed(checkpoints)).value
+    kept = retain(checkpoints, num_retained)
+    retained, refs = kept.kept, kept.referenced_by
     rows = []
     for md in sorted(checkpoints, key=lambda c: c.checkpoint_id, reverse=True):
         rows.append(
@@ -443,19 +443,24 @@ class CheckpointNotFoundError(InspectorInputError):
 class Inspector:
     """The views over one job's completed checkpoints (`store`), pyiceberg style.
 
-    `num_retained` decides the `retained` column (the policy's `num-retained`).
+    `num_retained` decides the `retained` column; by default the `num-retained` recorded in the
+    job's newest checkpoint that records one, else `DEFAULT_NUM_RETAINED`. `num_retained_in_force`
+    says which value applies and where it came from.
     """
 
-    def __init__(
-        self, store: CompletedCheckpointStore, *, num_retained: int = DEFAULT_NUM_RETAINED
-    ) -> None:
-        if num_retained < 1:
+    def __init__(self, store: CompletedCheckpointStore, *, num_retained: int | None = None) -> None:
+        if num_retained is None:
+            in_force = recorded_num_retained(reversed(store.all()))
+        elif num_retained < 1:
             raise InspectorInputError(
                 f"num-retained must be at least 1 (got {num_retained}); the latest completed "
                 "checkpoint is always retained"
             )
+        else:
+            in_force = NumRetained(num_retained, "option", "given")
         self.store = store
-        self.num_retained = num_retained
+        self.num_retained_in_force = in_force
+        self.num_retained = in_force.value
 
     def _get(self, checkpoint_id: int) -> CheckpointMetadata:
         if checkpoint_id not in self.store:

@@ -119,7 +119,9 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
 
     Times are Unix epoch milliseconds (wall clock of the driver). `reasons` explain the kind
     (why regional, why forced global). `coordinators` maps an operator (vertex) id to its
-    operator-coordinator snapshot.
+    operator-coordinator snapshot. `num_retained` is the job's `num-retained` when the
+    checkpoint was taken, so that `regional clean` and `regional inspect` keep what the job
+    kept (None in metadata written before it was recorded, format 1.0).
     """
 
     checkpoint_id: int
@@ -134,6 +136,7 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     units: tuple[UnitState, ...] = ()
     coordinators: dict[str, bytes] = {}
     subtasks: tuple[SubtaskState, ...] = ()
+    num_retained: int | None = None
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:

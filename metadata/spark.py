@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from metadata.events import events_table, read_events
-from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
+from metadata.inspect import Inspector
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
@@ -41,11 +41,13 @@ def dataframes(
     root: str,
     job_id: str | None = None,
     *,
-    num_retained: int = DEFAULT_NUM_RETAINED,
+    num_retained: int | None = None,
     verify_checksums: bool = False,
 ) -> dict[str, DataFrame]:
     """Every argument-free view of the job under `root` (see `VIEW_NAMES`) as a DataFrame.
 
+    `num_retained` decides the `retained` column of `checkpoints`; None (the default) takes
+    the value the job recorded in its latest checkpoint, else 3 (`Inspector`).
     `validate` checks sizes only unless `verify_checksums` (reading every state file);
     `events` is the job's event log (`metadata.events`; files that do not decode are left out).
     """
@@ -63,7 +65,7 @@ def register_views(
     job_id: str | None = None,
     *,
     prefix: str = "regional_",
-    num_retained: int = DEFAULT_NUM_RETAINED,
+    num_retained: int | None = None,
 ) -> list[str]:
     """Register the views as temporary views `<prefix><name>`; returns their names."""
     names = []

@@ -115,8 +115,14 @@ GOOD = encode_metadata(FULL)
         (b"PK\x03\x04" + GOOD[4:], r"is not a regional .* \(bad magic b'PK\\x03\\x04'"),
         (GOOD[:-1] + bytes([GOOD[-1] ^ 1]), "fails its checksum"),
         (GOOD[:40] + bytes([GOOD[40] ^ 0x80]) + GOOD[41:], "fails its checksum"),
-        (_envelope(b"", major=2), "has format version 2.0, written by a newer regional.*upgrade"),
-        (_envelope(b"\x90", major=0), "has format version 0.0, which no regional release writes"),
+        (
+            _envelope(b"", major=2, minor=0),
+            "has format version 2.0, written by a newer regional.*upgrade",
+        ),
+        (
+            _envelope(b"\x90", major=0, minor=0),
+            "has format version 0.0, which no regional release writes",
+        ),
         (_envelope(b"\xc1"), r"does not decode \(.*\); the file is damaged"),
         (_envelope(b"\x80"), r"does not decode \(Object missing required field"),
     ],

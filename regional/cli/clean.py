@@ -1,15 +1,18 @@
-"""`regional clean ROOT [--job JOB] [--dry-run] [--json] [--num-retained N]
+"""`regional clean ROOT [--job JOB] [--dry-run] [--json] [--num-retained N] [--policy FILE]
 [--num-retained-events N]`: delete what no retained checkpoint needs, and old events.
 
 Plans with `cleaner.run.scan` and deletes with `cleaner.run.execute`; prints one row per
 checkpoint and per file with the action and its reason (`cleaner.views.retention_table`, plus
-a `status` column after a real run), then byte totals. `--dry-run` deletes nothing.
+a `status` column after a real run), then which `num-retained` applied and why, and byte
+totals. `--dry-run` deletes nothing. `num-retained` is the one the job recorded in its latest
+checkpoint unless `--num-retained` or `--policy` says otherwise (`regional.cli.retention`);
+with `--json` it is the first row (`row` = ``num-retained``).
 
 The CLI cannot see a running job's coordinator, so a checkpoint directory without `_metadata`
 that is newer than every completed checkpoint is kept as possibly in progress (reason
 `pending`); the runtime's cleaner, which knows the live set, deletes aborted ones. Exit codes:
 0 done, 1 something was refused (a metadata path outside the job root) or failed to delete,
-2 bad input (no such root or job, `--num-retained` below 1).
+2 bad input (no such root or job, `--num-retained` below 1, a bad `--policy` file).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from cleaner.plan import RetentionPlan
 from cleaner.run import CleanReport, DeletionStatus, execute, scan
 from cleaner.views import retention_table
 from metadata.events import DEFAULT_RETAINED_EVENTS
-from metadata.inspect import DEFAULT_NUM_RETAINED
+from metadata.retention import NumRetained
 from metadata.storage import JobStorage
+from regional.cli import retention
 from regional.cli.render import print_table
 
-__all__ = ["register", "totals_text"]
+__all__ = ["register", "retention_output", "totals_text"]
 
 
 def _at_least(least: int) -> Callable[[str], int]:
@@ -58,13 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--job", help="job id (needed when ROOT holds several)")
     p.add_argument("--dry-run", action="store_true", help="show the plan, delete nothing")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per row")
-    p.add_argument(
-        "--num-retained",
-        type=int,
-        metavar="N",
-        default=DEFAULT_NUM_RETAINED,
-        help=f"newest completed checkpoints to retain (default {DEFAULT_NUM_RETAINED})",
-    )
+    retention.add_arguments(p)
     p.add_argument(
         "--num-retained-events",
         type=_at_least(0),
@@ -108,10 +106,14 @@ def _with_status(table: pa.Table, report: CleanReport | None) -> pa.Table:
     return table.set_column(idx, table.schema.field(idx), pa.array(details, pa.string()))
 
 
-def totals_text(plan: RetentionPlan, report: CleanReport | None) -> str:
-    """The byte totals under the plan table: kept, deleted, and what file-level retention saves."""
+def totals_text(
+    plan: RetentionPlan, report: CleanReport | None, num_retained: NumRetained | None = None
+) -> str:
+    """The lines under the plan table: which `num-retained` applied and why (when given), the
+    retained checkpoints, kept and deleted bytes, and what file-level retention saves."""
     n_del = len(plan.deletions)
-    lines = [
+    lines = [] if num_retained is None else [retention.note(num_retained)]
+    lines += [
         f"retained checkpoints: {', '.join(map(str, plan.retained_ids)) or 'none'}",
         f"kept: {len(plan.files) - n_del} files, {plan.kept_bytes} bytes; "
         f"{'to delete' if report is None else 'planned for deletion'}: {n_del} files, "
@@ -134,20 +136,33 @@ def totals_text(plan: RetentionPlan, report: CleanReport | None) -> str:
     return "\n".join(lines)
 
 
+def retention_output(
+    plan: RetentionPlan, report: CleanReport | None, num_retained: NumRetained, *, as_json: bool
+) -> None:
+    """Print the plan (and the run's outcomes): as a table with the totals under it, or as JSON
+    rows led by the `num-retained` row."""
+    table = _with_status(retention_table(plan), report)
+    if as_json:
+        first = pa.Table.from_pylist([retention.retention_row(num_retained)], schema=table.schema)
+        table = pa.concat_tables([first, table])
+    print_table(table, as_json=as_json)
+    if not as_json:
+        print(totals_text(plan, report, num_retained))
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
     storage = JobStorage.open(args.root, args.job)
+    num_retained = retention.in_force(args, lambda: retention.recorded_in(storage))
     plan = scan(
         storage,
-        num_retained=args.num_retained,
+        num_retained=num_retained.value,
         live_unknown=True,
         num_retained_events=args.num_retained_events,
     )
     report = None
     if not args.dry_run:
         report = execute(plan, storage, max_workers=args.max_workers)
-    print_table(_with_status(retention_table(plan), report), as_json=args.json)
-    if not args.json:
-        print(totals_text(plan, report))
+    retention_output(plan, report, num_retained, as_json=args.json)
     failed = report is not None and not report.ok
     return 1 if plan.refused or failed else 0

@@ -3,10 +3,14 @@
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 `cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
 `validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
-event log). `--job` may be left out when ROOT holds one job. Exit codes: 0 fine, 1 `validate`
-found a problem (or storage failed), 2 bad usage (no such root, job or checkpoint). Checkpoints
-whose metadata does not decode are reported on stderr (and as rows by `validate`), and so are
-event files that do not.
+event log). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
+depend on `num-retained`: the one the job recorded in its latest checkpoint unless
+`--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
+says which applies and why (`--json` keeps the view's rows unchanged for `checkpoints`; the
+`retention` rows start with a `num-retained` row). Exit codes: 0 fine, 1 `validate` found a
+problem (or storage failed), 2 bad usage (no such root, job or checkpoint, `--num-retained` below
+1, a bad `--policy` file). Checkpoints whose metadata does not decode are reported on stderr (and
+as rows by `validate`), and so are event files that do not.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import sys
 import pyarrow as pa
 
 from cleaner.run import scan
-from cleaner.views import retention_table
 from metadata.events import events_table, read_events
-from metadata.inspect import DEFAULT_NUM_RETAINED, Inspector
+from metadata.inspect import Inspector
+from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
-from regional.cli.clean import totals_text
+from regional.cli import retention
+from regional.cli.clean import retention_output
 from regional.cli.render import print_table
 
 __all__ = ["register"]
@@ -53,13 +58,7 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS if suppress else False,
         help="print a JSON array with one object per row",
     )
-    p.add_argument(
-        "--num-retained",
-        type=int,
-        metavar="N",
-        default=argparse.SUPPRESS if suppress else DEFAULT_NUM_RETAINED,
-        help=f"how many newest checkpoints count as retained (default {DEFAULT_NUM_RETAINED})",
-    )
+    retention.add_arguments(p, suppress=suppress)
     return p
 
 
@@ -106,7 +105,12 @@ def inspect_command(args: argparse.Namespace) -> int:
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
-    inspector = Inspector(store, num_retained=args.num_retained)
+    num_retained = None
+    if args.view == "checkpoints":
+        num_retained = retention.in_force(
+            args, lambda: recorded_num_retained(reversed(store.all()))
+        )
+    inspector = Inspector(store, num_retained=None if num_retained is None else num_retained.value)
     table: pa.Table
     if args.view == "show":
         table = inspector.show(args.checkpoint_id)
@@ -115,15 +119,16 @@ def inspect_command(args: argparse.Namespace) -> int:
     else:
         table = getattr(inspector, args.view)()
     print_table(table, as_json=args.json)
+    if num_retained is not None and not args.json:
+        print(retention.note(num_retained))
     return 0
 
 
 def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
     """The cleaner's plan, without deleting anything (what `regional clean --dry-run` shows)."""
-    plan = scan(storage, num_retained=args.num_retained, live_unknown=True)
-    print_table(retention_table(plan), as_json=args.json)
-    if not args.json:
-        print(totals_text(plan, None))
+    num_retained = retention.in_force(args, lambda: retention.recorded_in(storage))
+    plan = scan(storage, num_retained=num_retained.value, live_unknown=True)
+    retention_output(plan, None, num_retained, as_json=args.json)
     return 1 if plan.refused else 0
 
 

@@ -22,13 +22,13 @@ is aborted or its metadata is durable. Cost per checkpoint is O(units); an ack i
 
 from __future__ import annotations
 
-from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
 from metadata.errors import RegionalError
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState, VertexInfo
+from metadata.retention import Retention
 from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
 from regional.coordinator.events import (
     INITIAL_STATE_ID,
@@ -119,9 +119,7 @@ class CheckpointCoordinator:
         self._final_checkpoint: int | None = None
         self._finished = False
         self._failed: str | None = None
-        self._retained: deque[int] = deque()
-        self._refs_of: dict[int, frozenset[int]] = {}
-        self._ref_count: Counter[int] = Counter()
+        self._retention = Retention(policy.checkpointing.num_retained)
         self.limits = Limits(self._region, policy.checkpointing.tolerable_failed_checkpoints)
         self.metrics = CoordinatorMetrics()
 
@@ -435,9 +433,8 @@ class CheckpointCoordinator:
             if self._owner[u] != cid
         }
         self.limits.consecutive_regional = int(metadata.kind is CheckpointKind.REGIONAL)
-        self._retained = deque([cid])
-        self._refs_of = {cid: metadata.referenced_checkpoint_ids - {INITIAL_STATE_ID}}
-        self._ref_count = Counter(self._refs_of[cid])
+        self._retention = Retention(self._policy.checkpointing.num_retained)
+        self._retention.add(cid, metadata.referenced_checkpoint_ids)
         for vertex_id, data in metadata.coordinators.items():
             if vertex_id in self._coordinators:
                 self._coordinators[vertex_id].restore(data)
@@ -600,6 +597,7 @@ class CheckpointCoordinator:
             units=tuple(units),
             coordinators=snapshots,
             subtasks=tuple(subtasks),
+            num_retained=self._policy.checkpointing.num_retained,
         )
         self._pending = None
         self._completing = _Completion(p, metadata, fallback, fallback_states)
@@ -712,26 +710,9 @@ class CheckpointCoordinator:
                 self._finished_sources -= self._source_units[unit_id]
 
     def _retain(self, checkpoint_id: int, refs: frozenset[int]) -> list[Decision]:
-        """Keep the newest `num-retained`; subsumed(id) for ids no retained one refers to."""
-        self._retained.append(checkpoint_id)
-        self._refs_of[checkpoint_id] = refs
-        self._ref_count.update(refs)
-        out: list[Decision] = []
-        while len(self._retained) > self._policy.checkpointing.num_retained:
-            old = self._retained.popleft()
-            candidates = [old]
-            for ref in self._refs_of.pop(old):
-                self._ref_count[ref] -= 1
-                if self._ref_count[ref] == 0:
-                    del self._ref_count[ref]
-                    candidates.append(ref)
-            retained = set(self._retained)
-            out += [
-                NotifySubsumed(c)
-                for c in sorted(candidates)
-                if c not in retained and c not in self._ref_count
-            ]
-        return out
+        """Keep the newest `num-retained`; subsumed(id) for ids no retained one refers to
+        (`metadata.retention`, the rule the cleaner and the inspector use too)."""
+        return [NotifySubsumed(c) for c in self._retention.add(checkpoint_id, refs)]
 
 
 def _discard(
