@@ -57,7 +57,7 @@ from metadata.errors import StorageError
 from metadata.layout import LEASE_DIR
 from metadata.storage import JobStorage
 
-__all__ = ["JobLease", "LeaseHeldError", "LeaseLostError", "LeaseRecord"]
+__all__ = ["JobLease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ensure_free"]
 
 _NAME = re.compile(r"^_lease/(\d{15})-([A-Za-z0-9_.-]+)-(\d{9})\.json$")
 
@@ -88,6 +88,15 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def ensure_free(storage: JobStorage, *, clock: Callable[[], int]) -> None:
+    """Raise `LeaseHeldError` if a driver holds `storage`'s job root now (a cheap check before
+    starting anything heavy; `JobLease.acquire` still decides)."""
+    probe = JobLease(storage, "probe", ttl_ms=1, clock=clock)
+    holder = probe._first_holder(probe._current())
+    if holder is not None:
+        raise probe._held_by(holder)
 
 
 class JobLease:
@@ -162,7 +171,15 @@ class JobLease:
         with self._lock:
             self.check()
             assert self._record is not None
-            holder = self._first_holder(self._current())
+            records = self._current()
+            holder = self._first_holder(records)
+            # a run that acquired after our lease had expired (by its clock) took over
+            later = [
+                r
+                for _, r in records
+                if r.run_id != self.run_id and r.acquired_ms >= self._record.expires_ms
+            ]
+            holder = later[0] if later else holder
             if holder is not None and holder.run_id != self.run_id:
                 self._record = None
                 self._lost_why = f"driver {holder.run_id} (host {holder.host}) holds it now"

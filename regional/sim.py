@@ -343,6 +343,7 @@ class Simulation:
         self.dispatcher = _SimDispatcher(self)
         self.step = 0
         self._since_durable = [0] * num_units
+        self.result = SimResult([], [], [], [], [])
 
     # --- what the dispatcher and the driver report ------------------------------------------
 
@@ -373,8 +374,8 @@ class Simulation:
 
     # --- the run ----------------------------------------------------------------------------
 
-    def _driver(self) -> JobDriver:
-        """A new driver process on the same checkpoint root and table."""
+    def new_driver(self) -> JobDriver:
+        """A new driver process on the same checkpoint root and table (not started)."""
         driver = JobDriver(
             self.pipeline,
             self.dispatcher,
@@ -398,7 +399,7 @@ class Simulation:
         while r.triggered < max_checkpoints and r.failed is None:
             try:
                 if driver is None:
-                    driver = self._driver()
+                    driver = self.new_driver()
                     driver.start()
                 if driver.finished:
                     break

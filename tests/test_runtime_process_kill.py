@@ -60,3 +60,60 @@ def test_driver_killed_after_metadata_resumes_exactly_once(tmp_path):
     rows = read_table(root + "-table")
     got = sorted(zip(rows.column("s").to_pylist(), rows.column("n").to_pylist(), strict=True))
     assert got == [(s, n) for s in range(4) for n in range(20)]
+
+
+SLOW = textwrap.dedent(
+    """
+    import os
+    import time
+    from regional import GeneratorSource, ParquetSink, Pipeline
+
+    def held(record):  # with HOLD set, the third epoch never ends (until the unit timeout)
+        if os.environ.get("HOLD") and record["n"] >= 10:
+            time.sleep(600)
+        return record
+
+    pipeline = Pipeline("leased", records_per_epoch=5)
+    src = pipeline.source(
+        GeneratorSource(4, lambda s, n: {"s": s, "n": n}, records_per_split=30), parallelism=4
+    )
+    src.map(held).sink(ParquetSink(os.environ["REGIONAL_CHECKPOINT_DIR"] + "-table"))
+    """
+)
+
+
+def test_a_second_driver_is_refused_then_takes_over_once_the_first_is_killed(tmp_path):
+    file = tmp_path / "job.py"
+    file.write_text(SLOW)
+    root = str(tmp_path / "ckpt")
+    cmd = [sys.executable, "-m", "regional.cli", "run", str(file), "--master", "local[2]"]
+    first = subprocess.Popen(
+        [*cmd, "--checkpoint-dir", root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "HOLD": "1"},
+    )
+    try:
+        assert first.stdout is not None
+        seen = []
+        for line in first.stdout:  # the first driver holds the lease once it checkpoints
+            seen.append(line)
+            if line.startswith("checkpoint"):
+                break
+        assert any(line.startswith("checkpoint") for line in seen), seen
+        second = _run(file, root)
+        assert second.returncode == 1
+        [message] = second.stderr.strip().splitlines()
+        assert message.startswith(f"regional run: job root {root}/leased is in use by driver ")
+        assert f"pid {first.pid})" in message
+        assert "starting Spark" not in second.stdout  # refused before Spark starts
+    finally:
+        first.kill()
+        first.wait()
+    resumed = _run(file, root)  # the killed driver's lease is taken over at once
+    assert resumed.returncode == 0, resumed.stderr
+    assert "restored from checkpoint" in resumed.stdout and "job finished" in resumed.stdout
+    rows = read_table(root + "-table")
+    got = sorted(zip(rows.column("s").to_pylist(), rows.column("n").to_pylist(), strict=True))
+    assert got == [(s, n) for s in range(4) for n in range(30)]

@@ -22,6 +22,7 @@ import runpy
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,14 +134,17 @@ def run_pipeline(args: argparse.Namespace) -> int:
             f"{args.file} defines no module-level `pipeline` (a regional.Pipeline); "
             "assign one, e.g. `pipeline = Pipeline('clicks')`"
         )
+    from metadata.lease import ensure_free
     from metadata.storage import JobStorage
     from regional.restore import open_restore_source
     from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
 
+    storage = JobStorage(root, args.job_id or pipeline.name)
+    ensure_free(storage, clock=lambda: int(time.time() * 1000))  # before Spark starts
     if args.restore_from:  # bad restore input fails before Spark starts
-        open_restore_source(JobStorage(root, args.job_id or pipeline.name), args.restore_from)
+        open_restore_source(storage, args.restore_from)
 
     log_file = None if args.verbose else f"{root.rstrip('/')}-spark.log"
     if log_file and "://" in root:

@@ -1,0 +1,173 @@
+"""One driver per job root: the lease refuses a second driver, lets a driver take over after
+the holder's lease expired, and makes a driver that lost it stop before it writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from metadata.lease import JobLease, LeaseHeldError, LeaseLostError, LeaseRecord, ensure_free
+from metadata.storage import JobStorage
+from regional.policy import Policy
+from regional.sim import Simulation
+
+TTL = 60_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _lease(storage: JobStorage, run: str, clock: Clock, **kw: object) -> JobLease:
+    return JobLease(storage, run, ttl_ms=TTL, clock=clock, **kw)  # type: ignore[arg-type]
+
+
+def test_a_second_driver_is_refused_with_the_holder_named(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    _lease(storage, "run-a", clock, host="host-a", pid=4242).acquire()
+    with pytest.raises(LeaseHeldError) as refused:
+        _lease(storage, "run-b", clock, host="host-b").acquire()
+    assert str(refused.value) == (
+        f"job root {tmp_path}/job is in use by driver run-a (host host-a, pid 4242); its lease "
+        "expires in 60 s unless renewed. Stop that driver, or wait until its lease expires (a "
+        "driver that died stops renewing) and start again; use another --job-id or "
+        "--checkpoint-dir to run a second copy of the job"
+    )
+    with pytest.raises(LeaseHeldError):
+        ensure_free(storage, clock=clock)
+    assert [p.split("-")[1] for p in storage.list_dir("_lease")] == ["run"]  # b wrote nothing
+
+
+def test_after_the_holder_stops_renewing_another_driver_takes_over_and_the_first_stops(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    a = _lease(storage, "run-a", clock, host="host-a")
+    a.acquire()
+    clock.now += TTL // 2
+    a.renew()  # renewed: still a's for a whole TTL from now
+    clock.now += TTL - 1
+    with pytest.raises(LeaseHeldError):
+        _lease(storage, "run-b", clock, host="host-b").acquire()
+    clock.now += 2  # a's renewal expired
+    b = _lease(storage, "run-b", clock, host="host-b")
+    b.acquire()
+    with pytest.raises(LeaseLostError, match=r"lost the lease .*: it expired; it stops without"):
+        a.check()
+    with pytest.raises(LeaseLostError):
+        a.renew()
+    b.check()
+
+
+def test_a_holder_that_renewed_late_learns_another_driver_holds_it(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    a = _lease(storage, "run-a", clock, host="host-a")
+    a.acquire()
+    clock.now += TTL + 1
+    _lease(storage, "run-b", clock, host="host-b").acquire()
+    clock.now -= TTL  # a's clock says its lease is still valid (skew): the records decide
+    with pytest.raises(LeaseLostError, match=r"driver run-b \(host host-b\) holds it now"):
+        a.renew()
+
+
+def test_of_two_drivers_racing_the_first_to_acquire_keeps_it(tmp_path, monkeypatch):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    a = _lease(storage, "run-a", clock, host="host-a")
+    b = _lease(storage, "run-b", clock, host="host-b")
+    write = JobLease._write
+
+    def b_writes_first(self: JobLease, record: LeaseRecord) -> None:
+        if self is a:  # between a's check and a's write, b acquires with an earlier time
+            clock.now -= 1
+            monkeypatch.setattr(JobLease, "_write", write)
+            b.acquire()
+            clock.now += 1
+        write(self, record)
+
+    monkeypatch.setattr(JobLease, "_write", b_writes_first)
+    with pytest.raises(LeaseHeldError, match="in use by driver run-b"):
+        a.acquire()
+    assert all("run-b" in p for p in storage.list_dir("_lease"))  # a withdrew its record
+    b.check()
+
+
+def test_the_lease_of_a_dead_driver_on_this_host_is_taken_over_at_once(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    _lease(storage, "run-a", clock, pid=int(dead.stdout)).acquire()
+    b = _lease(storage, "run-b", clock)
+    b.acquire()
+    assert b.held
+
+
+def test_renewals_replace_records_and_release_leaves_nothing(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    a = _lease(storage, "run-a", clock)
+    a.acquire()
+    for _ in range(3):
+        clock.now += TTL // 3
+        a.renew()
+    [record] = storage.list_dir("_lease")
+    assert record.endswith("-run-a-000000004.json")
+    data = storage.read_file(record)
+    assert data is not None
+    assert msgspec.json.decode(data, type=LeaseRecord).expires_ms == clock.now + TTL
+    storage.write_new_file("_lease/notes.txt", b"not a lease")  # ignored, never deleted
+    a.release()
+    assert storage.list_dir("_lease") == ["_lease/notes.txt"] and not a.held
+    storage.delete_file("_lease/notes.txt")
+    assert not os.path.exists(tmp_path / "job" / "_lease")
+
+
+# --- the driver -------------------------------------------------------------------------------
+
+
+def test_a_second_driver_on_the_root_is_refused_until_the_first_run_returns():
+    sim = Simulation(4, Policy())
+    first, second = sim.new_driver(), sim.new_driver()
+    first.start()
+    with pytest.raises(LeaseHeldError, match=f"in use by driver {first.run_id}"):
+        second.start()
+    summary = first.run()  # releases the lease when it returns
+    assert summary.finished
+    second.start()
+
+
+def test_a_driver_that_lost_its_lease_mid_epoch_writes_no_metadata_and_the_new_one_is_exact():
+    sim = Simulation(4, Policy(), bounded=True)
+    old = sim.new_driver()
+    old.run(max_checkpoints=2)
+    old.start()
+    taken_over = []
+    run = sim.dispatcher.run
+
+    def slow_epoch(works, deadline_ms, *, isolated=False):  # the old driver stalls too long
+        answers = run(works, deadline_ms, isolated=isolated)
+        sim.clock.now += round(3 * sim.policy.checkpointing.timeout * 1000)
+        new = sim.new_driver()
+        new.start()
+        taken_over.append(new)
+        return answers
+
+    sim.dispatcher.run = slow_epoch  # type: ignore[method-assign]
+    before = sim.storage.list_checkpoint_ids()
+    with pytest.raises(LeaseLostError, match=f"driver {old.run_id} lost the lease"):
+        old.epoch()
+    assert sim.storage.list_checkpoint_ids() == before  # checkpoint 3 was never written
+    sim.dispatcher.run = run  # type: ignore[method-assign]
+    [new] = taken_over
+    assert new.run().finished
+    assert sorted(sim.sink.rows()) == sorted(
+        (s, n) for s in sim.source.splits for n in range(sim.source.records_per_split)
+    )
