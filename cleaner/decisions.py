@@ -79,6 +79,7 @@ class Reason(enum.StrEnum):
     ORPHAN = "orphan"  # left by a crash or interrupted clean; unreferenced shared file
     EVENT_LOG = "event-log"  # one of the newest files of the event log (`events/`)
     EXPIRED_EVENT = "expired-event"  # an event file older than the newest N
+    LEASE = "lease"  # the driver's lease of the job root (`_lease/`, `metadata.lease`)
 
 
 class PendingCheckpoint(msgspec.Struct, frozen=True):

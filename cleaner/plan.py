@@ -16,7 +16,8 @@ Rules, in the order they apply to a file (the first that matches decides):
 2. A file named by a pending checkpoint, or under its directory, is kept.
 3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. The
    event log (`events/<id>-<ms>.json`, `metadata.events`) keeps its newest
-   `num_retained_events` files; older ones are deleted as `expired-event`. Any other path
+   `num_retained_events` files; older ones are deleted as `expired-event`. `_lease/` records
+   are the driver's (`lease`, kept; a driver replaces a stale one). Any other path
    outside `chk-<id>/` is kept and reported as `unknown` (delete it by hand).
 4. Everything under a checkpoint with damaged metadata is kept for inspection (never deleted
    automatically, DESIGN §8).
@@ -93,6 +94,7 @@ from metadata.errors import StorageError
 from metadata.events import DEFAULT_RETAINED_EVENTS
 from metadata.layout import (
     EVENTS_DIR,
+    LEASE_DIR,
     METADATA_NAME,
     SAVEPOINTS_DIR,
     SHARED_DIR,
@@ -505,6 +507,9 @@ class _Rules:
         if cid is None:
             if top == SAVEPOINTS_DIR:
                 return Reason.SAVEPOINT, "savepoint: user-owned, never deleted", None, ()
+            if top == LEASE_DIR:
+                detail = "the driver's lease of the job root: its driver deletes it"
+                return Reason.LEASE, detail, None, ()
             if top == SHARED_DIR:
                 return Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2, ()
             if kind == "expired-event":

@@ -171,3 +171,13 @@ def test_a_driver_that_lost_its_lease_mid_epoch_writes_no_metadata_and_the_new_o
     assert sorted(sim.sink.rows()) == sorted(
         (s, n) for s in sim.source.splits for n in range(sim.source.records_per_split)
     )
+
+
+def test_the_cleaner_keeps_a_lease_record_and_says_why(tmp_path):
+    from cleaner.decisions import Action, Reason
+    from cleaner.run import scan
+
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    _lease(storage, "run-a", clock).acquire()
+    [record] = scan(storage, num_retained=3).files
+    assert (record.action, record.reason) == (Action.KEEP, Reason.LEASE)
