@@ -264,6 +264,20 @@ def plan_retention(
     rule = retain(checkpoints, num_retained)
     savepoint_ids = set(rule.savepoints)
     retained = set(rule.retained)
+    listed = sorted(files, key=attrgetter("path"))
+    # a restore falls back to the newest checkpoint whose files are all there: never delete it
+    # because newer ones are damaged (a missing or truncated state file)
+    sizes = {f.path: f.size for f in listed}
+    restorable = next(
+        (
+            md.checkpoint_id
+            for md in reversed(checkpoints)
+            if all(sizes.get(h.path) == h.size for st in md.subtasks for h in st.handles)
+        ),
+        None,
+    )
+    if restorable is not None:
+        retained.add(restorable)
     kept_ids = (
         retained
         | savepoint_ids
@@ -271,7 +285,6 @@ def plan_retention(
     )
     newest_completed = max(by_id, default=-1)
 
-    listed = sorted(files, key=attrgetter("path"))
     listed_paths = {f.path for f in listed}
     events = [
         f.path

@@ -561,12 +561,14 @@ class JobStorage:
             skipped.extend(problems)
         return RestoreSearch(None, tuple(skipped))
 
-    def find_latest_restorable(self, *, warn: bool = True) -> CheckpointMetadata | None:
+    def find_latest_restorable(
+        self, *, warn: bool = True, verify_checksums: bool = False
+    ) -> CheckpointMetadata | None:
         """The newest restorable checkpoint (see `find_restorable`), or None.
 
         Skipping a newer checkpoint is loud: one `logging.warning` per problem when `warn`.
         """
-        search = self.find_restorable()
+        search = self.find_restorable(verify_checksums=verify_checksums)
         if warn:
             chosen = search.metadata.checkpoint_id if search.metadata else None
             for p in search.skipped:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import msgspec
 
 from cleaner.decisions import RestoreBase
-from metadata.layout import checkpoint_id_of, state_file_path
+from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
@@ -39,6 +39,7 @@ from regional.state import OperatorState
 __all__ = [
     "RestorePoint",
     "find_restore_point",
+    "first_free_checkpoint_id",
     "open_restore_source",
     "rewrite_for_pipeline",
     "vertex_shapes",
@@ -72,21 +73,34 @@ def find_restore_point(
     resume_mode: str,
     allow_dropped_state: bool = False,
     run_id: str | None = None,
+    allow_fresh_start: bool = False,
 ) -> RestorePoint | None:
     """Where the job in `storage` starts: `restore_from` (a checkpoint or savepoint, restored
     into this empty job root in `mode`), else the root's latest restorable checkpoint (resumed
-    in `resume_mode`, the policy's), else None (a fresh start). Rewritten state files carry
-    the driver's `run_id`."""
+    in `resume_mode`, the policy's; its state checksums are verified first), else None (a
+    fresh start). A root whose checkpoints are all damaged is refused (`RestoreError`) unless
+    `allow_fresh_start`. Rewritten state files carry the driver's `run_id`."""
     if mode not in ("claim", "no-claim"):
         raise RestoreError(f"restore mode {mode!r}: use claim or no-claim")
     if restore_from is not None:
         return _restore_given(
             storage, pipeline, layout, restore_from, mode, allow_dropped_state, run_id
         )
-    md = storage.find_latest_restorable()
+    md = storage.find_latest_restorable(verify_checksums=True)
     if md is None:
+        damaged = [
+            f.path for f in storage.list_files() if f.path.endswith(f"/{METADATA_NAME}")
+        ]
+        if damaged and not allow_fresh_start:
+            raise RestoreError(
+                f"job root {storage.describe('')} holds checkpoints, but none can be restored "
+                f"({', '.join(damaged[-3:])}: see the warnings above, or `regional inspect ROOT "
+                "validate`); starting fresh would re-process everything into the sinks. Repair "
+                "or restore the damaged files, or start over on purpose with "
+                "--allow-fresh-start (new checkpoint ids continue after the damaged ones)"
+            )
         return None
-    next_id = _next_free_id(storage)
+    next_id = first_free_checkpoint_id(storage)
     where = storage.describe(f"chk-{md.checkpoint_id}")
     base = RestoreBase(md.checkpoint_id, "no-claim") if resume_mode == "no-claim" else None
     if set(md.vertices) == set(layout.vertices):
@@ -131,7 +145,7 @@ def _restore_given(
     source = open_restore_source(storage, path)
     md = source.metadata
     cid = md.checkpoint_id
-    next_id = max(cid + 1, _next_free_id(storage))
+    next_id = max(cid + 1, first_free_checkpoint_id(storage))
     claim = mode == "claim"
     restored, plan = rewrite_for_pipeline(
         source.storage,
@@ -150,7 +164,7 @@ def _restore_given(
     return RestorePoint(cid, restored, mode, next_id, source.location, notes=notes)
 
 
-def _next_free_id(storage: JobStorage) -> int:
+def first_free_checkpoint_id(storage: JobStorage) -> int:
     """The first checkpoint id no file under the job root uses (ids of checkpoints in flight
     at a crash are never reused)."""
     used = [c for f in storage.list_files() if (c := checkpoint_id_of(f.path)) is not None]

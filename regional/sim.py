@@ -418,6 +418,8 @@ class Simulation:
                 self.clock.sleep(self._lease_ttl)
             except JobFailedError as exc:
                 r.failed = str(exc)
+        if driver is not None:
+            driver.lease.release()  # a clean stop: the next driver may start at once
         r.finished = driver is not None and driver.finished
         r.committed_rows = self.sink.rows()
         r.commit_log = list(self.sink.log)

@@ -402,3 +402,24 @@ def test_keep_details_name_each_files_own_checkpoint() -> None:
         ("chk-3/u0-a0.state", "file of kept checkpoint 3, also referenced by 5"),
         ("chk-5/u1-a0.state", "file of kept checkpoint 5, also referenced by 3"),
     ]
+
+
+def test_the_newest_restorable_checkpoint_is_kept_when_a_newer_one_lost_a_state_file() -> None:
+    st = Store()
+    st.checkpoint(1, {0: None, 1: None})
+    st.checkpoint(2, {0: None, 1: None})
+    st.checkpoint(3, {0: None, 1: None})
+    del st.files["chk-3/u1-a0.state"]  # checkpoint 3 cannot be restored any more
+    plan = st.plan(num_retained=1)
+    assert kept(plan) == {
+        "chk-2/_metadata": ("retained", (2,)),
+        "chk-2/u0-a0.state": ("retained", (2,)),
+        "chk-2/u1-a0.state": ("retained", (2,)),
+        "chk-3/_metadata": ("retained", (3,)),
+        "chk-3/u0-a0.state": ("retained", (3,)),
+    }
+    assert deleted(plan) == [
+        ("chk-1/_metadata", "subsumed"),
+        ("chk-1/u0-a0.state", "subsumed"),
+        ("chk-1/u1-a0.state", "subsumed"),
+    ]

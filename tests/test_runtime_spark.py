@@ -256,3 +256,25 @@ def test_stalled_unit_is_cancelled_at_the_deadline_and_finished_tasks_still_coun
     assert (second.kind, second.fallback_units) == ("regional", (2,))
     assert second.causes[2].startswith("timeout: no answer after")
     assert _rows(table) == _expected()
+
+
+def test_a_bit_flip_in_the_newest_state_restores_the_previous_checkpoint_exactly(spark, tmp_path):
+    table = str(tmp_path / "table")
+    root = str(tmp_path / "ckpt")
+    policy = _policy(timeout="20 s")
+    SparkRuntime(_pipeline(table), spark, root=root, policy=policy).run(max_checkpoints=2)
+    storage = JobStorage(root, "job")
+    newest = storage.read_metadata(2)
+    [handle, *_] = [h for s in newest.subtasks for h in s.handles]
+    full = f"{storage.job_path}/{handle.path}"
+    with open(full, "r+b") as f:  # same size, other bytes: only the checksum can tell
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0x01]))
+    resumed = SparkRuntime(_pipeline(table), spark, root=root, policy=policy)
+    summary = resumed.run()
+    assert summary.restored_from == 1  # validate and restore agree: 2 is damaged
+    assert summary.restore_notes[-1].endswith(
+        "newer than the restored checkpoint 1: rolled back, their output is written again"
+    )
+    assert summary.finished and _rows(table) == _expected()

@@ -87,6 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a changed max parallelism); that state is dropped",
     )
     parser.add_argument(
+        "--allow-fresh-start",
+        action="store_true",
+        help="start from nothing when the job root holds checkpoints but none can be restored "
+        "(their output may be written to the sinks again); refused without it",
+    )
+    parser.add_argument(
         "--stop-with-savepoint",
         action="store_true",
         help="end with a savepoint under <job root>/savepoints/: after --max-checkpoints, or on "
@@ -175,6 +181,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         restore_from=args.restore_from,
         restore_mode=args.mode,
         allow_dropped_state=args.allow_dropped_state,
+        allow_fresh_start=args.allow_fresh_start,
     )
     stop = _on_stop_signals(runtime.request_stop) if args.stop_with_savepoint else {}
     try:

@@ -709,6 +709,13 @@ class CheckpointCoordinator:
             for unit_id in units:
                 self._finished_sources -= self._source_units[unit_id]
 
+    def skip_to(self, next_checkpoint_id: int) -> None:
+        """Number checkpoints from `next_checkpoint_id` on (a fresh start in a job root whose
+        ids up to it are taken, e.g. by damaged checkpoints): ids are never reused."""
+        if self._latest_id is not None or self._pending or self._completing:
+            raise CoordinatorStateError("skip ids only before the first checkpoint")
+        self._next_id = max(self._next_id, next_checkpoint_id)
+
     def _retain(self, checkpoint_id: int, refs: frozenset[int]) -> list[Decision]:
         """Keep the newest `num-retained`; subsumed(id) for ids no retained one refers to
         (`metadata.retention`, the rule the cleaner and the inspector use too)."""

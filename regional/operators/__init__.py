@@ -3,7 +3,12 @@ commit coordinator with its `TableCommitter` protocol, and an in-memory referenc
 
 from __future__ import annotations
 
-from regional.operators.commit import CommitCoordinator, TableCommitter, perform_commit
+from regional.operators.commit import (
+    CommitCoordinator,
+    TableCommitter,
+    TableRollback,
+    perform_commit,
+)
 from regional.operators.memory_sink import InMemoryTableSink
 from regional.operators.protocol import FallbackUnsupportedError, OperatorCoordinator
 from regional.operators.split_enumerator import SplitEnumerator
@@ -15,5 +20,6 @@ __all__ = [
     "OperatorCoordinator",
     "SplitEnumerator",
     "TableCommitter",
+    "TableRollback",
     "perform_commit",
 ]

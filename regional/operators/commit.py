@@ -31,7 +31,7 @@ from metadata.model import SubtaskState
 from regional.coordinator.events import Commit
 from regional.errors import CommitError
 
-__all__ = ["CommitCoordinator", "TableCommitter", "perform_commit"]
+__all__ = ["CommitCoordinator", "TableCommitter", "TableRollback", "perform_commit"]
 
 
 @runtime_checkable
@@ -56,6 +56,14 @@ class TableCommitter(Protocol):
     def committed_identifiers(self, commit_user: str) -> frozenset[int]: ...
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]: ...
+
+
+@runtime_checkable
+class TableRollback(Protocol):
+    """A table that can undo a commit user's commits after an identifier (a restore from a
+    checkpoint older than the table's latest commit, when newer checkpoints are damaged)."""
+
+    def rollback(self, commit_user: str, identifier: int) -> list[int]: ...
 
 
 def perform_commit(commit: Commit, table: TableCommitter) -> bool:

@@ -73,6 +73,14 @@ class InMemoryTableSink:
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         return [c.decode() for c in committables if c.decode() not in self.files]
 
+    def rollback(self, commit_user: str, identifier: int) -> list[int]:
+        """Undo `commit_user`'s commits after `identifier`; returns the identifiers undone."""
+        undone = [i for u, i, _ in self.log if u == commit_user and i > identifier]
+        self.log = [e for e in self.log if not (e[0] == commit_user and e[1] > identifier)]
+        kept = [i for u, i, _ in self.log if u == commit_user]
+        self._latest[commit_user] = max(kept, default=0)
+        return undone
+
     def rows(self) -> list[Any]:
         """Every committed row, in commit order."""
         return [row for _, _, paths in self.log for p in paths for row in self.files[p]]

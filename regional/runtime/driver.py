@@ -61,10 +61,15 @@ from regional.errors import (
     RegionalError,
     RestoreError,
 )
-from regional.operators import CommitCoordinator, SplitEnumerator, perform_commit
+from regional.operators import (
+    CommitCoordinator,
+    SplitEnumerator,
+    TableRollback,
+    perform_commit,
+)
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import find_restore_point
+from regional.restore import find_restore_point, first_free_checkpoint_id
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
@@ -173,6 +178,7 @@ class JobDriver:
         observe: Callable[[Decision | TriggerCheckpoint], None] | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         run_id: str | None = None,
+        allow_fresh_start: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.dispatcher = dispatcher
@@ -188,6 +194,7 @@ class JobDriver:
         if self.restore_mode not in ("claim", "no-claim"):
             raise RestoreError(f"restore mode {self.restore_mode!r}: use claim or no-claim")
         self.allow_dropped_state = allow_dropped_state
+        self.allow_fresh_start = allow_fresh_start
         self._observe = observe
         graph = pipeline.job_graph()
         self.plan = pipeline.regions()
@@ -321,13 +328,25 @@ class JobDriver:
 
     def start(self) -> bool:
         """Take the job root's lease, prepare the dispatcher's workers, and restore the first
-        time (then returns True). Raises `LeaseHeldError` while another driver runs the job."""
+        time (then returns True). Raises `LeaseHeldError` while another driver runs the job;
+        gives the lease back when anything else here fails."""
         self.lease.acquire()
-        if isinstance(self.clock, SystemClock):
-            self.lease.keep_renewed()  # epochs may outlast the TTL
-        self.dispatcher.start()
-        if self._started:
+        try:
+            if isinstance(self.clock, SystemClock):
+                self.lease.keep_renewed()  # epochs may outlast the TTL
+            self.dispatcher.start()
+            if not self._started:
+                self._restore()
+                self._started = True
+                return True
             return False
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _restore(self) -> None:
+        """Restore where `find_restore_point` says, or number checkpoints after any ids the
+        root already uses."""
         point = find_restore_point(
             self.storage,
             self.pipeline,
@@ -337,22 +356,54 @@ class JobDriver:
             resume_mode=self.policy.restore.mode,
             allow_dropped_state=self.allow_dropped_state,
             run_id=self.run_id,
+            allow_fresh_start=self.allow_fresh_start,
         )
-        if point is not None:
-            decisions = self.coordinator.restore(
-                point.metadata,
-                mode=point.mode,
-                next_checkpoint_id=point.next_checkpoint_id,
-                global_until_success=point.global_until_success,
+        if point is None:
+            self.coordinator.skip_to(first_free_checkpoint_id(self.storage))
+            return
+        decisions = self.coordinator.restore(
+            point.metadata,
+            mode=point.mode,
+            next_checkpoint_id=point.next_checkpoint_id,
+            global_until_success=point.global_until_success,
+        )
+        self._restore_base = point.restore_base
+        self.restored_from = point.checkpoint_id
+        self.restored_location = point.location
+        self.restore_notes = point.notes + self._roll_back_sinks(point.metadata.checkpoint_id)
+        self._carry_out(decisions)
+        self._check_sources_finished()
+
+    def _roll_back_sinks(self, restored_id: int) -> tuple[str, ...]:
+        """Sinks holding commits newer than the restored checkpoint (its newer checkpoints were
+        damaged): their output would be written twice. A resume in this job root rolls such a
+        sink back (`TableRollback`); otherwise the restore is refused."""
+        notes = []
+        for vertex_id, committer in self.committers.items():
+            sink = self.pipeline.vertices[vertex_id].sink
+            user = committer.commit_user
+            ahead = sorted(i for i in sink.committed_identifiers(user) if i > restored_id)
+            if not ahead:
+                continue
+            what = (
+                f"sink {vertex_id!r} holds commits {_ids(ahead)} of commit user {user!r}, "
+                f"newer than the restored checkpoint {restored_id}"
             )
-            self._restore_base = point.restore_base
-            self.restored_from = point.checkpoint_id
-            self.restored_location = point.location
-            self.restore_notes = point.notes
-            self._carry_out(decisions)
-            self._check_sources_finished()
-        self._started = True
-        return True
+            if self.restore_from is not None or not isinstance(sink, TableRollback):
+                how = (
+                    "the sink cannot roll back"
+                    if self.restore_from is None
+                    else "they may belong to another run of the job"
+                )
+                raise RestoreError(
+                    f"{what}; restoring would write their output again and {how}. Restore a "
+                    f"checkpoint at or after {ahead[-1]}, or remove those commits from the "
+                    "table by hand and start again"
+                )
+            sink.rollback(user, restored_id)
+            log.warning("%s: rolled back (their output is written again)", what)
+            notes.append(f"{what}: rolled back, their output is written again")
+        return tuple(notes)
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
         """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
@@ -630,3 +681,10 @@ class JobDriver:
             self.faults.crash_point(latest, "mid-clean")
 
         execute(plan, self.storage, progress=progress, max_workers=1)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    """`3`, `3, 4` or `3..9` for messages."""
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids))

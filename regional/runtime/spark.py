@@ -183,7 +183,8 @@ class SparkRuntime(JobDriver):
     its own (`chk-<id>/`, cleaned like any other); ``no-claim`` only stages it there for the
     first checkpoint, which must be global. The source is never modified either way.
     `allow_dropped_state` lets a restore leave behind state the pipeline cannot take (a
-    vertex it no longer has, a changed max parallelism) instead of failing.
+    vertex it no longer has, a changed max parallelism) instead of failing;
+    `allow_fresh_start` starts from nothing in a job root whose checkpoints are all damaged.
     """
 
     def __init__(
@@ -201,6 +202,7 @@ class SparkRuntime(JobDriver):
         restore_from: str | None = None,
         restore_mode: str | None = None,
         allow_dropped_state: bool = False,
+        allow_fresh_start: bool = False,
     ) -> None:
         policy = policy or Policy()
         faults = faults or Faults()
@@ -232,6 +234,7 @@ class SparkRuntime(JobDriver):
             restore_mode=restore_mode,
             allow_dropped_state=allow_dropped_state,
             run_id=run_id,
+            allow_fresh_start=allow_fresh_start,
         )
         self.spark = spark
         self.root = root

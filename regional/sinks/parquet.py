@@ -205,3 +205,14 @@ class ParquetSink:
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
+
+    def rollback(self, commit_user: str, identifier: int) -> list[int]:
+        """Undo `commit_user`'s commits after `identifier` (newest first, so a crash leaves the
+        log a prefix of itself); returns the identifiers undone. Their rows leave the table;
+        their data files stay, unreferenced. `regional.operators.TableRollback`."""
+        fs, base = _open(self.path)
+        undone = sorted(i for i in self.committed_identifiers(commit_user) if i > identifier)
+        for i in reversed(undone):
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(self._record_path(base, commit_user, i))
+        return undone
