@@ -16,10 +16,12 @@ A run's newest record says until when it holds the lease (`expires_ms`). To acqu
 lists `_lease/`; if another run's newest record has not expired it is refused; otherwise it
 writes its own first record and lists again: of the runs with unexpired records, the one that
 acquired first (by name: acquisition time, then run id) holds the lease, and a later one
-withdraws. A driver whose own lease expired has lost it, even if nobody took over: it stops
-(`LeaseLostError`) instead of writing. A record of a driver on this host whose process is gone
-counts as expired at once, so a killed local driver does not block its restart. Clocks of the
-drivers' hosts must agree to well within the TTL, as for any lease.
+withdraws. A driver whose own lease expired (say, storage was unreachable while it should have
+renewed) must not write (`LeaseExpiredError`) until it holds the lease again (`ensure`); one
+that finds another driver holding it has lost it for good (`LeaseLostError`) and stops. A record
+of a driver on this host whose process is gone counts as expired at once, so a killed local
+driver does not block its restart. Clocks of the drivers' hosts must agree to well within the
+TTL, as for any lease.
 
 >>> import tempfile
 >>> from metadata.storage import JobStorage
@@ -39,7 +41,11 @@ True
 >>> a.check()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-metadata.lease.LeaseLostError: driver run-a lost the lease of job root .../job: it expired; ...
+metadata.lease.LeaseExpiredError: driver run-a does not hold the lease of job root .../job: ...
+>>> a.ensure()  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+metadata.lease.LeaseLostError: driver run-a lost the lease of job root .../job: driver run-b ...
 """
 
 from __future__ import annotations
@@ -57,7 +63,14 @@ from metadata.errors import StorageError
 from metadata.layout import LEASE_DIR
 from metadata.storage import JobStorage
 
-__all__ = ["JobLease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ensure_free"]
+__all__ = [
+    "JobLease",
+    "LeaseExpiredError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LeaseRecord",
+    "ensure_free",
+]
 
 _NAME = re.compile(r"^_lease/(\d{15})-([A-Za-z0-9_.-]+)-(\d{9})\.json$")
 
@@ -67,7 +80,12 @@ class LeaseHeldError(StorageError):
 
 
 class LeaseLostError(StorageError):
-    """This driver no longer holds the job root's lease: it must stop writing."""
+    """Another driver holds the job root's lease now: this one must stop."""
+
+
+class LeaseExpiredError(StorageError):
+    """This driver's lease lapsed (or was released): it must not write until `ensure` took it
+    again. Nobody is known to have taken it over."""
 
 
 class LeaseRecord(msgspec.Struct, frozen=True):
@@ -103,9 +121,9 @@ class JobLease:
     """The lease of `storage`'s job root for driver run `run_id`, held `ttl_ms` per renewal.
 
     `acquire` takes it (or raises `LeaseHeldError`); `renew` extends it (call it at least every
-    third of the TTL: `renew_due` says when; `keep_renewed` does it on a thread); `check` raises
-    `LeaseLostError` when it is no longer safely held; `release` gives it up. `clock` is wall
-    time in ms. Thread-safe.
+    third of the TTL: `renew_due` says when; `keep_renewed` does it on a thread); `ensure`
+    renews or, after a lapse, takes it again; `check` raises before a write when it is not
+    safely held; `release` gives it up. `clock` is wall time in ms. Thread-safe.
     """
 
     def __init__(
@@ -165,9 +183,26 @@ class JobLease:
                 self._withdraw()
                 raise self._held_by(holder)
 
+    def ensure(self) -> None:
+        """Hold the lease: renew it when due, or take it again after it lapsed. Raises
+        `LeaseLostError` when another driver holds it, `StorageError` when storage cannot be
+        reached (then nothing changed)."""
+        with self._lock:
+            if self._lost_why is not None:
+                raise self._lost(self._lost_why)
+            if self.held:
+                if self.renew_due:
+                    self.renew()
+                return
+            try:
+                self.acquire()
+            except LeaseHeldError as held:
+                self._lost_why = f"driver {self._holder_of(held)} holds it now"
+                raise self._lost(self._lost_why) from None
+
     def renew(self) -> None:
-        """Extend the lease by the TTL; `LeaseLostError` if it expired or another driver took
-        it over meanwhile."""
+        """Extend the lease by the TTL; `LeaseExpiredError` if it lapsed first,
+        `LeaseLostError` if another driver took it over meanwhile."""
         with self._lock:
             self.check()
             assert self._record is not None
@@ -192,17 +227,20 @@ class JobLease:
                     self.storage.delete_file(previous)
 
     def check(self) -> None:
-        """Raise `LeaseLostError` unless the lease is held with a quarter of the TTL to spare
-        (room for the write the caller is about to make)."""
+        """Before a write: raise unless the lease is held with a quarter of the TTL to spare
+        (room for the write). `LeaseLostError` if another driver took it over,
+        `LeaseExpiredError` if it lapsed or was never taken."""
         with self._lock:
+            if self._lost_why is not None:
+                raise self._lost(self._lost_why)
             if self._record is None:
-                raise self._lost(self._lost_why or "it was never acquired or was released")
+                raise self._expired("it was released or never taken")
             now = self._clock()
             if now + self.ttl_ms // 4 >= self._record.expires_ms:
-                raise self._lost(
-                    "it expired"
+                raise self._expired(
+                    "it expired without renewal (was storage unreachable?)"
                     if now >= self._record.expires_ms
-                    else "it is about to expire and was not renewed"
+                    else "it is about to expire and could not be renewed"
                 )
 
     def keep_renewed(self) -> None:
@@ -219,8 +257,8 @@ class JobLease:
                     self.renew()
                 except LeaseLostError:
                     return
-                except StorageError:
-                    continue  # storage briefly unavailable: retry at the next tick
+                except (StorageError, OSError):
+                    continue  # lapsed or storage unreachable: the driver's `ensure` decides
 
         self._keeper = threading.Thread(target=keep, name=f"lease-{self.run_id}", daemon=True)
         self._keeper.start()
@@ -292,6 +330,16 @@ class JobLease:
             "unless renewed. Stop that driver, or wait until its lease expires (a driver that "
             "died stops renewing) and start again; use another --job-id or --checkpoint-dir to "
             "run a second copy of the job"
+        )
+
+    @staticmethod
+    def _holder_of(held: LeaseHeldError) -> str:
+        return str(held).split("in use by driver ", 1)[-1].split(" (", 1)[0]
+
+    def _expired(self, why: str) -> LeaseExpiredError:
+        return LeaseExpiredError(
+            f"driver {self.run_id} does not hold the lease of job root "
+            f"{self.storage.describe('')}: {why}; it writes nothing until it holds it again"
         )
 
     def _lost(self, why: str) -> LeaseLostError:

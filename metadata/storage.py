@@ -261,7 +261,10 @@ class JobStorage:
         rel = check_relative(reldir)
         selector = pafs.FileSelector(self._full(rel), recursive=False, allow_not_found=True)
         cut = len(self.job_path) + 1
-        infos = self.filesystem.get_file_info(selector)
+        try:
+            infos = self.filesystem.get_file_info(selector)
+        except OSError as exc:
+            raise StorageError(f"cannot list {self.describe(rel)}: {exc}") from None
         return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
 
     def read_file(self, relpath: str) -> bytes | None:
@@ -479,7 +482,10 @@ class JobStorage:
 
     def file_size(self, relpath: str) -> int | None:
         """The size of the file at `relpath`, or None if there is none."""
-        info = self.filesystem.get_file_info(self._full(relpath))
+        try:
+            info = self.filesystem.get_file_info(self._full(relpath))
+        except OSError as exc:
+            raise StorageError(f"cannot look up {self.describe(relpath)}: {exc}") from None
         return info.size if info.type == pafs.FileType.File else None
 
     def delete_file(self, relpath: str) -> bool:

@@ -10,7 +10,14 @@ import sys
 import msgspec
 import pytest
 
-from metadata.lease import JobLease, LeaseHeldError, LeaseLostError, LeaseRecord, ensure_free
+from metadata.lease import (
+    JobLease,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLostError,
+    LeaseRecord,
+    ensure_free,
+)
 from metadata.storage import JobStorage
 from regional.policy import Policy
 from regional.sim import Simulation
@@ -58,11 +65,24 @@ def test_after_the_holder_stops_renewing_another_driver_takes_over_and_the_first
     clock.now += 2  # a's renewal expired
     b = _lease(storage, "run-b", clock, host="host-b")
     b.acquire()
-    with pytest.raises(LeaseLostError, match=r"lost the lease .*: it expired; it stops without"):
-        a.check()
+    with pytest.raises(LeaseExpiredError, match=r"it expired without renewal"):
+        a.check()  # a writes nothing...
+    with pytest.raises(LeaseLostError, match=r"lost the lease .*: driver run-b holds it now"):
+        a.ensure()  # ...and, trying to take it again, learns that b holds it
     with pytest.raises(LeaseLostError):
-        a.renew()
+        a.check()
     b.check()
+
+
+def test_a_lease_that_lapsed_while_nobody_else_came_is_taken_again(tmp_path):
+    storage, clock = JobStorage(str(tmp_path), "job"), Clock()
+    a = _lease(storage, "run-a", clock)
+    a.acquire()
+    clock.now += TTL + 1  # storage was unreachable: no renewal
+    with pytest.raises(LeaseExpiredError):
+        a.check()
+    a.ensure()
+    a.check()
 
 
 def test_a_holder_that_renewed_late_learns_another_driver_holds_it(tmp_path):
@@ -144,7 +164,7 @@ def test_a_second_driver_on_the_root_is_refused_until_the_first_run_returns():
     second.start()
 
 
-def test_a_driver_that_lost_its_lease_mid_epoch_writes_no_metadata_and_the_new_one_is_exact():
+def test_a_driver_whose_lease_lapsed_mid_epoch_writes_nothing_and_the_new_one_is_exact():
     sim = Simulation(4, Policy(), bounded=True)
     old = sim.new_driver()
     old.run(max_checkpoints=2)
@@ -162,10 +182,12 @@ def test_a_driver_that_lost_its_lease_mid_epoch_writes_no_metadata_and_the_new_o
 
     sim.dispatcher.run = slow_epoch  # type: ignore[method-assign]
     before = sim.storage.list_checkpoint_ids()
-    with pytest.raises(LeaseLostError, match=f"driver {old.run_id} lost the lease"):
-        old.epoch()
+    aborted = old.epoch()  # its lease lapsed during the epoch: the checkpoint aborts
+    assert aborted.kind == "aborted" and f"driver {old.run_id} does not hold" in aborted.message
     assert sim.storage.list_checkpoint_ids() == before  # checkpoint 3 was never written
     sim.dispatcher.run = run  # type: ignore[method-assign]
+    with pytest.raises(LeaseLostError, match=f"driver {old.run_id} lost the lease"):
+        old.epoch()  # and it stops once it learns another driver holds the lease
     [new] = taken_over
     assert new.run().finished
     assert sorted(sim.sink.rows()) == sorted(

@@ -34,8 +34,9 @@ import msgspec
 
 from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
+from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
-from metadata.lease import JobLease
+from metadata.lease import JobLease, LeaseLostError
 from metadata.model import CheckpointKind
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
@@ -239,6 +240,7 @@ class JobDriver:
             NotifyFallback: self._notified,
         }
         self._commit_failures: dict[tuple[str, int], int] = {}
+        self._deferred: list[Decision] = []  # commits to retry at the next epoch
         self._outcomes: dict[int, _Outcome] = {}
         self._clean_due = False
         self._finished = False
@@ -407,8 +409,7 @@ class JobDriver:
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
         """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
-        if self.lease.renew_due:
-            self.lease.renew()
+        self._hold_lease()
         trigger_ms = self.clock.now_ms()
         trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
         cid = trigger.checkpoint_id
@@ -437,12 +438,35 @@ class JobDriver:
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
         self.faults.crash_point(cid, "after-acks")
         try:
-            self._carry_out(decisions)
+            self._carry_out(self._deferred + decisions)
         except JobFailedError as failed:  # the job's last event says why it failed
             self._record(cid, records_in, trigger_ms, str(failed))
             raise
         self._check_sources_finished()
         return self._record(cid, records_in, trigger_ms)
+
+    def _hold_lease(self) -> None:
+        """Keep the lease at the start of an epoch. After a lapse (storage was unreachable while
+        the lease should have been renewed) take it again, unless another driver wrote
+        checkpoints meanwhile: then, and when another driver holds it, `LeaseLostError` stops
+        this one. While storage stays unreachable the epoch runs anyway: its writes are fenced,
+        so it aborts and the job goes on when storage returns."""
+        lapsed = not self.lease.held
+        try:
+            self.lease.ensure()
+            if lapsed and max(self.storage.list_checkpoint_ids(), default=0) > (
+                self.coordinator.latest_completed_id or 0
+            ):
+                self.lease.release()
+                raise LeaseLostError(
+                    f"driver {self.run_id} found checkpoints of another driver in "
+                    f"{self.storage.describe('')} after its lease lapsed; it stops without "
+                    "writing: start the job again to resume from them"
+                )
+        except LeaseLostError:
+            raise
+        except StorageError as exc:
+            log.warning("job %s: cannot renew the lease of its root: %s", self.job_id, exc)
 
     def handle_answer(self, answer: Answer) -> None:
         """Feed one (possibly late) unit answer to the coordinator and carry out the result."""
@@ -488,7 +512,7 @@ class JobDriver:
         )
         try:
             write_event(self.storage, event)
-        except RegionalError as exc:
+        except (RegionalError, OSError) as exc:
             log.warning("event of checkpoint %d not written: %s", cid, exc)
         if self.progress is not None:
             self.progress(event)
@@ -504,9 +528,8 @@ class JobDriver:
         """One `UnitWork` per unit: its restore states and the splits newly assigned to its
         source subtasks (up to `splits_per_subtask` open splits each)."""
         for vertex_id, enumerator in self.enumerators.items():
-            source = self.pipeline.vertices[vertex_id].source
-            assert source is not None
-            enumerator.discover(source.discover())
+            if (splits := self._discover(vertex_id)) is not None:
+                enumerator.discover(splits)
         works = []
         per = self.pipeline.splits_per_subtask
         for unit_id in range(self.layout.num_units):
@@ -525,6 +548,19 @@ class JobDriver:
                 UnitWork(trigger.checkpoint_id, trigger.attempt, unit_id, restore, tuple(new))
             )
         return works
+
+    def _discover(self, vertex_id: str) -> list[str] | None:
+        """The splits source `vertex_id` knows now; None (logged) when it cannot list them
+        (e.g. its storage is unreachable): the epoch goes on with the splits already known."""
+        source = self.pipeline.vertices[vertex_id].source
+        assert source is not None
+        try:
+            return list(source.discover())
+        except Exception as exc:
+            log.warning(
+                "source %r: split discovery failed: %s: %s", vertex_id, type(exc).__name__, exc
+            )
+            return None
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
         decisions: list[Decision] = []
@@ -556,9 +592,10 @@ class JobDriver:
         """Tell the coordinator which bounded sources have read everything."""
         for vertex_id in self.layout.bounded_sources:
             enumerator = self.enumerators[vertex_id]
-            source = self.pipeline.vertices[vertex_id].source
-            assert source is not None
-            enumerator.discover(source.discover())
+            splits = self._discover(vertex_id)
+            if splits is None:
+                continue  # cannot tell now: maybe next epoch
+            enumerator.discover(splits)
             if enumerator.unassigned:
                 continue
             parallelism = self.pipeline.vertices[vertex_id].parallelism
@@ -578,6 +615,7 @@ class JobDriver:
     def _carry_out(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
         already queued. Cleans once at the end when a checkpoint was subsumed."""
+        self._deferred = []
         queue = list(decisions)
         while queue:
             d = queue.pop(0)
@@ -594,8 +632,8 @@ class JobDriver:
         savepoint resumes from it; the cleaner treats it as any other)."""
         md = d.metadata
         cid = md.checkpoint_id
-        self.lease.check()  # a driver that lost the lease stops before writing
         try:
+            self.lease.check()  # never write without the lease (an expired one aborts)
             if md.kind is CheckpointKind.SAVEPOINT:
                 location = write_savepoint(self.storage, md)
                 self._savepoints[cid] = location
@@ -606,6 +644,8 @@ class JobDriver:
                 self._clean_due = True  # its chk-<id> subsumes others
             else:
                 self.storage.write_metadata(md)
+        except LeaseLostError:
+            raise
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self.clock.now_ms())
         self.faults.crash_point(cid, "after-metadata")
@@ -618,14 +658,18 @@ class JobDriver:
         return self.coordinator.on_metadata_durable(cid, self.clock.now_ms())
 
     def _commit(self, commit: Commit) -> list[Decision]:
-        """Commit to the sink idempotently; a failed commit is retried (it blocks later ones)
-        until it failed `COMMIT_ATTEMPTS` times, then the job fails with a `CommitError`."""
+        """Commit to the sink idempotently. A failed commit is retried and blocks later ones:
+        a refusal by the table (`CommitError`: missing data files, out of order) fails the job
+        after `COMMIT_ATTEMPTS`; any other failure (storage unreachable, no lease) is retried
+        at the next epoch, as long as it takes."""
         sink = self.pipeline.vertices[commit.vertex_id].sink
         key = (commit.vertex_id, commit.checkpoint_id)
-        self.lease.check()
         try:
+            self.lease.check()
             perform_commit(commit, sink)
-        except Exception as exc:
+        except LeaseLostError:
+            raise
+        except CommitError as exc:
             self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
             if self._commit_failures[key] >= COMMIT_ATTEMPTS:
                 raise CommitError(
@@ -635,6 +679,18 @@ class JobDriver:
             return self.coordinator.on_commit_failed(
                 commit.vertex_id, commit.checkpoint_id, str(exc)
             )
+        except Exception as exc:
+            log.warning(
+                "commit of checkpoint %d to sink %r failed (%s: %s); retrying next epoch",
+                commit.checkpoint_id,
+                commit.vertex_id,
+                type(exc).__name__,
+                exc,
+            )
+            self._deferred += self.coordinator.on_commit_failed(
+                commit.vertex_id, commit.checkpoint_id, str(exc)
+            )
+            return []
         self._commit_failures.pop(key, None)
         self.faults.crash_point(commit.checkpoint_id, "after-commit")
         return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
@@ -646,11 +702,15 @@ class JobDriver:
         return []
 
     def _discard(self, d: DiscardAttempt) -> list[Decision]:
-        """Delete a failed or fenced attempt's state files and staged sink files."""
-        for path in d.files:
-            self.storage.delete_file(path)
-        for vertex_id, committables in d.committables.items():
-            self.pipeline.vertices[vertex_id].sink.discard(committables)
+        """Delete a failed or fenced attempt's state files and staged sink files. Best effort:
+        what is left (storage unreachable) is garbage the cleaner finds."""
+        try:
+            for path in d.files:
+                self.storage.delete_file(path)
+            for vertex_id, committables in d.committables.items():
+                self.pipeline.vertices[vertex_id].sink.discard(committables)
+        except Exception as exc:
+            log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
         return []
 
     def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
@@ -668,13 +728,21 @@ class JobDriver:
         return []  # units restore from the coordinator's states every epoch
 
     def _clean(self) -> None:
-        """Delete what no retained checkpoint needs (the cleaner's plan and executor)."""
-        self.lease.check()
-        plan = scan(
-            self.storage,
-            num_retained=self.policy.checkpointing.num_retained,
-            restore_base=self._restore_base,
-        )
+        """Delete what no retained checkpoint needs (the cleaner's plan and executor). When
+        storage or the lease is not there, the cleaning waits for the next subsumed one."""
+        try:
+            self.lease.check()
+            plan = scan(
+                self.storage,
+                num_retained=self.policy.checkpointing.num_retained,
+                restore_base=self._restore_base,
+            )
+        except LeaseLostError:
+            raise
+        except StorageError as exc:
+            log.warning("job %s: cleaning postponed: %s", self.job_id, exc)
+            self._clean_due = True
+            return
         latest = self.coordinator.latest_completed_id or 0
 
         def progress(_: object) -> None:
