@@ -3,6 +3,7 @@ timeouts, fencing, staleness limits, the final global checkpoint, crash-then-res
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
@@ -278,3 +279,50 @@ def test_a_bit_flip_in_the_newest_state_restores_the_previous_checkpoint_exactly
         "newer than the restored checkpoint 1: rolled back, their output is written again"
     )
     assert summary.finished and _rows(table) == _expected()
+
+
+@pytest.mark.s3
+def test_an_s3_outage_of_three_checkpoint_timeouts_aborts_checkpoints_then_the_job_catches_up(
+    spark, s3_server, tmp_path
+):
+    from tcp_proxy import TcpProxy
+
+    proxy = TcpProxy((s3_server.host, s3_server.port))
+    proxy.start()
+    bucket = s3_server.new_bucket()
+    root = s3_server.uri(bucket, "ckpt").replace(s3_server.endpoint, proxy.endpoint)
+    table = str(tmp_path / "table")
+    timeout = 3.0
+    policy = load_policy(
+        env={},
+        overrides={
+            "checkpointing": {
+                "timeout": f"{timeout:g} s",
+                "tolerable-failed-checkpoints": 1000,
+                "region": {"timeout": f"{timeout:g} s"},
+            }
+        },
+    ).policy
+    outage = threading.Event()
+
+    def cut_after_the_second_checkpoint(event) -> None:
+        if event.checkpoint_id == 2 and not outage.is_set():
+            outage.set()
+            proxy.stop()
+            threading.Timer(3 * timeout, proxy.start).start()
+
+    rt = SparkRuntime(
+        _pipeline(table),
+        spark,
+        root=root,
+        policy=policy,
+        interval=0.5,
+        progress=cut_after_the_second_checkpoint,
+    )
+    try:
+        summary = rt.run()
+    finally:
+        proxy.stop()
+    kinds = [c.kind for c in summary.checkpoints]
+    assert outage.is_set() and "aborted" in kinds and summary.finished
+    assert _rows(table) == _expected()
