@@ -407,7 +407,8 @@ class JobStorage:
     def write_segments(self, relpath: str, segments: Sequence[bytes]) -> list[StateHandle]:
         """Write `segments` back to back as one file; one handle per segment, in order.
 
-        The size is checked after the write, so a handle is only returned for a durable file.
+        The size is checked after the write, and a local file is fsynced (with its directory),
+        so a handle is only returned for a durable file.
         """
         rel = check_relative(relpath)
         total = sum(len(s) for s in segments)
@@ -430,6 +431,8 @@ class JobStorage:
                         )
                     )
                     offset += len(seg)
+            if self._local:
+                _fsync_path(self._full(rel))
         except OSError as exc:
             raise StorageError(f"cannot write state file {self.describe(rel)}: {exc}") from None
         written = self.file_size(rel)
@@ -587,3 +590,13 @@ class JobStorage:
                     "no checkpoint" if chosen is None else f"checkpoint {chosen}",
                 )
         return search.metadata
+
+
+def _fsync_path(path: str) -> None:
+    """Make a local file and its directory entry durable (an ack must not outlive a crash)."""
+    for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path), os.O_RDONLY)):
+        fd = os.open(target, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -33,6 +33,7 @@ frozenset({1})
 from __future__ import annotations
 
 import contextlib
+import os
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +68,15 @@ def _open(path: str) -> tuple[pafs.FileSystem, str]:
     if "://" in path:
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path.rstrip("/")
+
+
+def _fsync(path: str) -> None:
+    """Make a local file (or a directory's entries) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _commit_records(path: str) -> list[_CommitRecord]:
@@ -132,6 +142,9 @@ class ParquetSink:
         fs, base = _open(self.path)
         fs.create_dir(f"{base}/{_DATA}", recursive=True)
         pq.write_table(table, f"{base}/{name}.parquet", filesystem=fs)
+        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
+            _fsync(f"{base}/{name}.parquet")
+            _fsync(f"{base}/{_DATA}")
         return (msgspec.msgpack.encode(_Committable(f"{name}.parquet", table.num_rows)),)
 
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
@@ -171,7 +184,9 @@ class ParquetSink:
             tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             with fs.open_output_stream(tmp) as out:
                 out.write(data)
+            _fsync(tmp)
             fs.move(tmp, final)  # atomic rename on a local disk
+            _fsync(posixpath.dirname(final))
         else:
             with fs.open_output_stream(final) as out:  # one PUT on object stores
                 out.write(data)
