@@ -62,8 +62,8 @@ MAGIC = b"RGNL"
 #: Major version of what this code writes; readers refuse anything newer.
 FORMAT_VERSION = 1
 #: Minor version of what this code writes (additive changes within a major version).
-#: 1.1 added `CheckpointMetadata.num_retained`.
-FORMAT_MINOR = 1
+#: 1.1 added `CheckpointMetadata.num_retained`; 1.2 `CheckpointMetadata.forced_global`.
+FORMAT_MINOR = 2
 
 _HEADER = struct.Struct(">4sHHQ")
 HEADER_SIZE = _HEADER.size

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from metadata.errors import MetadataError
-from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState
+from metadata.model import CheckpointKind, CheckpointMetadata, ForcedGlobal, SubtaskState
 from metadata.retention import DEFAULT_NUM_RETAINED, NumRetained, recorded_num_retained, retain
 from metadata.store import CompletedCheckpointStore
 
@@ -171,20 +171,27 @@ REGIONAL_DISABLED_REASON = "regional checkpoints are disabled"
 
 
 def is_forced_global(md: CheckpointMetadata) -> bool:
-    """A global checkpoint that records reasons was forced (by a staleness limit, the end of
-    bounded input, a no-claim restore); an ordinary global checkpoint records none, and one
-    taken because regional checkpoints are off records only `REGIONAL_DISABLED_REASON`.
+    """A global checkpoint every unit had to be fresh in (a staleness limit, the end of bounded
+    input, a restore, a savepoint): `forced_global` says why (format 1.2 on); configuration
+    (regional checkpoints off) does not count. Older metadata is judged by its reasons: an
+    ordinary global checkpoint records none, one taken because regional checkpoints are off
+    only `REGIONAL_DISABLED_REASON`.
 
     >>> from metadata.model import CheckpointMetadata
-    >>> def md(*reasons):
+    >>> def md(*reasons, forced=()):
     ...     return CheckpointMetadata(checkpoint_id=1, job_id="j", kind="global",
-    ...         trigger_time_ms=0, completion_time_ms=0, reasons=reasons)
-    >>> is_forced_global(md()), is_forced_global(md(REGIONAL_DISABLED_REASON))
+    ...         trigger_time_ms=0, completion_time_ms=0, reasons=reasons, forced_global=forced)
+    >>> is_forced_global(md()), is_forced_global(md(forced=(ForcedGlobal.REGIONAL_DISABLED,)))
     (False, False)
-    >>> is_forced_global(md("unit 3 fell back in 3 consecutive checkpoints"))
+    >>> is_forced_global(md("after 10 consecutive regional checkpoints",
+    ...     forced=(ForcedGlobal.CONSECUTIVE_REGIONAL,)))
+    True
+    >>> is_forced_global(md("unit 3 fell back in 3 consecutive checkpoints"))  # format 1.1
     True
     """
-    return md.kind == CheckpointKind.GLOBAL and any(
+    if md.forced_global:  # format 1.2 on: the coordinator recorded why
+        return any(f is not ForcedGlobal.REGIONAL_DISABLED for f in md.forced_global)
+    return md.kind == CheckpointKind.GLOBAL and any(  # older metadata: its reason texts
         r != REGIONAL_DISABLED_REASON for r in md.reasons
     )
 

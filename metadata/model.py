@@ -27,6 +27,7 @@ import msgspec
 __all__ = [
     "CheckpointKind",
     "CheckpointMetadata",
+    "ForcedGlobal",
     "SplitState",
     "StateHandle",
     "SubtaskState",
@@ -42,6 +43,19 @@ class CheckpointKind(enum.StrEnum):
     GLOBAL = "global"
     REGIONAL = "regional"
     SAVEPOINT = "savepoint"
+
+
+class ForcedGlobal(enum.StrEnum):
+    """Why every unit had to be fresh in a checkpoint (DESIGN §4 rules 1, 5, 12): recorded in
+    `CheckpointMetadata.forced_global`, so tools never parse reason texts."""
+
+    SAVEPOINT = "savepoint"  # a savepoint, or the job's own copy of one
+    FINAL = "final"  # every bounded source finished
+    UNTIL_SUCCESS = "until-success"  # after a no-claim, rescaled or savepoint restore
+    CONSECUTIVE_REGIONAL = "max-consecutive-regional"  # the job-level limit (tier 1)
+    NO_UNIT_FALLBACKS = "max-unit-fallbacks-0"  # units may never fall back
+    REGIONAL_DISABLED = "regional-disabled"  # configuration: not a staleness limit
+    SINGLE_UNIT = "single-unit"  # one fallback unit: nothing can fall back on its own
 
 
 class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -121,7 +135,8 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     (why regional, why forced global). `coordinators` maps an operator (vertex) id to its
     operator-coordinator snapshot. `num_retained` is the job's `num-retained` when the
     checkpoint was taken, so that `regional clean` and `regional inspect` keep what the job
-    kept (None in metadata written before it was recorded, format 1.0).
+    kept (None in metadata written before it was recorded, format 1.0). `forced_global` says
+    why every unit had to be fresh (format 1.2; empty before, and when nothing forced it).
     """
 
     checkpoint_id: int
@@ -137,6 +152,7 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     coordinators: dict[str, bytes] = {}
     subtasks: tuple[SubtaskState, ...] = ()
     num_retained: int | None = None
+    forced_global: tuple[ForcedGlobal, ...] = ()
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:

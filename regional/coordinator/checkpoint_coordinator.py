@@ -27,7 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from metadata.errors import RegionalError
-from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState, VertexInfo
+from metadata.layout import savepoint_dir
+from metadata.model import (
+    CheckpointKind,
+    CheckpointMetadata,
+    ForcedGlobal,
+    SubtaskState,
+    UnitState,
+    VertexInfo,
+)
 from metadata.retention import Retention
 from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
 from regional.coordinator.events import (
@@ -166,21 +174,28 @@ class CheckpointCoordinator:
         final = self._all_bounded_finished()
         self._final_mode |= final
         reasons: list[str] = []
+        forced: list[ForcedGlobal] = []  # the same, as fields for tools
         tier1 = False
         if savepoint:
             reasons.append("savepoint: every unit is fresh")
+            forced.append(ForcedGlobal.SAVEPOINT)
         if self._final_mode:
             reasons.append("every bounded source has finished: checkpoints are global")
+            forced.append(ForcedGlobal.FINAL)
         if self._global_until_success:
             reasons.append(self._global_until_success)
+            forced.append(ForcedGlobal.UNTIL_SUCCESS)
         if self._region.enabled and (why := self.limits.tier1_reason()):
             reasons.append(why)
+            forced.append(ForcedGlobal.CONSECUTIVE_REGIONAL)
             tier1 = True
         if self._region.enabled and self._region.max_unit_fallbacks == 0:
             reasons.append("max-unit-fallbacks = 0: units may never fall back")
+            forced.append(ForcedGlobal.NO_UNIT_FALLBACKS)
         must_all = bool(reasons)
         if not self._region.enabled:
             reasons.append("regional checkpoints are disabled")
+            forced.append(ForcedGlobal.REGIONAL_DISABLED)
         must_fresh = frozenset() if must_all else self.limits.units_at_limit()
         kind = (
             CheckpointKind.SAVEPOINT
@@ -207,9 +222,10 @@ class CheckpointCoordinator:
             tier1=tier1,
             final=final,
             reasons=tuple(reasons),
+            forced=tuple(forced),
         )
         return TriggerCheckpoint(
-            checkpoint_id, kind, 1, deadline, must_fresh, tuple(reasons), final
+            checkpoint_id, kind, 1, deadline, must_fresh, tuple(reasons), final, tuple(forced)
         )
 
     def retry_unit(self, checkpoint_id: int, unit_id: int, now_ms: int) -> int:
@@ -309,7 +325,7 @@ class CheckpointCoordinator:
         self._unit_states = states
         self._mismatch = {}
         self._latest_id = checkpoint_id
-        savepoint = md.kind is CheckpointKind.SAVEPOINT
+        savepoint = p.kind is CheckpointKind.SAVEPOINT
         self.limits.completed(fallback, savepoint=savepoint)
         if savepoint:
             self.metrics.savepoint_count += 1
@@ -332,8 +348,8 @@ class CheckpointCoordinator:
         healthy = tuple(u for u in range(n) if u not in fallback) if fallback else tuple(range(n))
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
-        if not savepoint:
-            out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
+        # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
+        out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
         owners_of_fallback = {u: self._owner[u] for u in fallback}
         for vertex_id, committer in self._committers.items():
             committer.checkpoint_complete(
@@ -577,13 +593,7 @@ class CheckpointCoordinator:
         subtasks: list[SubtaskState] = []
         for unit_id, states in enumerate(p.states):
             subtasks.extend(fallback_states[unit_id] if states is None else states)
-        kind = (
-            CheckpointKind.SAVEPOINT
-            if p.kind is CheckpointKind.SAVEPOINT
-            else CheckpointKind.REGIONAL
-            if fallback
-            else CheckpointKind.GLOBAL
-        )
+        kind = CheckpointKind.REGIONAL if fallback else CheckpointKind.GLOBAL
         metadata = CheckpointMetadata(
             checkpoint_id=cid,
             job_id=self._job_id,
@@ -598,10 +608,22 @@ class CheckpointCoordinator:
             coordinators=snapshots,
             subtasks=tuple(subtasks),
             num_retained=self._policy.checkpointing.num_retained,
+            forced_global=() if fallback else p.forced,
         )
+        savepoint = None
+        if p.kind is CheckpointKind.SAVEPOINT:
+            # the user's self-contained copy, and the job's own global checkpoint of it
+            savepoint = msgspec.structs.replace(metadata, kind=CheckpointKind.SAVEPOINT)
+            metadata = msgspec.structs.replace(
+                metadata,
+                reasons=(
+                    *metadata.reasons,
+                    f"savepoint: a self-contained copy is in {savepoint_dir(cid)}",
+                ),
+            )
         self._pending = None
         self._completing = _Completion(p, metadata, fallback, fallback_states)
-        return [WriteMetadata(metadata)]
+        return [WriteMetadata(metadata, savepoint)]
 
     def _fallback_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
         """The unit's latest states with owner references (rule 4: the writer, not a chain)."""

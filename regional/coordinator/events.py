@@ -15,7 +15,7 @@ import enum
 
 import msgspec
 
-from metadata.model import CheckpointKind, CheckpointMetadata
+from metadata.model import CheckpointKind, CheckpointMetadata, ForcedGlobal
 
 __all__ = [
     "INITIAL_STATE_ID",
@@ -55,7 +55,8 @@ class TriggerCheckpoint(msgspec.Struct, frozen=True):
 
     `kind` is SAVEPOINT for a savepoint, GLOBAL when every unit must be fresh (`reasons` say
     why), else REGIONAL (units may fall back; `must_be_fresh` lists those that may not).
-    `final` marks a checkpoint taken after every bounded source finished (DESIGN rule 5).
+    `final` marks a checkpoint taken after every bounded source finished (DESIGN rule 5);
+    `forced` says, as fields, why every unit must be fresh.
     """
 
     checkpoint_id: int
@@ -65,13 +66,17 @@ class TriggerCheckpoint(msgspec.Struct, frozen=True):
     must_be_fresh: frozenset[int] = frozenset()
     reasons: tuple[str, ...] = ()
     final: bool = False
+    forced: tuple[ForcedGlobal, ...] = ()
 
 
 class WriteMetadata(msgspec.Struct, frozen=True):
     """Write `metadata` as `chk-<id>/_metadata`, then call `on_metadata_durable` (or
-    `on_metadata_failed`). The checkpoint is complete only once its metadata is durable."""
+    `on_metadata_failed`). The checkpoint is complete only once its metadata is durable.
+    With `savepoint`, first write that (kind SAVEPOINT) as a self-contained copy under
+    `savepoints/sp-<id>/`; `metadata` is then the job's own global checkpoint of it."""
 
     metadata: CheckpointMetadata
+    savepoint: CheckpointMetadata | None = None
 
 
 class AbortCheckpoint(msgspec.Struct, frozen=True):

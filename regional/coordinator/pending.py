@@ -13,7 +13,7 @@ units past their deadline is O(1) until the earliest deadline passes.
 
 from __future__ import annotations
 
-from metadata.model import CheckpointKind, SubtaskState
+from metadata.model import CheckpointKind, ForcedGlobal, SubtaskState
 
 __all__ = ["PendingCheckpoint"]
 
@@ -29,6 +29,7 @@ class PendingCheckpoint:
         "checkpoint_id",
         "declined",
         "final",
+        "forced",
         "kind",
         "must_be_fresh",
         "must_be_fresh_all",
@@ -54,6 +55,7 @@ class PendingCheckpoint:
         tier1: bool = False,
         final: bool = False,
         reasons: tuple[str, ...] = (),
+        forced: tuple[ForcedGlobal, ...] = (),
     ) -> None:
         self.checkpoint_id = checkpoint_id
         self.trigger_ms = trigger_ms
@@ -64,6 +66,7 @@ class PendingCheckpoint:
         self.tier1 = tier1
         self.final = final
         self.reasons = reasons
+        self.forced = forced
         #: per unit: the acked subtask states, or None (not answered or declined)
         self.states: list[tuple[SubtaskState, ...] | None] = [None] * num_units
         #: unit -> cause, for declined units

@@ -37,7 +37,6 @@ from cleaner.run import execute, scan
 from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
 from metadata.lease import JobLease, LeaseLostError
-from metadata.model import CheckpointKind
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -627,30 +626,23 @@ class JobDriver:
 
     def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
         """Write a completed checkpoint's metadata; the checkpoint is complete once it is
-        durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; its
-        `chk-<id>` is then written as a global checkpoint of the job (a crash after the
+        durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; the
+        job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
         savepoint resumes from it; the cleaner treats it as any other)."""
         md = d.metadata
         cid = md.checkpoint_id
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
-            if md.kind is CheckpointKind.SAVEPOINT:
-                location = write_savepoint(self.storage, md)
-                self._savepoints[cid] = location
-                reasons = (*md.reasons, f"savepoint: a self-contained copy is in {location}")
-                self.storage.write_metadata(
-                    msgspec.structs.replace(md, kind=CheckpointKind.GLOBAL, reasons=reasons)
-                )
-                self._clean_due = True  # its chk-<id> subsumes others
-            else:
-                self.storage.write_metadata(md)
+            if d.savepoint is not None:
+                self._savepoints[cid] = write_savepoint(self.storage, d.savepoint)
+            self.storage.write_metadata(md)
         except LeaseLostError:
             raise
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self.clock.now_ms())
         self.faults.crash_point(cid, "after-metadata")
         self._outcomes[cid] = _Outcome(
-            Outcome(md.kind.value),
+            Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
             {u.unit_id: u.reason or "" for u in md.fallback_units},
