@@ -20,7 +20,8 @@ cleaner must keep.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -31,10 +32,13 @@ from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
 from regional.coordinator.layout import JobLayout
 from regional.errors import RestoreError
+from regional.operators.commit import CommitCoordinator, TableRollback
 from regional.operators.split_enumerator import SplitEnumerator
 from regional.pipeline import Pipeline
 from regional.rescale import RestorePlan, VertexShape, plan_restore, redistribute_state
 from regional.state import OperatorState
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RestorePoint",
@@ -42,6 +46,7 @@ __all__ = [
     "first_free_checkpoint_id",
     "open_restore_source",
     "rewrite_for_pipeline",
+    "roll_back_sinks",
     "vertex_shapes",
 ]
 
@@ -88,9 +93,7 @@ def find_restore_point(
         )
     md = storage.find_latest_restorable(verify_checksums=True)
     if md is None:
-        damaged = [
-            f.path for f in storage.list_files() if f.path.endswith(f"/{METADATA_NAME}")
-        ]
+        damaged = [f.path for f in storage.list_files() if f.path.endswith(f"/{METADATA_NAME}")]
         if damaged and not allow_fresh_start:
             raise RestoreError(
                 f"job root {storage.describe('')} holds checkpoints, but none can be restored "
@@ -304,3 +307,49 @@ def _enumerator(vertex_id: str, data: bytes) -> SplitEnumerator:
     enumerator = SplitEnumerator(vertex_id)
     enumerator.restore(data)
     return enumerator
+
+
+def roll_back_sinks(
+    pipeline: Pipeline,
+    committers: Mapping[str, CommitCoordinator],
+    restored_id: int,
+    *,
+    own_root: bool,
+) -> tuple[str, ...]:
+    """Sinks holding commits newer than the restored checkpoint (its newer checkpoints were
+    damaged) would get that output twice. Resuming in the job's `own_root`, such a sink is
+    rolled back when it can (`TableRollback`); otherwise the restore is refused
+    (`RestoreError`). Returns what was rolled back, for the user."""
+    notes = []
+    for vertex_id, committer in committers.items():
+        sink = pipeline.vertices[vertex_id].sink
+        user = committer.commit_user
+        ahead = sorted(i for i in sink.committed_identifiers(user) if i > restored_id)
+        if not ahead:
+            continue
+        what = (
+            f"sink {vertex_id!r} holds commits {_ids(ahead)} of commit user {user!r}, "
+            f"newer than the restored checkpoint {restored_id}"
+        )
+        if not own_root or not isinstance(sink, TableRollback):
+            how = (
+                "they may belong to another run of the job"
+                if not own_root
+                else "the sink cannot roll back"
+            )
+            raise RestoreError(
+                f"{what}; restoring would write their output again and {how}. Restore a "
+                f"checkpoint at or after {ahead[-1]}, or remove those commits from the table "
+                "by hand and start again"
+            )
+        sink.rollback(user, restored_id)
+        log.warning("%s: rolled back (their output is written again)", what)
+        notes.append(f"{what}: rolled back, their output is written again")
+    return tuple(notes)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    """`3`, `3, 4` or `3..9` for messages."""
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids))

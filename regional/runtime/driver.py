@@ -18,7 +18,12 @@ to the job's event log.
 
 On the first run the job restores (`regional.restore.find_restore_point`): the root's latest
 restorable checkpoint, or a given checkpoint or savepoint. Savepoints are global checkpoints
-whose state is also copied, self-contained, to `savepoints/sp-<id>/`.
+whose state is also copied, self-contained, to `savepoints/sp-<id>/`. One driver per job root:
+the root's lease (`metadata.lease`) is held while the driver runs.
+
+About 500 lines, on purpose: the loop, start and restore, the lease and the reporting of one
+driver read best together; carrying out decisions is `runtime.carry_out`, planning an epoch
+`runtime.epoch_plan`.
 """
 
 from __future__ import annotations
@@ -28,35 +33,23 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
 from cleaner.decisions import RestoreBase
-from cleaner.run import execute, scan
 from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
 from metadata.lease import JobLease, LeaseLostError
-from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
-    AbortCheckpoint,
     CheckpointCoordinator,
-    Commit,
     Decision,
-    DiscardAttempt,
-    FailJob,
-    FinishJob,
     JobLayout,
-    NotifyComplete,
-    NotifyFallback,
-    NotifySubsumed,
     TriggerCheckpoint,
-    WriteMetadata,
 )
 from regional.errors import (
     CheckpointAbortedError,
-    CommitError,
     JobFailedError,
     RegionalError,
     RestoreError,
@@ -64,12 +57,12 @@ from regional.errors import (
 from regional.operators import (
     CommitCoordinator,
     SplitEnumerator,
-    TableRollback,
-    perform_commit,
 )
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import find_restore_point, first_free_checkpoint_id
+from regional.restore import find_restore_point, first_free_checkpoint_id, roll_back_sinks
+from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
+from regional.runtime.epoch_plan import finished_sources, plan_works
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
@@ -133,18 +126,7 @@ def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> lis
     )
 
 
-@dataclasses.dataclass
-class _Outcome:
-    """How a checkpoint ended, gathered while its decisions are carried out."""
-
-    outcome: Outcome
-    fallback_units: tuple[int, ...] = ()
-    message: str = ""
-    causes: dict[int, str] = dataclasses.field(default_factory=dict)
-    abort_rule: str | None = None
-
-
-class JobDriver:
+class JobDriver(DecisionHandlers):
     """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
 
     `progress` is called with every checkpoint outcome. `interval` (seconds) spaces epochs
@@ -227,20 +209,9 @@ class JobDriver:
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
         )
-        self._handlers: dict[type, Callable[[Any], list[Decision]]] = {
-            WriteMetadata: self._write_metadata,
-            Commit: self._commit,
-            AbortCheckpoint: self._aborted,
-            DiscardAttempt: self._discard,
-            NotifySubsumed: self._subsumed,
-            FailJob: self._fail,
-            FinishJob: self._finish,
-            NotifyComplete: self._notified,
-            NotifyFallback: self._notified,
-        }
         self._commit_failures: dict[tuple[str, int], int] = {}
         self._deferred: list[Decision] = []  # commits to retry at the next epoch
-        self._outcomes: dict[int, _Outcome] = {}
+        self._outcomes: dict[int, EpochOutcome] = {}
         self._clean_due = False
         self._finished = False
         self._started = False
@@ -371,40 +342,14 @@ class JobDriver:
         self._restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
-        self.restore_notes = point.notes + self._roll_back_sinks(point.metadata.checkpoint_id)
+        self.restore_notes = point.notes + roll_back_sinks(
+            self.pipeline,
+            self.committers,
+            point.metadata.checkpoint_id,
+            own_root=self.restore_from is None,
+        )
         self._carry_out(decisions)
         self._check_sources_finished()
-
-    def _roll_back_sinks(self, restored_id: int) -> tuple[str, ...]:
-        """Sinks holding commits newer than the restored checkpoint (its newer checkpoints were
-        damaged): their output would be written twice. A resume in this job root rolls such a
-        sink back (`TableRollback`); otherwise the restore is refused."""
-        notes = []
-        for vertex_id, committer in self.committers.items():
-            sink = self.pipeline.vertices[vertex_id].sink
-            user = committer.commit_user
-            ahead = sorted(i for i in sink.committed_identifiers(user) if i > restored_id)
-            if not ahead:
-                continue
-            what = (
-                f"sink {vertex_id!r} holds commits {_ids(ahead)} of commit user {user!r}, "
-                f"newer than the restored checkpoint {restored_id}"
-            )
-            if self.restore_from is not None or not isinstance(sink, TableRollback):
-                how = (
-                    "the sink cannot roll back"
-                    if self.restore_from is None
-                    else "they may belong to another run of the job"
-                )
-                raise RestoreError(
-                    f"{what}; restoring would write their output again and {how}. Restore a "
-                    f"checkpoint at or after {ahead[-1]}, or remove those commits from the "
-                    "table by hand and start again"
-                )
-            sink.rollback(user, restored_id)
-            log.warning("%s: rolled back (their output is written again)", what)
-            notes.append(f"{what}: rolled back, their output is written again")
-        return tuple(notes)
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
         """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
@@ -493,7 +438,7 @@ class JobDriver:
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
-        o = self._outcomes.pop(cid, None) or _Outcome(Outcome.ABORTED, message="no decision")
+        o = self._outcomes.pop(cid, None) or EpochOutcome(Outcome.ABORTED, message="no decision")
         completed = o.outcome is not Outcome.ABORTED
         event = checkpoint_event(
             self.job_id,
@@ -517,6 +462,9 @@ class JobDriver:
             self.progress(event)
         return event
 
+    def _now(self) -> int:
+        return self.clock.now_ms()
+
     def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
         if self._observe is not None:
             self._observe(thing)
@@ -524,42 +472,7 @@ class JobDriver:
     # --- planning and dispatching -----------------------------------------------------------
 
     def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
-        """One `UnitWork` per unit: its restore states and the splits newly assigned to its
-        source subtasks (up to `splits_per_subtask` open splits each)."""
-        for vertex_id, enumerator in self.enumerators.items():
-            if (splits := self._discover(vertex_id)) is not None:
-                enumerator.discover(splits)
-        works = []
-        per = self.pipeline.splits_per_subtask
-        for unit_id in range(self.layout.num_units):
-            restore = self.coordinator.unit_states(unit_id)
-            new: list[tuple[str, int, str]] = []
-            for state in restore:
-                assigner = self.enumerators.get(state.vertex_id)
-                if assigner is None:
-                    continue
-                for _ in range(per - len(state.split_states)):
-                    split = assigner.assign(state.index)
-                    if split is None:
-                        break
-                    new.append((state.vertex_id, state.index, split))
-            works.append(
-                UnitWork(trigger.checkpoint_id, trigger.attempt, unit_id, restore, tuple(new))
-            )
-        return works
-
-    def _discover(self, vertex_id: str) -> list[str] | None:
-        """The splits source `vertex_id` knows now; None (logged) when it cannot list them
-        (e.g. its storage is unreachable): the epoch goes on with the splits already known."""
-        source = self.pipeline.vertices[vertex_id].source
-        assert source is not None
-        try:
-            return list(source.discover())
-        except Exception as exc:
-            log.warning(
-                "source %r: split discovery failed: %s: %s", vertex_id, type(exc).__name__, exc
-            )
-            return None
+        return plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
         decisions: list[Decision] = []
@@ -589,162 +502,7 @@ class JobDriver:
 
     def _check_sources_finished(self) -> None:
         """Tell the coordinator which bounded sources have read everything."""
-        for vertex_id in self.layout.bounded_sources:
-            enumerator = self.enumerators[vertex_id]
-            splits = self._discover(vertex_id)
-            if splits is None:
-                continue  # cannot tell now: maybe next epoch
-            enumerator.discover(splits)
-            if enumerator.unassigned:
-                continue
-            parallelism = self.pipeline.vertices[vertex_id].parallelism
-            states = [
-                s
-                for u in {self.layout.unit_of(vertex_id, i) for i in range(parallelism)}
-                for s in self.coordinator.unit_states(u)
-                if s.vertex_id == vertex_id
-            ]
-            if self.coordinator.latest_completed_id is not None and not any(
-                s.split_states for s in states
-            ):
-                self.coordinator.on_source_finished(vertex_id)
-
-    # --- carrying out decisions -------------------------------------------------------------
-
-    def _carry_out(self, decisions: list[Decision]) -> None:
-        """Carry out decisions in order; the follow-ups of each are carried out after the ones
-        already queued. Cleans once at the end when a checkpoint was subsumed."""
-        self._deferred = []
-        queue = list(decisions)
-        while queue:
-            d = queue.pop(0)
-            self._seen(d)
-            queue += self._handlers[type(d)](d)
-        if self._clean_due:
-            self._clean_due = False
-            self._clean()
-
-    def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
-        """Write a completed checkpoint's metadata; the checkpoint is complete once it is
-        durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; the
-        job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
-        savepoint resumes from it; the cleaner treats it as any other)."""
-        md = d.metadata
-        cid = md.checkpoint_id
-        try:
-            self.lease.check()  # never write without the lease (an expired one aborts)
-            if d.savepoint is not None:
-                self._savepoints[cid] = write_savepoint(self.storage, d.savepoint)
-            self.storage.write_metadata(md)
-        except LeaseLostError:
-            raise
-        except RegionalError as exc:
-            return self.coordinator.on_metadata_failed(cid, str(exc), self.clock.now_ms())
-        self.faults.crash_point(cid, "after-metadata")
-        self._outcomes[cid] = _Outcome(
-            Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
-            tuple(u.unit_id for u in md.fallback_units),
-            "; ".join(md.reasons),
-            {u.unit_id: u.reason or "" for u in md.fallback_units},
-        )
-        return self.coordinator.on_metadata_durable(cid, self.clock.now_ms())
-
-    def _commit(self, commit: Commit) -> list[Decision]:
-        """Commit to the sink idempotently. A failed commit is retried and blocks later ones:
-        a refusal by the table (`CommitError`: missing data files, out of order) fails the job
-        after `COMMIT_ATTEMPTS`; any other failure (storage unreachable, no lease) is retried
-        at the next epoch, as long as it takes."""
-        sink = self.pipeline.vertices[commit.vertex_id].sink
-        key = (commit.vertex_id, commit.checkpoint_id)
-        try:
-            self.lease.check()
-            perform_commit(commit, sink)
-        except LeaseLostError:
-            raise
-        except CommitError as exc:
-            self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
-            if self._commit_failures[key] >= COMMIT_ATTEMPTS:
-                raise CommitError(
-                    f"commit of checkpoint {commit.checkpoint_id} to sink {commit.vertex_id!r} "
-                    f"failed {COMMIT_ATTEMPTS} times: {exc}"
-                ) from exc
-            return self.coordinator.on_commit_failed(
-                commit.vertex_id, commit.checkpoint_id, str(exc)
-            )
-        except Exception as exc:
-            log.warning(
-                "commit of checkpoint %d to sink %r failed (%s: %s); retrying next epoch",
-                commit.checkpoint_id,
-                commit.vertex_id,
-                type(exc).__name__,
-                exc,
-            )
-            self._deferred += self.coordinator.on_commit_failed(
-                commit.vertex_id, commit.checkpoint_id, str(exc)
-            )
-            return []
-        self._commit_failures.pop(key, None)
-        self.faults.crash_point(commit.checkpoint_id, "after-commit")
-        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
-
-    def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
-        self._outcomes[d.checkpoint_id] = _Outcome(
-            Outcome.ABORTED, d.failed_units, d.message, abort_rule=d.rule.value
-        )
-        return []
-
-    def _discard(self, d: DiscardAttempt) -> list[Decision]:
-        """Delete a failed or fenced attempt's state files and staged sink files. Best effort:
-        what is left (storage unreachable) is garbage the cleaner finds."""
-        try:
-            for path in d.files:
-                self.storage.delete_file(path)
-            for vertex_id, committables in d.committables.items():
-                self.pipeline.vertices[vertex_id].sink.discard(committables)
-        except Exception as exc:
-            log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
-        return []
-
-    def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
-        self._clean_due = True
-        return []
-
-    def _fail(self, d: FailJob) -> list[Decision]:
-        raise JobFailedError(d.message)
-
-    def _finish(self, d: FinishJob) -> list[Decision]:
-        self._finished = True
-        return []
-
-    def _notified(self, d: NotifyComplete | NotifyFallback) -> list[Decision]:
-        return []  # units restore from the coordinator's states every epoch
-
-    def _clean(self) -> None:
-        """Delete what no retained checkpoint needs (the cleaner's plan and executor). When
-        storage or the lease is not there, the cleaning waits for the next subsumed one."""
-        try:
-            self.lease.check()
-            plan = scan(
-                self.storage,
-                num_retained=self.policy.checkpointing.num_retained,
-                restore_base=self._restore_base,
-            )
-        except LeaseLostError:
-            raise
-        except StorageError as exc:
-            log.warning("job %s: cleaning postponed: %s", self.job_id, exc)
-            self._clean_due = True
-            return
-        latest = self.coordinator.latest_completed_id or 0
-
-        def progress(_: object) -> None:
-            self.faults.crash_point(latest, "mid-clean")
-
-        execute(plan, self.storage, progress=progress, max_workers=1)
-
-
-def _ids(ids: Sequence[int]) -> str:
-    """`3`, `3, 4` or `3..9` for messages."""
-    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
-        return f"{ids[0]}..{ids[-1]}"
-    return ", ".join(map(str, ids))
+        for vertex_id in finished_sources(
+            self.pipeline, self.layout, self.enumerators, self.coordinator
+        ):
+            self.coordinator.on_source_finished(vertex_id)

@@ -1,0 +1,232 @@
+"""Carrying out the checkpoint coordinator's decisions: one handler per decision type.
+
+`DecisionHandlers` is the part of `regional.runtime.driver.JobDriver` that turns decisions into
+effects, in order: write metadata (and a savepoint's self-contained copy), commit to sinks,
+discard failed attempts, fail or finish the job, and clean when a checkpoint was subsumed. Each
+handler returns the coordinator's follow-up decisions. Every write checks the job root's lease
+first. Storage trouble never crashes the driver: a failed metadata write aborts the checkpoint,
+a commit that fails for another reason than the table's refusal is retried at the next epoch,
+and discards and cleaning are best effort (the cleaner finds what is left).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cleaner.decisions import RestoreBase
+from cleaner.run import execute, scan
+from metadata.errors import StorageError
+from metadata.events import Outcome
+from metadata.lease import JobLease, LeaseLostError
+from metadata.savepoint import write_savepoint
+from metadata.storage import JobStorage
+from regional.coordinator import (
+    AbortCheckpoint,
+    CheckpointCoordinator,
+    Commit,
+    Decision,
+    DiscardAttempt,
+    FailJob,
+    FinishJob,
+    NotifyComplete,
+    NotifyFallback,
+    NotifySubsumed,
+    TriggerCheckpoint,
+    WriteMetadata,
+)
+from regional.errors import CommitError, JobFailedError, RegionalError
+from regional.operators import perform_commit
+from regional.pipeline import Pipeline
+from regional.policy import Policy
+from regional.runtime.faults import Faults
+
+__all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
+
+#: How often the table may refuse one commit before the job fails with a `CommitError`.
+COMMIT_ATTEMPTS = 3
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EpochOutcome:
+    """How a checkpoint ended, gathered while its decisions are carried out."""
+
+    outcome: Outcome
+    fallback_units: tuple[int, ...] = ()
+    message: str = ""
+    causes: dict[int, str] = dataclasses.field(default_factory=dict)
+    abort_rule: str | None = None
+
+
+class DecisionHandlers:
+    """Carries out decisions for a driver that provides the attributes below."""
+
+    pipeline: Pipeline
+    storage: JobStorage
+    policy: Policy
+    coordinator: CheckpointCoordinator
+    lease: JobLease
+    faults: Faults
+    job_id: str
+    _commit_failures: dict[tuple[str, int], int]
+    _deferred: list[Decision]
+    _outcomes: dict[int, EpochOutcome]
+    _savepoints: dict[int, str]
+    _clean_due: bool
+    _finished: bool
+    _restore_base: RestoreBase | None
+
+    def _now(self) -> int:
+        raise NotImplementedError
+
+    def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
+        raise NotImplementedError
+
+    @functools.cached_property
+    def _handlers(self) -> dict[type, Callable[[Any], list[Decision]]]:
+        return {
+            WriteMetadata: self._write_metadata,
+            Commit: self._commit,
+            AbortCheckpoint: self._aborted,
+            DiscardAttempt: self._discard,
+            NotifySubsumed: self._subsumed,
+            FailJob: self._fail,
+            FinishJob: self._finish,
+            NotifyComplete: self._notified,
+            NotifyFallback: self._notified,
+        }
+
+    def _carry_out(self, decisions: list[Decision]) -> None:
+        """Carry out decisions in order; the follow-ups of each are carried out after the ones
+        already queued. Cleans once at the end when a checkpoint was subsumed."""
+        self._deferred = []
+        queue = list(decisions)
+        while queue:
+            d = queue.pop(0)
+            self._seen(d)
+            queue += self._handlers[type(d)](d)
+        if self._clean_due:
+            self._clean_due = False
+            self._clean()
+
+    def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
+        """Write a completed checkpoint's metadata; the checkpoint is complete once it is
+        durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; the
+        job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
+        savepoint resumes from it; the cleaner treats it as any other)."""
+        md = d.metadata
+        cid = md.checkpoint_id
+        try:
+            self.lease.check()  # never write without the lease (an expired one aborts)
+            if d.savepoint is not None:
+                self._savepoints[cid] = write_savepoint(self.storage, d.savepoint)
+            self.storage.write_metadata(md)
+        except LeaseLostError:
+            raise
+        except RegionalError as exc:
+            return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
+        self.faults.crash_point(cid, "after-metadata")
+        self._outcomes[cid] = EpochOutcome(
+            Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
+            tuple(u.unit_id for u in md.fallback_units),
+            "; ".join(md.reasons),
+            {u.unit_id: u.reason or "" for u in md.fallback_units},
+        )
+        return self.coordinator.on_metadata_durable(cid, self._now())
+
+    def _commit(self, commit: Commit) -> list[Decision]:
+        """Commit to the sink idempotently. A failed commit is retried and blocks later ones:
+        a refusal by the table (`CommitError`: missing data files, out of order) fails the job
+        after `COMMIT_ATTEMPTS`; any other failure (storage unreachable, no lease) is retried
+        at the next epoch, as long as it takes."""
+        sink = self.pipeline.vertices[commit.vertex_id].sink
+        key = (commit.vertex_id, commit.checkpoint_id)
+        try:
+            self.lease.check()
+            perform_commit(commit, sink)
+        except LeaseLostError:
+            raise
+        except CommitError as exc:
+            self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
+            if self._commit_failures[key] >= COMMIT_ATTEMPTS:
+                raise CommitError(
+                    f"commit of checkpoint {commit.checkpoint_id} to sink {commit.vertex_id!r} "
+                    f"failed {COMMIT_ATTEMPTS} times: {exc}"
+                ) from exc
+            return self.coordinator.on_commit_failed(
+                commit.vertex_id, commit.checkpoint_id, str(exc)
+            )
+        except Exception as exc:
+            log.warning(
+                "commit of checkpoint %d to sink %r failed (%s: %s); retrying next epoch",
+                commit.checkpoint_id,
+                commit.vertex_id,
+                type(exc).__name__,
+                exc,
+            )
+            self._deferred += self.coordinator.on_commit_failed(
+                commit.vertex_id, commit.checkpoint_id, str(exc)
+            )
+            return []
+        self._commit_failures.pop(key, None)
+        self.faults.crash_point(commit.checkpoint_id, "after-commit")
+        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+
+    def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
+        self._outcomes[d.checkpoint_id] = EpochOutcome(
+            Outcome.ABORTED, d.failed_units, d.message, abort_rule=d.rule.value
+        )
+        return []
+
+    def _discard(self, d: DiscardAttempt) -> list[Decision]:
+        """Delete a failed or fenced attempt's state files and staged sink files. Best effort:
+        what is left (storage unreachable) is garbage the cleaner finds."""
+        try:
+            for path in d.files:
+                self.storage.delete_file(path)
+            for vertex_id, committables in d.committables.items():
+                self.pipeline.vertices[vertex_id].sink.discard(committables)
+        except Exception as exc:
+            log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
+        return []
+
+    def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
+        self._clean_due = True
+        return []
+
+    def _fail(self, d: FailJob) -> list[Decision]:
+        raise JobFailedError(d.message)
+
+    def _finish(self, d: FinishJob) -> list[Decision]:
+        self._finished = True
+        return []
+
+    def _notified(self, d: NotifyComplete | NotifyFallback) -> list[Decision]:
+        return []  # units restore from the coordinator's states every epoch
+
+    def _clean(self) -> None:
+        """Delete what no retained checkpoint needs (the cleaner's plan and executor). When
+        storage or the lease is not there, the cleaning waits for the next subsumed one."""
+        try:
+            self.lease.check()
+            plan = scan(
+                self.storage,
+                num_retained=self.policy.checkpointing.num_retained,
+                restore_base=self._restore_base,
+            )
+        except LeaseLostError:
+            raise
+        except StorageError as exc:
+            log.warning("job %s: cleaning postponed: %s", self.job_id, exc)
+            self._clean_due = True
+            return
+        latest = self.coordinator.latest_completed_id or 0
+
+        def progress(_: object) -> None:
+            self.faults.crash_point(latest, "mid-clean")
+
+        execute(plan, self.storage, progress=progress, max_workers=1)
