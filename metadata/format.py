@@ -62,8 +62,9 @@ MAGIC = b"RGNL"
 #: Major version of what this code writes; readers refuse anything newer.
 FORMAT_VERSION = 1
 #: Minor version of what this code writes (additive changes within a major version).
-#: 1.1 added `CheckpointMetadata.num_retained`; 1.2 `CheckpointMetadata.forced_global`.
-FORMAT_MINOR = 2
+#: 1.1 added `CheckpointMetadata.num_retained`; 1.2 `CheckpointMetadata.forced_global`; 1.3
+#: `CheckpointMetadata.consecutive_regional`.
+FORMAT_MINOR = 3
 
 _HEADER = struct.Struct(">4sHHQ")
 HEADER_SIZE = _HEADER.size
@@ -176,6 +177,8 @@ def _check_values(md: CheckpointMetadata, source: str) -> None:
 
     if md.checkpoint_id < 0:
         raise bad(f"negative checkpoint id {md.checkpoint_id}")
+    if md.consecutive_regional is not None and md.consecutive_regional < 0:
+        raise bad(f"negative consecutive-regional count {md.consecutive_regional}")
     if md.num_retained is not None and md.num_retained < 1:
         raise bad(f"num-retained {md.num_retained} (at least 1 is always retained)")
     for u in md.units:

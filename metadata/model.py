@@ -137,6 +137,8 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     checkpoint was taken, so that `regional clean` and `regional inspect` keep what the job
     kept (None in metadata written before it was recorded, format 1.0). `forced_global` says
     why every unit had to be fresh (format 1.2; empty before, and when nothing forced it).
+    `consecutive_regional` counts the regional checkpoints in a row ending with this one (0 for a
+    global one), so a restore keeps the job-level limit's count (format 1.3; None before).
     """
 
     checkpoint_id: int
@@ -153,6 +155,7 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     subtasks: tuple[SubtaskState, ...] = ()
     num_retained: int | None = None
     forced_global: tuple[ForcedGlobal, ...] = ()
+    consecutive_regional: int | None = None
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:

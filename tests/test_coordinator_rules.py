@@ -11,6 +11,7 @@ import pytest
 from metadata.model import (
     CheckpointKind,
     CheckpointMetadata,
+    ForcedGlobal,
     StateHandle,
     SubtaskState,
     VertexInfo,
@@ -29,6 +30,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import JobFailedError
+from regional.operators.protocol import RegionalCompletion
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
 
 
@@ -254,8 +256,11 @@ class Recorder:
     def restore(self, data: bytes) -> None:
         self.calls.append(("restore", data))
 
-    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
-        self.calls.append(("complete", checkpoint_id, dict(fallback)))
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self.calls.append(("complete", checkpoint_id))
+
+    def notify_regional_complete(self, checkpoint_id: int, info: RegionalCompletion) -> None:
+        self.calls.append(("regional-complete", checkpoint_id, dict(info.fallback)))
 
     def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:
         self.calls.append(("aborted", checkpoint_id, dict(reset)))
@@ -333,8 +338,33 @@ def test_coordinator_fallback_snapshot_is_written_and_notified() -> None:
     md = metadata_of(out)
     assert md.coordinators == {"v1": b"fallback-2"}
     assert ("fallback", 2, {5: 1}) in rec.calls
-    assert ("complete", 2, {5: 1}) in rec.calls
-    assert ("complete", 1, {}) in rec.calls
+    assert ("regional-complete", 2, {5: 1}) in rec.calls
+    assert ("complete", 1) in rec.calls
+
+
+def test_coordinator_of_a_healthy_operator_is_told_the_checkpoint_was_regional() -> None:
+    # rule 6: vertex "b" has no subtask in the failed unit, yet it must not be told "complete"
+    units = ((("a", 0),), (("a", 1),), (("b", 0),), (("b", 1),))
+    vertices = (VertexInfo("a", 2, 128), VertexInfo("b", 2, 128))
+    recorders = {"a": Recorder("a"), "b": Recorder("b")}
+    c = CheckpointCoordinator(
+        JobLayout(units=units, vertices=vertices),
+        policy(max_failure_ratio=0.5),
+        job_id="job",
+        coordinators=recorders,
+    )
+    t = c.trigger(now_ms=0)
+    out = []
+    for u, ((vertex, index),) in enumerate(units):
+        if u == 0:
+            out += c.on_decline(t.checkpoint_id, u, 1, "ValueError: bad", 1)
+        else:
+            state = SubtaskState(vertex, index, u, attempt=1)
+            out += c.on_ack(t.checkpoint_id, u, 1, (state,), 1)
+    [write] = [d for d in out if isinstance(d, WriteMetadata)]
+    c.on_metadata_durable(write.metadata.checkpoint_id, 2)
+    assert recorders["a"].calls[-1] == ("regional-complete", 1, {0: 0})
+    assert recorders["b"].calls[-1] == ("regional-complete", 1, {})
 
 
 def test_restore_with_other_parallelism_refuses_fallback_by_rule_3d() -> None:
@@ -578,6 +608,60 @@ def test_retry_fences_the_old_attempt() -> None:
     md = metadata_of(job.ack(2, attempt=2))
     assert md.kind is CheckpointKind.GLOBAL
     assert [s.attempt for s in md.subtasks if s.unit_id == 2] == [2]
+
+
+def test_retried_attempt_never_runs_past_the_checkpoint_deadline() -> None:
+    job = Job(units=4, timeout=60)  # region timeout 60 s; the checkpoint's is 60 s too
+    t = job.start()
+    for _ in range(5):  # each retry near the end would otherwise add another 60 s
+        job.c.retry_unit(t.checkpoint_id, 2, t.deadline_ms - 1)
+    job.ack(0), job.ack(1), job.ack(3)
+    out = job.c.on_tick(t.deadline_ms)
+    [unit] = metadata_of(out).fallback_units
+    assert unit.unit_id == 2 and unit.reason.startswith("timeout")
+    assert job.c.pending_checkpoint_id is None
+
+
+@pytest.mark.parametrize("unit", [-1, 9, 10])
+def test_answers_for_units_outside_the_job_are_refused_and_the_coordinator_goes_on(
+    unit: int,
+) -> None:
+    job = Job(units=9)
+    t = job.start()
+    message = f"unit {unit} is not a unit of job job: its units are 0..8;"
+    with pytest.raises(CoordinatorStateError, match=message):
+        job.c.on_ack(t.checkpoint_id, unit, 1, (), job.now)
+    with pytest.raises(CoordinatorStateError, match=message):
+        job.c.on_decline(t.checkpoint_id, unit, 1, "x", job.now)
+    with pytest.raises(CoordinatorStateError, match=message):
+        job.c.retry_unit(t.checkpoint_id, unit, job.now)
+    out = []
+    for u in range(9):
+        out += job.ack(u)
+    assert metadata_of(out).kind is CheckpointKind.GLOBAL  # unit 8 was not aliased by -1
+    job.finish(out)
+    assert metadata_of(job.run(failed={8})).kind is CheckpointKind.REGIONAL
+
+
+def test_single_unit_job_triggers_global_checkpoints() -> None:
+    t = Job(units=1).start()
+    assert t.kind is CheckpointKind.GLOBAL
+    assert t.forced == (ForcedGlobal.SINGLE_UNIT,)
+    assert t.reasons == ("the job has a single fallback unit: its checkpoints are global",)
+
+
+def test_restore_keeps_the_consecutive_regional_count_towards_tier_1() -> None:
+    job = Job(max_consecutive_regional=3)
+    job.run()
+    for _ in range(2):
+        md = metadata_of(job.run(failed={1}))
+    assert md.consecutive_regional == 2
+    again = Job(max_consecutive_regional=3)
+    again.c.restore(md)  # a crash after two regional checkpoints in a row
+    assert metadata_of(again.run(failed={1})).consecutive_regional == 3
+    t = again.start()
+    assert t.kind is CheckpointKind.GLOBAL
+    assert t.forced == (ForcedGlobal.CONSECUTIVE_REGIONAL,)
 
 
 def test_malformed_ack_counts_as_a_decline() -> None:

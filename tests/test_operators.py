@@ -16,6 +16,7 @@ from regional.operators import (
     TableCommitter,
     perform_commit,
 )
+from regional.operators.protocol import RegionalCompletion
 
 
 def test_reference_classes_implement_the_protocols() -> None:
@@ -57,7 +58,7 @@ def test_fallback_snapshot_returns_splits_assigned_after_the_owner_checkpoint() 
     assert restored.owner_of("s2") is None
     # the snapshot does not change the live enumerator; the fallback notice does
     assert e.owner_of("s2") == 0
-    e.notify_complete(101, {0: 100})
+    e.notify_regional_complete(101, RegionalCompletion({0: 100}, {0: 100}))
     assert e.unassigned == ("s2", "s4", "s5") and e.owner_of("s2") is None
 
 
@@ -65,7 +66,7 @@ def test_fallback_of_several_subtasks_and_nothing_to_roll_back() -> None:
     e = SplitEnumerator("src", [f"s{i}" for i in range(5)])
     e.snapshot(1)
     e.assign(0), e.assign(1), e.assign(2)
-    e.notify_complete(2, {})
+    e.notify_complete(2)
     assert e.unassigned == ("s3", "s4")
     e.snapshot(2)
     e.notify_aborted(3, {0: 2, 2: 2})  # assigned in epoch 2, included in checkpoint 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from regional.coordinator.events import Commit
+from regional.decisions import Commit
 from regional.errors import CommitError
 from regional.operators import TableCommitter, perform_commit
 from regional.sinks.parquet import ParquetSink, committed_files, read_table

@@ -7,7 +7,7 @@ from regional.coordinator.checkpoint_coordinator import (
     CoordinatorStateError,
 )
 from regional.coordinator.decision import Verdict, evaluate
-from regional.coordinator.events import (
+from regional.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
     Commit,

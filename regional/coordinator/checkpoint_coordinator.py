@@ -38,7 +38,7 @@ from metadata.model import (
 )
 from metadata.retention import Retention
 from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
-from regional.coordinator.events import (
+from regional.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
     Decision,
@@ -57,8 +57,7 @@ from regional.coordinator.limits import Limits
 from regional.coordinator.metrics import CoordinatorMetrics
 from regional.coordinator.pending import PendingCheckpoint
 from regional.errors import JobFailedError
-from regional.operators.commit import CommitCoordinator
-from regional.operators.protocol import OperatorCoordinator
+from regional.operators.protocol import CommitQueue, OperatorCoordinator, RegionalCompletion
 from regional.policy import Policy, policy_fingerprint
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
@@ -105,7 +104,7 @@ class CheckpointCoordinator:
                     f"operator coordinator for unknown vertex {vertex_id!r}"
                 )
         self._committers = {
-            v: c for v, c in self._coordinators.items() if isinstance(c, CommitCoordinator)
+            v: c for v, c in self._coordinators.items() if isinstance(c, CommitQueue)
         }
         n = layout.num_units
         self._expected = [tuple(subtasks) for subtasks in layout.units]
@@ -193,6 +192,11 @@ class CheckpointCoordinator:
             reasons.append("max-unit-fallbacks = 0: units may never fall back")
             forced.append(ForcedGlobal.NO_UNIT_FALLBACKS)
         must_all = bool(reasons)
+        single = self._layout.num_units <= 1
+        if self._region.enabled and single and not must_all:
+            # rule 1: nothing can fall back on its own; a decline still aborts by rule 3b
+            reasons.append("the job has a single fallback unit: its checkpoints are global")
+            forced.append(ForcedGlobal.SINGLE_UNIT)
         if not self._region.enabled:
             reasons.append("regional checkpoints are disabled")
             forced.append(ForcedGlobal.REGIONAL_DISABLED)
@@ -201,7 +205,7 @@ class CheckpointCoordinator:
             CheckpointKind.SAVEPOINT
             if savepoint
             else CheckpointKind.GLOBAL
-            if must_all or not self._region.enabled
+            if must_all or single or not self._region.enabled
             else CheckpointKind.REGIONAL
         )
         timeout = self._policy.checkpointing.timeout
@@ -230,14 +234,16 @@ class CheckpointCoordinator:
 
     def retry_unit(self, checkpoint_id: int, unit_id: int, now_ms: int) -> int:
         """Fence the unit's running attempt and start a new one (its ack alone counts now);
-        returns the new attempt number. Only for a unit that has not answered yet."""
+        returns the new attempt number. Only for a unit that has not answered yet. The new
+        attempt gets the region timeout, never past the checkpoint's own deadline."""
+        self._check_unit(unit_id)
         p = self._pending
         if p is None or p.checkpoint_id != checkpoint_id or p.answered(unit_id):
             raise CoordinatorStateError(
                 f"cannot retry unit {unit_id} in checkpoint {checkpoint_id}: it is not pending "
                 "or the unit already answered"
             )
-        return p.retry(unit_id, now_ms + round(self._region.timeout * 1000))
+        return p.retry(unit_id, min(p.deadline_ms, now_ms + round(self._region.timeout * 1000)))
 
     def on_ack(
         self,
@@ -250,6 +256,7 @@ class CheckpointCoordinator:
         """Unit `unit_id`'s attempt acked with the states of all its subtasks, in the order of
         `layout.units[unit_id]`. A stale ack (fenced attempt, checkpoint not pending) is
         ignored and its files returned for discarding (rule 9)."""
+        self._check_unit(unit_id)
         p = self._pending
         if p is None or p.checkpoint_id != checkpoint_id or p.attempt_of(unit_id) != attempt:
             return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
@@ -282,6 +289,7 @@ class CheckpointCoordinator:
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
     ) -> list[Decision]:
         """Unit `unit_id`'s attempt declined (`cause`: e.g. the exception in user code)."""
+        self._check_unit(unit_id)
         p = self._pending
         if (
             p is None
@@ -341,8 +349,13 @@ class CheckpointCoordinator:
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
         self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
         per_vertex = self._per_vertex(fallback)
+        units_fallback = {u: self._owner[u] for u in sorted(fallback)}
         for vertex_id, coordinator in self._coordinators.items():
-            coordinator.notify_complete(checkpoint_id, per_vertex.get(vertex_id, {}))
+            if fallback:
+                info = RegionalCompletion(per_vertex.get(vertex_id, {}), units_fallback)
+                coordinator.notify_regional_complete(checkpoint_id, info)
+            else:
+                coordinator.notify_complete(checkpoint_id)
         self._reopen_sources(fallback)
         out: list[Decision] = []
         healthy = tuple(u for u in range(n) if u not in fallback) if fallback else tuple(range(n))
@@ -350,10 +363,9 @@ class CheckpointCoordinator:
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
         out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
-        owners_of_fallback = {u: self._owner[u] for u in fallback}
         for vertex_id, committer in self._committers.items():
             committer.checkpoint_complete(
-                checkpoint_id, _fresh_committables(md, vertex_id), fallback=owners_of_fallback
+                checkpoint_id, _fresh_committables(md, vertex_id), fallback=units_fallback
             )
         if p.final and not fallback:
             self._final_checkpoint = checkpoint_id
@@ -448,7 +460,11 @@ class CheckpointCoordinator:
             for u in range(self._layout.num_units)
             if self._owner[u] != cid
         }
-        self.limits.consecutive_regional = int(metadata.kind is CheckpointKind.REGIONAL)
+        self.limits.consecutive_regional = (
+            metadata.consecutive_regional
+            if metadata.consecutive_regional is not None
+            else int(metadata.kind is CheckpointKind.REGIONAL)  # written before format 1.3
+        )
         self._retention = Retention(self._policy.checkpointing.num_retained)
         self._retention.add(cid, metadata.referenced_checkpoint_ids)
         for vertex_id, data in metadata.coordinators.items():
@@ -609,6 +625,13 @@ class CheckpointCoordinator:
             subtasks=tuple(subtasks),
             num_retained=self._policy.checkpointing.num_retained,
             forced_global=() if fallback else p.forced,
+            consecutive_regional=(
+                self.limits.consecutive_regional
+                if p.kind is CheckpointKind.SAVEPOINT
+                else self.limits.consecutive_regional + 1
+                if fallback
+                else 0
+            ),
         )
         savepoint = None
         if p.kind is CheckpointKind.SAVEPOINT:
@@ -700,7 +723,16 @@ class CheckpointCoordinator:
         self._completing = None
         return done
 
-    def _committer(self, vertex_id: str) -> CommitCoordinator:
+    def _check_unit(self, unit_id: int) -> None:
+        """Refuse a unit id the layout does not have (-1 would alias the last unit)."""
+        n = self._layout.num_units
+        if not 0 <= unit_id < n:
+            raise CoordinatorStateError(
+                f"unit {unit_id} is not a unit of job {self._job_id}: its units are 0..{n - 1};"
+                " the runtime answered for a unit it was not given"
+            )
+
+    def _committer(self, vertex_id: str) -> CommitQueue:
         try:
             return self._committers[vertex_id]
         except KeyError:

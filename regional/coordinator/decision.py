@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 
-from regional.coordinator.events import Rule
+from regional.decisions import Rule
 
 __all__ = ["Verdict", "evaluate", "failure_ratio", "name_units"]
 

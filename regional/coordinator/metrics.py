@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from regional.coordinator.events import Rule
+from regional.decisions import Rule
 
 __all__ = ["CoordinatorMetrics"]
 

@@ -76,6 +76,11 @@ class PendingCheckpoint:
         self._retries: dict[int, tuple[int, int]] = {}  # unit -> (attempt, deadline)
         self._earliest = deadline_ms
 
+    @property
+    def deadline_ms(self) -> int:
+        """The checkpoint's own deadline; no retried attempt runs past it."""
+        return self._deadline
+
     def attempt_of(self, unit_id: int) -> int:
         """The current (unfenced) attempt of `unit_id`."""
         retry = self._retries.get(unit_id)

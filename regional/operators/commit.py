@@ -28,8 +28,9 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from metadata.model import SubtaskState
-from regional.coordinator.events import Commit
+from regional.decisions import Commit
 from regional.errors import CommitError
+from regional.operators.protocol import RegionalCompletion
 
 __all__ = ["CommitCoordinator", "TableCommitter", "TableRollback", "perform_commit"]
 
@@ -182,7 +183,10 @@ class CommitCoordinator:
             for i, c in state.pending
         )
 
-    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
+    def notify_complete(self, checkpoint_id: int) -> None:
+        return None
+
+    def notify_regional_complete(self, checkpoint_id: int, info: RegionalCompletion) -> None:
         return None
 
     def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:

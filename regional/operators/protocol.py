@@ -2,7 +2,8 @@
 
 The checkpoint coordinator calls them at fixed points: `snapshot` / `snapshot_for_fallback` when
 checkpoint Y is decided (every unit answered), `check_fallback` while deciding whether a unit's
-earlier state is usable (rule 3 d), `notify_complete` once Y's metadata is durable, and
+earlier state is usable (rule 3 d), once Y's metadata is durable `notify_complete` (Y was global:
+every unit fresh) or `notify_regional_complete` (some units fell back, DESIGN §4 rule 6), and
 `notify_aborted` when Y is aborted. `fallback` / `reset` map a subtask index to the checkpoint
 whose state that subtask restarts from (its owner; 0 = its initial state).
 """
@@ -12,10 +13,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
+import msgspec
+
 from metadata.model import SubtaskState
+from regional.decisions import Commit
 from regional.errors import CheckpointAbortedError
 
-__all__ = ["FallbackUnsupportedError", "OperatorCoordinator"]
+__all__ = [
+    "CommitQueue",
+    "FallbackUnsupportedError",
+    "OperatorCoordinator",
+    "RegionalCompletion",
+]
+
+
+class RegionalCompletion(msgspec.Struct, frozen=True):
+    """What an operator coordinator learns of a regional checkpoint Y (DESIGN §4 rule 6).
+
+    `fallback`: this operator's subtask index -> the checkpoint whose state it restarts from
+    (empty when all of this operator's subtasks were fresh); `fallback_units`: the same per
+    fallback unit, over the whole job.
+    """
+
+    fallback: Mapping[int, int]
+    fallback_units: Mapping[int, int]
 
 
 class FallbackUnsupportedError(CheckpointAbortedError):
@@ -46,10 +67,40 @@ class OperatorCoordinator(Protocol):
         """Reset to a snapshot taken by `snapshot` or `snapshot_for_fallback`."""
         ...
 
-    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
-        """`checkpoint_id` is durable; the `fallback` subtasks fell back (empty: global)."""
+    def notify_complete(self, checkpoint_id: int) -> None:
+        """Global checkpoint `checkpoint_id` is durable: every subtask was fresh."""
+        ...
+
+    def notify_regional_complete(self, checkpoint_id: int, info: RegionalCompletion) -> None:
+        """Regional checkpoint `checkpoint_id` is durable: the units in `info` fell back."""
         ...
 
     def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:
         """Checkpoint `checkpoint_id` was aborted; subtasks in `reset` restart from their owner."""
         ...
+
+
+@runtime_checkable
+class CommitQueue(OperatorCoordinator, Protocol):
+    """An operator coordinator that commits a sink's output (the commit coordinator, rule 8):
+    the checkpoint coordinator queues completed checkpoints' committables and pumps commits."""
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        """Identifiers queued or in flight, oldest first."""
+        ...
+
+    def checkpoint_complete(
+        self,
+        checkpoint_id: int,
+        committables: tuple[bytes, ...],
+        *,
+        recommit: bool = False,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None: ...
+
+    def next_commit(self) -> Commit | None: ...
+
+    def commit_succeeded(self, checkpoint_id: int) -> None: ...
+
+    def commit_failed(self, checkpoint_id: int) -> None: ...

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from metadata.model import SubtaskState
+from regional.operators.protocol import RegionalCompletion
 
 __all__ = ["SplitEnumerator"]
 
@@ -123,8 +124,11 @@ class SplitEnumerator:
         for split, index in sorted(self._owner.items(), key=lambda kv: self._assigned_in[kv[0]]):
             self._by_subtask.setdefault(index, []).append(split)
 
-    def notify_complete(self, checkpoint_id: int, fallback: Mapping[int, int]) -> None:
-        self._reset(fallback)
+    def notify_complete(self, checkpoint_id: int) -> None:
+        return None
+
+    def notify_regional_complete(self, checkpoint_id: int, info: RegionalCompletion) -> None:
+        self._reset(info.fallback)
 
     def notify_aborted(self, checkpoint_id: int, reset: Mapping[int, int]) -> None:
         self._reset(reset)
