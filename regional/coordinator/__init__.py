@@ -7,6 +7,10 @@ from regional.coordinator.checkpoint_coordinator import (
     CoordinatorStateError,
 )
 from regional.coordinator.decision import Verdict, evaluate
+from regional.coordinator.layout import JobLayout, UnitPlan
+from regional.coordinator.limits import Limits
+from regional.coordinator.metrics import CoordinatorMetrics
+from regional.coordinator.pending import PendingCheckpoint
 from regional.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
@@ -22,10 +26,6 @@ from regional.decisions import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.layout import JobLayout, UnitPlan
-from regional.coordinator.limits import Limits
-from regional.coordinator.metrics import CoordinatorMetrics
-from regional.coordinator.pending import PendingCheckpoint
 
 __all__ = [
     "INITIAL_STATE_ID",

@@ -38,6 +38,10 @@ from metadata.model import (
 )
 from metadata.retention import Retention
 from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
+from regional.coordinator.layout import JobLayout
+from regional.coordinator.limits import Limits
+from regional.coordinator.metrics import CoordinatorMetrics
+from regional.coordinator.pending import PendingCheckpoint
 from regional.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
@@ -52,10 +56,6 @@ from regional.decisions import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.layout import JobLayout
-from regional.coordinator.limits import Limits
-from regional.coordinator.metrics import CoordinatorMetrics
-from regional.coordinator.pending import PendingCheckpoint
 from regional.errors import JobFailedError
 from regional.operators.protocol import CommitQueue, OperatorCoordinator, RegionalCompletion
 from regional.policy import Policy, policy_fingerprint
