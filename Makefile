@@ -28,6 +28,7 @@ demo: $(STAMP) check-java
 
 test: $(STAMP) check-java
 	@$(BIN)/ruff check --quiet .
+	@$(BIN)/mypy
 	@$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

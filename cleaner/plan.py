@@ -91,8 +91,8 @@ from cleaner.decisions import (
     StoredFile,
 )
 from metadata.errors import StorageError
-from metadata.events import DEFAULT_RETAINED_EVENTS
 from metadata.layout import (
+    DEFAULT_RETAINED_EVENTS,
     EVENTS_DIR,
     LEASE_DIR,
     METADATA_NAME,
@@ -450,7 +450,8 @@ class _Rules:
                 self._flush(cid, kept, deleted, n_kept)
                 kept = deleted = n_kept = 0
                 cur_top, cid = top, _checkpoint_id_of(top)
-                own_only = self.own_only.get(cid, _NOT_KEPT)  # the (cid,) `kept_by` shares
+                # the (cid,) `kept_by` shares
+                own_only = _NOT_KEPT if cid is None else self.own_only.get(cid, _NOT_KEPT)
                 own_detail = f"file of kept checkpoint {cid}"
             users = kept_by_get(path)
             if users is own_only:  # the common case: a file only its own checkpoint uses
@@ -489,13 +490,15 @@ class _Rules:
             verdict = verdicts.get((top, kind))
             if verdict is None:
                 verdict = verdicts[top, kind] = self._rule(top, cid, kind)
-            reason, detail, phase, own = verdict
+            reason, detail, phase, keepers = verdict
             if phase is None:
-                append(FileDecision(path, size, Action.KEEP, reason, detail, cid, own))
+                append(FileDecision(path, size, Action.KEEP, reason, detail, cid, keepers))
                 kept += size
                 n_kept += 1
             else:
-                append(FileDecision(path, size, Action.DELETE, reason, detail, cid, own, phase))
+                append(
+                    FileDecision(path, size, Action.DELETE, reason, detail, cid, keepers, phase)
+                )
                 deleted += size
         self._flush(cid, kept, deleted, n_kept)
         return out

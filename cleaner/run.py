@@ -36,8 +36,7 @@ from cleaner.plan import (
     plan_retention,
 )
 from metadata.errors import MetadataError, StorageError
-from metadata.events import DEFAULT_RETAINED_EVENTS
-from metadata.layout import check_relative, checkpoint_id_of
+from metadata.layout import DEFAULT_RETAINED_EVENTS, check_relative, checkpoint_id_of
 from metadata.model import CheckpointMetadata
 
 __all__ = [

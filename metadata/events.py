@@ -5,7 +5,8 @@ Object stores have no append, so the log is one small object per event, named by
 a new object (`JobStorage.write_new_file`); no object is ever read, modified and rewritten.
 Listing `events/` in name order gives the log in checkpoint order, and concatenating the
 files gives a JSON-lines stream (`cat <job root>/events/*.json`). The cleaner keeps the newest
-`DEFAULT_RETAINED_EVENTS` files and deletes older ones (`cleaner.plan`, reason `expired-event`).
+`metadata.layout.DEFAULT_RETAINED_EVENTS` files and deletes older ones (`cleaner.plan`, reason
+`expired-event`).
 
 Each event is a `CheckpointEvent`: the outcome (kind, fallback units and why, abort rule,
 duration) and the coordinator's metrics right after it (`oldest_ref_checkpoint_id`, per-unit
@@ -40,7 +41,6 @@ from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
 from metadata.storage import JobStorage, Problem
 
 __all__ = [
-    "DEFAULT_RETAINED_EVENTS",
     "EVENTS_SCHEMA",
     "CheckpointEvent",
     "Outcome",
@@ -50,9 +50,6 @@ __all__ = [
     "read_events",
     "write_event",
 ]
-
-#: How many event files the cleaner keeps (the newest); 0.4-0.5 KiB each for 8 units.
-DEFAULT_RETAINED_EVENTS = 1000
 
 
 class Outcome(enum.StrEnum):

@@ -143,7 +143,7 @@ DIFF_SCHEMA = pa.schema(
 )
 
 
-def _table(rows: list[dict[str, object]], schema: pa.Schema) -> pa.Table:
+def _table(rows: Sequence[Mapping[str, object]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 

@@ -36,6 +36,7 @@ import re
 from metadata.errors import StorageError
 
 __all__ = [
+    "DEFAULT_RETAINED_EVENTS",
     "EVENTS_DIR",
     "LEASE_DIR",
     "METADATA_NAME",
@@ -56,6 +57,8 @@ SHARED_DIR = "shared"
 SAVEPOINTS_DIR = "savepoints"
 EVENTS_DIR = "events"
 LEASE_DIR = "_lease"
+#: Newest event-log files kept by the runtime and `regional clean` (older: `expired-event`).
+DEFAULT_RETAINED_EVENTS = 1000
 
 _CHK = re.compile(r"^chk-(\d+)(?:/|$)")
 _EVENT = re.compile(r"^events/(\d{12})-(\d+)\.json$")

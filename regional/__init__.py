@@ -1,12 +1,17 @@
 """regional: regional checkpoints for PySpark pipelines.
 
-Heavy modules (pyspark) are imported lazily so `import regional` and the CLI start fast.
+Heavy modules (pyspark, pyarrow) are imported lazily so `import regional` and the CLI start fast;
+type checkers see the real classes through the `TYPE_CHECKING` imports.
+
+>>> import regional
+>>> regional.__version__
+'0.1.0'
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from regional.errors import (
     CheckpointAbortedError,
@@ -21,18 +26,23 @@ from regional.errors import (
     StorageError,
 )
 
-__all__ = [
-    "CheckpointAbortedError",
-    "CommitError",
-    "GraphError",
-    "JobFailedError",
-    "MetadataError",
-    "PolicyError",
-    "RegionalError",
-    "RestoreError",
-    "SinkError",
-    "StorageError",
-]
+if TYPE_CHECKING:
+    from regional.graph import Edge, JobGraph, Vertex
+    from regional.pipeline import Pipeline
+    from regional.policy import Policy, load_policy
+    from regional.regions import analyse
+    from regional.runtime.faults import Faults
+    from regional.runtime.session import spark_session
+    from regional.runtime.spark import SparkRuntime
+    from regional.sinks.paimon import PaimonSink
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.files import FileSource
+    from regional.sources.generator import GeneratorSource
+    from regional.sources.log import LogSource
+    from regional.table import read_table
+
+#: The release; pyproject.toml reads it from here.
+__version__ = "0.1.0"
 
 #: Public names imported on first use (`regional.Pipeline`, `regional.read_table`, ...), so that
 #: `import regional` stays light and never imports pyspark.
@@ -45,10 +55,45 @@ _LAZY = {
     "PaimonSink": "regional.sinks.paimon",
     "read_table": "regional.table",
     "SparkRuntime": "regional.runtime.spark",
-    "Faults": "regional.runtime.spark",
+    "Faults": "regional.runtime.faults",
     "spark_session": "regional.runtime.session",
+    "Policy": "regional.policy",
+    "load_policy": "regional.policy",
+    "JobGraph": "regional.graph",
+    "Vertex": "regional.graph",
+    "Edge": "regional.graph",
+    "analyse": "regional.regions",
 }
-__all__ += list(_LAZY)
+
+__all__ = [
+    "CheckpointAbortedError",
+    "CommitError",
+    "Edge",
+    "Faults",
+    "FileSource",
+    "GeneratorSource",
+    "GraphError",
+    "JobFailedError",
+    "JobGraph",
+    "LogSource",
+    "MetadataError",
+    "PaimonSink",
+    "ParquetSink",
+    "Pipeline",
+    "Policy",
+    "PolicyError",
+    "RegionalError",
+    "RestoreError",
+    "SinkError",
+    "SparkRuntime",
+    "StorageError",
+    "Vertex",
+    "__version__",
+    "analyse",
+    "load_policy",
+    "read_table",
+    "spark_session",
+]
 
 
 def __getattr__(name: str) -> Any:

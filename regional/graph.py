@@ -100,15 +100,16 @@ class Vertex(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 f"vertex {self.id!r}: parallelism {self.parallelism} is < 1; "
                 "set `parallelism` to at least 1"
             )
-        if self.max_parallelism is None:
-            default = default_max_parallelism(self.parallelism)
-            msgspec.structs.force_setattr(self, "max_parallelism", default)
-        elif not 1 <= self.max_parallelism <= MAX_PARALLELISM_UPPER_BOUND:
+        max_parallelism = self.max_parallelism
+        if max_parallelism is None:
+            max_parallelism = default_max_parallelism(self.parallelism)
+            msgspec.structs.force_setattr(self, "max_parallelism", max_parallelism)
+        elif not 1 <= max_parallelism <= MAX_PARALLELISM_UPPER_BOUND:
             raise GraphError(
-                f"vertex {self.id!r}: max_parallelism {self.max_parallelism} is outside "
+                f"vertex {self.id!r}: max_parallelism {max_parallelism} is outside "
                 f"1..{MAX_PARALLELISM_UPPER_BOUND}; set it in that range or leave it out"
             )
-        if self.parallelism > self.max_parallelism:
+        if self.parallelism > max_parallelism:
             raise GraphError(
                 f"vertex {self.id!r}: parallelism {self.parallelism} is > max_parallelism "
                 f"{self.max_parallelism}; lower `parallelism` or raise `max_parallelism`"

@@ -55,7 +55,7 @@ class Subtask(NamedTuple):
     """One parallel instance of a vertex; written ``"<vertex_id>#<index>"``."""
 
     vertex_id: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: Flink's name
 
     def __str__(self) -> str:
         return f"{self.vertex_id}#{self.index}"

@@ -254,8 +254,8 @@ def plan_restore(
                 state_mode[v.vertex_id] = "redistribute"
         splits: list[list[SplitState]] = [[] for _ in range(v.parallelism)]
         for st in states:
-            for split in st.split_states:
-                splits[assignment[split.split_id]].append(split)
+            for split_state in st.split_states:
+                splits[assignment[split_state.split_id]].append(split_state)
         commits: list[list[bytes]] = [[] for _ in range(v.parallelism)]
         for st in states:
             if st.ref_checkpoint_id is None and st.committables:

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from metadata.errors import RegionalError
+from regional import __version__
 
 __all__ = ["main"]
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--verbose", action="store_true", help="show tracebacks and Spark's own log lines"
     )
+    parser.add_argument("--version", action="version", version=f"regional {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"regional.cli.{name}").register(sub)

@@ -25,7 +25,7 @@ import pyarrow as pa
 from cleaner.plan import RetentionPlan
 from cleaner.run import CleanReport, DeletionStatus, execute, scan
 from cleaner.views import retention_table
-from metadata.events import DEFAULT_RETAINED_EVENTS
+from metadata.layout import DEFAULT_RETAINED_EVENTS
 from metadata.retention import NumRetained
 from metadata.storage import JobStorage
 from regional.cli import retention

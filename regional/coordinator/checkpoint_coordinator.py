@@ -162,7 +162,7 @@ class CheckpointCoordinator:
         if self._failed is not None:
             raise JobFailedError(f"job {self._job_id} failed: {self._failed}")
         if self._pending is not None or self._completing is not None:
-            busy = self._pending or (self._completing and self._completing.pending)
+            busy = self._pending or (self._completing.pending if self._completing else None)
             assert busy is not None
             raise CoordinatorStateError(
                 f"cannot trigger a checkpoint while checkpoint {busy.checkpoint_id} is in flight;"

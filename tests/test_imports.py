@@ -1,0 +1,90 @@
+"""Every module imports on its own in a fresh interpreter (an import cycle shows only there),
+the pure core loads no file system, and the public names type and resolve as documented."""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import cleaner
+import metadata
+import regional
+
+
+def _modules() -> list[str]:
+    names = []
+    for package in (regional, metadata, cleaner):
+        names.append(package.__name__)
+        prefix = package.__name__ + "."
+        names += [
+            m.name
+            for m in pkgutil.walk_packages(package.__path__, prefix)
+            if not m.name.endswith(".__main__")  # runs the CLI when imported
+        ]
+    return sorted(names)
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    modules = _modules()
+    assert "regional.operators" in modules and "regional.decisions" in modules
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(lambda m: (m, _fresh(f"import {m}")), modules))
+    failures = {
+        m: r.stderr.strip().splitlines()[-1] for m, r in results if r.returncode != 0
+    }
+    assert failures == {}
+
+
+def test_the_pure_core_loads_no_file_system_at_import() -> None:
+    result = _fresh(
+        "import sys, regional.coordinator, cleaner.plan, metadata.format\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pyarrow.fs', 'pyspark'))))"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Pipeline", "SparkRuntime", "Faults", "ParquetSink", "PaimonSink", "read_table", "Policy"],
+)
+def test_public_names_resolve_to_their_classes(name: str) -> None:
+    value = getattr(regional, name)
+    assert value.__name__ == name
+    assert name in regional.__all__
+
+
+def test_sinks_package_exports_its_sinks() -> None:
+    import regional.sinks
+
+    assert set(regional.sinks.__all__) >= {"ParquetSink", "PaimonSink"}
+    assert regional.sinks.PaimonSink is regional.PaimonSink
+
+
+def test_version_on_the_package_and_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from regional.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"regional {regional.__version__}\n"
+    assert regional.__version__.count(".") == 2
+
+
+def test_lazy_names_are_all_exported() -> None:
+    for package in (regional, metadata, cleaner):
+        lazy = set(package._LAZY)  # type: ignore[attr-defined]
+        assert lazy <= set(package.__all__), package.__name__
+        for name in lazy:
+            assert getattr(package, name).__name__ == name
