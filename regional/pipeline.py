@@ -54,6 +54,7 @@ class Operator:
     kind: str
     fn: Callable[..., Any]
     key: Callable[[Any], Any] | None = None
+    name: str = ""  # the vertex id, for errors (set when the operator is added)
 
     @property
     def stateful(self) -> bool:
@@ -65,8 +66,17 @@ class Operator:
         for split, data in chunks:
             if self.kind == "map_batches":
                 result = self.fn(_batch(data))
-                if result is not None and result.num_rows:
-                    out.append((split, result))
+                if isinstance(result, pa.Table):
+                    out += [(split, b) for b in result.to_batches() if b.num_rows]
+                elif isinstance(result, pa.RecordBatch):
+                    if result.num_rows:
+                        out.append((split, result))
+                elif result is not None:
+                    raise TypeError(
+                        f"operator {self.name!r}: the map_batches function returned "
+                        f"{type(result).__module__}.{type(result).__qualname__}; return a "
+                        "pyarrow.RecordBatch, a pyarrow.Table or None"
+                    )
                 continue
             records = _records(data)
             if self.kind == "map":
@@ -123,9 +133,13 @@ class Stream:
         return self._then("filter", fn, name)
 
     def map_batches(
-        self, fn: Callable[[pa.RecordBatch], pa.RecordBatch], *, name: str | None = None
+        self,
+        fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table | None],
+        *,
+        name: str | None = None,
     ) -> Stream:
-        """One Arrow record batch in, one out (vectorised work)."""
+        """One Arrow record batch in, a record batch or table out (vectorised work); anything
+        else fails the unit with a `TypeError` naming the operator."""
         return self._then("map_batches", fn, name)
 
     def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
@@ -209,6 +223,8 @@ class Pipeline:
                 )
             parallelism = sizes.pop()
         role = {"source": "source", "sink": "sink"}.get(kind, "operator")
+        if isinstance(what.get("operator"), Operator):
+            what["operator"] = dataclasses.replace(what["operator"], name=vid)
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
         return Stream(self, vid)
 

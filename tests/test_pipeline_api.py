@@ -79,6 +79,22 @@ def test_record_and_batch_operators():
     ]
 
 
+def test_map_batches_takes_a_table_and_names_the_operator_when_it_returns_something_else():
+    p = Pipeline("job")
+    src = p.source(GeneratorSource(1, lambda s, n: {"x": n}, records_per_split=1), name="src")
+    as_table = src.map_batches(lambda b: pa.Table.from_batches([b]), name="to-table")
+    as_list = as_table.map_batches(lambda b: b.to_pylist(), name="to-list")
+    chunks = [("s0", pa.record_batch({"x": [1, 2]}))]
+    [(split, batch)] = p.vertices[as_table.vertex_id].operator.apply(chunks, None)
+    assert (split, batch.to_pylist()) == ("s0", [{"x": 1}, {"x": 2}])
+    with pytest.raises(TypeError) as error:
+        p.vertices[as_list.vertex_id].operator.apply(chunks, None)
+    assert str(error.value) == (
+        "operator 'to-list': the map_batches function returned builtins.list; return a "
+        "pyarrow.RecordBatch, a pyarrow.Table or None"
+    )
+
+
 def test_keyed_state_is_scoped_by_split_and_key_and_survives_a_snapshot():
     def count(ctx, r):
         c = ctx.value_state("c", 0)
