@@ -34,8 +34,13 @@ test: $(STAMP) check-java
 lint: $(STAMP)
 	@$(BIN)/ruff check .
 
+# Every benchmarks/bench_*.py, as a module; `make bench BENCH_ARGS=--quick` runs the small versions.
+BENCH_ARGS ?=
 bench: $(BENCH_STAMP) check-java
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in benchmarks/bench_*.py; do \
+		m=benchmarks.$$(basename $$b .py); echo "== python -m $$m $(BENCH_ARGS)"; \
+		$(BIN)/python -m $$m $(BENCH_ARGS) || exit 1; \
+	done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -10,7 +10,8 @@
    - owner refs, but referenced checkpoints kept whole;
    - regional: owner refs, only referenced files kept.
 
-Run: `.venv/bin/python benchmarks/cleaner.py [--json benchmarks/results/cleaner.json]`.
+Run: `.venv/bin/python -m benchmarks.bench_cleaner [--json benchmarks/results/cleaner.json]
+[--quick]`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,7 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import time
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from cleaner.plan import ListedFile, RetentionPlan, plan_retention
 from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState
@@ -77,19 +75,19 @@ def build(
     return completed, files
 
 
-def planning_time(repeats: int = 5) -> dict[str, float]:
+def planning_time(n_checkpoints: int = 100, repeats: int = 5) -> dict[str, float]:
     n_units, per_unit = 1000, 10
     # 5% of units fall back in each checkpoint, rotating.
-    fallback = {c: {(c * 50 + k) % n_units for k in range(50)} for c in range(1, 101)}
-    completed, files = build(100, n_units, per_unit, fallback, unit_bytes=10 * MB)
+    fallback = {c: {(c * 50 + k) % n_units for k in range(50)} for c in range(1, n_checkpoints + 1)}
+    completed, files = build(n_checkpoints, n_units, per_unit, fallback, unit_bytes=10 * MB)
     wall, cpu = [], []
     plan: RetentionPlan | None = None
     for _ in range(repeats):
         w0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_retention(completed, files, num_retained=100)
+        plan = plan_retention(completed, files, num_retained=n_checkpoints)
         wall.append(time.perf_counter() - w0)
         cpu.append(time.process_time() - c0)
-    assert plan is not None and len(plan.retained_ids) == 100
+    assert plan is not None and len(plan.retained_ids) == n_checkpoints
     return {
         "checkpoints": len(completed),
         "subtasks_per_checkpoint": n_units * per_unit,
@@ -120,8 +118,9 @@ def fallback_bytes(num_retained: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=pathlib.Path, help="also write the results as JSON here")
+    ap.add_argument("--quick", action="store_true", help="plan 10 checkpoints, once")
     args = ap.parse_args()
-    t = planning_time()
+    t = planning_time(10, repeats=1) if args.quick else planning_time()
     print("planning time (plan_retention, decoded metadata in memory)")
     print("checkpoints  subtasks/checkpoint  listed files  median s  min s  median cpu s  target s")
     print(

@@ -8,8 +8,9 @@ work redone (unit-epochs re-processed after restarting from older state), and th
 CPU time per checkpoint (process time inside coordinator calls only: trigger, every ack and
 decline, ticks, completion, commits).
 
-    .venv/bin/python benchmarks/coordinator.py [--units N] [--checkpoints N] [--json]
+    .venv/bin/python -m benchmarks.bench_coordinator [--units N] [--checkpoints N] [--json]
         [--max-consecutive-regional N|unlimited]   # the regional mode's tier-1 limit
+        [--quick]                                  # 1,000 units, 20 checkpoints
 """
 
 from __future__ import annotations
@@ -17,20 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import sys
 from pathlib import Path
 
 import msgspec
 
-# Run as a script, this directory comes first on sys.path, and benchmarks/metadata.py would
-# shadow the `metadata` package: put the repository root first instead.
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(_ROOT)] + [
-    p for p in sys.path if Path(p or ".").resolve() != _ROOT / "benchmarks"
-]
-
-from regional.policy import CheckpointingPolicy, Policy, RegionPolicy  # noqa: E402
-from regional.sim import RandomFaults, Simulation  # noqa: E402
+from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
+from regional.sim import RandomFaults, Simulation
 
 PROBABILITIES = (0.0001, 0.001, 0.01, 0.05)
 # tolerable-failed-checkpoints is raised so that every run goes the full length instead of
@@ -93,7 +86,10 @@ def main() -> None:
         default="10",
         help='tier-1 limit of the regional mode: a number or "unlimited" (default 10)',
     )
+    parser.add_argument("--quick", action="store_true", help="1,000 units, 20 checkpoints")
     args = parser.parse_args()
+    if args.quick:
+        args.units, args.checkpoints = 1_000, 20
     limit = args.max_consecutive_regional
     tier1 = None if limit == "unlimited" else int(limit)
     jobs = [(m, p, args.units, args.checkpoints, tier1) for p in PROBABILITIES for m in MODES]
@@ -123,7 +119,7 @@ def main() -> None:
         if row["failed"]:
             print(f"note: {row['mode']} p={row['p']}: {str(row['failed'])[:160]}")
     if args.json:
-        suffix = "" if limit == "10" else f"-tier1-{limit}"
+        suffix = ("" if limit == "10" else f"-tier1-{limit}") + ("-quick" if args.quick else "")
         out = Path(__file__).parent / "results" / f"coordinator{suffix}.json"
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(rows, indent=2))

@@ -1,5 +1,6 @@
 """Metadata benchmark: encode/decode time and size per subtask; inspector time over 100 retained
-checkpoints. Run: `.venv/bin/python benchmarks/metadata.py` (prints a table; not a test).
+checkpoints. Run: `.venv/bin/python -m benchmarks.bench_metadata [--repeat N] [--quick]` (prints
+a table; not a test).
 
 Targets (issue 3): 10,000 subtasks encode+decode under 100 ms and under 300 bytes per subtask
 excluding user payloads (splits positions, committables, coordinator snapshots: none here).
@@ -7,26 +8,19 @@ excluding user payloads (splits positions, committables, coordinator snapshots: 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
 
-# Run as a script, this file's directory comes first on sys.path and its name shadows the
-# `metadata` package: drop it (and make the repository importable without an install).
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import msgspec
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-from metadata.format import decode_metadata, encode_metadata  # noqa: E402
-from metadata.inspect import Inspector  # noqa: E402
-from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState, VertexInfo  # noqa: E402
-from metadata.storage import JobStorage  # noqa: E402
-from metadata.store import CompletedCheckpointStore  # noqa: E402
-from metadata.validate import validate_job  # noqa: E402
+from metadata.format import decode_metadata, encode_metadata
+from metadata.inspect import Inspector
+from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState, VertexInfo
+from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
+from metadata.validate import validate_job
 
 VERTICES = ("source", "parse", "enrich", "aggregate", "sink")
 
@@ -112,8 +106,6 @@ def bench_inspector(n_checkpoints: int, n_subtasks: int, repeat: int) -> dict[st
 
 
 def _with_checksum(md: CheckpointMetadata, checksum: bytes) -> CheckpointMetadata:
-    import msgspec
-
     subtasks = tuple(
         msgspec.structs.replace(
             s, handles=tuple(msgspec.structs.replace(h, checksum=checksum) for h in s.handles)
@@ -126,7 +118,13 @@ def _with_checksum(md: CheckpointMetadata, checksum: bytes) -> CheckpointMetadat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--quick", action="store_true", help="1 run each; the inspector over 10 checkpoints"
+    )
     args = parser.parse_args()
+    retained = 100
+    if args.quick:
+        args.repeat, retained = 1, 10
     print("format (best of", args.repeat, "runs)")
     print(
         f"{'subtasks':>9}  {'encode ms':>9}  {'decode ms':>9}  {'enc+dec ms':>10}  {'B/subtask':>9}"
@@ -138,7 +136,7 @@ def main() -> None:
             f"{r['encode_ms'] + r['decode_ms']:>10.2f}  {r['bytes_per_subtask']:>9.1f}"
         )
     repeat = max(1, args.repeat // 2)
-    r = bench_inspector(100, 100, repeat)
+    r = bench_inspector(retained, 100, repeat)
     print(
         f"\ninspector over {r['checkpoints']} retained checkpoints of {r['subtasks']} subtasks "
         f"(local disk, best of {repeat})"

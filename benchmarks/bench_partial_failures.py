@@ -25,7 +25,7 @@ visible was written (the commit object's / `_SUCCESS` file's mtime); records re-
 reads whose output was discarded (reads minus committed records). The committed tables are
 checked for exactly-once (every split's committed records are 0..n-1, each once).
 
-    .venv/bin/python benchmarks/partial_failures.py [--quick]
+    .venv/bin/python -m benchmarks.bench_partial_failures [--quick]
 
 Writes benchmarks/results/partial_failures.json and partial_failures.png (committed records over
 time at the highest p).
@@ -40,35 +40,29 @@ import dataclasses
 import itertools
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
-# benchmarks/metadata.py (another benchmark) would shadow the `metadata` package
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+from benchmarks.report import RESULTS, print_table, write_results
+from metadata.events import CheckpointEvent
+from regional.pipeline import Pipeline
+from regional.policy import Policy, load_policy
+from regional.runtime.session import spark_session
+from regional.runtime.spark import Faults, SparkRuntime
+from regional.sinks.parquet import ParquetSink
+from regional.sources.base import ReadResult
+from regional.sources.generator import GeneratorSource
 
-from metadata.events import CheckpointEvent  # noqa: E402
-from regional.pipeline import Pipeline  # noqa: E402
-from regional.policy import Policy, load_policy  # noqa: E402
-from regional.runtime.session import spark_session  # noqa: E402
-from regional.runtime.spark import Faults, SparkRuntime  # noqa: E402
-from regional.sinks.parquet import ParquetSink  # noqa: E402
-from regional.sources.base import ReadResult  # noqa: E402
-from regional.sources.generator import GeneratorSource  # noqa: E402
-
-RESULTS = os.path.join(_HERE, "results")
 TOLERABLE = 1_000_000
 DEFAULT_TOLERABLE = Policy().checkpointing.tolerable_failed_checkpoints
 SCHEMA = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("value", pa.int64())])
@@ -497,12 +491,6 @@ COLUMNS = (
 )
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print("  ".join(f"{title:{fmt}}" for _, title, fmt in COLUMNS))
-    for r in rows:
-        print("  ".join(f"{r[key]:{fmt}}" for key, _, fmt in COLUMNS))
-
-
 def plot(rows: list[dict[str, Any]], p: float, path: str) -> None:
     import matplotlib
 
@@ -561,9 +549,9 @@ def main() -> None:
                     continue
                 outcome = run_regional(spark, name, overrides, faults, args, work, p)
                 rows.append(measure(outcome))
-                print_table(rows[-1:])
+                print_table(COLUMNS, rows[-1:])
             rows.append(measure(run_structured_streaming(spark, "sss", faults, args, work, p)))
-            print_table(rows[-1:])
+            print_table(COLUMNS, rows[-1:])
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -571,22 +559,13 @@ def main() -> None:
         f"\n{args.regions} regions, {args.records} records per region and epoch, "
         f"{args.checkpoints} epochs, master {args.master}, seed {args.seed}\n"
     )
-    print_table(rows)
-    os.makedirs(args.out, exist_ok=True)
-    with open(f"{args.out}/{stem}.json", "w") as f:
-        json.dump(
-            {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "master": args.master,
-                },
-                "config": {k: v for k, v in vars(args).items() if k not in ("out", "replot")},
-                "rows": rows,
-            },
-            f,
-            indent=1,
-        )
+    print_table(COLUMNS, rows)
+    write_results(
+        f"{args.out}/{stem}.json",
+        master=args.master,
+        config={k: v for k, v in vars(args).items() if k not in ("out", "replot")},
+        rows=rows,
+    )
     plot(rows, max(args.p), f"{args.out}/{stem}.png")
     print(f"\nwrote {args.out}/{stem}.json and {stem}.png")
 

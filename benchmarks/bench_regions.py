@@ -9,11 +9,13 @@ the whole process's peak resident memory so far (interpreter, input graphs and a
 (d), the worst case for the representation: a forward chain of hybrid edges, where every one of
 the million subtasks is its own region.
 
-Run: ``.venv/bin/python benchmarks/regions.py``
+Run: ``.venv/bin/python -m benchmarks.bench_regions [--quick]`` (``--quick``: every case a tenth
+of the size).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import resource
 import time
@@ -83,12 +85,22 @@ def measure(build: Callable[[], JobGraph]) -> tuple[int, int, int, int, float, f
 
 
 def main() -> None:
-    cases = [
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every case a tenth of the size")
+    args = parser.parse_args()
+    cases: list[tuple[str, Callable[[], JobGraph]]] = [
         ("(a) forward chain 1,000 x p=1,000", forward_chain),
         ("(b) hash chain 200 x p=500", hash_chain),
         ("(c) random DAG 5,000 vertices", random_dag),
         ("(d) hybrid forward chain 1,000 x 1,000", hybrid_chain),
     ]
+    if args.quick:
+        cases = [
+            ("(a) forward chain 100 x p=100", lambda: forward_chain(100, 100)),
+            ("(b) hash chain 20 x p=50", lambda: hash_chain(20, 50)),
+            ("(c) random DAG 500 vertices", lambda: random_dag(500)),
+            ("(d) hybrid forward chain 100 x 100", lambda: hybrid_chain(100, 100)),
+        ]
     header = f"{'case':<40} {'vertices':>8} {'subtasks':>9} {'regions':>9} {'units':>7}"
     print(header + f" {'time s':>7} {'peak MB':>8} {'RSS MB':>7}")
     print("-" * (len(header) + 25))

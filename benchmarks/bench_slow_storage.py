@@ -15,7 +15,7 @@ Reported per mode: how long a unit is blocked in the snapshot's sync step (mean 
 the `snapshot_blocked_s` of every ack), the checkpoint (epoch) duration (median, p99) and the
 committed throughput. The first checkpoint (worker start-up) is left out.
 
-    .venv/bin/python benchmarks/slow_storage.py [--quick]
+    .venv/bin/python -m benchmarks.bench_slow_storage [--quick]
 
 Writes benchmarks/results/slow_storage.json.
 """
@@ -23,47 +23,24 @@ Writes benchmarks/results/slow_storage.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-# benchmarks/metadata.py (another benchmark) would shadow the `metadata` package
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import msgspec
+import numpy as np
 
-import msgspec  # noqa: E402
-import numpy as np  # noqa: E402
+from benchmarks.keyed_job import count_per_key_job
+from benchmarks.report import RESULTS, print_table, write_results
+from regional.runtime.protocol import Ack, Answer
+from regional.runtime.session import spark_session
+from regional.runtime.spark import SparkRuntime
+from regional.runtime.task import UploadLatency
+from regional.sinks.parquet import read_table
 
-from regional.pipeline import Pipeline  # noqa: E402
-from regional.runtime.protocol import Ack, Answer  # noqa: E402
-from regional.runtime.session import spark_session  # noqa: E402
-from regional.runtime.spark import SparkRuntime  # noqa: E402
-from regional.runtime.task import UploadLatency  # noqa: E402
-from regional.sinks.parquet import ParquetSink, read_table  # noqa: E402
-from regional.sources.generator import GeneratorSource  # noqa: E402
-
-RESULTS = os.path.join(_HERE, "results")
 KEYS = 200  # distinct keys per split: the per-unit state is a count per key
-
-
-def count_per_key(ctx: Any, record: dict[str, int]) -> Any:
-    n = ctx.value_state("n", 0)
-    n.update(n.value() + 1)
-    yield {"key": record["key"], "n": n.value()}
-
-
-def make_record(split: int, n: int) -> dict[str, int]:
-    return {"key": (n * 7919 + split) % KEYS, "n": n}
-
-
-def record_key(record: dict[str, int]) -> int:
-    return record["key"]
 
 
 class AnswerLog(SparkRuntime):
@@ -80,10 +57,8 @@ def run_mode(
     spark: Any, name: str, args: argparse.Namespace, work: str, **env: Any
 ) -> dict[str, Any]:
     base = f"{work}/{name.replace(' ', '-').replace(',', '')}"
-    pipeline = Pipeline("slow-storage", records_per_epoch=args.records)
-    src = pipeline.source(GeneratorSource(args.regions, make_record), parallelism=args.regions)
-    src.key_by(record_key).process(count_per_key, name="count").sink(
-        ParquetSink(f"{base}/table"), name="out"
+    pipeline = count_per_key_job(
+        "slow-storage", regions=args.regions, records=args.records, keys=KEYS, table=f"{base}/table"
     )
     runtime = AnswerLog(pipeline, spark, root=f"{base}/ckpt")
     runtime.answers = []
@@ -123,12 +98,6 @@ COLUMNS = (
 )
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print("  ".join(f"{title:{fmt}}" for _, title, fmt in COLUMNS))
-    for r in rows:
-        print("  ".join(f"{r[key]:{fmt}}" for key, _, fmt in COLUMNS))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--regions", type=int, default=64)
@@ -155,7 +124,7 @@ def main() -> None:
     try:
         for name, env in modes:
             rows.append(run_mode(spark, name, args, work, **env))
-            print_table(rows[-1:])
+            print_table(COLUMNS, rows[-1:])
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -164,23 +133,10 @@ def main() -> None:
         f"region and epoch, {args.checkpoints} checkpoints per mode; upload latency "
         f"{args.base * 1000:g} ms, 5% of uploads x10 (seed {args.seed})\n"
     )
-    print_table(rows)
-    os.makedirs(args.out, exist_ok=True)
+    print_table(COLUMNS, rows)
     stem = "slow_storage-quick" if args.quick else "slow_storage"
-    with open(f"{args.out}/{stem}.json", "w") as f:
-        json.dump(
-            {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "master": args.master,
-                },
-                "config": {k: v for k, v in vars(args).items() if k != "out"},
-                "rows": rows,
-            },
-            f,
-            indent=1,
-        )
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    write_results(f"{args.out}/{stem}.json", master=args.master, config=config, rows=rows)
     print(f"\nwrote {args.out}/{stem}.json")
 
 

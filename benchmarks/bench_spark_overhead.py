@@ -9,7 +9,8 @@
    pipeline with a few records per region and epoch; the mean epoch time (trigger, Spark job,
    snapshot upload, metadata, commit, cleaning) divided by the number of regions.
 
-    .venv/bin/python benchmarks/spark_overhead.py [--rows 16000000] [--epochs 2] [--master local[2]]
+    .venv/bin/python -m benchmarks.bench_spark_overhead [--rows 16000000] [--epochs 2]
+        [--master local[2]] [--quick]
 """
 
 from __future__ import annotations
@@ -17,24 +18,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-# benchmarks/metadata.py (another benchmark) would shadow the `metadata` package
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+from regional.pipeline import Pipeline
+from regional.runtime.session import spark_session
+from regional.runtime.spark import SparkRuntime
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.files import FileSource
+from regional.sources.generator import GeneratorSource
 
-from regional.pipeline import Pipeline  # noqa: E402
-from regional.runtime.session import spark_session  # noqa: E402
-from regional.runtime.spark import SparkRuntime  # noqa: E402
-from regional.sinks.parquet import ParquetSink, read_table  # noqa: E402
-from regional.sources.files import FileSource  # noqa: E402
-from regional.sources.generator import GeneratorSource  # noqa: E402
+REGIONS = (8, 64, 256)  # the per-epoch overhead's region counts (--quick: the first two)
 
 
 def transform(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -106,7 +104,15 @@ def main() -> None:
     parser.add_argument("--overhead-epochs", type=int, default=5)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs (median)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="800,000 rows, 1 run; overhead at 8 and 64 regions, 2 epochs",
+    )
     args = parser.parse_args()
+    regions = REGIONS
+    if args.quick:
+        args.rows, args.repeat, args.overhead_epochs, regions = 800_000, 1, 2, REGIONS[:2]
     work = tempfile.mkdtemp(prefix="regional-bench-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
     cores = spark.sparkContext.defaultParallelism
@@ -138,7 +144,7 @@ def main() -> None:
         f"   {reg_s / plain_s:.2f}   ({args.epochs} data epochs + final checkpoint)"
     )
     print("\nregions  epoch (median)  per region")
-    for n in (8, 64, 256):
+    for n in regions:
         epoch = epoch_overhead(spark, n, args.overhead_epochs, work)
         print(f"{n:>7}  {epoch:>12.3f} s  {epoch / n * 1000:>7.2f} ms")
     spark.stop()

@@ -18,7 +18,7 @@ the cleaner's planner (`cleaner.run.scan` -> `plan_retention`) is asked what to 
 A second run with the default `num-retained` = 3, cleaning after every checkpoint as the runtime
 does, reports the bytes on disk at the end.
 
-    .venv/bin/python benchmarks/storage_kept.py [--quick]
+    .venv/bin/python -m benchmarks.bench_storage_kept [--quick]
 
 Writes benchmarks/results/storage_kept.json.
 """
@@ -26,52 +26,26 @@ Writes benchmarks/results/storage_kept.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
-import sys
 import tempfile
 from typing import Any
 
-# benchmarks/metadata.py (another benchmark) would shadow the `metadata` package
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+from benchmarks.keyed_job import count_per_key_job
+from benchmarks.report import RESULTS, write_results
+from cleaner.run import execute, scan
+from metadata.storage import JobStorage
+from regional.policy import load_policy
+from regional.runtime.session import spark_session
+from regional.runtime.spark import Faults, SparkRuntime
 
-from cleaner.run import execute, scan  # noqa: E402
-from metadata.storage import JobStorage  # noqa: E402
-from regional.pipeline import Pipeline  # noqa: E402
-from regional.policy import load_policy  # noqa: E402
-from regional.runtime.session import spark_session  # noqa: E402
-from regional.runtime.spark import Faults, SparkRuntime  # noqa: E402
-from regional.sinks.parquet import ParquetSink  # noqa: E402
-from regional.sources.generator import GeneratorSource  # noqa: E402
-
-RESULTS = os.path.join(_HERE, "results")
 KEYS = 1000  # distinct keys per split: each unit's state is a count per key
 STUCK_UNIT = 0
 
 
-def count_per_key(ctx: Any, record: dict[str, int]) -> Any:
-    n = ctx.value_state("n", 0)
-    n.update(n.value() + 1)
-    yield {"key": record["key"], "n": n.value()}
-
-
-def make_record(split: int, n: int) -> dict[str, int]:
-    return {"key": (n * 7919 + split) % KEYS, "n": n}
-
-
-def record_key(record: dict[str, int]) -> int:
-    return record["key"]
-
-
 def run_job(spark: Any, args: argparse.Namespace, root: str, num_retained: int) -> JobStorage:
     """Run the job with `STUCK_UNIT` failing checkpoints 2..1+stuck; return its storage."""
-    pipeline = Pipeline("storage-kept", records_per_epoch=args.records)
-    src = pipeline.source(GeneratorSource(args.regions, make_record), parallelism=args.regions)
-    src.key_by(record_key).process(count_per_key, name="count").sink(
-        ParquetSink(f"{root}/table"), name="out"
+    pipeline = count_per_key_job(
+        "storage-kept", regions=args.regions, records=args.records, keys=KEYS, table=f"{root}/table"
     )
     policy = load_policy(
         env={},
@@ -148,23 +122,14 @@ def main() -> None:
         f"\nrun cleaning after every checkpoint (num-retained = 3): "
         f"{live_bytes / kib:,.0f} KiB on disk at the end"
     )
-    os.makedirs(args.out, exist_ok=True)
     stem = "storage_kept-quick" if args.quick else "storage_kept"
-    with open(f"{args.out}/{stem}.json", "w") as f:
-        json.dump(
-            {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "master": args.master,
-                },
-                "config": {k: v for k, v in vars(args).items() if k != "out"},
-                "rows": rows,
-                "live_num_retained_3_bytes": live_bytes,
-            },
-            f,
-            indent=1,
-        )
+    write_results(
+        f"{args.out}/{stem}.json",
+        master=args.master,
+        config={k: v for k, v in vars(args).items() if k != "out"},
+        rows=rows,
+        live_num_retained_3_bytes=live_bytes,
+    )
     print(f"\nwrote {args.out}/{stem}.json")
 
 

@@ -4,20 +4,13 @@ and a table that is not exactly-once is refused."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "partial_failures.py"
-_spec = importlib.util.spec_from_file_location("bench_partial_failures", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench  # dataclasses look their module up while the file runs
-_spec.loader.exec_module(bench)
+from benchmarks import bench_partial_failures as bench
 
 
 def _file(path: pathlib.Path, *ranges: tuple[int, int, int]) -> str:
