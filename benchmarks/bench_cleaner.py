@@ -23,7 +23,7 @@ import statistics
 import time
 
 from cleaner.plan import ListedFile, RetentionPlan, plan_retention
-from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState
+from metadata.model import CheckpointKind, CheckpointMetadata, StateHandle, SubtaskState, UnitState
 
 MB = 1_000_000
 
@@ -65,7 +65,7 @@ def build(
             CheckpointMetadata(
                 checkpoint_id=cid,
                 job_id="bench",
-                kind="regional" if failed else "global",
+                kind=CheckpointKind.REGIONAL if failed else CheckpointKind.GLOBAL,
                 trigger_time_ms=cid,
                 completion_time_ms=cid,
                 units=tuple(units),

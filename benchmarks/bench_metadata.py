@@ -14,10 +14,18 @@ import time
 from collections.abc import Callable
 
 import msgspec
+import pyarrow as pa
 
 from metadata.format import decode_metadata, encode_metadata
 from metadata.inspect import Inspector
-from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState, VertexInfo
+from metadata.model import (
+    CheckpointKind,
+    CheckpointMetadata,
+    StateHandle,
+    SubtaskState,
+    UnitState,
+    VertexInfo,
+)
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job
@@ -44,7 +52,7 @@ def checkpoint(cid: int, n_subtasks: int, fallback_every: int = 4) -> Checkpoint
     return CheckpointMetadata(
         checkpoint_id=cid,
         job_id="bench",
-        kind="regional" if cid > 1 else "global",
+        kind=CheckpointKind.REGIONAL if cid > 1 else CheckpointKind.GLOBAL,
         trigger_time_ms=1_763_800_000_000 + cid * 10_000,
         completion_time_ms=1_763_800_000_000 + cid * 10_000 + 250,
         policy_fingerprint="p" * 16,
@@ -88,7 +96,7 @@ def bench_inspector(n_checkpoints: int, n_subtasks: int, repeat: int) -> dict[st
             md = _with_checksum(md, checksum)
             storage.write_metadata(md)
 
-        def checkpoints() -> object:
+        def checkpoints() -> pa.Table:
             return Inspector(CompletedCheckpointStore.load(storage)).checkpoints()
 
         assert checkpoints().num_rows == n_checkpoints

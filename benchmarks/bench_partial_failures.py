@@ -46,7 +46,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -157,10 +157,11 @@ class _GeneratorReader(DataSourceStreamReader):
             for k in range(self.tasks)
         ]
 
-    def read(self, partition: _Ranges) -> Iterator[pa.RecordBatch]:
-        for split in partition.splits:
-            log_read(partition.log, split, partition.start, partition.end)
-            yield make_batch(split, partition.start, partition.end)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        share = cast(_Ranges, partition)  # one of `partitions`, shipped to this task
+        for split in share.splits:
+            log_read(share.log, split, share.start, share.end)
+            yield make_batch(split, share.start, share.end)
 
 
 class GeneratorStream(DataSource):
@@ -174,7 +175,7 @@ class GeneratorStream(DataSource):
         return "split long, n long, value long"
 
     def streamReader(self, schema: Any) -> _GeneratorReader:
-        return _GeneratorReader(self.options)
+        return _GeneratorReader(dict(self.options))
 
 
 class _Finished(Exception):
@@ -360,9 +361,10 @@ class FirstReads:
         self.total = 0
         with open(log) as f:
             for line in f:
-                split, start, end, t = line.split()
-                reads[int(split)].append((float(t), int(start), int(end)))
-                self.total += int(end) - int(start)
+                fields = line.split()
+                start, end = int(fields[1]), int(fields[2])
+                reads[int(fields[0])].append((float(fields[3]), start, end))
+                self.total += end - start
         self.ranges: dict[int, list[tuple[int, int, float]]] = {}
         for split, rs in reads.items():
             seen, ranges = 0, []
@@ -431,7 +433,8 @@ def measure(o: Outcome) -> dict[str, Any]:
             f"{o.name}: split {split} committed ranges {ranges[:5]}... are not exactly-once"
         )
     latencies = list(zip(lat, weights, strict=True)) or [(0.0, 1)]
-    lag, worst = collections.Counter(), 0
+    lag: collections.Counter[int] = collections.Counter()
+    worst = 0
     for _, behind in o.epochs:
         lag = collections.Counter({u: lag[u] + 1 for u in behind})
         worst = max(worst, max(lag.values(), default=0))
@@ -491,7 +494,7 @@ COLUMNS = (
 )
 
 
-def plot(rows: list[dict[str, Any]], p: float, path: str) -> None:
+def plot(rows: list[dict[str, Any]], p: float, regions: int, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -507,7 +510,7 @@ def plot(rows: list[dict[str, Any]], p: float, path: str) -> None:
         ax.step(xs, ys, where="post", label=label)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("records committed (visible in the sink)")
-    ax.set_title(f"64 regions, per-region failure probability p = {p} per checkpoint")
+    ax.set_title(f"{regions} regions, per-region failure probability p = {p} per checkpoint")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -529,7 +532,8 @@ def main() -> None:
     if args.replot:
         with open(f"{args.out}/{stem}.json") as f:
             saved = json.load(f)
-        plot(saved["rows"], max(saved["config"]["p"]), f"{args.out}/{stem}.png")
+        config = saved["config"]
+        plot(saved["rows"], max(config["p"]), config["regions"], f"{args.out}/{stem}.png")
         return
     if args.quick:
         args.regions, args.checkpoints, args.records, args.p = 16, 10, 100, [0.05]
@@ -566,7 +570,7 @@ def main() -> None:
         config={k: v for k, v in vars(args).items() if k not in ("out", "replot")},
         rows=rows,
     )
-    plot(rows, max(args.p), f"{args.out}/{stem}.png")
+    plot(rows, max(args.p), args.regions, f"{args.out}/{stem}.png")
     print(f"\nwrote {args.out}/{stem}.json and {stem}.png")
 
 

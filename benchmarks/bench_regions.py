@@ -22,11 +22,25 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from regional.graph import Edge, JobGraph, Vertex
+from regional.graph import Edge, Exchange, JobGraph, Partitioner, Vertex
 from regional.regions import analyse
 
-PARTITIONERS = ("forward", "rescale", "rebalance", "hash", "broadcast", "global", "custom")
-EXCHANGES = ("pipelined", "pipelined_bounded", "blocking", "hybrid_full", "hybrid_selective")
+PARTITIONERS: tuple[Partitioner, ...] = (
+    "forward",
+    "rescale",
+    "rebalance",
+    "hash",
+    "broadcast",
+    "global",
+    "custom",
+)
+EXCHANGES: tuple[Exchange, ...] = (
+    "pipelined",
+    "pipelined_bounded",
+    "blocking",
+    "hybrid_full",
+    "hybrid_selective",
+)
 
 
 def forward_chain(n: int = 1000, p: int = 1000) -> JobGraph:
@@ -53,7 +67,7 @@ def random_dag(n: int = 5000, seed: int = 7) -> JobGraph:
     edges = []
     for j in range(1, n):
         for i in {rnd.randrange(max(0, j - 50), j) for _ in range(rnd.randint(1, 2))}:
-            partitioner = rnd.choice(PARTITIONERS)
+            partitioner: Partitioner = rnd.choice(PARTITIONERS)
             if partitioner == "forward" and par[i] != par[j]:
                 partitioner = "rescale"
             edges.append(Edge(f"v{i:05}", f"v{j:05}", partitioner, rnd.choice(EXCHANGES)))

@@ -110,7 +110,7 @@ def main() -> None:
         help="800,000 rows, 1 run; overhead at 8 and 64 regions, 2 epochs",
     )
     args = parser.parse_args()
-    regions = REGIONS
+    regions: tuple[int, ...] = REGIONS
     if args.quick:
         args.rows, args.repeat, args.overhead_epochs, regions = 800_000, 1, 2, REGIONS[:2]
     work = tempfile.mkdtemp(prefix="regional-bench-")

@@ -80,7 +80,7 @@ def main() -> None:
         args.regions, args.stuck, args.records = 16, 10, 500
     work = tempfile.mkdtemp(prefix="regional-bench-kept-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         storage = run_job(spark, args, f"{work}/keep-all", num_retained=1000)
         stored = on_disk(storage)
