@@ -21,7 +21,7 @@ def _file(path: pathlib.Path, *ranges: tuple[int, int, int]) -> str:
     return str(path)
 
 
-def _outcome(tmp_path: pathlib.Path, commits: list[tuple[float, list[str]]]) -> object:
+def _outcome(tmp_path: pathlib.Path, commits: list[tuple[float, list[str]]]) -> bench.Outcome:
     # split 0: 0..9 read at t=100 (attempt discarded), re-read at 101, 10..19 read at 102
     # split 1: 0..9 read at t=100, 10..19 at 101
     log = tmp_path / "reads"
