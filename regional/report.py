@@ -350,11 +350,12 @@ font-variant-numeric:tabular-nums}.kpis{display:flex;gap:22px;margin:10px 0 4px;
 table.grid{font-size:10px}table.grid td,table.grid th{border:1px solid #fff;padding:0;
 text-align:center;min-width:15px;height:15px}table.grid thead th{writing-mode:vertical-rl;
 transform:rotate(180deg);color:#fff;font-weight:500;padding:3px 0}
-table.grid tbody th{text-align:right;padding:0 6px;color:#5f6b76;font-weight:400}
+table.grid tbody th{text-align:right;padding:0 6px;color:#5f6b76;font-weight:400;
+white-space:nowrap}table.grid td{vertical-align:middle}
 td.f{background:#cfe8cf}td.b{background:#f5b44a}td.x{background:#d64541;color:#fff}
 td.a{background:#e6e8eb}svg text{font-size:11px;fill:#5f6b76}
 .max{stroke:#d64541;fill:none;stroke-width:1.5}.mean{stroke:#3b6fb6;fill:none;stroke-width:1.5}
-.kept{fill:#3b6fb6}.deletable{fill:#f5b44a}.axis{stroke:#c9d0d6}
+.scroll{overflow-x:auto}.kept{fill:#3b6fb6}.deletable{fill:#f5b44a}.axis{stroke:#c9d0d6}
 """
 # No script and no network: the page renders offline, and injected markup could not run.
 _CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -379,6 +380,10 @@ def _bytes(n: int | None) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
 
 
 def _ms(n: int) -> str:
@@ -526,8 +531,8 @@ def _grid_section(report: Report) -> str:
         grid = '<p class="muted">No unit fell back or failed in these checkpoints.</p>'
     else:
         grid = (
-            f'<table class="grid"><thead><tr><th></th>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>"
+            f'<div class="scroll"><table class="grid"><thead><tr><th></th>{head}</tr>'
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>"
         )
     return (
         '<h2 id="grid">Units &#215; checkpoints</h2>'
@@ -600,9 +605,9 @@ def _retention_section(report: Report) -> str:
     retained = ", ".join(map(str, t["retained"] or [])) or "none"
     summary = (
         f'<p><span class="sw kept" style="background:#3b6fb6"></span>kept '
-        f"<b>{_bytes(kept)}</b> in {t['kept_files']} files "
+        f"<b>{_bytes(kept)}</b> in {_files(t['kept_files'])} "
         f'<span class="sw" style="background:#f5b44a"></span>deletable '
-        f"<b>{_bytes(deletable)}</b> in {t['deleted_files']} files (what "
+        f"<b>{_bytes(deletable)}</b> in {_files(t['deleted_files'])} (what "
         "<code>regional clean</code> would delete now). Retained checkpoints: "
         f"{_e(retained)}; keeping every referenced checkpoint whole would keep "
         f"{_bytes(t['whole_checkpoint_bytes'])}.</p>"
