@@ -407,3 +407,11 @@ def test_hostile_strings_stay_text_in_the_browser(tmp_path: Path, capsys) -> Non
     assert f"split <s3://x/{HOSTILE}> failed" in dom.replace("&lt;", "<").replace("&gt;", ">")
     assert page.cells[(3, 0)][0] == "x" and HOSTILE_CAUSE in page.cells[(3, 0)][2]
     assert png_size(png) == (800, 600)
+
+
+def test_a_job_without_checkpoints_gets_a_page_that_says_so() -> None:
+    page = render_html(build_report([], [], job_id="new"))
+    assert 'Checkpoint timeline</h2><p class="muted">No checkpoint yet.</p>' in page
+    assert "No unit fell back or failed in these checkpoints." in page
+    assert "No event log (events/): lag over time needs it." in page
+    assert '<h2 id="aborts">Aborted checkpoints (0)</h2>' in page
