@@ -3,7 +3,8 @@
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 `cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
 `validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
-event log). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
+event log), `report --html FILE` (all of it as one HTML page, `regional.report`; `-`:
+stdout). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
 depend on `num-retained`: the one the job recorded in its latest checkpoint unless
 `--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
 says which applies and why (`--json` keeps the view's rows unchanged for `checkpoints`; the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -30,6 +32,7 @@ from metadata.validate import validate_job, validate_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
+from regional.report import ReportError, build_report, render_html
 
 __all__ = ["register"]
 
@@ -43,6 +46,7 @@ _VIEWS: dict[str, str] = {
     "diff": "per subtask, what changed between two checkpoints",
     "retention": "what a clean would keep or delete, per checkpoint and file, with the reason",
     "events": "the event log: every checkpoint outcome with the coordinator's metrics",
+    "report": "one self-contained HTML page: timeline, unit x checkpoint grid, lag, bytes, aborts",
 }
 
 
@@ -80,6 +84,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         elif name == "diff":
             view.add_argument("a", metavar="A", type=int, help="older checkpoint id")
             view.add_argument("b", metavar="B", type=int, help="newer checkpoint id")
+        elif name == "report":
+            view.add_argument(
+                "--html",
+                metavar="FILE",
+                required=True,
+                help="where to write the page ('-': standard output)",
+            )
         elif name == "validate":
             view.add_argument(
                 "--no-checksums",
@@ -96,6 +107,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _validate(storage, args)
     if args.view == "retention":
         return _retention(storage, args)
+    if args.view == "report":
+        return _report(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -130,6 +143,42 @@ def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
     plan = scan(storage, num_retained=num_retained.value, live_unknown=True)
     retention_output(plan, None, num_retained, as_json=args.json)
     return 1 if plan.refused else 0
+
+
+def _report(storage: JobStorage, args: argparse.Namespace) -> int:
+    """Every view the report needs, rendered to one HTML page (`regional.report`)."""
+    num_retained = retention.in_force(args, lambda: retention.recorded_in(storage))
+    store = CompletedCheckpointStore.load(storage)
+    events, problems = read_events(storage)
+    plan = scan(storage, num_retained=num_retained.value, live_unknown=True)
+    notes = [f"checkpoint {d.checkpoint_id} skipped: {d.error}" for d in store.damaged]
+    notes += [f"event {p.path} skipped: {p.problem}" for p in problems]
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    report = build_report(
+        store.all(),
+        events,
+        plan,
+        job_id=storage.job_id,
+        notes=notes,
+        retention_note=retention.note(num_retained),
+    )
+    page = render_html(report)
+    if args.html == "-":
+        sys.stdout.write(page)
+        return 0
+    try:
+        Path(args.html).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write the report to {args.html!r} ({exc.strerror or exc}); "
+            "pass --html with a path in an existing, writable directory, or '-' for stdout"
+        ) from None
+    print(
+        f"report of job {storage.job_id} written to {args.html} ({len(report.timeline)} "
+        f"checkpoint attempts, {len(page.encode()) // 1024 + 1} KiB)"
+    )
+    return 0
 
 
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:

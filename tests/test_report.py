@@ -1,0 +1,417 @@
+"""`regional inspect ROOT report --html FILE`: the report's tables on a job run by the real
+driver in the simulator (which cells fell back to which owner, which aborts with which causes,
+lag, bytes), escaping of hostile stored strings, the caps for 10,000 units, the command, and the
+page rendered by headless Chromium (DOM after load, screenshot)."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from pyarrow import fs as pafs
+
+from cleaner.run import scan
+from cleaner.views import retention_totals
+from metadata.events import CheckpointEvent, Outcome, read_events, write_event
+from metadata.model import CheckpointMetadata, SubtaskState, UnitState
+from metadata.storage import JobStorage
+from metadata.store import CompletedCheckpointStore
+from regional.cli import main
+from regional.policy import Policy
+from regional.report import GRID_CHECKPOINTS, GRID_UNITS, build_report, render_html
+from regional.sim import Simulation
+
+T0 = 1_763_800_000_000  # 2025-11-22 08:26:40 UTC
+#: unit 3 falls back in 2 (declines) and 3 (hangs), unit 1 in 4; units 0-2 fail 5 (ratio 0.5)
+FAULTS = {(2, 3): "decline", (3, 3): "hang", (4, 1): "decline"} | {
+    (5, u): "decline" for u in (0, 1, 2)
+}
+HOSTILE = "<img src=x onerror=alert(1)>"
+HOSTILE_CAUSE = "declined: </td><script>document.title='owned'</script> & \"quoted\""
+
+
+def simulated(root: Path | None = None, **kwargs) -> tuple[Simulation, JobStorage]:
+    """Six units run by the real driver with `FAULTS`; copied to `root` when given."""
+    sim = Simulation(6, Policy(), faults=FAULTS, records_per_split=12, job_id="orders", **kwargs)
+    sim.clock.now = T0
+    result = sim.run(40)
+    assert result.finished, result.failed
+    if root is None:
+        return sim, sim.storage
+    pafs.copy_files(
+        sim.storage.job_path.rsplit("/", 1)[0],
+        str(root),
+        source_filesystem=sim.storage.filesystem,
+        destination_filesystem=pafs.LocalFileSystem(),
+    )
+    return sim, JobStorage(str(root), "orders")
+
+
+def report_of(storage: JobStorage, num_retained: int = 3):
+    events, problems = read_events(storage)
+    assert problems == []
+    plan = scan(storage, num_retained=num_retained, live_unknown=True)
+    store = CompletedCheckpointStore.load(storage)
+    return build_report(store.all(), events, plan, job_id=storage.job_id), plan
+
+
+class Page(HTMLParser):
+    """The grid's cells and headers, every element's tag, and the text of `<title>`."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.title = ""
+        self.columns: list[int] = []
+        self.cells: dict[tuple[int, int], tuple[str, str, str]] = {}  # (cid, unit) -> cell
+        self._in: list[str] = []
+        self._grid = False
+        self._unit: int | None = None
+        self._col = 0
+        self._cell: dict[str, str] | None = None
+        self._text = ""
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        self.tags.append(tag)
+        if tag not in ("meta", "link", "br", "img", "input", "hr"):  # void: no end tag
+            self._in.append(tag)
+        if tag == "table" and a.get("class") == "grid":
+            self._grid = True
+        if self._grid and tag == "tr":
+            self._unit, self._col = None, 0
+        if self._grid and tag in ("th", "td"):
+            self._cell, self._text = a, ""
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._in and self._in.pop() != tag:
+            pass
+        if tag == "table":
+            self._grid = False
+        if not self._grid or self._cell is None or tag not in ("th", "td"):
+            return
+        text = self._text.strip()
+        if tag == "th" and "thead" in self._in and text:
+            self.columns.append(int(text))
+        elif tag == "th" and text.startswith("unit "):
+            self._unit = int(text.removeprefix("unit "))
+        elif tag == "td":
+            assert self._unit is not None
+            cid = self.columns[self._col]
+            self.cells[(cid, self._unit)] = (
+                self._cell.get("class", ""),
+                text,
+                self._cell.get("title", ""),
+            )
+            self._col += 1
+        self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._text += data
+        if self._in[-2:] == ["head", "title"]:
+            self.title += data
+
+
+# -- the tables and the page -------------------------------------------------------------
+
+
+def test_grid_cells_fall_back_to_their_owners_and_failed_cells_name_the_cause() -> None:
+    _, storage = simulated()
+    report, _ = report_of(storage)
+    assert report.num_units == 6
+    assert report.grid_checkpoints == tuple(range(1, 13))
+    assert report.grid_units == (0, 1, 2, 3) and report.always_fresh_units == 2
+    aborted = (
+        "checkpoint 5 aborted (rule 3c): 3 of 6 units failed (0.5 > max-failure-ratio 0.3): "
+        "unit 0: declined: injected; unit 1: declined: injected; unit 2: declined: injected; "
+        "fix the failing units or raise checkpointing.region.max-failure-ratio"
+    )
+    assert report.grid.to_pylist() == [
+        dict(checkpoint_id=2, unit_id=3, status="fallback", owner_checkpoint_id=1,
+             cause="declined: injected"),
+        dict(checkpoint_id=3, unit_id=3, status="fallback", owner_checkpoint_id=1,
+             cause="timeout: no answer after 120 s"),
+        dict(checkpoint_id=4, unit_id=1, status="fallback", owner_checkpoint_id=3,
+             cause="declined: injected"),
+        *(
+            dict(checkpoint_id=5, unit_id=u, status="failed", owner_checkpoint_id=None,
+                 cause=aborted)
+            for u in (0, 1, 2)
+        ),
+    ]  # fmt: skip
+
+    page = Page(render_html(report))
+    assert page.columns == list(range(1, 13))
+    assert page.cells[(2, 3)] == (
+        "b",
+        "1",
+        "unit 3, checkpoint 2: fell back to the state of checkpoint 1 - declined: injected",
+    )
+    assert page.cells[(4, 1)][:2] == ("b", "3")
+    assert page.cells[(5, 0)] == ("x", "\u00d7", f"unit 0, checkpoint 5: failed, checkpoint "
+                                  f"aborted - {aborted}")  # fmt: skip
+    assert page.cells[(5, 3)] == ("a", "", "")  # answered, but the checkpoint aborted
+    assert page.cells[(6, 3)] == ("f", "", "")
+    fallback = sorted(k for k, (cls, _, _) in page.cells.items() if cls == "b")
+    assert fallback == [(2, 3), (3, 3), (4, 1)]
+    assert len(page.cells) == 12 * 4
+
+
+def test_metadata_gives_the_owner_when_the_event_log_no_longer_does() -> None:
+    sim = Simulation(6, Policy(), faults={(6, 2): "decline", (7, 2): "hang"}, bounded=False)
+    sim.run(8)
+    events, _ = read_events(sim.storage)
+    store = CompletedCheckpointStore.load(sim.storage)
+    assert {6, 7} <= set(store.ids())
+    newest_only = [e for e in events if e.checkpoint_id >= 6]  # older events were cleaned
+    report = build_report(store.all(), newest_only, job_id="sim")
+    assert [(r["checkpoint_id"], r["owner_checkpoint_id"], r["cause"]) for r in
+            report.grid.to_pylist()] == [(6, 5, "declined: injected"),
+                                         (7, 5, "timeout: no answer after 120 s")]  # fmt: skip
+    without_metadata = build_report([], newest_only, job_id="sim")
+    assert [r["owner_checkpoint_id"] for r in without_metadata.grid.to_pylist()] == [None, None]
+    assert Page(render_html(without_metadata)).cells[(6, 2)][1] == "?"
+
+
+def test_timeline_lag_aborts_and_bytes() -> None:
+    _, storage = simulated()
+    report, plan = report_of(storage)
+    timeline = report.timeline.to_pylist()
+    assert [(r["checkpoint_id"], r["kind"], r["duration_ms"]) for r in timeline[:6]] == [
+        (1, "global", 10),
+        (2, "regional", 10),
+        (3, "regional", 120_000),  # unit 3 hung until the timeout
+        (4, "regional", 10),
+        (5, "aborted", 10),
+        (6, "global", 10),
+    ]
+    assert [r["has_metadata"] for r in timeline] == [False] * 9 + [True] * 3
+    assert timeline[4]["abort_rule"] == "3c-failure-ratio"
+    lag = [(r["checkpoint_id"], r["max_lag"], r["units_behind"]) for r in report.lag.to_pylist()]
+    assert lag[:6] == [(1, 0, 0), (2, 1, 1), (3, 2, 1), (4, 1, 1), (5, 1, 1), (6, 0, 0)]
+    assert report.lag.column("mean_lag").to_pylist()[2] == pytest.approx(2 / 6)
+    [abort] = report.aborts.to_pylist()
+    assert (abort["checkpoint_id"], abort["abort_rule"], abort["failed_units"]) == (
+        5,
+        "3c-failure-ratio",
+        [0, 1, 2],
+    )
+    page = render_html(report)
+    totals = retention_totals(plan).to_pylist()[0]
+    assert f"<title>kept {totals['kept_bytes']} bytes</title>" in page
+    assert f"<title>deletable {totals['deleted_bytes']} bytes</title>" in page
+    assert '<h2 id="aborts">Aborted checkpoints (1)</h2>' in page
+    assert "<td>3c-failure-ratio</td><td>0, 1, 2</td><td>checkpoint 5 aborted (rule 3c)" in page
+
+
+def hostile_root(root: Path) -> JobStorage:
+    """A job whose id and stored causes are markup: two checkpoints and an aborted one."""
+    storage = JobStorage(str(root), HOSTILE)
+
+    def md(cid: int, kind: str, fallback: bool) -> CheckpointMetadata:
+        return CheckpointMetadata(
+            checkpoint_id=cid,
+            job_id=HOSTILE,
+            kind=kind,
+            trigger_time_ms=T0 + cid * 1000,
+            completion_time_ms=T0 + cid * 1000 + 40,
+            units=(UnitState(0), UnitState(1, 1, HOSTILE_CAUSE) if fallback else UnitState(1)),
+            subtasks=(
+                SubtaskState("src", 0, 0),
+                SubtaskState("src", 1, 1, ref_checkpoint_id=1 if fallback else None),
+            ),
+        )
+
+    for m in (md(1, "global", False), md(2, "regional", True)):
+        storage.write_metadata(m)
+    for cid, kind, failed in ((1, Outcome.GLOBAL, ()), (2, Outcome.REGIONAL, (1,)),
+                              (3, Outcome.ABORTED, (0, 1))):  # fmt: skip
+        write_event(
+            storage,
+            CheckpointEvent(
+                job_id=HOSTILE,
+                checkpoint_id=cid,
+                kind=kind,
+                trigger_time_ms=T0 + cid * 1000,
+                time_ms=T0 + cid * 1000 + 50,
+                fresh_units=2 - len(failed),
+                fallback_units=failed,
+                causes={u: HOSTILE_CAUSE for u in failed},
+                abort_rule="3a-must-be-fresh<b>" if kind is Outcome.ABORTED else None,
+                message=f"split <s3://x/{HOSTILE}> failed" if kind is Outcome.ABORTED else "",
+            ),
+        )
+    return storage
+
+
+def test_every_stored_string_is_escaped(tmp_path: Path) -> None:
+    report, _ = report_of(hostile_root(tmp_path))
+    page = render_html(report)
+    for raw in (HOSTILE, HOSTILE_CAUSE, "<script>", "<img", "fresh<b>", "<s3:"):
+        assert raw not in page
+    assert "<td>3a-must-be-fresh&lt;b&gt;</td>" in page
+    assert "<title>regional report: &lt;img src=x onerror=alert(1)&gt;</title>" in page
+    assert "<li>unit 1: declined: &lt;/td&gt;&lt;script&gt;document.title=&#x27;owned&#x27;" in page
+    parsed = Page(page)
+    assert {"script", "img", "s3:"} & set(parsed.tags) == set()
+    assert parsed.cells[(2, 1)] == (
+        "b",
+        "1",
+        f"unit 1, checkpoint 2: fell back to the state of checkpoint 1 - {HOSTILE_CAUSE}",
+    )
+
+
+def test_a_job_of_10000_units_keeps_the_page_small() -> None:
+    units, rounds = 10_000, 80
+    events = [CheckpointEvent(job_id="big", checkpoint_id=1, kind=Outcome.GLOBAL,
+                              trigger_time_ms=0, time_ms=5, fresh_units=units)]  # fmt: skip
+    for cid in range(2, rounds + 1):  # unit 9999 always falls back; three others each time
+        failed = tuple(sorted({9999, *((cid * 37 + k * 1000) % units for k in range(3))}))
+        events.append(
+            CheckpointEvent(
+                job_id="big",
+                checkpoint_id=cid,
+                kind=Outcome.REGIONAL,
+                trigger_time_ms=cid * 1000,
+                time_ms=cid * 1000 + 5,
+                fresh_units=units - len(failed),
+                fallback_units=failed,
+                causes={u: "timeout" for u in failed},
+                unit_lag={u: 1 for u in failed} | {9999: cid - 1},
+            )
+        )
+    report = build_report([], events, job_id="big")
+    newest = range(rounds - GRID_CHECKPOINTS + 1, rounds + 1)
+    behind = {9999} | {(c * 37 + k * 1000) % units for c in newest for k in range(3)}
+    assert report.grid_checkpoints == tuple(newest)
+    assert len(report.grid_units) == GRID_UNITS and 9999 in report.grid_units
+    assert report.hidden_units == len(behind) - GRID_UNITS
+    assert report.always_fresh_units == units - len(behind)
+    cells = {(r["checkpoint_id"], r["unit_id"]): r for r in report.grid.to_pylist()}
+    assert cells[(rounds, 9999)]["owner_checkpoint_id"] == 1
+    page = render_html(report)
+    assert len(page.encode()) < 300_000
+    assert f"{units - len(behind)} units were fresh in every one of these checkpoints" in page
+    assert f"{len(behind) - GRID_UNITS} more units fell back or failed here" in page
+    assert len(Page(page).cells) == GRID_CHECKPOINTS * GRID_UNITS
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def test_cli_writes_the_page_and_says_where(tmp_path: Path, capsys) -> None:
+    simulated(tmp_path / "ckpt")
+    out_file = tmp_path / "report.html"
+    code = main(["inspect", str(tmp_path / "ckpt"), "report", "--html", str(out_file)])
+    out, err = capsys.readouterr()
+    page = out_file.read_text(encoding="utf-8")
+    size = len(page.encode()) // 1024 + 1
+    assert (code, err) == (0, "")
+    assert out == (
+        f"report of job orders written to {out_file} (12 checkpoint attempts, {size} KiB)\n"
+    )
+    assert "Planned with num-retained 3 (recorded in checkpoint 12)." in page
+
+    assert main(["inspect", str(tmp_path / "ckpt"), "report", "--html", "-"]) == 0
+    assert capsys.readouterr().out == page
+
+
+def test_cli_refuses_a_file_it_cannot_write(tmp_path: Path, capsys) -> None:
+    simulated(tmp_path / "ckpt")
+    target = tmp_path / "missing" / "r.html"
+    code = main(["inspect", str(tmp_path / "ckpt"), "report", "--html", str(target)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"regional inspect: cannot write the report to '{target}' (No such file or directory); "
+        "pass --html with a path in an existing, writable directory, or '-' for stdout\n"
+    )
+
+
+# -- in a browser ------------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium(page: Path, tmp_path: Path, size: tuple[int, int]) -> tuple[str, bytes]:
+    """The DOM after load and a screenshot of `page`, from headless Chromium."""
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail(
+            "chromium is not on PATH; install Debian's package: "
+            "apt-get update && apt-get install -y chromium"
+        )
+    png = tmp_path / "shot.png"
+    done = subprocess.run(
+        [
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--window-size={size[0]},{size[1]}",
+            f"--screenshot={png}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, png.read_bytes()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_page_renders_in_headless_chromium(tmp_path: Path, capsys) -> None:
+    simulated(tmp_path / "ckpt")
+    out_file = tmp_path / "report.html"
+    assert main(["inspect", str(tmp_path / "ckpt"), "report", "--html", str(out_file)]) == 0
+    dom, png = chromium(out_file, tmp_path, (1200, 900))
+    page = Page(dom)
+    assert page.columns == list(range(1, 13))
+    assert len(page.cells) == 12 * 4
+    classes = sorted(cls for cls, _, _ in page.cells.values())
+    assert classes.count("b") == 3 and classes.count("x") == 3 and classes.count("a") == 1
+    assert page.cells[(4, 1)][:2] == ("b", "3")
+    assert page.tags.count("svg") == 3 and "script" not in page.tags
+    assert png_size(png) == (1200, 900) and len(png) > 10_000
+
+
+def test_hostile_strings_stay_text_in_the_browser(tmp_path: Path, capsys) -> None:
+    hostile_root(tmp_path / "ckpt")
+    out_file = tmp_path / "report.html"
+    assert main(["inspect", str(tmp_path / "ckpt"), "report", "--html", str(out_file)]) == 0
+    dom, png = chromium(out_file, tmp_path, (800, 600))
+    page = Page(dom)
+    assert page.title == f"regional report: {HOSTILE}"  # the payload did not set the title
+    assert {"script", "img", "s3:"} & set(page.tags) == set()
+    assert f"split <s3://x/{HOSTILE}> failed" in dom.replace("&lt;", "<").replace("&gt;", ">")
+    assert page.cells[(3, 0)][0] == "x" and HOSTILE_CAUSE in page.cells[(3, 0)][2]
+    assert png_size(png) == (800, 600)
+
+
+def test_a_job_without_checkpoints_gets_a_page_that_says_so() -> None:
+    page = render_html(build_report([], [], job_id="new"))
+    assert 'Checkpoint timeline</h2><p class="muted">No checkpoint yet.</p>' in page
+    assert "No unit fell back or failed in these checkpoints." in page
+    assert "No event log (events/): lag over time needs it." in page
+    assert '<h2 id="aborts">Aborted checkpoints (0)</h2>' in page
