@@ -22,7 +22,8 @@ from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from regional.cli import main
 from regional.policy import Policy
-from regional.report import GRID_CHECKPOINTS, GRID_UNITS, build_report, render_html
+from regional.report import GRID_CHECKPOINTS, GRID_UNITS, build_report
+from regional.report_html import render_html
 from regional.sim import Simulation
 
 T0 = 1_763_800_000_000  # 2025-11-22 08:26:40 UTC

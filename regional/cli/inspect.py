@@ -32,7 +32,8 @@ from metadata.validate import validate_job, validate_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
-from regional.report import ReportError, build_report, render_html
+from regional.report import ReportError, build_report
+from regional.report_html import render_html
 
 __all__ = ["register"]
 

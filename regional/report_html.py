@@ -1,0 +1,383 @@
+"""The report page: `render_html` turns a `regional.report.Report` (Arrow tables) into one
+self-contained HTML document — inline CSS and SVG, no script, no network (a Content Security
+Policy forbids both), every string read from storage escaped. Pure: tables in, text out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from regional.report import Report
+
+__all__ = ["render_html"]
+
+#: The newest checkpoint attempts the timeline and lag charts show.
+CHART_CHECKPOINTS = 500
+#: The newest rows the timeline, retention and abort tables show.
+TABLE_ROWS = 50
+
+_KINDS = ("global", "regional", "savepoint", "aborted")
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:20px 28px;color:#1d2329;
+max-width:1180px;background:#fff}
+h1{font-size:21px;margin:0 0 4px}h2{font-size:16px;margin:26px 0 8px;padding-bottom:3px;
+border-bottom:1px solid #d8dde3}summary{cursor:pointer;color:#5f6b76;margin:6px 0}
+code{font-size:13px}.muted{color:#5f6b76}.note{color:#8a4b00}
+table{border-collapse:collapse;font-size:12px}th,td{padding:2px 7px;text-align:left;
+border-bottom:1px solid #eceff2;vertical-align:top}td.n,th.n{text-align:right;
+font-variant-numeric:tabular-nums}.kpis{display:flex;gap:22px;margin:10px 0 4px;flex-wrap:wrap}
+.kpi b{display:block;font-size:20px}.kpi{font-size:12px;color:#5f6b76}
+.k-global{fill:#3b6fb6;background:#3b6fb6}.k-regional{fill:#5fb3b3;background:#5fb3b3}
+.k-savepoint{fill:#8e6bbf;background:#8e6bbf}.k-aborted{fill:#d64541;background:#d64541}
+.sw{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px;border-radius:2px}
+table.grid{font-size:10px}table.grid td,table.grid th{border:1px solid #fff;padding:0;
+text-align:center;min-width:15px;height:15px}table.grid thead th{writing-mode:vertical-rl;
+transform:rotate(180deg);color:#fff;font-weight:500;padding:3px 0}
+table.grid tbody th{text-align:right;padding:0 6px;color:#5f6b76;font-weight:400;
+white-space:nowrap}table.grid td{vertical-align:middle}
+td.f{background:#cfe8cf}td.b{background:#f5b44a}td.x{background:#d64541;color:#fff}
+td.a{background:#e6e8eb}svg text{font-size:11px;fill:#5f6b76}
+.max{stroke:#d64541;fill:none;stroke-width:1.5}.mean{stroke:#3b6fb6;fill:none;stroke-width:1.5}
+.scroll{overflow-x:auto}.kept{fill:#3b6fb6}.deletable{fill:#f5b44a}.axis{stroke:#c9d0d6}
+"""
+# No script and no network: the page renders offline, and injected markup could not run.
+_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+def _e(value: object) -> str:
+    """Escaped for HTML text and attribute values: every stored string goes through here."""
+    return html.escape(str(value), quote=True)
+
+
+def _when(value: dt.datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB' (binary units)."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
+def _ms(n: int) -> str:
+    return f"{n} ms" if n < 10_000 else f"{n / 1000:.1f} s"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int]) -> str:
+    """A table of already escaped cells; columns in `numeric` right-aligned."""
+    head = "".join(
+        f'<th class="n">{h}</th>' if i in numeric else f"<th>{h}</th>"
+        for i, h in enumerate(headers)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
+            for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _legend() -> str:
+    return "".join(f'<span class="sw k-{k}"></span>{k}' for k in _KINDS)
+
+
+def _timeline_section(report: Report) -> str:
+    rows = report.timeline.to_pylist()
+    if not rows:
+        return '<h2 id="timeline">Checkpoint timeline</h2><p class="muted">No checkpoint yet.</p>'
+    charted = rows[-CHART_CHECKPOINTS:]
+    width, height, left = 960, 120, 48
+    longest = max(r["duration_ms"] for r in charted) or 1
+    step = (width - left) / len(charted)
+    bars = []
+    for i, r in enumerate(charted):
+        h = max(2.0, r["duration_ms"] / longest * height)
+        tip = f"checkpoint {r['checkpoint_id']} {r['kind']}, {_ms(r['duration_ms'])}, " + _when(
+            r["trigger_time"]
+        )
+        bars.append(
+            f'<rect class="k-{_e(r["kind"])}" x="{left + i * step:.1f}" y="{height - h:.1f}" '
+            f'width="{max(step - 1, 0.6):.1f}" height="{h:.1f}"><title>{_e(tip)}</title></rect>'
+        )
+    svg = (
+        f'<svg role="img" aria-label="checkpoint durations" width="{width}" '
+        f'height="{height + 18}" viewBox="0 0 {width} {height + 18}">'
+        f'<line class="axis" x1="{left}" y1="{height}" x2="{width}" y2="{height}"/>'
+        f'<text x="0" y="10">{_e(_ms(longest))}</text><text x="0" y="{height}">0</text>'
+        f'<text x="{left}" y="{height + 14}">{charted[0]["checkpoint_id"]}</text>'
+        f'<text x="{width}" y="{height + 14}" text-anchor="end">'
+        f"{charted[-1]['checkpoint_id']}</text>{''.join(bars)}</svg>"
+    )
+    table = _table(
+        ["checkpoint", "kind", "triggered (UTC)", "duration", "units fallen back / failed", "rule"],
+        (
+            [
+                str(r["checkpoint_id"]),
+                f'<span class="sw k-{_e(r["kind"])}"></span>{_e(r["kind"])}',
+                _when(r["trigger_time"]),
+                _ms(r["duration_ms"]),
+                str(r["num_fallback_units"]),
+                _e(r["abort_rule"] or ""),
+            ]
+            for r in reversed(rows[-TABLE_ROWS:])
+        ),
+        {0, 3, 4},
+    )
+    shown = f"the newest {len(charted)} of {len(rows)}" if len(charted) < len(rows) else "all"
+    return (
+        '<h2 id="timeline">Checkpoint timeline</h2>'
+        f'<p class="muted">Duration of {shown} checkpoint attempts (bar height), oldest left.'
+        f"{_legend()}</p>{svg}<details><summary>The newest {min(len(rows), TABLE_ROWS)} as a "
+        f"table</summary>{table}</details>"
+    )
+
+
+def _grid_section(report: Report) -> str:
+    kinds = dict(
+        zip(
+            report.timeline.column("checkpoint_id").to_pylist(),
+            report.timeline.column("kind").to_pylist(),
+            strict=True,
+        )
+    )
+    cells: dict[tuple[int, int], dict[str, object]] = {
+        (r["checkpoint_id"], r["unit_id"]): r for r in report.grid.to_pylist()
+    }
+    head = "".join(
+        f'<th class="k-{_e(kinds[c])}" title="checkpoint {c}: {_e(kinds[c])}">{c}</th>'
+        for c in report.grid_checkpoints
+    )
+    body = []
+    for u in report.grid_units:
+        tds = []
+        for c in report.grid_checkpoints:
+            cell = cells.get((c, u))
+            if cell is None:
+                tds.append(f'<td class="{"a" if kinds[c] == "aborted" else "f"}"></td>')
+            elif cell["status"] == "fallback":
+                owner = cell["owner_checkpoint_id"]
+                tip = (
+                    f"unit {u}, checkpoint {c}: fell back to the state of checkpoint "
+                    f"{'unknown (older than the event log)' if owner is None else owner}"
+                )
+                if cell["cause"]:
+                    tip += f" - {cell['cause']}"
+                label = "?" if owner is None else str(owner)
+                tds.append(f'<td class="b" title="{_e(tip)}">{label}</td>')
+            else:
+                tip = f"unit {u}, checkpoint {c}: failed, checkpoint aborted"
+                if cell["cause"]:
+                    tip += f" - {cell['cause']}"
+                tds.append(f'<td class="x" title="{_e(tip)}">&#215;</td>')
+        body.append(f"<tr><th>unit {u}</th>{''.join(tds)}</tr>")
+    notes = []
+    if report.always_fresh_units:
+        n = report.always_fresh_units
+        notes.append(
+            f"{n} unit{' was' if n == 1 else 's were'} fresh in every one of these checkpoints "
+            "and {} not shown.".format("is" if n == 1 else "are")
+        )
+    if report.hidden_units:
+        notes.append(
+            f"{report.hidden_units} more units fell back or failed here; only the "
+            f"{len(report.grid_units)} that did so most often are shown."
+        )
+    columns = len(report.grid_checkpoints)
+    total = len(report.timeline)
+    intro = (
+        f"The newest {columns} of {total} checkpoint attempts"
+        if columns < total
+        else f"All {total} checkpoint attempts"
+    )
+    legend = (
+        '<span class="sw" style="background:#cfe8cf"></span>fresh'
+        '<span class="sw" style="background:#f5b44a"></span>fallback (the owner checkpoint '
+        'whose state it re-uses)<span class="sw" style="background:#d64541"></span>failed '
+        '(checkpoint aborted)<span class="sw" style="background:#e6e8eb"></span>aborted, '
+        "answered. Hover a cell for the cause."
+    )
+    if not report.grid_units:
+        grid = '<p class="muted">No unit fell back or failed in these checkpoints.</p>'
+    else:
+        grid = (
+            f'<div class="scroll"><table class="grid"><thead><tr><th></th>{head}</tr>'
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>"
+        )
+    return (
+        '<h2 id="grid">Units &#215; checkpoints</h2>'
+        f'<p class="muted">{intro}, one column each, oldest left. {legend}</p>'
+        + "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
+        + grid
+    )
+
+
+def _lag_section(report: Report) -> str:
+    rows = report.lag.to_pylist()[-CHART_CHECKPOINTS:]
+    if not rows:
+        return (
+            '<h2 id="lag">Unit lag</h2><p class="muted">No event log (events/): lag over time '
+            "needs it.</p>"
+        )
+    width, height, left = 960, 140, 48
+    top = max(max(r["max_lag"] for r in rows), 1)
+    step = (width - left) / len(rows)
+
+    def line(key: str) -> str:
+        points = []
+        for i, r in enumerate(rows):
+            y = height - r[key] / top * (height - 4)
+            points += [f"{left + i * step:.1f},{y:.1f}", f"{left + (i + 1) * step:.1f},{y:.1f}"]
+        return " ".join(points)
+
+    dots = "".join(
+        f'<rect x="{left + i * step:.1f}" y="0" width="{step:.1f}" height="{height}" '
+        f'fill="transparent"><title>checkpoint {r["checkpoint_id"]} ({_e(r["kind"])}): max '
+        f"{r['max_lag']}, mean {r['mean_lag']:.2f}, {r['units_behind']} units behind</title></rect>"
+        for i, r in enumerate(rows)
+    )
+    svg = (
+        f'<svg role="img" aria-label="unit lag" width="{width}" height="{height + 18}" '
+        f'viewBox="0 0 {width} {height + 18}">'
+        f'<line class="axis" x1="{left}" y1="{height}" x2="{width}" y2="{height}"/>'
+        f'<text x="0" y="10">{top}</text><text x="0" y="{height}">0</text>'
+        f'<text x="{left}" y="{height + 14}">{rows[0]["checkpoint_id"]}</text>'
+        f'<text x="{width}" y="{height + 14}" text-anchor="end">{rows[-1]["checkpoint_id"]}</text>'
+        f'<polyline class="max" points="{line("max_lag")}"/>'
+        f'<polyline class="mean" points="{line("mean_lag")}"/>{dots}</svg>'
+    )
+    worst = max(rows, key=lambda r: (r["max_lag"], r["checkpoint_id"]))
+    return (
+        '<h2 id="lag">Unit lag</h2><p class="muted">Completed checkpoints a unit\'s state is '
+        "behind, after each checkpoint attempt (from the event log): "
+        '<span class="sw" style="background:#d64541"></span>max over units'
+        '<span class="sw" style="background:#3b6fb6"></span>mean over '
+        f"{report.num_units} units. Worst: {worst['max_lag']} after checkpoint "
+        f"{worst['checkpoint_id']}.</p>{svg}"
+    )
+
+
+def _retention_section(report: Report) -> str:
+    head = '<h2 id="retention">Retained vs deletable bytes</h2>'
+    if report.totals.num_rows == 0:
+        return head + '<p class="muted">No retention plan.</p>'
+    t = report.totals.to_pylist()[0]
+    kept, deletable = t["kept_bytes"] or 0, t["deleted_bytes"] or 0
+    width = 960
+    kept_w = width * kept / (kept + deletable) if kept + deletable else width
+    svg = (
+        f'<svg role="img" aria-label="retained vs deletable bytes" width="{width}" height="22" '
+        f'viewBox="0 0 {width} 22"><rect class="kept" x="0" y="0" width="{kept_w:.1f}" '
+        f'height="22"><title>kept {kept} bytes</title></rect><rect class="deletable" '
+        f'x="{kept_w:.1f}" y="0" width="{width - kept_w:.1f}" height="22"><title>deletable '
+        f"{deletable} bytes</title></rect></svg>"
+    )
+    retained = ", ".join(map(str, t["retained"] or [])) or "none"
+    summary = (
+        f'<p><span class="sw kept" style="background:#3b6fb6"></span>kept '
+        f"<b>{_bytes(kept)}</b> in {_files(t['kept_files'])} "
+        f'<span class="sw" style="background:#f5b44a"></span>deletable '
+        f"<b>{_bytes(deletable)}</b> in {_files(t['deleted_files'])} (what "
+        "<code>regional clean</code> would delete now). Retained checkpoints: "
+        f"{_e(retained)}; keeping every referenced checkpoint whole would keep "
+        f"{_bytes(t['whole_checkpoint_bytes'])}.</p>"
+    )
+    if report.retention_note:
+        summary += f'<p class="muted">Planned with {_e(report.retention_note)}.</p>'
+
+    rows = [r for r in report.retention.to_pylist() if r["row"] == "checkpoint"]
+    table = _table(
+        ["checkpoint", "action", "reason", "kept", "deletable", "detail"],
+        (
+            [
+                str(r["checkpoint_id"]),
+                _e(r["action"]),
+                _e(r["reason"]),
+                _bytes(r["kept_bytes"]),
+                _bytes(r["deleted_bytes"]),
+                _e(r["detail"]),
+            ]
+            for r in reversed(rows[-TABLE_ROWS:])
+        ),
+        {0, 3, 4},
+    )
+    return head + svg + summary + (table if rows else "")
+
+
+def _aborts_section(report: Report) -> str:
+    rows = report.aborts.to_pylist()
+    head = f'<h2 id="aborts">Aborted checkpoints ({len(rows)})</h2>'
+    if not rows:
+        return head + '<p class="muted">None in the event log.</p>'
+
+    def causes(r: dict[str, object]) -> str:
+        listed = r["causes"]
+        assert isinstance(listed, list)
+        if not listed:
+            return _e(r["message"])
+        items = "".join(f"<li>unit {c['unit_id']}: {_e(c['cause'])}</li>" for c in listed)
+        return f"{_e(r['message'])}<ul>{items}</ul>"
+
+    table = _table(
+        ["checkpoint", "triggered (UTC)", "rule", "failed units", "cause"],
+        (
+            [
+                str(r["checkpoint_id"]),
+                _when(r["trigger_time"]),
+                _e(r["abort_rule"] or "-"),
+                _e(", ".join(map(str, r["failed_units"])) or "-"),
+                causes(r),
+            ]
+            for r in reversed(rows[-TABLE_ROWS:])
+        ),
+        {0},
+    )
+    more = (
+        f'<p class="note">The newest {TABLE_ROWS} are listed.</p>' if len(rows) > TABLE_ROWS else ""
+    )
+    return head + more + table
+
+
+def render_html(report: Report) -> str:
+    """The page: one self-contained HTML document (inline CSS and SVG, no script)."""
+    kinds = Counter(report.timeline.column("kind").to_pylist())
+    kpis = [
+        ("units", report.num_units),
+        ("checkpoint attempts", len(report.timeline)),
+        *((k, kinds.get(k, 0)) for k in _KINDS),
+    ]
+    job = _e(report.job_id)
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>regional report: {job}</title><style>{_CSS}</style></head><body>"
+        f"<h1>Job <code>{job}</code></h1>"
+        '<div class="kpis">'
+        + "".join(f'<div class="kpi"><b>{n}</b>{_e(k)}</div>' for k, n in kpis)
+        + "</div>"
+        + "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
+        + _timeline_section(report)
+        + _grid_section(report)
+        + _lag_section(report)
+        + _retention_section(report)
+        + _aborts_section(report)
+        + "</body></html>\n"
+    )
