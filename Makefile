@@ -27,6 +27,7 @@ demo: $(STAMP) check-java
 	@$(BIN)/python examples/quickstart.py
 
 test: $(STAMP) check-java
+	@scripts/require-chromium
 	@$(BIN)/ruff check --quiet .
 	@$(BIN)/mypy
 	@$(BIN)/python -m pytest -q
