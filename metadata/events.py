@@ -34,9 +34,8 @@ from typing import Annotated
 
 import msgspec
 import pyarrow as pa
-from pyarrow import fs as pafs
 
-from metadata.errors import MetadataError
+from metadata.errors import MetadataError, StorageError
 from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
 from metadata.model import Count, EpochMs, Int64
 from metadata.storage import JobStorage, Problem
@@ -144,23 +143,19 @@ def write_event(storage: JobStorage, event: CheckpointEvent) -> str:
 
 
 def read_events(storage: JobStorage) -> tuple[list[CheckpointEvent], list[Problem]]:
-    """Every event of the job in checkpoint order, and the files that did not decode."""
-    selector = pafs.FileSelector(f"{storage.job_path}/{EVENTS_DIR}", allow_not_found=True)
-    cut = len(storage.job_path) + 1
-    infos = storage.filesystem.get_file_info(selector)
-    paths = sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+    """Every event of the job in checkpoint order, and the files that did not decode (or that
+    are symbolic links out of the job root: never read)."""
     events, problems = [], []
-    for rel in paths:
+    for rel in storage.list_dir(EVENTS_DIR):
         cid = event_checkpoint_id(rel)
         if cid is None:
             continue  # not named like an event (e.g. a temporary file of a write in progress)
         try:
-            with storage.filesystem.open_input_stream(f"{storage.job_path}/{rel}") as f:
-                data = f.read()
+            data = storage.read_file(rel)
+            if data is None:
+                continue  # deleted by the cleaner since the listing
             events.append(decode_event(data, source=storage.describe(rel)))
-        except FileNotFoundError:
-            continue  # deleted by the cleaner since the listing
-        except (OSError, MetadataError) as exc:
+        except (StorageError, MetadataError) as exc:
             problems.append(Problem(cid, rel, str(exc)))
     return events, problems
 
