@@ -201,3 +201,90 @@ def test_a_state_handle_path_out_of_the_root_is_refused_at_decode(tmp_path: Path
     with pytest.raises(MetadataError, match=r"\(it is absolute or a URI\)"):
         storage.read_metadata(2)
     assert storage.find_latest_restorable(warn=False) is None
+
+
+def _craft_commit_user(storage: JobStorage, checkpoint_id: int, user: str) -> None:
+    """Rewrite checkpoint `checkpoint_id`'s metadata with `user` as its sink's commit user
+    (re-encoded with a valid checksum, as anyone who can write to the root can)."""
+    import msgspec
+
+    from metadata.layout import metadata_path
+
+    md = storage.read_metadata(checkpoint_id)
+    state = msgspec.msgpack.decode(md.coordinators["sink"])
+    state[0] = user
+    coordinators = {**md.coordinators, "sink": msgspec.msgpack.encode(state)}
+    storage.delete_file(metadata_path(checkpoint_id))
+    storage.write_metadata(msgspec.structs.replace(md, coordinators=coordinators))
+
+
+def test_a_crafted_commit_user_in_a_checkpoint_is_refused_at_restore() -> None:
+    from regional.policy import Policy
+    from regional.sim import Simulation
+
+    sim = Simulation(2, Policy(), records_per_split=9)
+    sim.run(2)
+    log = list(sim.sink.log)
+    _craft_commit_user(sim.storage, 2, "../../../escape-cu")
+    with pytest.raises(MetadataError) as exc:
+        sim.new_driver().run()
+    assert str(exc.value) == (
+        "the checkpointed snapshot of sink 'sink''s commit coordinator has commit user "
+        "'../../../escape-cu' (it contains a slash, backslash or NUL byte); a commit user names "
+        "a directory of the table, so the checkpoint was tampered with: restore another one"
+    )
+    assert sim.sink.log == log  # nothing committed
+
+
+def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Path) -> None:
+    import msgspec
+    import pyarrow as pa
+
+    from regional.errors import CommitError
+    from regional.sinks.parquet import ParquetSink, read_table
+
+    table = tmp_path / "a" / "b" / "table"
+    sink = ParquetSink(str(table))
+    [good] = sink.write(
+        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="out", index=0, attempt=0
+    )
+    with pytest.raises(CommitError) as exc:
+        sink.commit("../../../escape-cu", 1, [good])
+    assert str(exc.value) == (
+        f"table {table}: commit user '../../../escape-cu' cannot name a directory under "
+        "_commits/ (it contains a slash, backslash or NUL byte); nothing was committed"
+    )
+    canary = tmp_path / "canary.parquet"
+    canary.write_text("canary")
+    evil = msgspec.msgpack.encode(["data/../../../../canary.parquet", 1])
+    with pytest.raises(CommitError) as exc:
+        sink.commit("job-1", 1, [evil])
+    assert str(exc.value) == (
+        f"table {table}: a committable names data file 'data/../../../../canary.parquet' ('..' "
+        "is not allowed); data files are staged under data/ in the table, so it was tampered "
+        "with or written by another tool"
+    )
+    sink.discard([evil])
+    assert canary.read_text() == "canary"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "canary.parquet"]
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["table"]
+    sink.commit("job-1", 1, [good])
+    assert read_table(str(table)).column("x").to_pylist() == [1]
+
+
+def test_split_ids_that_leave_the_source_directory_are_refused(tmp_path: Path) -> None:
+    from regional.sources.files import FileSource
+    from regional.sources.log import LogSource
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "secret.jsonl").write_text('{"x": 1}\n')
+    source = FileSource(str(tmp_path / "in"), format="jsonl")
+    with pytest.raises(MetadataError) as exc:
+        source.read("../secret.jsonl", b"", 10)
+    assert str(exc.value) == (
+        f"split id '../secret.jsonl' of the file source at {tmp_path}/in is not a file name (it "
+        "contains a slash, backslash or NUL byte); split ids are restored from checkpoints, so "
+        "that one was tampered with: restore another checkpoint"
+    )
+    with pytest.raises(MetadataError, match=r"^split id '\.\.' of the log source at "):
+        LogSource(str(tmp_path / "in")).read("..", b"", 10)
