@@ -45,7 +45,10 @@ from pyarrow import fs as pafs
 from metadata.errors import MetadataError, OutsideRootError, StorageError
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
 from metadata.layout import (
+    EVENTS_DIR,
     LEASE_DIR,
+    SAVEPOINTS_DIR,
+    SHARED_DIR,
     check_relative,
     checkpoint_dir,
     checkpoint_id_of,
@@ -66,6 +69,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The top-level directories of a job root besides `chk-<id>/` (`metadata.layout`).
+_LAYOUT_DIRS = frozenset({EVENTS_DIR, LEASE_DIR, SAVEPOINTS_DIR, SHARED_DIR})
 
 #: errnos of `os.link` on file systems without hard links: fall back to a rename.
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
@@ -318,6 +324,23 @@ class JobStorage:
                 f"{', '.join(jobs) or 'none'}"
             )
         return cls(root, job_id, filesystem=filesystem)
+
+    def check_job_root(self) -> None:
+        """Refuse (`JobSelectionError`, exit 2) a job directory that holds entries but none of
+        the layout's (`chk-<id>`, `events`, `_lease`, `shared`, `savepoints`): it is some other
+        directory, e.g. `regional inspect /etc --job apt`. An empty one is a job not started."""
+        try:
+            infos = self.filesystem.get_file_info(
+                pafs.FileSelector(self.job_path, recursive=False, allow_not_found=True)
+            )
+        except OSError as exc:
+            raise StorageError(f"cannot list {self.describe('')}: {exc}") from None
+        names = [posixpath.basename(i.path) for i in infos]
+        if names and not any(n in _LAYOUT_DIRS or checkpoint_id_of(n) is not None for n in names):
+            raise JobSelectionError(
+                f"{self.describe('')} is not a regional job root: it holds none of chk-<id>/, "
+                f"{', '.join(f'{d}/' for d in sorted(_LAYOUT_DIRS))}; check ROOT and --job"
+            )
 
     def list_files(self) -> list[FileEntry]:
         """Every file under the job root, recursively, sorted by path (none if it is missing).

@@ -288,3 +288,20 @@ def test_split_ids_that_leave_the_source_directory_are_refused(tmp_path: Path) -
     )
     with pytest.raises(MetadataError, match=r"^split id '\.\.' of the log source at "):
         LogSource(str(tmp_path / "in")).read("..", b"", 10)
+
+
+@pytest.mark.parametrize("view", ["checkpoints", "validate", "retention", "events"])
+def test_inspecting_a_directory_that_is_not_a_job_root_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], view: str
+) -> None:
+    (tmp_path / "etc" / "apt" / "sources.list.d").mkdir(parents=True)
+    (tmp_path / "etc" / "apt" / "sources.list").write_text("deb http://x y z\n")
+    assert main(["inspect", str(tmp_path / "etc"), "--job", "apt", view]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"regional inspect: {tmp_path}/etc/apt is not a regional job root: it holds none of "
+        "chk-<id>/, _lease/, events/, savepoints/, shared/; check ROOT and --job\n"
+    )
+    (tmp_path / "etc" / "empty").mkdir()  # a job that has not checkpointed yet is fine
+    assert main(["inspect", str(tmp_path / "etc"), "--job", "empty", view]) == 0
