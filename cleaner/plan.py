@@ -471,9 +471,9 @@ class _Rules:
                 own_only = self.own_only.get(cid, _NOT_KEPT)  # the (cid,) `kept_by` shares
                 own_detail = f"file of kept checkpoint {cid}"
             if f.link is not None:  # a link the listing did not follow: never deleted
-                reason = Reason.OUTSIDE_ROOT if f.outside_root else Reason.LINK
-                detail = f"{_link_text(f)}: never followed nor deleted; remove it by hand"
-                append(FileDecision(path, size, Action.KEEP, reason, detail, cid))
+                why = f"{_link_text(f)}: never followed nor deleted; remove it by hand"
+                link_reason = Reason.OUTSIDE_ROOT if f.outside_root else Reason.LINK
+                append(FileDecision(path, size, Action.KEEP, link_reason, why, cid))
                 kept += size
                 n_kept += 1
                 continue
