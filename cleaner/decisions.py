@@ -37,7 +37,9 @@ class RetentionInputError(RegionalError):
 
 
 class StoredFile(Protocol):
-    """What the planner needs of a listed file (`metadata.storage.FileEntry` fits)."""
+    """What the planner needs of a listed file (`metadata.storage.FileEntry` fits): `link` is
+    set for a symbolic link the listing did not follow (its target), `outside_root` when that
+    target is outside the job root."""
 
     @property
     def path(self) -> str: ...
@@ -45,12 +47,21 @@ class StoredFile(Protocol):
     @property
     def size(self) -> int: ...
 
+    @property
+    def link(self) -> str | None: ...
+
+    @property
+    def outside_root(self) -> bool: ...
+
 
 class ListedFile(NamedTuple):
-    """A plain listed file: `path` relative to the job root, `size` in bytes."""
+    """A plain listed file: `path` relative to the job root, `size` in bytes; `link` and
+    `outside_root` as in `StoredFile` (a symbolic link, never followed nor deleted)."""
 
     path: str
     size: int
+    link: str | None = None
+    outside_root: bool = False
 
 
 class Action(enum.StrEnum):
@@ -80,6 +91,10 @@ class Reason(enum.StrEnum):
     EVENT_LOG = "event-log"  # one of the newest files of the event log (`events/`)
     EXPIRED_EVENT = "expired-event"  # an event file older than the newest N
     LEASE = "lease"  # the driver's lease of the job root (`_lease/`, `metadata.lease`)
+    OUTSIDE_ROOT = (
+        "outside-root"  # a symbolic link out of the job root, or a checkpoint holding one
+    )
+    LINK = "symlink"  # a link to a directory inside the root (not followed), or its checkpoint
 
 
 class PendingCheckpoint(msgspec.Struct, frozen=True):

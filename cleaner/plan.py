@@ -20,7 +20,10 @@ Rules, in the order they apply to a file (the first that matches decides):
    are the driver's (`lease`, kept; a driver replaces a stale one). Any other path
    outside `chk-<id>/` is kept and reported as `unknown` (delete it by hand).
 4. Everything under a checkpoint with damaged metadata is kept for inspection (never deleted
-   automatically, DESIGN §8).
+   automatically, DESIGN §8). A symbolic link the listing did not follow (local disks: a link
+   out of the job root, `outside-root`, or to a directory inside it, `symlink`) is never deleted
+   and nothing under it is listed; a checkpoint directory holding one is kept whole, with the
+   same reason (it was tampered with: inspect it, remove the link by hand).
 5. With a `no-claim` restore base `B`, everything under `chk-<k>/` with `k <= B` is kept: the
    job does not own it (Flink's `highestNotClaimedCheckpointID`).
 6. A directory without `_metadata` newer than every completed checkpoint is kept when the
@@ -137,6 +140,12 @@ def _checkpoint_id_of(path: str) -> int | None:
     slash = path.find("/")
     digits = path[4:slash] if slash > 0 else path[4:]
     return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+def _link_text(f: StoredFile) -> str:
+    """`chk-2 -> /outside (outside the job root)`: a link entry of the listing, for details."""
+    where = "outside the job root" if f.outside_root else "inside the job root, not followed"
+    return f"a symbolic link {f.path} -> {f.link} ({where})"
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -265,6 +274,12 @@ def plan_retention(
     savepoint_ids = set(rule.savepoints)
     retained = set(rule.retained)
     listed = sorted(files, key=attrgetter("path"))
+    linked: dict[int, tuple[Reason, str]] = {}  # checkpoint -> why it is kept whole
+    for f in listed:
+        if f.link is not None and (cid := _checkpoint_id_of(f.path)) is not None:
+            reason = Reason.OUTSIDE_ROOT if f.outside_root else Reason.LINK
+            if linked.get(cid, (Reason.LINK,))[0] is Reason.LINK:  # outside-root wins
+                linked[cid] = (reason, _link_text(f))
     # a restore falls back to the newest checkpoint whose files are all there: never delete it
     # because newer ones are damaged (a missing or truncated state file)
     sizes = {f.path: f.size for f in listed}
@@ -321,6 +336,7 @@ def plan_retention(
         no_claim_upto=no_claim_upto,
         expired_events=expired_events,
         num_retained_events=num_retained_events,
+        linked=linked,
     )
     decisions = rules.decide_all(listed)
     referrers: dict[int, dict[int, set[int]]] = defaultdict(dict)  # owner -> referrer -> units
@@ -403,7 +419,9 @@ class _Rules:
         no_claim_upto: int | None,
         expired_events: set[str],
         num_retained_events: int,
+        linked: dict[int, tuple[Reason, str]],
     ) -> None:
+        self.linked = linked
         self.kept_by = kept_by
         self.expired_events = expired_events
         self.num_retained_events = num_retained_events
@@ -453,6 +471,13 @@ class _Rules:
                 # the (cid,) `kept_by` shares
                 own_only = _NOT_KEPT if cid is None else self.own_only.get(cid, _NOT_KEPT)
                 own_detail = f"file of kept checkpoint {cid}"
+            if f.link is not None:  # a link the listing did not follow: never deleted
+                why = f"{_link_text(f)}: never followed nor deleted; remove it by hand"
+                link_reason = Reason.OUTSIDE_ROOT if f.outside_root else Reason.LINK
+                append(FileDecision(path, size, Action.KEEP, link_reason, why, cid))
+                kept += size
+                n_kept += 1
+                continue
             users = kept_by_get(path)
             if users is own_only:  # the common case: a file only its own checkpoint uses
                 append(
@@ -537,6 +562,9 @@ class _Rules:
             return Reason.UNKNOWN, "not a checkpoint, shared or savepoint file; kept", None, ()
         if cid in self.pending_ids:
             return Reason.PENDING, f"checkpoint {cid} is in progress", None, ()
+        if cid in self.linked:
+            reason, text = self.linked[cid]
+            return reason, f"checkpoint {cid} holds {text}; kept whole", None, ()
         if cid in self.damaged_ids:
             return Reason.DAMAGED, f"checkpoint {cid} has damaged metadata; kept", None, ()
         if self.not_owned(cid):
@@ -574,6 +602,10 @@ class _Rules:
         newest = f"({self.num_retained} newest)"
         if cid in self.pending_ids:
             return Action.KEEP, Reason.PENDING, "checkpoint in progress"
+        if cid in self.linked:
+            reason, text = self.linked[cid]
+            detail = f"holds {text}; nothing under it is deleted: inspect it, remove the link"
+            return Action.KEEP, reason, detail
         if cid in self.damaged_ids:
             detail = (
                 "metadata does not decode; kept for inspection, see "

@@ -10,7 +10,8 @@ plan's files through the storage's `delete_file`:
 * only the planned paths, one file at a time: never a directory or a prefix, so a file
   written after the listing is never touched;
 * confined to the job root: a path that `metadata.layout.check_relative` rejects, or that the
-  storage refuses, is reported as `refused` and never deleted;
+  storage refuses because it leads out of the root through a symbolic link
+  (`OutsideRootError`), is reported as `refused` and never deleted;
 * idempotently: a file that is already gone counts as success, so re-running a plan, or
   re-planning after a crash mid-run, finishes the job;
 * never racing a checkpoint in progress: `live()` is asked for the pending checkpoints before
@@ -35,7 +36,7 @@ from cleaner.plan import (
     StoredFile,
     plan_retention,
 )
-from metadata.errors import MetadataError, StorageError
+from metadata.errors import MetadataError, OutsideRootError, StorageError
 from metadata.layout import DEFAULT_RETAINED_EVENTS, check_relative, checkpoint_id_of
 from metadata.model import CheckpointMetadata
 
@@ -137,7 +138,7 @@ def scan(
             continue
         try:
             completed.append(storage.read_metadata(cid))
-        except MetadataError:
+        except (MetadataError, OutsideRootError):  # a `_metadata` linked out of the root too
             damaged.append(cid)
     files = storage.list_files()
     return plan_retention(
@@ -179,6 +180,8 @@ def _delete_one(storage: Deleter, d: FileDecision) -> DeletionOutcome:
         return DeletionOutcome(d.path, d.size, DeletionStatus.REFUSED, str(exc))
     try:
         gone_before = not storage.delete_file(d.path)
+    except OutsideRootError as exc:  # through a symbolic link out of the root: never
+        return DeletionOutcome(d.path, d.size, DeletionStatus.REFUSED, str(exc))
     except Exception as exc:  # the storage refused or failed: report it, retry next run
         detail = f"{type(exc).__name__}: {exc}; re-run `regional clean` to retry"
         return DeletionOutcome(d.path, d.size, DeletionStatus.FAILED, detail)

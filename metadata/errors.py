@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MetadataError", "RegionalError", "StorageError"]
+__all__ = ["MetadataError", "OutsideRootError", "RegionalError", "StorageError"]
 
 
 class RegionalError(Exception):
@@ -31,3 +31,9 @@ class StorageError(RegionalError):
     damaged state file, an unreachable file system."""
 
     exit_code = 1
+
+
+class OutsideRootError(StorageError):
+    """A path under the job root resolves outside it through a symbolic link (local file
+    systems): regional never reads, writes or deletes through it. The message names the link
+    and where it points."""

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import Annotated
 
 import msgspec
 import pyarrow as pa
-from pyarrow import fs as pafs
 
-from metadata.errors import MetadataError
+from metadata.errors import MetadataError, StorageError
 from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
+from metadata.model import Count, EpochMs, Int64
 from metadata.storage import JobStorage, Problem
 
 __all__ = [
@@ -50,6 +51,10 @@ __all__ = [
     "read_events",
     "write_event",
 ]
+
+
+#: A counter of events or checkpoints: small enough that a view's sum of them fits int64.
+_Tally = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 
 
 class Outcome(enum.StrEnum):
@@ -77,23 +82,23 @@ class CheckpointEvent(
     """
 
     job_id: str
-    checkpoint_id: int
+    checkpoint_id: Int64
     kind: Outcome
-    trigger_time_ms: int
-    time_ms: int  # when the outcome was carried out (metadata durable, committed, cleaned)
-    fresh_units: int
-    fallback_units: tuple[int, ...] = ()
-    causes: dict[int, str] = {}
+    trigger_time_ms: EpochMs
+    time_ms: EpochMs  # when the outcome was carried out (metadata durable, committed, cleaned)
+    fresh_units: Count
+    fallback_units: tuple[Count, ...] = ()
+    causes: dict[Count, str] = {}
     abort_rule: str | None = None
     message: str = ""
-    records_in: int = 0
-    commit_lag: int = 0
-    oldest_ref_checkpoint_id: int | None = None
-    unit_lag: dict[int, int] = {}
-    regional_checkpoint_count: int = 0
-    global_checkpoint_count: int = 0
-    savepoint_count: int = 0
-    aborted_by_rule: dict[str, int] = {}
+    records_in: Count = 0
+    commit_lag: Int64 = 0
+    oldest_ref_checkpoint_id: Int64 | None = None
+    unit_lag: dict[Count, _Tally] = {}
+    regional_checkpoint_count: Count = 0
+    global_checkpoint_count: Count = 0
+    savepoint_count: Count = 0
+    aborted_by_rule: dict[str, _Tally] = {}
 
     @property
     def seconds(self) -> float:
@@ -116,10 +121,12 @@ def encode_event(event: CheckpointEvent) -> bytes:
 
 
 def decode_event(data: bytes, *, source: str) -> CheckpointEvent:
-    """Decode one event file; `MetadataError` naming `source` if it is not a checkpoint event."""
+    """Decode one event file; `MetadataError` naming `source` if it is not a checkpoint event
+    (the only error that leaves: invalid UTF-8, nesting too deep and numbers out of range
+    included, see `metadata.format`)."""
     try:
         return _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
         raise MetadataError(
             f"event file {source} is not a checkpoint event ({exc}); it was damaged or written "
             "by a newer regional: skip it or delete it by hand"
@@ -133,23 +140,19 @@ def write_event(storage: JobStorage, event: CheckpointEvent) -> str:
 
 
 def read_events(storage: JobStorage) -> tuple[list[CheckpointEvent], list[Problem]]:
-    """Every event of the job in checkpoint order, and the files that did not decode."""
-    selector = pafs.FileSelector(f"{storage.job_path}/{EVENTS_DIR}", allow_not_found=True)
-    cut = len(storage.job_path) + 1
-    infos = storage.filesystem.get_file_info(selector)
-    paths = sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+    """Every event of the job in checkpoint order, and the files that did not decode (or that
+    are symbolic links out of the job root: never read)."""
     events, problems = [], []
-    for rel in paths:
+    for rel in storage.list_dir(EVENTS_DIR):
         cid = event_checkpoint_id(rel)
         if cid is None:
             continue  # not named like an event (e.g. a temporary file of a write in progress)
         try:
-            with storage.filesystem.open_input_stream(f"{storage.job_path}/{rel}") as f:
-                data = f.read()
+            data = storage.read_file(rel)
+            if data is None:
+                continue  # deleted by the cleaner since the listing
             events.append(decode_event(data, source=storage.describe(rel)))
-        except FileNotFoundError:
-            continue  # deleted by the cleaner since the listing
-        except (OSError, MetadataError) as exc:
+        except (StorageError, MetadataError) as exc:
             problems.append(Problem(cid, rel, str(exc)))
     return events, problems
 

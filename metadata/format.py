@@ -45,6 +45,7 @@ from collections.abc import Callable
 import msgspec
 
 from metadata.errors import MetadataError
+from metadata.layout import path_problem
 from metadata.model import CheckpointMetadata
 
 __all__ = [
@@ -67,6 +68,7 @@ FORMAT_VERSION = 1
 FORMAT_MINOR = 3
 
 _HEADER = struct.Struct(">4sHHQ")
+_MAX_BYTES = 2**63 - 1
 HEADER_SIZE = _HEADER.size
 DIGEST_SIZE = 16
 
@@ -96,6 +98,10 @@ def _decode_v1(body: memoryview) -> CheckpointMetadata:
 
 
 _v1_decoder = msgspec.msgpack.Decoder(CheckpointMetadata)
+#: What msgspec raises for a body that does not decode: `DecodeError` (with `ValidationError`),
+#: `UnicodeDecodeError` for invalid UTF-8 in a string (a `ValueError`), `RecursionError`
+#: for nesting too deep. Each becomes a `MetadataError`, the only error that leaves here.
+_DECODE_FAILURES = (msgspec.DecodeError, ValueError, OverflowError, RecursionError)
 #: One body decoder per major version ever written; each returns the current model.
 _DECODERS: dict[int, Callable[[memoryview], CheckpointMetadata]] = {1: _decode_v1}
 
@@ -155,7 +161,7 @@ def decode_metadata(data: bytes, *, source: str) -> CheckpointMetadata:
         )
     try:
         md = decoder(view[HEADER_SIZE : expected - DIGEST_SIZE])
-    except msgspec.DecodeError as exc:
+    except _DECODE_FAILURES as exc:
         hint = (
             f"format {major}.{minor} is newer than this regional ({FORMAT_VERSION}."
             f"{FORMAT_MINOR}): upgrade regional"
@@ -168,7 +174,10 @@ def decode_metadata(data: bytes, *, source: str) -> CheckpointMetadata:
 
 
 def _check_values(md: CheckpointMetadata, source: str) -> None:
-    """Refuse values no writer produces (negative ids, refs to the future, bad segments)."""
+    """Refuse values no writer produces (negative ids, refs to the future, bad segments, state
+    paths that would leave the job root: `metadata.layout.path_problem`). Split ids are the
+    source's own names (a URL, a topic partition): the sources that join them into paths check
+    them there."""
 
     def bad(what: str) -> MetadataError:
         return MetadataError(
@@ -177,20 +186,26 @@ def _check_values(md: CheckpointMetadata, source: str) -> None:
 
     if md.checkpoint_id < 0:
         raise bad(f"negative checkpoint id {md.checkpoint_id}")
-    if md.consecutive_regional is not None and md.consecutive_regional < 0:
-        raise bad(f"negative consecutive-regional count {md.consecutive_regional}")
+    if md.state_bytes > _MAX_BYTES:
+        raise bad(f"{md.state_bytes} bytes of state (more than a 64-bit count)")
     if md.num_retained is not None and md.num_retained < 1:
         raise bad(f"num-retained {md.num_retained} (at least 1 is always retained)")
     for u in md.units:
         if u.ref_checkpoint_id is not None and not 0 <= u.ref_checkpoint_id < md.checkpoint_id:
             raise bad(f"unit {u.unit_id} refers to checkpoint {u.ref_checkpoint_id}")
     for s in md.subtasks:
+        where = f"subtask {s.vertex_id}[{s.index}]"
         ref = s.ref_checkpoint_id
         if ref is not None and not 0 <= ref < md.checkpoint_id:
-            raise bad(f"subtask {s.vertex_id}[{s.index}] refers to checkpoint {ref}")
+            raise bad(f"{where} refers to checkpoint {ref}")
         for h in s.handles:
+            if (problem := path_problem(h.path)) is not None:
+                raise bad(
+                    f"{where} has state handle path {h.path!r} ({problem}); state paths are "
+                    "relative to the job root and never leave it"
+                )
             if h.offset < 0 or h.length < 0 or h.offset + h.length > h.size:
                 raise bad(
-                    f"subtask {s.vertex_id}[{s.index}] has segment {h.offset}+{h.length} "
+                    f"{where} has segment {h.offset}+{h.length} "
                     f"outside file {h.path!r} of {h.size} bytes"
                 )

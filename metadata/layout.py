@@ -10,9 +10,11 @@
   _lease/<ms>-<run>-<n>.json       the driver's lease of the job root (`metadata.lease`)
 ```
 
-Every path stored in metadata is relative to the job root. `check_relative` refuses anything
-that could resolve outside it (`..`, absolute paths, URIs, backslashes), because such paths can
-come from a tampered metadata file.
+Every path stored in metadata is relative to the job root. `path_problem` (and `check_relative`,
+which raises) refuses anything that could resolve outside it (`..`, absolute paths, URIs,
+backslashes, NUL, empty components), because such paths can come from a tampered metadata
+file; `name_problem` does the same for a single name (a commit user, a split id) that becomes
+one path component. Every name read from storage that is joined into a path passes one of them.
 
 >>> state_file_path(7, 3, 1, "4f1c2a")
 'chk-7/u3-a1-4f1c2a.state'
@@ -30,7 +32,6 @@ metadata.errors.StorageError: path 'chk-7/../../etc/passwd' resolves outside the
 
 from __future__ import annotations
 
-import posixpath
 import re
 
 from metadata.errors import StorageError
@@ -48,6 +49,8 @@ __all__ = [
     "event_checkpoint_id",
     "event_path",
     "metadata_path",
+    "name_problem",
+    "path_problem",
     "savepoint_dir",
     "state_file_path",
 ]
@@ -62,6 +65,7 @@ DEFAULT_RETAINED_EVENTS = 1000
 
 _CHK = re.compile(r"^chk-(\d+)(?:/|$)")
 _EVENT = re.compile(r"^events/(\d{12})-(\d+)\.json$")
+_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -111,24 +115,57 @@ def checkpoint_id_of(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def check_relative(path: str) -> str:
-    """Return `path` normalised if it stays inside the job root, else raise `StorageError`."""
+def name_problem(name: str) -> str | None:
+    """Why `name` is not a safe single path component (a commit user, a file name), or None.
+
+    Safe: not empty, not `.` or `..`, no `/`, backslash or NUL. Names read from storage are
+    joined into paths, so a tampered one must not be able to leave its directory.
+
+    >>> name_problem("job-1-4f1c2a-sink"), name_problem("..")
+    (None, "'..' is not allowed")
+    """
+    if not name:
+        return "it is empty"
+    if name in (".", ".."):
+        return f"{name!r} is not allowed"
+    if "/" in name or "\\" in name or "\x00" in name:
+        return "it contains a slash, backslash or NUL byte"
+    return None
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` is not a safe path relative to its root, or None: not absolute, not a URI,
+    no drive letter, and every `/`-separated component a safe name (`name_problem`).
+
+    >>> path_problem("chk-7/u0-a1.state") is None
+    True
+    >>> path_problem("chk-7/../../etc/passwd"), path_problem("/etc/passwd")
+    ("'..' is not allowed", 'it is absolute or a URI')
+    """
     if not path:
-        raise StorageError("empty path in checkpoint metadata; the metadata is damaged")
-    if "://" in path or path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
-        raise StorageError(
-            f"path {path!r} is absolute or a URI; metadata paths must be relative to the job "
-            "root, so the metadata that holds it was tampered with or written by a broken tool"
-        )
-    if "\\" in path or "\x00" in path:
-        raise StorageError(
-            f"path {path!r} contains a backslash or NUL byte; the metadata that holds it was "
-            "tampered with or written by a broken tool"
-        )
-    parts = path.split("/")
-    if ".." in parts:
-        raise StorageError(
-            f"path {path!r} resolves outside the job root ('..' is not allowed); the metadata "
-            "that holds it was tampered with or written by a broken tool"
-        )
-    return posixpath.normpath(path)
+        return "it is empty"
+    if "://" in path or path.startswith(("/", "\\")) or _DRIVE.match(path):
+        return "it is absolute or a URI"
+    for part in path.split("/"):
+        problem = name_problem(part)
+        if problem is not None:
+            return problem if part else "it has an empty component"
+    return None
+
+
+def check_relative(path: str) -> str:
+    """Return `path` if it stays inside the job root (`path_problem`), else raise
+    `StorageError` naming it."""
+    problem = path_problem(path)
+    if problem is None:
+        return path
+    if problem.startswith("it is absolute"):
+        where = "is absolute or a URI"
+    elif ".." in path.split("/"):
+        where = "resolves outside the job root ('..' is not allowed)"
+    else:
+        where = f"is not a safe relative path ({problem})"
+    raise StorageError(
+        f"path {path!r} {where}; metadata paths must be relative to the job root, so the "
+        "metadata that holds it was tampered with or written by a broken tool"
+    )

@@ -5,6 +5,9 @@ metadata small. The format is additive: new fields go at the **end** of a struct
 default, so that files written by an older version still decode (see `metadata.format`).
 
 Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
+Integers carry their ranges (`Count`, `Int64`, `EpochMs`) as msgspec constraints, checked when
+a file is decoded (not when a struct is built in code): a value no writer produces (a timestamp
+past year 9999, an id beyond 64 bits) makes the file damaged instead of crashing a view later.
 
 Owner references: a subtask whose state was re-used from an earlier checkpoint (a *fallback*
 subtask) carries `ref_checkpoint_id` = the checkpoint that physically wrote that state, and its
@@ -21,19 +24,33 @@ True
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
 import msgspec
 
 __all__ = [
     "CheckpointKind",
     "CheckpointMetadata",
+    "Count",
+    "EpochMs",
     "ForcedGlobal",
+    "Int64",
     "SplitState",
     "StateHandle",
     "SubtaskState",
     "UnitState",
     "VertexInfo",
 ]
+
+
+#: An integer a 64-bit signed column (Arrow `int64`, the inspector's views) can hold: a decoded
+#: file with a bigger one is damaged, not a checkpoint (msgspec checks it while decoding).
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+#: A count, size, offset or id: not negative, and fits `Int64`.
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+#: Epoch milliseconds up to the end of year 9999 (what `datetime` and the views can show);
+#: a later timestamp is no real one.
+EpochMs = Annotated[int, msgspec.Meta(ge=0, le=253_402_300_799_999)]
 
 
 class CheckpointKind(enum.StrEnum):
@@ -69,9 +86,9 @@ class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     """
 
     path: str
-    offset: int
-    length: int
-    size: int
+    offset: Count
+    length: Count
+    size: Count
     checksum: bytes
     shared: bool = False
 
@@ -92,13 +109,13 @@ class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     """
 
     vertex_id: str
-    index: int
-    unit_id: int
-    ref_checkpoint_id: int | None = None
+    index: Count
+    unit_id: Count
+    ref_checkpoint_id: Int64 | None = None
     handles: tuple[StateHandle, ...] = ()
     split_states: tuple[SplitState, ...] = ()
     committables: tuple[bytes, ...] = ()
-    attempt: int = 0
+    attempt: Count = 0
 
     @property
     def is_fallback(self) -> bool:
@@ -115,8 +132,8 @@ class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     """Per fallback unit: fresh (`ref_checkpoint_id` None) or fallback to its owner checkpoint,
     and why it fell back (`reason`, e.g. ``"declined: ValueError: bad record"``, ``"timeout"``)."""
 
-    unit_id: int
-    ref_checkpoint_id: int | None = None
+    unit_id: Count
+    ref_checkpoint_id: Int64 | None = None
     reason: str | None = None
 
 
@@ -124,8 +141,8 @@ class VertexInfo(msgspec.Struct, frozen=True, array_like=True):
     """Parallelism and max parallelism of a vertex when the checkpoint was taken."""
 
     vertex_id: str
-    parallelism: int
-    max_parallelism: int
+    parallelism: Count
+    max_parallelism: Count
 
 
 class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -141,11 +158,11 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     global one), so a restore keeps the job-level limit's count (format 1.3; None before).
     """
 
-    checkpoint_id: int
+    checkpoint_id: Int64
     job_id: str
     kind: CheckpointKind
-    trigger_time_ms: int
-    completion_time_ms: int
+    trigger_time_ms: EpochMs
+    completion_time_ms: EpochMs
     policy_fingerprint: str = ""
     graph_fingerprint: str = ""
     reasons: tuple[str, ...] = ()
@@ -153,9 +170,9 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     units: tuple[UnitState, ...] = ()
     coordinators: dict[str, bytes] = {}
     subtasks: tuple[SubtaskState, ...] = ()
-    num_retained: int | None = None
+    num_retained: Int64 | None = None
     forced_global: tuple[ForcedGlobal, ...] = ()
-    consecutive_regional: int | None = None
+    consecutive_regional: Count | None = None
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:

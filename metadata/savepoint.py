@@ -34,7 +34,7 @@ import msgspec
 from metadata.errors import MetadataError, StorageError
 from metadata.layout import METADATA_NAME, SAVEPOINTS_DIR, checkpoint_dir
 from metadata.model import CheckpointKind, CheckpointMetadata, StateHandle
-from metadata.storage import JobStorage, _redact, reference_problems, resolve_root
+from metadata.storage import JobStorage, _redact, links_of, reference_problems, resolve_root
 
 __all__ = [
     "CheckpointPathError",
@@ -133,8 +133,8 @@ def open_checkpoint(path: str) -> CheckpointSource:
             )
         grand, job = posixpath.split(parent)
         storage = JobStorage(grand or "/", job, filesystem=filesystem)
-    sizes = {f.path: f.size for f in storage.list_files()}
-    problems = reference_problems(md, sizes)
+    files = storage.list_files()
+    problems = reference_problems(md, {f.path: f.size for f in files}, links_of(files))
     if problems:
         listed = "; ".join(f"{p.path}: {p.problem}" for p in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""

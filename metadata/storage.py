@@ -42,10 +42,13 @@ from collections.abc import Mapping, Sequence
 import msgspec
 from pyarrow import fs as pafs
 
-from metadata.errors import MetadataError, StorageError
+from metadata.errors import MetadataError, OutsideRootError, StorageError
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
 from metadata.layout import (
+    EVENTS_DIR,
     LEASE_DIR,
+    SAVEPOINTS_DIR,
+    SHARED_DIR,
     check_relative,
     checkpoint_dir,
     checkpoint_id_of,
@@ -57,13 +60,18 @@ __all__ = [
     "FileEntry",
     "JobSelectionError",
     "JobStorage",
+    "OutsideRootError",
     "Problem",
     "RestoreSearch",
+    "links_of",
     "reference_problems",
     "resolve_root",
 ]
 
 log = logging.getLogger(__name__)
+
+#: The top-level directories of a job root besides `chk-<id>/` (`metadata.layout`).
+_LAYOUT_DIRS = frozenset({EVENTS_DIR, LEASE_DIR, SAVEPOINTS_DIR, SHARED_DIR})
 
 #: errnos of `os.link` on file systems without hard links: fall back to a rename.
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
@@ -78,11 +86,33 @@ class JobSelectionError(StorageError):
 
 class FileEntry(msgspec.Struct, frozen=True):
     """A file under the job root: `path` relative to it, `size` in bytes, `mtime_ms` (epoch
-    milliseconds, None where the file system does not report it)."""
+    milliseconds, None where the file system does not report it).
+
+    `link` is set for a symbolic link the listing did not follow (local file systems only):
+    the real path it points to. `outside_root` says that path is outside the job root (else
+    it is a link to a directory inside it, not followed so no file is listed twice). Such an
+    entry is not a file of the job: it is never read nor deleted."""
 
     path: str
     size: int
     mtime_ms: int | None = None
+    link: str | None = None
+    outside_root: bool = False
+
+    @property
+    def link_problem(self) -> str | None:
+        """Why this entry is not used (a link), as `Problem.problem` words; None for a file."""
+        if self.link is None:
+            return None
+        if self.outside_root:
+            return (
+                f"a symbolic link to {self.link}, outside the job root; regional never "
+                "follows it: remove the link"
+            )
+        return (
+            f"a symbolic link to {self.link} in the job root, not followed (only links to "
+            "files are)"
+        )
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -130,11 +160,14 @@ def _redact(uri: str) -> str:
     return f"{scheme}://{rest}"
 
 
-def reference_problems(md: CheckpointMetadata, sizes: Mapping[str, int]) -> list[Problem]:
-    """What keeps `md` from being restored, given the job root's files (`path -> size`).
+def reference_problems(
+    md: CheckpointMetadata, sizes: Mapping[str, int], links: Mapping[str, FileEntry] | None = None
+) -> list[Problem]:
+    """What keeps `md` from being restored, given the job root's files (`path -> size`) and
+    the symbolic links its listing did not follow (`path -> entry`, `links_of`).
 
-    Pure: checks every handle's path stays inside the job root, exists and has the recorded
-    size, and that every fallback subtask refers to an older owner checkpoint.
+    Pure: checks every handle's path stays inside the job root (also through links), exists
+    and has the recorded size, and that every fallback subtask refers to an older owner.
     """
     problems: list[Problem] = []
     seen: set[str] = set()
@@ -158,6 +191,10 @@ def reference_problems(md: CheckpointMetadata, sizes: Mapping[str, int]) -> list
             except StorageError as exc:
                 problems.append(Problem(cid, h.path, f"refused: {exc}"))
                 continue
+            if links and (link := _link_on(path, links)) is not None:
+                through = "" if link.path == path else f"it is under {link.path}, "
+                problems.append(Problem(cid, path, f"refused: {through}{link.link_problem}"))
+                continue
             size = sizes.get(path)
             if size is None:
                 problems.append(Problem(cid, path, "missing"))
@@ -166,8 +203,29 @@ def reference_problems(md: CheckpointMetadata, sizes: Mapping[str, int]) -> list
     return problems
 
 
+def links_of(files: Sequence[FileEntry]) -> dict[str, FileEntry]:
+    """The entries of a listing that are symbolic links not followed, by path."""
+    return {f.path: f for f in files if f.link is not None}
+
+
+def _link_on(path: str, links: Mapping[str, FileEntry]) -> FileEntry | None:
+    """The link at `path` or at one of its parent directories, if any."""
+    end = len(path)
+    while end > 0:
+        link = links.get(path[:end])
+        if link is not None:
+            return link
+        end = path.rfind("/", 0, end)
+    return None
+
+
 class JobStorage:
-    """The files of job `job_id` under checkpoint root `root` (see the module docstring)."""
+    """The files of job `job_id` under checkpoint root `root` (see the module docstring).
+
+    On a local file system nothing is read, written or deleted through a symbolic link that
+    leads out of the job root (`OutsideRootError`), and listings never descend into one (they
+    report it, `FileEntry.link`); object stores have no links, so that costs them nothing.
+    """
 
     def __init__(
         self, root: str, job_id: str, *, filesystem: pafs.FileSystem | None = None
@@ -194,7 +252,33 @@ class JobStorage:
         return full if self._local else f"{self.filesystem.type_name}://{full.lstrip('/')}"
 
     def _full(self, relpath: str) -> str:
-        return f"{self.job_path}/{check_relative(relpath)}"
+        """The full path of `relpath`; on a local disk, refused if it leads out of the root."""
+        rel = check_relative(relpath)
+        full = f"{self.job_path}/{rel}"
+        if self._local:
+            real, root = os.path.realpath(full), os.path.realpath(self.job_path)
+            if real != root and not real.startswith(root + os.sep):
+                raise self._outside(rel, root)
+        return full
+
+    def _outside(self, rel: str, real_root: str) -> OutsideRootError:
+        """The error for `rel`, naming the link on its way out of the root and its target."""
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            link = "/".join(parts[:i])
+            full = f"{self.job_path}/{link}"
+            if os.path.islink(full):
+                target = os.path.realpath(full)
+                if target != real_root and not target.startswith(real_root + os.sep):
+                    break
+        else:  # the job root itself moved: name it
+            link, target = "", os.path.realpath(self.job_path)
+        under = "" if link == rel else f" is under {link}, which"
+        return OutsideRootError(
+            f"{self.describe(rel)}{under} is a symbolic link to {target}, outside the job root "
+            f"{real_root}; regional never reads, writes or deletes through a link out of the "
+            "job root: remove the link"
+        )
 
     # -- jobs and listings -------------------------------------------------------------------
 
@@ -241,8 +325,30 @@ class JobStorage:
             )
         return cls(root, job_id, filesystem=filesystem)
 
+    def check_job_root(self) -> None:
+        """Refuse (`JobSelectionError`, exit 2) a job directory that holds entries but none of
+        the layout's (`chk-<id>`, `events`, `_lease`, `shared`, `savepoints`): it is some other
+        directory, e.g. `regional inspect /etc --job apt`. An empty one is a job not started."""
+        try:
+            infos = self.filesystem.get_file_info(
+                pafs.FileSelector(self.job_path, recursive=False, allow_not_found=True)
+            )
+        except OSError as exc:
+            raise StorageError(f"cannot list {self.describe('')}: {exc}") from None
+        names = [posixpath.basename(i.path) for i in infos]
+        if names and not any(n in _LAYOUT_DIRS or checkpoint_id_of(n) is not None for n in names):
+            raise JobSelectionError(
+                f"{self.describe('')} is not a regional job root: it holds none of chk-<id>/, "
+                f"{', '.join(f'{d}/' for d in sorted(_LAYOUT_DIRS))}; check ROOT and --job"
+            )
+
     def list_files(self) -> list[FileEntry]:
-        """Every file under the job root, recursively, sorted by path (none if it is missing)."""
+        """Every file under the job root, recursively, sorted by path (none if it is missing).
+
+        On a local disk, symbolic links are not followed out of the root nor into directories:
+        they are listed as entries with `link` set (`FileEntry`)."""
+        if self._local:
+            return self._list_local()
         selector = pafs.FileSelector(self.job_path, recursive=True, allow_not_found=True)
         cut = len(self.job_path) + 1
         entries = []
@@ -253,6 +359,41 @@ class JobStorage:
             entries.append(
                 FileEntry(info.path[cut:], info.size, None if mtime is None else mtime // 1_000_000)
             )
+        return sorted(entries, key=lambda e: e.path)
+
+    def _list_local(self) -> list[FileEntry]:
+        """`list_files` on a local disk, with `os.scandir`: links are reported, not followed
+        (a link to a file inside the root is listed as that file)."""
+        root = os.path.realpath(self.job_path)
+        entries: list[FileEntry] = []
+        todo = [""]
+        while todo:
+            rel = todo.pop()
+            try:
+                listing = os.scandir(f"{self.job_path}/{rel}" if rel else self.job_path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # no job root yet, or removed since its parent was listed
+            except OSError as exc:
+                raise StorageError(f"cannot list {self.describe(rel)}: {exc}") from None
+            with listing:
+                for e in listing:
+                    path = f"{rel}/{e.name}" if rel else e.name
+                    try:
+                        if e.is_symlink():
+                            target = os.path.realpath(e.path)
+                            inside = target == root or target.startswith(root + os.sep)
+                            if inside and e.is_file():
+                                st = e.stat()
+                                entries.append(FileEntry(path, st.st_size, st.st_mtime_ns // 10**6))
+                            else:
+                                entries.append(FileEntry(path, 0, None, target, not inside))
+                        elif e.is_dir(follow_symlinks=False):
+                            todo.append(path)
+                        elif e.is_file(follow_symlinks=False):
+                            st = e.stat(follow_symlinks=False)
+                            entries.append(FileEntry(path, st.st_size, st.st_mtime_ns // 10**6))
+                    except FileNotFoundError:
+                        continue  # deleted while listing
         return sorted(entries, key=lambda e: e.path)
 
     def list_dir(self, reldir: str) -> list[str]:
@@ -499,7 +640,7 @@ class JobStorage:
         object stores have no directories to remove.
         """
         rel = check_relative(relpath)
-        full = f"{self.job_path}/{rel}"
+        full = self._full(rel)
         try:
             self.filesystem.delete_file(full)
         except FileNotFoundError:
@@ -545,6 +686,8 @@ class JobStorage:
             if self.file_size(handle.path) != handle.size:
                 return None  # missing or resized: reported by reference_problems
             self.read_segment(handle)
+        except OutsideRootError:
+            return None  # through a link out of the root: reported by reference_problems
         except StorageError as exc:
             return str(exc)
         return None
@@ -555,6 +698,7 @@ class JobStorage:
         and the newer ones skipped with their problems."""
         files = self.list_files()
         sizes = {f.path: f.size for f in files}
+        links = links_of(files)
         skipped: list[Problem] = []
         for cid in reversed(self.list_checkpoint_ids(files)):
             try:
@@ -562,7 +706,7 @@ class JobStorage:
             except (MetadataError, StorageError) as exc:
                 skipped.append(Problem(cid, metadata_path(cid), str(exc)))
                 continue
-            problems = reference_problems(md, sizes)
+            problems = reference_problems(md, sizes, links)
             if verify_checksums and not problems:
                 problems = self.verify_segments(md)
             if not problems:

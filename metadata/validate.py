@@ -2,10 +2,12 @@
 
 For each `chk-<id>/_metadata`: the format is supported and the file decodes; every referenced
 path stays inside the job root, exists with the recorded size, and every segment matches its
-checksum; every fallback subtask refers to an older owner. One `Problem` per finding, and the
-checkpoint a restore would use: the newest one without problems (the same answer as
-`JobStorage.find_restorable(verify_checksums=True)`, which a restore
-uses with checksums off (sizes only) because reading the state verifies them anyway).
+checksum; every fallback subtask refers to an older owner. On a local disk, a `_metadata` or
+state file reached through a symbolic link out of the job root is a problem naming the link and
+where it points (`metadata.storage.OutsideRootError`); nothing is read through it. One
+`Problem` per finding, and the checkpoint a restore would use: the newest one without
+problems (the same answer as `JobStorage.find_restorable(verify_checksums=True)`, which a
+restore uses with checksums off (sizes only) because reading the state verifies them anyway).
 
 >>> import tempfile
 >>> from metadata.model import CheckpointMetadata, SubtaskState
@@ -28,7 +30,7 @@ import pyarrow as pa
 from metadata.errors import MetadataError, StorageError
 from metadata.layout import metadata_path
 from metadata.model import StateHandle
-from metadata.storage import JobStorage, Problem, reference_problems
+from metadata.storage import JobStorage, Problem, links_of, reference_problems
 
 __all__ = ["VALIDATE_SCHEMA", "Validation", "validate_job", "validate_table"]
 
@@ -53,6 +55,7 @@ def validate_job(storage: JobStorage, *, verify_checksums: bool = True) -> Valid
     """Validate every checkpoint of `storage` (reads each referenced segment once)."""
     files = storage.list_files()
     sizes = {f.path: f.size for f in files}
+    links = links_of(files)
     ids = storage.list_checkpoint_ids(files)
     verified: dict[StateHandle, str | None] = {}
     problems: list[Problem] = []
@@ -63,7 +66,7 @@ def validate_job(storage: JobStorage, *, verify_checksums: bool = True) -> Valid
         except (MetadataError, StorageError) as exc:
             problems.append(Problem(cid, metadata_path(cid), str(exc)))
             continue
-        found = reference_problems(md, sizes)
+        found = reference_problems(md, sizes, links)
         if verify_checksums:
             found += storage.verify_segments(md, verified)
         problems += found

@@ -20,6 +20,7 @@ from metadata.format import (
     encode_metadata,
     segment_checksum,
 )
+from metadata.layout import name_problem, path_problem
 from metadata.model import (
     CheckpointKind,
     CheckpointMetadata,
@@ -242,13 +243,19 @@ def checkpoints(draw) -> CheckpointMetadata:
     cid = draw(st.integers(min_value=1, max_value=2**53))
     small = st.integers(min_value=0, max_value=2**40)
     text = st.text(max_size=12)
+    name = st.text(min_size=1, max_size=8).filter(lambda n: name_problem(n) is None)
+    path = (
+        st.lists(name, min_size=1, max_size=3)
+        .map("/".join)
+        .filter(lambda p: path_problem(p) is None)
+    )
     ref = st.none() | st.integers(min_value=0, max_value=cid - 1)
 
     @st.composite
     def handles(draw) -> StateHandle:
         offset, length, extra = draw(small), draw(small), draw(small)
         return StateHandle(
-            draw(text), offset, length, offset + length + extra, draw(st.binary(max_size=16)),
+            draw(path), offset, length, offset + length + extra, draw(st.binary(max_size=16)),
             draw(st.booleans()),
         )  # fmt: skip
 

@@ -143,8 +143,9 @@ def test_tampered_paths_are_refused(root: str, path: str) -> None:
     storage.write_metadata(tampered)
     search = storage.find_restorable()
     assert search.metadata is None
-    assert [(p.checkpoint_id, p.path) for p in search.skipped] == [(3, path)]
-    assert search.skipped[0].problem.startswith("refused: path")
+    # the metadata holding such a path is damaged: refused when it is decoded
+    assert [(p.checkpoint_id, p.path) for p in search.skipped] == [(3, "chk-3/_metadata")]
+    assert f"subtask map[0] has state handle path {path!r}" in search.skipped[0].problem
 
 
 def test_delete_file_is_idempotent_and_removes_empty_checkpoint_dirs(root: str) -> None:

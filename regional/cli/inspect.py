@@ -10,8 +10,9 @@ depend on `num-retained`: the one the job recorded in its latest checkpoint unle
 says which applies and why (`--json` keeps the view's rows unchanged for `checkpoints`; the
 `retention` rows start with a `num-retained` row). Exit codes: 0 fine, 1 `validate` found a
 problem (or storage failed), 2 bad usage (no such root, job or checkpoint, `--num-retained` below
-1, a bad `--policy` file). Checkpoints whose metadata does not decode are reported on stderr (and
-as rows by `validate`), and so are event files that do not.
+1, a bad `--policy` file, a directory that is not a job root). Checkpoints whose metadata does
+not decode are reported on stderr (and as rows by `validate`), and so are event files that do
+not.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def inspect_command(args: argparse.Namespace) -> int:
     """Open the job under `args.root`, compute the chosen view and print it."""
     storage = JobStorage.open(args.root, args.job)
+    storage.check_job_root()  # not some other directory (`inspect /etc --job apt`): exit 2
     if args.view == "validate":
         return _validate(storage, args)
     if args.view == "retention":

@@ -27,9 +27,10 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from metadata.layout import name_problem
 from metadata.model import SubtaskState
 from regional.decisions import Commit
-from regional.errors import CommitError
+from regional.errors import CommitError, MetadataError
 from regional.operators.protocol import RegionalCompletion
 
 __all__ = ["CommitCoordinator", "TableCommitter", "TableRollback", "perform_commit"]
@@ -97,6 +98,12 @@ class CommitCoordinator:
 
     def __init__(self, vertex_id: str, commit_user: str) -> None:
         self._vertex_id = vertex_id
+        if (problem := name_problem(commit_user)) is not None:
+            raise CommitError(
+                f"sink {vertex_id!r}: commit user {commit_user!r} cannot name a directory "
+                f"({problem}); it is made of the job id, the run id and the sink's name: name "
+                "the sink without slashes"
+            )
         self.commit_user = commit_user
         self._queue: deque[Commit] = deque()
         self._in_flight = False
@@ -174,8 +181,24 @@ class CommitCoordinator:
         return None
 
     def restore(self, data: bytes) -> None:
-        """Reload the commit user and queue the pending commits again, as re-commits."""
-        state = msgspec.msgpack.decode(data, type=_State)
+        """Reload the commit user and queue the pending commits again, as re-commits.
+
+        `MetadataError` if the snapshot does not decode or its commit user is not a plain name
+        (tables join it into paths: a tampered one would commit outside the table)."""
+        try:
+            state = msgspec.msgpack.decode(data, type=_State)
+        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+            raise MetadataError(
+                f"the checkpointed snapshot of sink {self._vertex_id!r}'s commit coordinator "
+                f"does not decode ({exc}); the checkpoint is damaged, restore another one"
+            ) from None
+        if (problem := name_problem(state.commit_user)) is not None:
+            raise MetadataError(
+                f"the checkpointed snapshot of sink {self._vertex_id!r}'s commit coordinator "
+                f"has commit user {state.commit_user!r} ({problem}); a commit user names a "
+                "directory of the table, so the checkpoint was tampered with: restore another "
+                "one"
+            )
         self.commit_user = state.commit_user
         self._in_flight = False
         self._queue = deque(

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from metadata.errors import MetadataError
 from metadata.model import SubtaskState
 from regional.operators.protocol import RegionalCompletion
 
@@ -105,7 +106,20 @@ class SplitEnumerator:
         return None
 
     def restore(self, data: bytes) -> None:
-        state = msgspec.msgpack.decode(data, type=_State)
+        """Reload from a snapshot; `MetadataError` if it does not decode or is inconsistent.
+        Split ids stay opaque here: the sources that join them into paths check them."""
+        try:
+            state = msgspec.msgpack.decode(data, type=_State)
+        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+            raise MetadataError(
+                f"the checkpointed snapshot of source {self._vertex_id!r}'s split enumerator "
+                f"does not decode ({exc}); the checkpoint is damaged, restore another one"
+            ) from None
+        if stray := sorted(state.owner.keys() - state.assigned_in.keys()):
+            raise MetadataError(
+                f"the checkpointed snapshot of source {self._vertex_id!r}'s split enumerator "
+                f"owns split {stray[0]!r} without its epoch; the checkpoint is damaged"
+            )
         self._epoch = state.epoch
         self._unassigned = deque(state.unassigned)
         self._owner = state.owner

@@ -12,7 +12,9 @@ returns a committable naming it (kept in its subtask state and handed over with 
 commit coordinator commits a checkpoint's committables by writing one commit object listing
 their files; only files listed by a commit object are part of the table, so staged files of
 declined or aborted attempts are invisible (and `discard` deletes them). Commits are idempotent
-per (commit user, identifier) and must come in identifier order.
+per (commit user, identifier) and must come in identifier order. Names read back from
+checkpoints or the table (the commit user, data file names) are checked before they are joined
+into a path (`metadata.layout`): nothing is read, written or deleted outside the table.
 
 `read_table(path)` (also `regional.read_table`) reads only committed rows; from Spark use
 ``spark.read.parquet(*committed_files(path))``.
@@ -43,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
 
 __all__ = ["ParquetSink", "committed_files", "read_table"]
@@ -79,6 +82,21 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+def _data_file(table: str, file: str, where: str) -> str:
+    """`file` (a data file name read from a committable or a commit record, `where`) if it
+    is a path under the table's `data/`; else `CommitError` naming the table and the value."""
+    problem = path_problem(file)
+    if problem is None and not file.startswith(f"{_DATA}/"):
+        problem = f"not under {_DATA}/"
+    if problem is not None:
+        raise CommitError(
+            f"table {table}: {where} names data file {file!r} ({problem}); data files are "
+            f"staged under {_DATA}/ in the table, so it was tampered with or written by "
+            "another tool"
+        )
+    return file
+
+
 def _commit_records(path: str) -> list[_CommitRecord]:
     fs, base = _open(path)
     selector = pafs.FileSelector(f"{base}/{_COMMITS}", recursive=True, allow_not_found=True)
@@ -87,7 +105,17 @@ def _commit_records(path: str) -> list[_CommitRecord]:
         if info.type != pafs.FileType.File or not info.path.endswith(".json"):
             continue
         with fs.open_input_stream(info.path) as f:
-            out.append(msgspec.json.decode(f.read(), type=_CommitRecord))
+            data = f.read()
+        try:
+            record = msgspec.json.decode(data, type=_CommitRecord)
+        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+            raise CommitError(
+                f"table {path}: commit record {info.path} is not one ({exc}); move it out of "
+                f"{_COMMITS}/ (only regional's commit records belong there)"
+            ) from None
+        for file in record.files:
+            _data_file(path, file, f"commit record {info.path}")
+        out.append(record)
     return sorted(out, key=lambda r: (r.commit_user, r.identifier))
 
 
@@ -150,7 +178,34 @@ class ParquetSink:
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
 
     def _record_path(self, base: str, commit_user: str, identifier: int) -> str:
-        return f"{base}/{_COMMITS}/{commit_user}/{identifier:020d}.json"
+        return f"{self._user_dir(base, commit_user)}/{identifier:020d}.json"
+
+    def _user_dir(self, base: str, commit_user: str) -> str:
+        """`<table>/_commits/<commit user>`; the user (read from a checkpoint) must be a
+        plain name, or commits would be written outside the table."""
+        problem = name_problem(commit_user)
+        if problem is not None:
+            raise CommitError(
+                f"table {self.path}: commit user {commit_user!r} cannot name a directory "
+                f"under {_COMMITS}/ ({problem}); nothing was committed"
+            )
+        return f"{base}/{_COMMITS}/{commit_user}"
+
+    def _files(self, committables: Iterable[bytes]) -> list[_Committable]:
+        """The committables, decoded, each naming a data file under `data/` (`CommitError`
+        otherwise: they come from checkpoint state)."""
+        items = []
+        for c in committables:
+            try:
+                item = msgspec.msgpack.decode(c, type=_Committable)
+            except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+                raise CommitError(
+                    f"table {self.path}: a committable does not decode ({exc}); the checkpoint "
+                    "holding it is damaged"
+                ) from None
+            _data_file(self.path, item.file, "a committable")
+            items.append(item)
+        return items
 
     def commit(
         self,
@@ -168,7 +223,7 @@ class ParquetSink:
                 f"table {self.path}: commit {identifier} of user {commit_user!r} is not after its "
                 f"latest commit {max(done)}; commits must be in checkpoint order"
             )
-        items = [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
+        items = self._files(committables)
         record = _CommitRecord(
             commit_user,
             identifier,
@@ -194,14 +249,14 @@ class ParquetSink:
     def committed_identifiers(self, commit_user: str) -> frozenset[int]:
         fs, base = _open(self.path)
         selector = pafs.FileSelector(
-            f"{base}/{_COMMITS}/{commit_user}", recursive=False, allow_not_found=True
+            self._user_dir(base, commit_user), recursive=False, allow_not_found=True
         )
         names = (posixpath.basename(i.path) for i in fs.get_file_info(selector))
         return frozenset(int(n[:-5]) for n in names if n.endswith(".json"))
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         fs, base = _open(self.path)
-        files = [msgspec.msgpack.decode(c, type=_Committable).file for c in committables]
+        files = [c.file for c in self._files(committables)]
         infos = fs.get_file_info([f"{base}/{f}" for f in files])
         return [f for f, i in zip(files, infos, strict=True) if i.type != pafs.FileType.File]
 
@@ -211,15 +266,16 @@ class ParquetSink:
         fs, base = _open(self.path)
         for c in committables:
             try:
-                file = msgspec.msgpack.decode(c, type=_Committable).file
-            except msgspec.DecodeError:
+                [item] = self._files([c])
+            except CommitError:  # another sink's format, or a name out of the table: skipped
                 continue
+            file = item.file
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{base}/{file}")
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
-        return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
+        return sum(c.rows for c in self._files(committables))
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo `commit_user`'s commits after `identifier` (newest first, so a crash leaves the

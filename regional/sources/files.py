@@ -30,11 +30,25 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.errors import MetadataError
+from metadata.layout import name_problem
 from regional.sources.base import ReadResult
 
 __all__ = ["FileSource"]
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
+
+
+def _file_name(split_id: str, source: str) -> str:
+    """`split_id` if it is a plain file name (`discover` lists names directly under the
+    source's path); it is read back from checkpoints, so a tampered one must not lead out."""
+    if (problem := name_problem(split_id)) is not None:
+        raise MetadataError(
+            f"split id {split_id!r} of the file source at {source} is not a file name "
+            f"({problem}); split ids are restored from checkpoints, so that one was tampered "
+            "with: restore another checkpoint"
+        )
+    return split_id
 
 
 class FileSource:
@@ -77,13 +91,14 @@ class FileSource:
 
     def _table(self, split_id: str) -> pa.Table:
         fs, base = self._fs()
-        with fs.open_input_stream(f"{base.rstrip('/')}/{split_id}") as f:
+        with fs.open_input_stream(f"{base.rstrip('/')}/{_file_name(split_id, self.path)}") as f:
             return pajson.read_json(f)
 
     def _parquet_rows(self, split_id: str, start: int, count: int) -> tuple[pa.Table, int]:
         """Rows `start .. start+count` of a Parquet file, reading only the row groups needed."""
         fs, base = self._fs()
-        with pq.ParquetFile(f"{base.rstrip('/')}/{split_id}", filesystem=fs) as f:
+        path = f"{base.rstrip('/')}/{_file_name(split_id, self.path)}"
+        with pq.ParquetFile(path, filesystem=fs) as f:
             meta = f.metadata
             groups, first, offset = [], None, 0
             for g in range(meta.num_row_groups):

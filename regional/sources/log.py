@@ -34,6 +34,8 @@ import posixpath
 import pyarrow as pa
 from pyarrow import fs as pafs
 
+from metadata.errors import MetadataError
+from metadata.layout import name_problem
 from regional.sources.base import ReadResult
 
 __all__ = ["LogSource"]
@@ -64,6 +66,12 @@ class LogSource:
 
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         fs, base = self._fs()
+        if (problem := name_problem(split_id)) is not None:
+            raise MetadataError(
+                f"split id {split_id!r} of the log source at {self.path} is not a partition "
+                f"name ({problem}); split ids are restored from checkpoints, so that one was "
+                "tampered with: restore another checkpoint"
+            )
         directory = f"{base}/{split_id}"
         selector = pafs.FileSelector(directory, allow_not_found=True)
         segments = sorted(

@@ -1,0 +1,287 @@
+"""Hostile input to the decoders of what storage holds: only the library's errors leave them.
+
+The metadata fuzz builds a valid body with msgspec, mutates it (bytes, strings, integers,
+nesting) and recomputes the checksum, so it reaches the msgpack body past the digest. The
+events decoder gets deep nesting and invalid UTF-8. Regression tests pin the defects the fuzz
+and the audit found (issue 12: `UnicodeDecodeError` escaping; issue 18: 2**64-1 timestamps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metadata.errors import MetadataError
+from metadata.events import CheckpointEvent, Outcome, decode_event, encode_event, events_table
+from metadata.format import FORMAT_MINOR, FORMAT_VERSION, MAGIC, decode_metadata, encode_metadata
+from metadata.format import segment_checksum as checksum
+from metadata.inspect import Inspector
+from metadata.model import CheckpointMetadata
+from metadata.store import CompletedCheckpointStore
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def envelope(body: bytes) -> bytes:
+    """A `_metadata` file with a correct header and checksum around `body`."""
+    header = struct.pack(">4sHHQ", MAGIC, FORMAT_VERSION, FORMAT_MINOR, len(body))
+    return header + body + checksum(header + body)
+
+
+def valid_fields() -> dict:
+    """The body of a regional checkpoint with every kind of value, as plain msgpack fields."""
+    return {
+        "checkpoint_id": 5,
+        "job_id": "job",
+        "kind": "regional",
+        "trigger_time_ms": 1_700_000_000_000,
+        "completion_time_ms": 1_700_000_000_250,
+        "reasons": ["unit 1 declined"],
+        "vertices": [["map", 2, 128]],
+        "units": [[0], [1, 3, "declined: boom"]],
+        "coordinators": {"src": b"\x92\x01\x90"},
+        "subtasks": [
+            ["map", 0, 0, None, [["chk-5/u0-a0.state", 0, 4, 4, b"\x00" * 16]], [["s0", b"7"]]],
+            ["map", 1, 1, 3, [["chk-3/u1-a0.state", 0, 2, 2, b"\x01" * 16]]],
+        ],
+    }
+
+
+def decodes_or_refuses(data: bytes) -> CheckpointMetadata | None:
+    try:
+        return decode_metadata(data, source="chk-5/_metadata")
+    except MetadataError as exc:
+        assert str(exc).startswith("chk-5/_metadata")
+        return None
+
+
+def test_invalid_utf8_in_a_string_with_a_valid_checksum_is_damaged_metadata() -> None:
+    body = msgspec.msgpack.encode({**valid_fields(), "job_id": "jo\u00ff"})
+    body = body.replace("jo\u00ff".encode(), b"jo\xff\xfe")  # same length, not UTF-8
+    with pytest.raises(MetadataError) as exc:
+        decode_metadata(envelope(body), source="chk-5/_metadata")
+    assert str(exc.value) == (
+        "chk-5/_metadata does not decode ('utf-8' codec can't decode byte 0xff in position 2: "
+        "invalid start byte); the file is damaged"
+    )
+
+
+def test_a_store_and_the_cleaner_report_such_a_checkpoint_as_damaged(tmp_path) -> None:
+    from cleaner.run import scan
+    from metadata.storage import JobStorage
+
+    storage = JobStorage(str(tmp_path), "job")
+    body = msgspec.msgpack.encode({**valid_fields(), "job_id": "jo\u00ff", "subtasks": []})
+    (tmp_path / "job" / "chk-5").mkdir(parents=True)
+    (tmp_path / "job" / "chk-5" / "_metadata").write_bytes(
+        envelope(body.replace("jo\u00ff".encode(), b"jo\xff\xfe"))
+    )
+    store = CompletedCheckpointStore.load(storage)
+    assert [d.checkpoint_id for d in store.damaged] == [5] and len(store) == 0
+    plan = scan(storage, num_retained=1)
+    assert [(c.checkpoint_id, c.action.value, c.reason.value) for c in plan.checkpoints] == [
+        (5, "keep", "damaged")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"trigger_time_ms": 2**64 - 1},
+            r"Expected `int` <= 253402300799999 - at `\$.trigger_time_ms`",
+        ),
+        (
+            {"completion_time_ms": 2**64 - 1},
+            r"Expected `int` <= 253402300799999 - at `\$.completion_time_ms`",
+        ),
+        (
+            {"checkpoint_id": 2**64 - 1},
+            r"Expected `int` <= 9223372036854775807 - at `\$.checkpoint_id`",
+        ),
+        (
+            {"subtasks": [["map", 0, 0, None, [["chk-5/a", 0, 1, 2**64 - 1, b""]]]]},
+            r"Expected `int` <= 9223372036854775807 - at `\$.subtasks\[0\]\[4\]\[0\]\[3\]`",
+        ),
+    ],
+)
+def test_integers_beyond_what_a_writer_produces_make_the_file_damaged(
+    change: dict, message: str
+) -> None:
+    body = msgspec.msgpack.encode({**valid_fields(), **change})
+    with pytest.raises(MetadataError, match=rf"^chk-5/_metadata does not decode \({message}\)"):
+        decode_metadata(envelope(body), source="chk-5/_metadata")
+
+
+def test_the_views_show_the_largest_timestamps_a_file_may_hold() -> None:
+    last_ms = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+    body = msgspec.msgpack.encode(
+        {**valid_fields(), "trigger_time_ms": last_ms, "completion_time_ms": last_ms}
+    )
+    md = decode_metadata(envelope(body), source="chk-5/_metadata")
+    row = Inspector(CompletedCheckpointStore([md])).checkpoints().to_pylist()[0]
+    assert row["checkpoint_id"] == 5
+    assert str(row["complete_time"]) == "9999-12-31 23:59:59.999000+00:00"
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("../../x", "'..' is not allowed"),
+        ("/etc/passwd", "it is absolute or a URI"),
+        ("s3://other/x", "it is absolute or a URI"),
+        ("chk-5//u0.state", "it has an empty component"),
+        ("chk-5/..\\..\\x", "it contains a slash, backslash or NUL byte"),
+        ("chk-5/u0\x00.state", "it contains a slash, backslash or NUL byte"),
+        ("C:/x", "it is absolute or a URI"),
+    ],
+)
+def test_state_handle_paths_that_leave_the_job_root_are_refused_at_decode(
+    path: str, problem: str
+) -> None:
+    fields = valid_fields()
+    fields["subtasks"][0][4][0][0] = path
+    with pytest.raises(MetadataError) as exc:
+        decode_metadata(envelope(msgspec.msgpack.encode(fields)), source="chk-5/_metadata")
+    assert str(exc.value) == (
+        f"chk-5/_metadata: subtask map[0] has state handle path {path!r} ({problem}); state "
+        "paths are relative to the job root and never leave it; the metadata of checkpoint 5 "
+        "is damaged"
+    )
+
+
+# -- fuzz: a valid body, mutated, with a correct checksum ----------------------------------
+
+
+def _mutations() -> st.SearchStrategy:
+    """A function mutating a msgpack-able tree: replace a leaf, wrap it deep, drop a field."""
+    leaf = (
+        st.integers(min_value=-(2**64), max_value=2**64 - 1)
+        | st.text(max_size=6)
+        | st.binary(max_size=6)
+        | st.none()
+        | st.booleans()
+        | st.floats(allow_nan=True)
+        | st.sampled_from(["..", "/etc/passwd", "../../../escape", "", "chk-5/../.."])
+    )
+    return st.tuples(st.integers(min_value=0, max_value=10_000), leaf, st.integers(0, 3))
+
+
+def _paths(tree: object, at: tuple = ()) -> list[tuple]:
+    out = [at]
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out += _paths(v, (*at, k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            out += _paths(v, (*at, i))
+    return out
+
+
+def _mutate(tree: dict, pick: int, value: object, how: int) -> object:
+    paths = _paths(tree)[1:]
+    at = paths[pick % len(paths)]
+    parent: object = tree
+    for key in at[:-1]:
+        parent = parent[key]  # type: ignore[index]
+    key = at[-1]
+    if how == 0:
+        parent[key] = value  # type: ignore[index]
+    elif how == 1:  # deep nesting where a value was
+        deep: object = value
+        for _ in range(200):
+            deep = [deep]
+        parent[key] = deep  # type: ignore[index]
+    elif how == 2:
+        del parent[key]  # type: ignore[attr-defined]
+    else:  # a value of another type in a list, or an unknown key
+        if isinstance(parent, list):
+            parent.append(value)
+        else:
+            parent["x-unknown"] = value  # type: ignore[index]
+    return tree
+
+
+@FUZZ
+@given(st.lists(_mutations(), min_size=1, max_size=4))
+def test_fuzz_mutated_bodies_with_valid_checksums(mutations: list) -> None:
+    tree = valid_fields()
+    for pick, value, how in mutations:
+        _mutate(tree, pick, value, how)
+    try:
+        body = msgspec.msgpack.encode(tree)
+    except (OverflowError, ValueError):
+        return  # not representable in msgpack: nothing to decode
+    md = decodes_or_refuses(envelope(body))
+    if md is not None:  # it decoded: a checkpoint whose values are all in range
+        assert decode_metadata(encode_metadata(md), source="again") == md
+        Inspector(CompletedCheckpointStore([md])).checkpoints()  # the views can show it
+
+
+@FUZZ
+@given(st.binary(min_size=1, max_size=8), st.integers(min_value=0, max_value=400))
+def test_fuzz_raw_byte_splices_in_the_body_with_valid_checksums(junk: bytes, at: int) -> None:
+    body = msgspec.msgpack.encode(valid_fields())
+    at %= len(body)
+    decodes_or_refuses(envelope(body[:at] + junk + body[at + len(junk) :]))
+
+
+def test_deeply_nested_metadata_body_is_damaged_not_a_crash() -> None:
+    body = b"\x91" * 100_000 + b"\x00"  # an array of an array of ... 100k deep
+    with pytest.raises(MetadataError, match=r"^chk-5/_metadata does not decode"):
+        decode_metadata(envelope(body), source="chk-5/_metadata")
+
+
+# -- events ----------------------------------------------------------------------------------
+
+EVENT = CheckpointEvent(
+    job_id="j",
+    checkpoint_id=2,
+    kind=Outcome.REGIONAL,
+    trigger_time_ms=1000,
+    time_ms=1250,
+    fresh_units=7,
+    fallback_units=(3,),
+    causes={3: "declined: boom"},
+)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"event":"checkpoint","job_id":' + b"[" * 100_000,
+        encode_event(EVENT).replace(b'"j"', b'"\xff"'),
+        encode_event(EVENT).replace(b"1250", b"18446744073709551615"),
+        encode_event(EVENT).replace(b"1000", b"99999999999999999999999"),
+        b"\xef\xbb\xbf" + encode_event(EVENT),
+    ],
+    ids=["deep-array", "deep-field", "invalid-utf8", "u64-time", "huge-int", "bom"],
+)
+def test_hostile_event_files_are_refused_with_the_file_named(data: bytes) -> None:
+    with pytest.raises(MetadataError, match=r"^event file events/x.json is not a checkpoint"):
+        decode_event(data, source="events/x.json")
+
+
+@FUZZ
+@given(st.binary(min_size=1, max_size=8), st.integers(min_value=0, max_value=400))
+def test_fuzz_event_splices(junk: bytes, at: int) -> None:
+    line = encode_event(EVENT)
+    at %= len(line)
+    try:
+        event = decode_event(line[:at] + junk + line[at + len(junk) :], source="events/x.json")
+    except MetadataError:
+        return
+    events_table([event])  # whatever decodes, the events view can show
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_fuzz_event_random_bytes(data: bytes) -> None:
+    with contextlib.suppress(MetadataError):  # anything else fails the test
+        decode_event(data, source="events/x.json")
