@@ -1,7 +1,9 @@
 """The retention planner: which checkpoints and files to keep, which to delete, and why.
 
 Pure (no I/O, no clock): it takes what storage holds and returns a `RetentionPlan` that an
-executor (`cleaner.run`) carries out and an inspector view (`cleaner.views`) renders. DESIGN §4
+executor (`cleaner.run`) carries out and an inspector view (`cleaner.views`) renders. About 650
+lines, on purpose: the rules below, their explanations and the one pass that applies them to
+every listed file read best together; the decisions themselves are `cleaner.decisions`. DESIGN §4
 rule 11, `flink_regional.md` §2.6, §4 and §10 items 22–25.
 
 Rules, in the order they apply to a file (the first that matches decides):

@@ -1,5 +1,7 @@
 """Inspector views: what every checkpoint holds and references, as `pyarrow.Table`s.
 
+About 500 lines: one function and one fixed schema per view, which read best side by side.
+
 Each view is a pure function of the completed checkpoints (ascending by id) with a fixed schema
 (the `*_SCHEMA` constants, documented on each function); the CLI (`regional inspect`) and
 `metadata.spark` only render them. `Inspector` bundles a store and `num_retained`, pyiceberg

@@ -1,5 +1,10 @@
 """`JobStorage`: the files of one job under a checkpoint root, over `pyarrow.fs` (DESIGN §5).
 
+About 750 lines, on purpose: every read, write, listing and delete of a job root goes through
+this one adapter, so its guarantees (atomic metadata, no escape from the root, fsync, errors that
+name the file) are checked in one place; the layout is `metadata.layout`, the format
+`metadata.format`.
+
 The root is a local path or any `pyarrow.fs` URI (`file://`, `s3://...?endpoint_override=..`,
 `hdfs://`, `gs://`); the job's files live under `<root>/<job-id>/`. Every path this class takes
 or returns is relative to that job root and passes `metadata.layout.check_relative`, so a

@@ -6,6 +6,11 @@ time; it carries out the returned decisions in order: `WriteMetadata` (then `on_
 `FinishJob`. One checkpoint is in flight at a time: the next trigger waits until the previous one
 is aborted or its metadata is durable. Cost per checkpoint is O(units); an ack is O(its subtasks).
 
+About 800 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
+durable, commit) share the per-unit owners, states and limits; the rule evaluation
+(`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
+(`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
+
 >>> from metadata.model import SubtaskState, VertexInfo
 >>> from regional.coordinator.layout import JobLayout
 >>> from regional.policy import Policy
