@@ -79,7 +79,7 @@ def read_back(table: str) -> tuple[list[dict], list[tuple], list[tuple]]:
     columns = ", ".join(f'"{c}"' for c in SCHEMA.names)
     files = dt.file_uris()
     via_duckdb = (
-        sorted(duckdb.sql(f"SELECT {columns} FROM read_parquet({files!r})").fetchall())
+        sorted(duckdb.execute(f"SELECT {columns} FROM read_parquet({files!r})").fetchall())
         if files
         else []
     )

@@ -51,7 +51,7 @@ def _duckdb_rows(path: str, columns: str = "user, n") -> list[tuple]:
     files = DeltaTable(path).file_uris()
     if not files:
         return []
-    return sorted(duckdb.sql(f"SELECT {columns} FROM read_parquet({files!r})").fetchall())
+    return sorted(duckdb.execute(f"SELECT {columns} FROM read_parquet({files!r})").fetchall())
 
 
 def test_staged_rows_show_only_after_the_commit_which_records_marker_checkpoint_and_fallback(

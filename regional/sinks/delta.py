@@ -28,6 +28,18 @@ fell back in Y) in its commit info. Staged files of declined or aborted attempts
 
 There is no rollback: Delta's RESTORE also drops other writers' commits and does not lower the
 marker, so a restore below the table's latest commit of the job refuses instead.
+
+>>> import tempfile
+>>> import pyarrow as pa
+>>> sink = DeltaSink(tempfile.mkdtemp() + "/t", schema=pa.schema([("x", pa.int64())]))
+>>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=3, vertex_id="out",
+...                index=0, attempt=0)
+>>> sink.read().num_rows
+0
+>>> sink.commit("job-1", 3, c); sink.read().column("x").to_pylist()
+[1, 2]
+>>> sorted(sink.committed_identifiers("job-1"))  # every identifier up to the marker
+[1, 2, 3]
 """
 
 from __future__ import annotations
