@@ -1,0 +1,403 @@
+"""An exactly-once Delta Lake sink through deltalake (delta-rs) (DESIGN §4 rule 8).
+
+Needs the optional extra: ``pip install 'regional[delta]'`` (deltalake is imported only on the
+driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarrow alone). Only
+unpartitioned tables are supported.
+
+Writers (in Spark tasks) write their epoch's rows as one Parquet file in the table directory,
+named ``c<checkpoint>-<vertex>-<subtask>-a<attempt>-<random>.parquet``, and return a committable
+naming it (with its size and row count). Files that no commit adds are not part of the table:
+every Delta reader ignores them. Once checkpoint Y's metadata is durable the driver commits Y's
+files as one Delta version of ``add`` actions carrying the transaction marker
+``txn(appId = commit user, version = Y)``, after
+
+- skipping Y if the table's marker of that commit user is Y or later. Delta keeps only the
+  latest marker per app id, and a commit user's commits are strictly in checkpoint order, so
+  `committed_identifiers` reports every identifier up to the marker (delta-rs records the marker
+  but does not skip on its own);
+- checking that every data file exists (a Delta log naming a missing file fails every read);
+- when the commit user has no marker yet, checking that none of the files is already in the table
+  (the backstop should ``delta.setTransactionRetentionDuration`` have expired the marker).
+
+The check and the commit use one table version: delta-rs refuses the commit when another writer
+committed for the same commit user since (a second driver of the job), which is a `CommitError`,
+never success. Appends of other writers in between are merged by delta-rs, as Delta allows.
+Each version records ``regional.checkpoint-id``, ``regional.commit-user`` and
+``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
+fell back in Y) in its commit info. Staged files of declined or aborted attempts are deleted.
+
+There is no rollback: Delta's RESTORE also drops other writers' commits and does not lower the
+marker, so a restore below the table's latest commit of the job refuses instead.
+
+>>> import tempfile
+>>> import pyarrow as pa
+>>> sink = DeltaSink(tempfile.mkdtemp() + "/t", schema=pa.schema([("x", pa.int64())]))
+>>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=3, vertex_id="out",
+...                index=0, attempt=0)
+>>> sink.read().num_rows
+0
+>>> sink.commit("job-1", 3, c); sink.read().column("x").to_pylist()
+[1, 2]
+>>> sorted(sink.committed_identifiers("job-1"))  # every identifier up to the marker
+[1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from regional.errors import CommitError, SinkError
+
+__all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
+
+#: Commit info key: the checkpoint id committed by the version.
+CHECKPOINT_PROPERTY = "regional.checkpoint-id"
+#: Commit info key: the commit user (also the app id of the version's transaction marker).
+COMMIT_USER_PROPERTY = "regional.commit-user"
+#: Commit info key: JSON object unit -> owner checkpoint of the units that fell back.
+FALLBACK_PROPERTY = "regional.fallback-units"
+
+#: A data file name the sink writes and accepts: one path component, not hidden.
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.parquet")
+
+
+class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
+    table: str  # the table's location when written (discard skips other tables' files)
+    file: str  # name of the data file in the table directory
+    rows: int
+    size: int  # bytes
+    modified: int  # ms since the epoch
+
+
+def _require_deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as exc:
+        raise SinkError(
+            f"the Delta Lake sink needs the deltalake package ({exc}); install regional[delta], "
+            "e.g. pip install 'regional[delta]'"
+        ) from exc
+    return deltalake
+
+
+def _location(path: str) -> str:
+    """`path` as the sink keeps it: URIs as given, local paths absolute without a trailing /."""
+    return path.rstrip("/") if "://" in path else os.path.abspath(path)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DeltaSink:
+    """The unpartitioned Delta table at `path` (a local path or a URI deltalake and pyarrow.fs
+    both understand, e.g. ``s3://bucket/t`` with credentials in the environment).
+
+    With `schema` the table is created if missing (with `configuration`, its Delta table
+    properties); otherwise it must exist. `storage_options` go to deltalake.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        schema: pa.Schema | None = None,
+        configuration: Mapping[str, str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self.path = _location(path)
+        self.storage_options = dict(storage_options or {})
+        self._table_object: Any = None
+        self._committed: tuple[str, int | None, frozenset[int]] | None = None
+        deltalake = _require_deltalake()
+        if schema is not None:
+            deltalake.DeltaTable.create(
+                self.path,
+                schema,
+                mode="ignore",
+                configuration=dict(configuration or {}),
+                storage_options=self.storage_options or None,
+            )
+        table = self._table()
+        if partitions := table.metadata().partition_columns:
+            raise SinkError(
+                f"Delta table {self.path} is partitioned by {partitions}: only unpartitioned "
+                "tables are supported; write to an unpartitioned table"
+            )
+        self.schema = pa.schema(table.schema().to_arrow())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ship only the configuration and the table's columns to tasks (no table object)."""
+        return {"path": self.path, "storage_options": self.storage_options, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._table_object = None
+        self._committed = None
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.path!r})"
+
+    # --- the table --------------------------------------------------------------------------
+
+    def _table(self) -> Any:
+        if self._table_object is None:
+            deltalake = _require_deltalake()
+            try:
+                self._table_object = deltalake.DeltaTable(
+                    self.path, storage_options=self.storage_options or None
+                )
+            except deltalake.exceptions.TableNotFoundError as exc:
+                raise SinkError(
+                    f"Delta table {self.path} does not exist: create it, or pass schema= to "
+                    "DeltaSink to create it"
+                ) from exc
+        return self._table_object
+
+    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+        if "://" in self.path:
+            return pafs.FileSystem.from_uri(self.path)
+        return pafs.LocalFileSystem(), self.path
+
+    def _fit(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
+        """`batches` as one table of the Delta table's columns, in its order and types."""
+        names = self.schema.names
+        out = []
+        for batch in batches:
+            missing = [n for n in names if n not in batch.schema.names]
+            extra = [n for n in batch.schema.names if n not in names]
+            if missing or extra:
+                raise SinkError(
+                    f"records for Delta table {self.path} do not fit its columns {names}: "
+                    f"missing {missing or 'none'}, unknown {extra or 'none'}; map the records "
+                    "to the table's columns before the sink"
+                )
+            try:
+                out.append(pa.Table.from_batches([batch]).select(names).cast(self.schema))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SinkError(
+                    f"records for Delta table {self.path} do not convert to its schema "
+                    f"({self.schema}): {exc}"
+                ) from exc
+        return pa.concat_tables(out)
+
+    def _own(self, committables: Iterable[bytes]) -> list[_Committable]:
+        """The committables of this table, decoded; those of other sinks are skipped."""
+        own = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table == self.path:
+                own.append(c)
+        return own
+
+    def _decode(self, committables: Iterable[bytes]) -> list[_Committable]:
+        """Every committable decoded; refuses one of another table or with an unsafe name."""
+        out = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError as exc:
+                raise CommitError(
+                    f"Delta table {self.path}: a committable is not a Delta sink's ({exc}); was "
+                    "the sink of this vertex changed since the checkpoint was taken?"
+                ) from exc
+            if c.table != self.path:
+                raise CommitError(
+                    f"Delta table {self.path}: a committable names file {c.file!r} of another "
+                    f"table ({c.table}); was the sink's path changed since the checkpoint was "
+                    "taken? Restore with the original path"
+                )
+            out.append(self._checked(c))
+        return out
+
+    def _checked(self, c: _Committable) -> _Committable:
+        if not _FILE_NAME.fullmatch(c.file):
+            raise CommitError(
+                f"Delta table {self.path}: a committable names file {c.file!r}, which is not a "
+                "data file name in the table directory (it would escape the table or hide in "
+                "it); refusing it: the checkpoint's committables are damaged"
+            )
+        return c
+
+    def _missing(self, items: Sequence[_Committable]) -> list[str]:
+        fs, base = self._filesystem()
+        infos = fs.get_file_info([f"{base}/{c.file}" for c in items])
+        return [
+            f"{self.path}/{c.file}"
+            for c, info in zip(items, infos, strict=True)
+            if info.type != pafs.FileType.File
+        ]
+
+    # --- writer side (in tasks) -------------------------------------------------------------
+
+    def write(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        checkpoint_id: int,
+        vertex_id: str,
+        index: int,
+        attempt: int,
+    ) -> tuple[bytes, ...]:
+        """Write `batches` as one Parquet file in the table directory; its committable (none
+        if there are no rows). Nothing is visible until the driver commits it."""
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return ()
+        table = self._fit(batches)
+        vertex = re.sub(r"[^A-Za-z0-9_-]", "_", vertex_id)
+        name = f"c{checkpoint_id}-{vertex}-{index}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        fs, base = self._filesystem()
+        fs.create_dir(base, recursive=True)
+        pq.write_table(table, f"{base}/{name}", filesystem=fs)
+        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
+            _fsync(f"{base}/{name}")
+            _fsync(base)
+        size = fs.get_file_info(f"{base}/{name}").size
+        committable = _Committable(
+            self.path, name, table.num_rows, int(size or 0), time.time_ns() // 1_000_000
+        )
+        return (msgspec.msgpack.encode(committable),)
+
+    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Add the files behind `committables` as one Delta version with the transaction marker
+        (`commit_user`, `identifier`), recording the checkpoint and the fallback units (unit ->
+        owner checkpoint) in its commit info.
+
+        Uses the table version `committed_identifiers` last read: a commit of the same commit
+        user since then makes delta-rs refuse, and that is a `CommitError`.
+        """
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+        table = self._table()
+        version = table.version()
+        latest = table.transaction_version(commit_user)
+        if latest is not None and identifier <= latest:
+            raise CommitError(
+                f"Delta table {self.path}: commit {identifier} of user {commit_user!r} is not "
+                f"after its latest commit {latest}; commits must be in checkpoint order"
+            )
+        items = self._decode(committables)
+        if missing := self._missing(items):
+            raise CommitError(
+                f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
+                f"{', '.join(missing[:5])} are missing (were they deleted?); nothing was "
+                "committed; restore from a newer checkpoint or restore the files"
+            )
+        if latest is None and (present := self._in_table(items)):
+            raise CommitError(
+                f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
+                f"{', '.join(present[:5])} are already in the table but commit user "
+                f"{commit_user!r} has no transaction marker (did "
+                "delta.setTransactionRetentionDuration expire it?); nothing was committed, "
+                "committing again would duplicate their rows"
+            )
+        actions = [
+            AddAction(c.file, c.size, {}, c.modified, True, json.dumps({"numRecords": c.rows}))
+            for c in items
+        ]
+        properties = CommitProperties(
+            custom_metadata={
+                CHECKPOINT_PROPERTY: str(identifier),
+                COMMIT_USER_PROPERTY: commit_user,
+                FALLBACK_PROPERTY: json.dumps(
+                    {str(u): o for u, o in sorted((fallback or {}).items())},
+                    separators=(",", ":"),
+                ),
+            },
+            app_transactions=[
+                Transaction(commit_user, identifier, last_updated=time.time_ns() // 1_000_000)
+            ],
+        )
+        try:
+            table.create_write_transaction(
+                actions, mode="append", schema=table.schema(), commit_properties=properties
+            )
+        except CommitFailedError as exc:
+            self._table_object = None  # read the table afresh for the retry
+            raise CommitError(
+                f"Delta table {self.path}: checkpoint {identifier} of commit user "
+                f"{commit_user!r} was not committed: the table changed after version {version} "
+                f"in a way that conflicts with it ({exc}); is another driver of this job "
+                "running? The commit is retried and skipped if the other writer committed it"
+            ) from exc
+        table.update_incremental()
+
+    def _in_table(self, items: Sequence[_Committable]) -> list[str]:
+        names = {c.file for c in items}
+        paths = self._table().get_add_actions().column("path").to_pylist()
+        return [f"{self.path}/{p}" for p in paths if p in names]
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
+        """Every identifier up to `commit_user`'s transaction marker in the table's latest
+        version (Delta keeps only the latest marker per app id; a commit user commits in
+        identifier order, so all smaller identifiers were committed or had nothing to commit).
+        """
+        table = self._table()
+        table.update_incremental()
+        latest = table.transaction_version(commit_user)
+        if self._committed is None or self._committed[:2] != (commit_user, latest):
+            ids = frozenset(range(1, latest + 1)) if latest is not None else frozenset()
+            self._committed = (commit_user, latest, ids)
+        return self._committed[2]
+
+    def data_files(self, committables: Iterable[bytes]) -> list[str]:
+        """Paths of the data files behind `committables`."""
+        return [f"{self.path}/{c.file}" for c in self._decode(committables)]
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        return self._missing(self._decode(committables))
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete the files of a declined or aborted attempt (already gone is fine).
+
+        Committables of other sinks and tables (the runtime may hand a unit's committables to
+        every sink) are skipped; a name that would escape the table is refused (nothing is
+        deleted).
+        """
+        own = [self._checked(c) for c in self._own(committables)]
+        fs, base = self._filesystem()
+        for c in own:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(f"{base}/{c.file}")
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return sum(c.rows for c in self._own(committables))
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def read(self) -> pa.Table:
+        """Every committed row of the table (deltalake's own reader)."""
+        table = self._table()
+        table.update_incremental()
+        return table.to_pyarrow_table()
