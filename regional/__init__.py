@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
+    from regional.sinks.delta import DeltaSink
     from regional.sinks.paimon import PaimonSink
     from regional.sinks.parquet import ParquetSink
     from regional.sources.files import FileSource
@@ -53,6 +54,7 @@ _LAZY = {
     "LogSource": "regional.sources.log",
     "ParquetSink": "regional.sinks.parquet",
     "PaimonSink": "regional.sinks.paimon",
+    "DeltaSink": "regional.sinks.delta",
     "read_table": "regional.table",
     "SparkRuntime": "regional.runtime.spark",
     "Faults": "regional.runtime.faults",
@@ -68,6 +70,7 @@ _LAZY = {
 __all__ = [
     "CheckpointAbortedError",
     "CommitError",
+    "DeltaSink",
     "Edge",
     "Faults",
     "FileSource",

@@ -1,6 +1,7 @@
-"""Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table)
-and `PaimonSink` (an Apache Paimon append table; needs the extra ``regional[paimon]``, imported
-on first use so that `regional.sinks` works without it)."""
+"""Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table),
+`PaimonSink` (an Apache Paimon append table; the extra ``regional[paimon]``) and `DeltaSink` (a
+Delta Lake table; ``regional[delta]``). The optional ones are imported on first use, so that
+`regional.sinks` works without their packages."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from typing import TYPE_CHECKING, Any
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
 
 if TYPE_CHECKING:
+    from regional.sinks.delta import DeltaSink
     from regional.sinks.paimon import PaimonSink
 
-__all__ = ["PaimonSink", "ParquetSink", "committed_files", "read_table"]
+_LAZY = {"PaimonSink": "regional.sinks.paimon", "DeltaSink": "regional.sinks.delta"}
+
+__all__ = ["DeltaSink", "PaimonSink", "ParquetSink", "committed_files", "read_table"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "PaimonSink":
-        return importlib.import_module("regional.sinks.paimon").PaimonSink
-    raise AttributeError(f"module 'regional.sinks' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'regional.sinks' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
