@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
     from regional.sinks.delta import DeltaSink
+    from regional.sinks.iceberg import IcebergSink
     from regional.sinks.paimon import PaimonSink
     from regional.sinks.parquet import ParquetSink
     from regional.sources.files import FileSource
@@ -55,6 +56,7 @@ _LAZY = {
     "ParquetSink": "regional.sinks.parquet",
     "PaimonSink": "regional.sinks.paimon",
     "DeltaSink": "regional.sinks.delta",
+    "IcebergSink": "regional.sinks.iceberg",
     "read_table": "regional.table",
     "SparkRuntime": "regional.runtime.spark",
     "Faults": "regional.runtime.faults",
@@ -76,6 +78,7 @@ __all__ = [
     "FileSource",
     "GeneratorSource",
     "GraphError",
+    "IcebergSink",
     "JobFailedError",
     "JobGraph",
     "LogSource",

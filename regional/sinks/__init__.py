@@ -1,6 +1,7 @@
 """Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table),
-`PaimonSink` (an Apache Paimon append table; the extra ``regional[paimon]``) and `DeltaSink` (a
-Delta Lake table; ``regional[delta]``). The optional ones are imported on first use, so that
+`PaimonSink` (an Apache Paimon append table; the extra ``regional[paimon]``), `DeltaSink` (a
+Delta Lake table; ``regional[delta]``) and `IcebergSink` (an Apache Iceberg table;
+``regional[iceberg]``). The optional ones are imported on first use, so that
 `regional.sinks` works without their packages."""
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from regional.sinks.parquet import ParquetSink, committed_files, read_table
 
 if TYPE_CHECKING:
     from regional.sinks.delta import DeltaSink
+    from regional.sinks.iceberg import IcebergSink
     from regional.sinks.paimon import PaimonSink
 
-_LAZY = {"PaimonSink": "regional.sinks.paimon", "DeltaSink": "regional.sinks.delta"}
+_LAZY = {
+    "PaimonSink": "regional.sinks.paimon",
+    "DeltaSink": "regional.sinks.delta",
+    "IcebergSink": "regional.sinks.iceberg",
+}
 
-__all__ = ["DeltaSink", "PaimonSink", "ParquetSink", "committed_files", "read_table"]
+__all__ = ["DeltaSink", "IcebergSink", "PaimonSink", "ParquetSink", "committed_files", "read_table"]
 
 
 def __getattr__(name: str) -> Any:

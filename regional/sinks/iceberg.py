@@ -1,0 +1,501 @@
+"""An exactly-once Apache Iceberg sink through pyiceberg (DESIGN §4 rule 8, Flink's Iceberg sink).
+
+Needs the optional extra: ``pip install 'regional[iceberg]'`` (pyiceberg is imported only when an
+`IcebergSink` is created or used). The catalog is a pyiceberg `SqlCatalog` on a SQLite file next
+to the warehouse by default (nothing to start), or any pyiceberg catalog from its properties.
+Only unpartitioned tables are supported.
+
+Writers (in Spark tasks) write their epoch's rows as one Parquet data file under the table's data
+location, named by sink subtask, checkpoint and attempt, and return one committable naming it.
+They read the table's schema and location from its metadata file, never from the catalog. Once
+checkpoint Y's metadata is durable the driver appends Y's data files to the table as one snapshot
+(`Transaction.add_files(..., check_duplicate_files=True)`) whose summary records
+
+- ``regional.job-id``, ``regional.commit-user`` and ``regional.checkpoint-id`` (Y), and
+- ``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
+  fell back in Y, whose output since then is not in this snapshot).
+
+What a commit user committed is read by walking the ancestors of the table's current snapshot
+(as Flink's Iceberg sink finds ``flink.max-committed-checkpoint-id``); the walk is remembered, so
+a commit reads only the snapshots added since the last one. A commit that meets a concurrent
+commit is refused (`CommitError`) instead of being re-based by pyiceberg, so the retry re-reads
+what is committed first. `rollback` moves the table back to the snapshot before the commit user's
+commits after a checkpoint, only when no other writer committed since.
+
+>>> job_of("clicks-0123456789ab-out")
+'clicks'
+>>> job_of("hand-made-user")
+'hand-made-user'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regional.errors import CommitError, RestoreError, SinkError
+
+__all__ = [
+    "CHECKPOINT_PROPERTY",
+    "COMMIT_USER_PROPERTY",
+    "FALLBACK_PROPERTY",
+    "JOB_PROPERTY",
+    "IcebergSink",
+    "job_of",
+]
+
+#: Snapshot summary property: the job whose run committed the snapshot.
+JOB_PROPERTY = "regional.job-id"
+#: Snapshot summary property: the commit user (`<job>-<run id>-<sink>`) of the snapshot.
+COMMIT_USER_PROPERTY = "regional.commit-user"
+#: Snapshot summary property: the checkpoint id committed by the snapshot.
+CHECKPOINT_PROPERTY = "regional.checkpoint-id"
+#: Snapshot summary property: JSON object unit -> owner checkpoint of the units that fell back.
+FALLBACK_PROPERTY = "regional.fallback-units"
+
+_RUN = re.compile(r"^(?P<job>.+)-[0-9a-f]{12}-.+$")  # the driver's commit user, see driver.py
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def job_of(commit_user: str) -> str:
+    """The job id in a commit user made by the driver (`<job>-<12 hex run id>-<sink>`); any
+    other commit user is returned whole."""
+    match = _RUN.match(commit_user)
+    return match["job"] if match else commit_user
+
+
+class _Committable(msgspec.Struct, frozen=True, array_like=True):
+    table_uuid: str  # the table written (discard skips other tables' files)
+    file: str  # relative to the table's data location
+    rows: int
+
+
+def _require_pyiceberg() -> Any:
+    try:
+        import pyiceberg.catalog
+    except ImportError as exc:
+        raise SinkError(
+            f"the Iceberg sink needs the pyiceberg package ({exc}); install regional[iceberg], "
+            "e.g. pip install 'regional[iceberg]'"
+        ) from exc
+    return pyiceberg
+
+
+def _mark(snapshot: Any) -> tuple[str | None, int | None]:
+    """(commit user, checkpoint id) recorded by a snapshot, or (None, None) if not ours."""
+    summary = snapshot.summary
+    user = summary.get(COMMIT_USER_PROPERTY) if summary is not None else None
+    checkpoint = summary.get(CHECKPOINT_PROPERTY) if summary is not None else None
+    if user is None or checkpoint is None:
+        return None, None
+    return user, int(checkpoint)
+
+
+class IcebergSink:
+    """The unpartitioned Iceberg table `table` ("namespace.table").
+
+    By default the catalog is a pyiceberg `SqlCatalog` on ``<warehouse>/catalog.db`` with the
+    tables under `warehouse` (a local directory). With `catalog_properties` the catalog is
+    ``pyiceberg.catalog.load_catalog(catalog_name, **catalog_properties)`` (REST, Glue, Hive, SQL
+    on a server...; `warehouse` is added as the ``warehouse`` property if not given). With
+    `schema` the namespace and table are created if missing (with `table_properties`);
+    otherwise the table must exist.
+    """
+
+    def __init__(
+        self,
+        warehouse: str,
+        table: str,
+        *,
+        schema: pa.Schema | None = None,
+        table_properties: Mapping[str, str] | None = None,
+        catalog_properties: Mapping[str, str] | None = None,
+        catalog_name: str = "regional",
+    ) -> None:
+        if "." not in table.strip("."):
+            raise SinkError(f"Iceberg table {table!r}: expected 'namespace.table'")
+        self.warehouse = warehouse
+        self.table_name = table
+        self.catalog_name = catalog_name
+        if catalog_properties is None:
+            if "://" in warehouse and not warehouse.startswith("file://"):
+                raise SinkError(
+                    f"Iceberg table {table!r}: the default SQLite catalog needs a local "
+                    f"warehouse directory, not {warehouse}; pass catalog_properties= for a "
+                    "catalog that serves object stores (e.g. a REST catalog)"
+                )
+            local = os.path.abspath(warehouse.removeprefix("file://"))
+            os.makedirs(local, exist_ok=True)
+            self.catalog_properties = {
+                "type": "sql",
+                "uri": f"sqlite:///{local}/catalog.db",
+                "warehouse": f"file://{local}",
+            }
+        else:
+            self.catalog_properties = {"warehouse": warehouse, **catalog_properties}
+        self._catalog_object: Any = None
+        self._table_object: Any = None
+        self._metadata_location: str | None = None  # what tasks read the table from
+        self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
+        self._identifiers: dict[str, set[int]] = {}
+        self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
+        _require_pyiceberg()
+        if schema is not None:
+            catalog = self._catalog()
+            catalog.create_namespace_if_not_exists(table.rsplit(".", 1)[0])
+            catalog.create_table_if_not_exists(
+                table, schema=schema, properties=dict(table_properties or {})
+            )
+        self._check_unpartitioned(self._refreshed())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ship only the configuration and the table's metadata file to tasks (writers read the
+        table from it, never from the catalog: no SQLite or catalog service from executors)."""
+        if self._table_object is not None:
+            self._metadata_location = self._table_object.metadata_location
+        return {
+            "warehouse": self.warehouse,
+            "table_name": self.table_name,
+            "catalog_name": self.catalog_name,
+            "catalog_properties": self.catalog_properties,
+            "_metadata_location": self._metadata_location,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._catalog_object = None
+        self._table_object = None
+        self._head = None
+        self._identifiers = {}
+        self.snapshots_read = 0
+
+    def __repr__(self) -> str:
+        return f"IcebergSink({self.warehouse!r}, {self.table_name!r})"
+
+    # --- the table --------------------------------------------------------------------------
+
+    def _catalog(self) -> Any:
+        if self._catalog_object is None:
+            from pyiceberg.catalog import load_catalog
+
+            self._catalog_object = load_catalog(self.catalog_name, **self.catalog_properties)
+        return self._catalog_object
+
+    def _refreshed(self) -> Any:
+        """The table as the catalog has it now."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        if self._table_object is None:
+            try:
+                self._table_object = self._catalog().load_table(self.table_name)
+            except NoSuchTableError as exc:
+                raise SinkError(
+                    f"Iceberg table {self.table_name!r} does not exist in the catalog of "
+                    f"{self.warehouse}: create it, or pass schema= to IcebergSink to create it"
+                ) from exc
+        else:
+            self._table_object.refresh()
+        return self._table_object
+
+    def _writer_table(self) -> Any:
+        """The table for writing data files: read from its metadata file in a task."""
+        if self._table_object is None:
+            if self._metadata_location is None:
+                return self._refreshed()
+            from pyiceberg.table import StaticTable
+
+            self._table_object = StaticTable.from_metadata(
+                self._metadata_location, properties=self.catalog_properties
+            )
+        return self._table_object
+
+    def _table(self) -> Any:
+        return self._table_object if self._table_object is not None else self._refreshed()
+
+    def _check_unpartitioned(self, table: Any) -> None:
+        if not table.spec().is_unpartitioned():
+            raise SinkError(
+                f"Iceberg table {self.table_name!r} in {self.warehouse}: only unpartitioned "
+                f"tables are supported; it is partitioned by {table.spec()}"
+            )
+
+    def _data_path(self, table: Any) -> str:
+        return str(table.location_provider().data_path).rstrip("/")
+
+    def _path(self, table: Any, file: str) -> str:
+        """The full location of `file` (relative to the data location, from a committable);
+        a name that would leave the table's data location is refused."""
+        parts = file.split("/")
+        if "\\" in file or ":" in file or {"", ".", ".."} & {*parts}:
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: committable names data file {file!r}, "
+                f"which is outside the table's data location {self._data_path(table)}; "
+                "refusing it (is the checkpoint metadata from another table or tampered with?)"
+            )
+        return f"{self._data_path(table)}/{file}"
+
+    def _fit(self, batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+        """`batches` as one table of the table's columns, in its order and types."""
+        names = batches[0].schema.names
+        missing = [n for n in schema.names if n not in names]
+        extra = [n for n in names if n not in schema.names]
+        if missing or extra:
+            raise SinkError(
+                f"records for Iceberg table {self.table_name!r} do not fit its columns "
+                f"{schema.names}: missing {missing or 'none'}, unknown {extra or 'none'}; "
+                "map the records to the table's columns before the sink"
+            )
+        try:
+            return pa.concat_tables(
+                pa.Table.from_batches([b]).select(schema.names).cast(schema) for b in batches
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SinkError(
+                f"records for Iceberg table {self.table_name!r} do not convert to its schema "
+                f"({schema}): {exc}"
+            ) from exc
+
+    # --- writer side (in tasks) -------------------------------------------------------------
+
+    def write(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        checkpoint_id: int,
+        vertex_id: str,
+        index: int,
+        attempt: int,
+    ) -> tuple[bytes, ...]:
+        """Write `batches` as one Parquet data file (with the table's field ids) under the
+        table's data location; its committable (none if there are no rows). Nothing is visible
+        until the driver commits."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return ()
+        table = self._writer_table()
+        rows = self._fit(batches, schema_to_pyarrow(table.schema()))
+        name = (
+            f"{_UNSAFE.sub('_', vertex_id)}-{index}-c{checkpoint_id}-a{attempt}-"
+            f"{uuid.uuid4().hex[:12]}.parquet"
+        )
+        location = table.location_provider().new_data_location(name)
+        data_path = self._data_path(table)
+        if not location.startswith(data_path + "/"):
+            raise SinkError(
+                f"Iceberg table {self.table_name!r}: data file {location} is not under the data "
+                f"location {data_path}"
+            )
+        output = table.io.new_output(location)
+        try:
+            with output.create(overwrite=False) as out:
+                pq.write_table(rows, out)
+        except BaseException:
+            table.io.delete(location)
+            raise
+        c = _Committable(table.metadata.table_uuid.hex, location[len(data_path) + 1 :], len(rows))
+        return (msgspec.msgpack.encode(c),)
+
+    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Append the data files behind `committables` as one snapshot of `commit_user` for
+        checkpoint `identifier`, recording the job, user, checkpoint and fallback units
+        (unit -> owner checkpoint) in its summary."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table import Table, TableProperties
+
+        done = self.committed_identifiers(commit_user)  # refreshes the table
+        if done and identifier <= max(done):
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: commit {identifier} of user "
+                f"{commit_user!r} is not after its latest commit {max(done)}; commits must be "
+                "in checkpoint order"
+            )
+        table = self._table()
+        paths = [self._path(table, c.file) for c in self._decode(committables)]
+        if missing := self._missing(table, paths):
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
+                f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
+                "committed; restore from a newer checkpoint or restore the files"
+            )
+        properties = {
+            JOB_PROPERTY: job_of(commit_user),
+            COMMIT_USER_PROPERTY: commit_user,
+            CHECKPOINT_PROPERTY: str(identifier),
+            FALLBACK_PROPERTY: json.dumps(
+                {str(u): o for u, o in sorted((fallback or {}).items())}, separators=(",", ":")
+            ),
+        }
+        # pyiceberg would re-base the append onto a concurrent commit and retry without asking
+        # us; a commit of ours in between would then be duplicated. Commit once, on a copy of
+        # the table whose retries are off: a conflict is an error, and the coordinator's retry
+        # re-reads what is committed first.
+        no_retry = table.metadata.model_copy(
+            update={
+                "properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+            }
+        )
+        once = Table(table.name(), no_retry, table.metadata_location, table.io, table.catalog)
+        transaction = once.transaction()
+        try:
+            transaction.add_files(paths, snapshot_properties=properties, check_duplicate_files=True)
+            transaction.commit_transaction()
+        except CommitFailedException as exc:
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: commit of checkpoint {identifier} (commit "
+                f"user {commit_user!r}) met a concurrent commit to the table and was not made "
+                f"({exc}); it is retried after re-reading the table's snapshots"
+            ) from exc
+        except ValueError as exc:  # pyiceberg's backstop: files already in the table
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier} of "
+                f"user {commit_user!r}: {exc}; was it committed by a snapshot that has since "
+                "expired or by another writer? nothing was committed"
+            ) from exc
+        self._table_object.refresh()
+
+    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
+        """Checkpoint ids committed by `commit_user`: the snapshot summaries of the current
+        snapshot and its ancestors. Ancestry does not change, so only snapshots added since
+        the last call are read (a new sink, e.g. after a driver crash, walks them all once;
+        a rolled-back table is walked again)."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self._refreshed()
+        current = table.current_snapshot()
+        head = current.snapshot_id if current is not None else None
+        if head != self._head:
+            added = []
+            for s in ancestors_of(current, table.metadata):
+                if s.snapshot_id == self._head:
+                    break
+                added.append(s)
+            else:  # the cached head is not an ancestor (a rollback): start over
+                self._identifiers = {}
+            self.snapshots_read += len(added)
+            for s in added:
+                user, checkpoint = _mark(s)
+                if user is not None and checkpoint is not None:
+                    self._identifiers.setdefault(user, set()).add(checkpoint)
+            self._head = head
+        return frozenset(self._identifiers.get(commit_user, ()))
+
+    def rollback(self, commit_user: str, identifier: int) -> list[int]:
+        """Undo `commit_user`'s commits after checkpoint `identifier` by making the snapshot
+        before the first of them the table's current one; returns the checkpoints undone.
+
+        Refused (`RestoreError`) when another writer committed after that snapshot: moving the
+        table back would drop its rows too. `regional.operators.TableRollback`."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self._refreshed()
+        newer = []  # newest first, up to the oldest commit of the user after `identifier`
+        for s in ancestors_of(table.current_snapshot(), table.metadata):
+            user, checkpoint = _mark(s)
+            if user == commit_user and checkpoint is not None and checkpoint <= identifier:
+                break
+            newer.append(s)
+        while newer and not (
+            _mark(newer[-1])[0] == commit_user and (_mark(newer[-1])[1] or 0) > identifier
+        ):
+            newer.pop()
+        if not newer:
+            return []
+        if others := [s for s in newer if _mark(s)[0] != commit_user]:
+            raise RestoreError(
+                f"Iceberg table {self.table_name!r}: cannot roll back the commits of user "
+                f"{commit_user!r} after checkpoint {identifier}: snapshot(s) "
+                f"{', '.join(str(s.snapshot_id) for s in reversed(others))} of other writers "
+                "came after them and would be dropped too; remove the commits by hand (e.g. "
+                "delete their rows) or restore a newer checkpoint"
+            )
+        target = newer[-1].parent_snapshot_id
+        manage = table.manage_snapshots()
+        if target is None:
+            manage.remove_branch("main")  # the table had no snapshot before the user's commits
+        else:
+            manage.set_current_snapshot(target)
+        try:
+            manage.commit()
+        except CommitFailedException as exc:
+            raise CommitError(
+                f"Iceberg table {self.table_name!r}: the rollback of user {commit_user!r} to "
+                f"checkpoint {identifier} met a concurrent commit and was not made ({exc}); "
+                "restore again"
+            ) from exc
+        self._head, self._identifiers = None, {}
+        return sorted(c for s in newer if (c := _mark(s)[1]) is not None)
+
+    # --- files --------------------------------------------------------------------------------
+
+    def _decode(self, committables: Iterable[bytes]) -> list[_Committable]:
+        return [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
+
+    def _missing(self, table: Any, paths: Sequence[str]) -> list[str]:
+        return [p for p in paths if not table.io.new_input(p).exists()]
+
+    def data_files(self, committables: Iterable[bytes]) -> list[str]:
+        """Full locations of the data files behind `committables`."""
+        table = self._table()
+        return [self._path(table, c.file) for c in self._decode(committables)]
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        return self._missing(self._table(), self.data_files(committables))
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete the data files of a declined or aborted attempt (already gone is fine).
+
+        Committables of other sinks or other tables (the runtime may hand a unit's committables
+        to every sink) are skipped."""
+        table = self._table()
+        mine = table.metadata.table_uuid.hex
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table_uuid == mine:
+                path = self._path(table, c.file)
+                if table.io.new_input(path).exists():
+                    table.io.delete(path)
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return sum(c.rows for c in self._decode(committables))
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def read(self) -> pa.Table:
+        """Every committed row of the table (pyiceberg's own reader)."""
+        return self._refreshed().scan().to_arrow()
+
+    def current_files(self) -> list[str]:
+        """Locations of the data files of the current snapshot, from its manifest entries."""
+        table = self._refreshed()
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return []
+        return [
+            entry.data_file.file_path
+            for manifest in snapshot.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        ]
