@@ -93,7 +93,7 @@ def read_back(warehouse: str) -> tuple[list, list[tuple], list[tuple]]:
         for e in m.fetch_manifest_entry(table.io)
     ]
     by_duckdb = (
-        sorted(duckdb.sql(f"select * from read_parquet({files!r})").fetchall()) if files else []
+        sorted(duckdb.execute(f"select * from read_parquet({files!r})").fetchall()) if files else []
     )
     return snapshots, rows, by_duckdb
 
