@@ -33,13 +33,14 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-from regional.state_codec import StateCodec
+from regional.state_codec import INT_RANGE, StateCodec
 
 __all__ = ["KeyedContext", "MapState", "OperatorState", "ValueState"]
 
 _DEFAULT_CODEC = StateCodec()
 #: Values that need no check (int needs its range checked).
 _FAST = frozenset({str, float, bool, bytes, type(None)})
+_INT_MIN, _INT_MAX = INT_RANGE
 
 
 class ValueState:
@@ -57,7 +58,8 @@ class ValueState:
 
     def update(self, value: Any) -> None:
         """Keep `value`; `StateTypeError` if the state's encoding cannot keep it."""
-        if type(value) not in _FAST:
+        t = type(value)
+        if t not in _FAST and not (t is int and _INT_MIN <= value <= _INT_MAX):
             self._state.check(value, self._name)
         self._slot[self._name] = value
 
@@ -81,8 +83,9 @@ class MapState(MutableMapping[Any, Any]):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if type(key) not in _FAST:
-            self._state.check(key, self._name, at="<key>", is_key=True)
-        if type(value) not in _FAST:
+            self._state.check(key, self._name, at="<key>")
+        t = type(value)
+        if t not in _FAST and not (t is int and _INT_MIN <= value <= _INT_MAX):
             self._state.check(value, self._name, at=f"[{key!r}]")
         self._map()[key] = value
 
@@ -113,7 +116,6 @@ class KeyedContext:
                     key,
                     what=f"the key of split {split_id!r}",
                     operator=state.operator,
-                    is_key=True,
                 )
             slot = slots[key] = {}
         self._slot: dict[str, Any] = slot
@@ -150,11 +152,9 @@ class OperatorState:
         self.operator = operator
         self.codec = codec if codec is not None else _DEFAULT_CODEC
 
-    def check(self, value: Any, name: str, *, at: str = "", is_key: bool = False) -> None:
+    def check(self, value: Any, name: str, *, at: str = "") -> None:
         """`StateTypeError` unless state `name` can keep `value` (at `at` inside it)."""
-        self.codec.check(
-            value, what=f"state {name!r}", operator=self.operator, at=at, is_key=is_key
-        )
+        self.codec.check(value, what=f"state {name!r}", operator=self.operator, at=at)
 
     def context(self, split_id: str, key: Any) -> KeyedContext:
         """The state context of one record read from `split_id` with key `key`."""

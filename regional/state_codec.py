@@ -54,6 +54,7 @@ from regional.errors import RegionalError, RestoreError
 __all__ = [
     "HEADER_MSGPACK",
     "HEADER_PICKLE",
+    "INT_RANGE",
     "PickledState",
     "StateCodec",
     "StateDecodeError",
@@ -67,7 +68,7 @@ _MAC_SIZE = 32
 
 _TUPLE, _DECIMAL, _DATETIME, _DATE, _TIME, _SET, _FROZENSET, _STRUCT = range(1, 9)
 _PLAIN = frozenset({str, float, bool, bytes, type(None)})
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_INT_MIN, _INT_MAX = INT_RANGE = (-(2**63), 2**64 - 1)  # what msgpack's int holds
 
 SUPPORTED = (
     "int (64 bits), float, str, bytes, bool, None, list, dict, tuple, set, frozenset, "
@@ -177,9 +178,7 @@ class StateCodec:
 
     # -- checks -------------------------------------------------------------------------------
 
-    def check(
-        self, value: Any, *, what: str, operator: str, at: str = "", is_key: bool = False
-    ) -> None:
+    def check(self, value: Any, *, what: str, operator: str, at: str = "") -> None:
         """Raise `StateTypeError` unless `value` can be kept (no-op with `PickledState`).
 
         `what` names the state for the message (``state 'totals'``), `at` where `value` sits
@@ -187,8 +186,8 @@ class StateCodec:
         """
         if self.pickled is not None:
             return
-        try:
-            self._prepare(value, is_key)
+        try:  # in key mode a tuple is not encoded: the same checks, less work
+            self._prepare(value, True)
         except _Unsupported as exc:
             raise self._type_error(exc, what, operator, at) from None
 
@@ -214,38 +213,9 @@ class StateCodec:
                 f"an int that does not fit in 64 bits ({v}); keep it as a str or Decimal"
             )
         if t is dict:
-            out: dict[Any, Any] | None = None
-            for i, (k, x) in enumerate(v.items()):
-                try:
-                    pk = self._prepare(k, True)
-                except _Unsupported as exc:
-                    exc.path.append(f".keys()[{i}]")
-                    raise
-                try:
-                    px = self._prepare(x)
-                except _Unsupported as exc:
-                    exc.path.append(f"[{k!r}]")
-                    raise
-                if out is None:
-                    if pk is k and px is x:
-                        continue
-                    out = dict(list(v.items())[:i])
-                out[pk] = px
-            return v if out is None else out
+            return self._dict(v)
         if t is list:
-            new: list[Any] | None = None
-            for i, x in enumerate(v):
-                try:
-                    px = self._prepare(x)
-                except _Unsupported as exc:
-                    exc.path.append(f"[{i}]")
-                    raise
-                if new is None:
-                    if px is x:
-                        continue
-                    new = v[:i]
-                new.append(px)
-            return v if new is None else new
+            return self._list(v)
         if t is tuple:
             items = [self._item(x, i, key) for i, x in enumerate(v)]
             return tuple(items) if key else Ext(_TUPLE, _ENCODER.encode(items))
@@ -280,6 +250,59 @@ class StateCodec:
             raise _Unsupported(f"a value of type {t.__module__}.{t.__qualname__}")
         return _Key(ext) if key else ext
 
+    def _dict(self, v: dict[Any, Any]) -> dict[Any, Any]:
+        # leaves are checked inline and dicts recursed into directly: this loop is most of the
+        # cost of a snapshot
+        out: dict[Any, Any] | None = None
+        for k, x in v.items():
+            t = type(k)
+            if t in _PLAIN or (t is int and _INT_MIN <= k <= _INT_MAX):
+                pk = k
+            else:
+                try:
+                    pk = self._prepare(k, True)
+                except _Unsupported as exc:
+                    exc.path.append(f".keys()[{list(v).index(k)}]")
+                    raise
+            t = type(x)
+            if t in _PLAIN or (t is int and _INT_MIN <= x <= _INT_MAX):
+                px = x
+            else:
+                try:
+                    px = self._dict(x) if t is dict else self._prepare(x)
+                except _Unsupported as exc:
+                    exc.path.append(f"[{k!r}]")
+                    raise
+            if out is None:
+                if pk is k and px is x:
+                    continue
+                out = {}
+                for k0, x0 in v.items():  # the entries before this one, unchanged
+                    if k0 is k:
+                        break
+                    out[k0] = x0
+            out[pk] = px
+        return v if out is None else out
+
+    def _list(self, v: list[Any]) -> list[Any]:
+        new: list[Any] | None = None
+        for i, x in enumerate(v):
+            t = type(x)
+            if t in _PLAIN or (t is int and _INT_MIN <= x <= _INT_MAX):
+                px = x
+            else:
+                try:
+                    px = self._dict(x) if t is dict else self._prepare(x)
+                except _Unsupported as exc:
+                    exc.path.append(f"[{i}]")
+                    raise
+            if new is None:
+                if px is x:
+                    continue
+                new = v[:i]
+            new.append(px)
+        return v if new is None else new
+
     def _item(self, x: Any, i: int, key: bool) -> Any:
         try:
             return self._prepare(x, key)
@@ -300,31 +323,37 @@ class StateCodec:
         if self.pickled is not None:
             payload = pickle.dumps((keyed, lists), protocol=5)
             return HEADER_PICKLE + self.pickled.mac(operator, payload) + payload
-        body_keyed: dict[str, dict[Any, dict[str, Any]]] = {}
+        try:
+            body = (self._dict(dict(keyed)), self._dict(dict(lists)))
+        except _Unsupported:
+            raise self._explain(keyed, lists, operator) from None
+        return HEADER_MSGPACK + _ENCODER.encode(body)
+
+    def _explain(
+        self,
+        keyed: Mapping[str, Mapping[Any, Mapping[str, Any]]],
+        lists: Mapping[str, list[Any]],
+        operator: str,
+    ) -> StateTypeError:
+        """The error naming the first value `encode` cannot keep (errors only: walks again)."""
         for split, slots in keyed.items():
-            prepared: dict[Any, dict[str, Any]] = {}
             for key, slot in slots.items():
                 try:
-                    pkey = self._prepare(key, True)
+                    self._prepare(key, True)
                 except _Unsupported as exc:
-                    what = f"the key of split {split!r}"
-                    raise self._type_error(exc, what, operator) from None
-                pslot = {}
+                    return self._type_error(exc, f"the key of split {split!r}", operator)
                 for name, value in slot.items():
                     try:
-                        pslot[name] = self._prepare(value)
+                        self._prepare(value)
                     except _Unsupported as exc:
                         what = f"state {name!r} (split {split!r}, key {key!r})"
-                        raise self._type_error(exc, what, operator) from None
-                prepared[pkey] = pslot
-            body_keyed[split] = prepared
-        body_lists = {}
+                        return self._type_error(exc, what, operator)
         for name, entries in lists.items():
             try:
-                body_lists[name] = self._prepare(entries)
+                self._prepare(entries)
             except _Unsupported as exc:
-                raise self._type_error(exc, f"list state {name!r}", operator) from None
-        return HEADER_MSGPACK + _ENCODER.encode((body_keyed, body_lists))
+                return self._type_error(exc, f"list state {name!r}", operator)
+        return StateTypeError(f"state of operator {operator!r} cannot be encoded")
 
     def decode(
         self, data: bytes, *, operator: str, source: str
