@@ -56,14 +56,23 @@ class Foo:
 _ints = st.integers(-(2**63), 2**64 - 1)
 _floats = st.floats(allow_nan=True)
 _decimals = st.decimals(allow_nan=False)
-_zones = st.sampled_from(
-    [None, dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), *[None] * 2]
-) | st.timezones()
+_zones = (
+    st.sampled_from([None, dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), *[None] * 2])
+    | st.timezones()
+)
 _datetimes = st.datetimes(timezones=_zones)
 _times = st.times(timezones=st.sampled_from([None, dt.UTC, dt.timezone(-dt.timedelta(hours=3))]))
 _hashable_leaves = st.one_of(
-    st.none(), st.booleans(), _ints, _floats, st.text(max_size=5), st.binary(max_size=5),
-    _decimals, _datetimes, st.dates(), _times,
+    st.none(),
+    st.booleans(),
+    _ints,
+    _floats,
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    _decimals,
+    _datetimes,
+    st.dates(),
+    _times,
 )
 _hashables = st.recursive(
     _hashable_leaves,
@@ -143,9 +152,11 @@ def test_tuple_keys_decimals_zones_and_structs_through_the_state_api():
     ctx.map_state("by_day")[(2024, 3, 31)] = dt.datetime(
         2024, 3, 31, 2, 30, tzinfo=dt.timezone(dt.timedelta(hours=2))
     )
-    ctx.map_state("where")[Point(1, 2)] = {"z": dt.datetime(2024, 10, 27, 2, 30, fold=1).replace(
-        tzinfo=__import__("zoneinfo").ZoneInfo("Europe/Berlin")
-    )}
+    ctx.map_state("where")[Point(1, 2)] = {
+        "z": dt.datetime(2024, 10, 27, 2, 30, fold=1).replace(
+            tzinfo=__import__("zoneinfo").ZoneInfo("Europe/Berlin")
+        )
+    }
     ctx.list_state("seen").append((1, [2, (3,)]))
     back = OperatorState.from_bytes(state.to_bytes(), operator="totals", codec=p.state_codec)
     assert same(back.keyed, state.keyed) and same(back.lists, state.lists)
