@@ -91,8 +91,9 @@ class StateDecodeError(RestoreError):
 class _Unsupported(Exception):
     """Internal: an unsupported value at `path` (innermost first while unwinding)."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, fix: str | None = None) -> None:
         self.why = why
+        self.fix = fix  # None: keep a supported type, or opt in to pickle
         self.path: list[str] = []
 
 
@@ -195,10 +196,12 @@ class StateCodec:
         self, exc: _Unsupported, what: str, operator: str, at: str = ""
     ) -> StateTypeError:
         at += "".join(reversed(exc.path))
-        return StateTypeError(
-            f"{what} of operator {operator!r} holds {exc.why}{' at ' + at if at else ''}: "
+        fix = exc.fix or (
             f"state keeps {SUPPORTED}; convert it, or pass Pipeline(state_serializer="
             "PickledState(secret=...)) to pickle state"
+        )
+        return StateTypeError(
+            f"{what} of operator {operator!r} holds {exc.why}{' at ' + at if at else ''}: {fix}"
         )
 
     def _prepare(self, v: Any, key: bool = False) -> Any:
@@ -210,7 +213,8 @@ class StateCodec:
             if _INT_MIN <= v <= _INT_MAX:
                 return v
             raise _Unsupported(
-                f"an int that does not fit in 64 bits ({v}); keep it as a str or Decimal"
+                f"an int that does not fit in 64 bits ({v})",
+                "state keeps ints from -2**63 to 2**64-1 (msgpack); keep it as a str or Decimal",
             )
         if t is dict:
             return self._dict(v)
@@ -235,8 +239,9 @@ class StateCodec:
             name = _class_name(t)
             if self.types.get(name) is not t:
                 raise _Unsupported(
-                    f"a {t.__name__} ({name}), a msgspec Struct not declared for state; declare "
-                    f"it: Pipeline(state_types=[{t.__name__}])"
+                    f"a {t.__name__} ({name}), a msgspec Struct not declared for state",
+                    f"declare it: Pipeline(state_types=[{t.__name__}]), from a module the "
+                    "Python workers import",
                 )
             fields = {}
             for f in t.__struct_fields__:
