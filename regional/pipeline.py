@@ -29,6 +29,7 @@ from regional.errors import GraphError
 from regional.graph import Edge, JobGraph, Vertex
 from regional.sources.base import Source
 from regional.state import KeyedContext, OperatorState
+from regional.state_codec import PickledState, StateCodec
 
 if TYPE_CHECKING:
     from regional.regions import RegionPlan
@@ -179,6 +180,9 @@ class Pipeline:
 
     `records_per_epoch` caps how many records each source subtask reads per epoch (per
     checkpoint); `splits_per_subtask` how many splits a source subtask reads at once.
+    `state_types` are the msgspec Struct classes operator state may hold;
+    `state_serializer=PickledState(secret=...)` opts in to pickled state (any picklable
+    object, segments signed with the secret) instead of msgpack (`regional.state_codec`).
     """
 
     def __init__(
@@ -187,11 +191,14 @@ class Pipeline:
         *,
         records_per_epoch: int = 10_000,
         splits_per_subtask: int = 1,
+        state_types: Iterable[type] = (),
+        state_serializer: PickledState | None = None,
     ) -> None:
         self.name = name
         self.records_per_epoch = records_per_epoch
         self.splits_per_subtask = splits_per_subtask
         self.vertices: dict[str, VertexSpec] = {}
+        self.state_codec = StateCodec(state_types, state_serializer)
 
     def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits."""

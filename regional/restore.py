@@ -8,8 +8,9 @@ the metadata the coordinator restores from. The job's tasks then only ever read 
 its own root, whatever the source was.
 
 The rewrite is a copy when the shape is unchanged; a vertex with other parallelism has its
-operator states unpickled on the driver, redistributed (`redistribute_state`) and pickled
-again, and its source's split enumerator reassigned.
+operator states decoded on the driver (`regional.state_codec`: msgpack, or signed pickle only by
+the pipeline's opt-in; an unsigned pickle is refused unread), redistributed
+(`redistribute_state`) and encoded again, and its source's split enumerator reassigned.
 
 `find_restore_point` is the orchestration the driver runs at start: resume from the job root's
 latest restorable checkpoint (rewritten when the pipeline's vertices changed), or restore a given
@@ -249,10 +250,19 @@ def rewrite_for_pipeline(
                 if s.handles:
                     blobs[vertex_id, index] = blob(s)
         elif mode == "redistribute":
-            then = [OperatorState.from_bytes(blob(states[i])) for i in sorted(states)]
+            codec = pipeline.state_codec
+            then = [
+                OperatorState.from_bytes(
+                    blob(states[i]),
+                    operator=vertex_id,
+                    codec=codec,
+                    source=_describe(source, states[i], cid),
+                )
+                for i in sorted(states)
+            ]
             now = redistribute_state(then, plan.assignment, sizes[vertex_id])
             for index, state in enumerate(now):
-                blobs[vertex_id, index] = state.to_bytes()
+                blobs[vertex_id, index] = codec.encode(state.keyed, state.lists, operator=vertex_id)
 
     planned = {(p.vertex_id, p.index): p for p in plan.subtasks}
     subtasks: list[SubtaskState] = []
@@ -301,6 +311,12 @@ def rewrite_for_pipeline(
         subtasks=tuple(subtasks),
     )
     return restored, plan
+
+
+def _describe(storage: JobStorage, state: SubtaskState, checkpoint_id: int) -> str:
+    """The state file(s) of a subtask, for errors."""
+    files = ", ".join(storage.describe(h.path) for h in state.handles)
+    return f"{files} of checkpoint {checkpoint_id}"
 
 
 def _enumerator(vertex_id: str, data: bytes) -> SplitEnumerator:

@@ -174,7 +174,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 op_state = None
                 if spec.operator.stateful:
                     op_state = OperatorState.from_bytes(
-                        b"".join(storage.read_segment(h) for h in old.handles)
+                        b"".join(storage.read_segment(h) for h in old.handles),
+                        operator=vertex_id,
+                        codec=pipeline.state_codec,
+                        source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
                 outputs[vertex_id] = spec.operator.apply(inputs, op_state)
                 if op_state is not None:
