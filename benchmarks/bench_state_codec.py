@@ -5,11 +5,13 @@ map state (a small dict of str -> int). Encode + decode both ways, best of 5, pr
 side; then the cost of `ValueState.update` and `MapState[k] = v` with the type check, against
 assigning into the slot dict directly (what the update did before the check).
 
-    python -m benchmarks.bench_state_codec
+    python -m benchmarks.bench_state_codec [--quick]   # --quick: 10,000 keys, fewer updates
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import pickle
 import time
 from collections.abc import Callable
@@ -24,10 +26,10 @@ SPLITS = 4
 REPEAT = 5
 
 
-def build_state() -> OperatorState:
+def build_state(keys: int = KEYS) -> OperatorState:
     """The benchmark state, built through the state API (so it passes the update check)."""
     state = OperatorState(operator="count")
-    for k in range(KEYS):
+    for k in range(keys):
         ctx = state.context(f"split-{k % SPLITS}", f"user-{k:06d}")
         ctx.value_state("count").update(k)
         pages = ctx.map_state("pages")
@@ -68,8 +70,23 @@ def best(fn: Callable[[], Any], repeat: int = REPEAT) -> float:
     return min(times)
 
 
+def _updates(state: Any, value: Any, n: int) -> None:
+    update = state.update
+    for _ in range(n):
+        update(value)
+
+
+def _puts(m: Any, n: int) -> None:
+    for _ in range(n):
+        m["home"] = 3
+
+
 def main() -> None:
-    state = build_state()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10,000 keys, 30,000 updates")
+    args = parser.parse_args()
+    keys = KEYS // 10 if args.quick else KEYS
+    state = build_state(keys)
     data = (state.keyed, state.lists)
     blob_pickle = pickle.dumps(data, protocol=5)
     blob_codec = state.to_bytes()
@@ -83,13 +100,13 @@ def main() -> None:
         ),
     ]
     rows.append(("encode+decode", rows[0][1] + rows[1][1], rows[0][2] + rows[1][2]))
-    print(f"state: {KEYS:,} keys over {SPLITS} splits, an int and a 2-entry dict each")
+    print(f"state: {keys:,} keys over {SPLITS} splits, an int and a 2-entry dict each")
     print(f"size: pickle {len(blob_pickle):,} B, msgpack codec {len(blob_codec):,} B")
     print(f"{'':14} {'pickle':>10} {'codec':>10} {'codec/pickle':>13}")
     for name, p, c in rows:
         print(f"{name:14} {p * 1e3:8.1f}ms {c * 1e3:8.1f}ms {c / p:12.2f}x")
 
-    n = 300_000
+    n = 30_000 if args.quick else 300_000
     ctx = OperatorState(operator="count").context("s", "k")
     small = {"home": 1, "cart": 2}
     cases = [
@@ -99,22 +116,13 @@ def main() -> None:
     ]
     print(f"\nper update ({n:,} updates, best of {REPEAT})    unchecked    checked")
     for name, checked, unchecked, value in cases:
-
-        def run(state: Any, value: Any = value) -> None:
-            update = state.update
-            for _ in range(n):
-                update(value)
-
-        r = best(lambda u=unchecked: run(u)) / n
-        c = best(lambda s=checked: run(s)) / n
+        r = best(functools.partial(_updates, unchecked, value, n)) / n
+        c = best(functools.partial(_updates, checked, value, n)) / n
         print(f"{name:36} {r * 1e9:7.0f} ns {c * 1e9:8.0f} ns  (+{(c - r) * 1e9:.0f} ns)")
     pages, old = ctx.map_state("pages"), _UncheckedMap({}, "pages")
 
-    def put(m: Any) -> None:
-        for _ in range(n):
-            m["home"] = 3
-
-    r, c = best(lambda: put(old)) / n, best(lambda: put(pages)) / n
+    r = best(functools.partial(_puts, old, n)) / n
+    c = best(functools.partial(_puts, pages, n)) / n
     name = "MapState[str] = int"
     print(f"{name:36} {r * 1e9:7.0f} ns {c * 1e9:8.0f} ns  (+{(c - r) * 1e9:.0f} ns)")
 
