@@ -358,6 +358,18 @@ def test_pipeline_name_must_be_a_safe_job_id(
     assert not root.exists()
 
 
+def test_clean_with_an_empty_root_is_not_the_working_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "job" / "chk-1").mkdir(parents=True)
+    (tmp_path / "job" / "chk-1" / "stray").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    assert one_line(["clean", "", "--job", "job"], capsys) == (
+        "regional clean: checkpoint root is empty; give a local path or a URI"
+    )
+    assert (tmp_path / "job" / "chk-1" / "stray").exists()
+
+
 # --- known only when Spark starts: a subprocess, so no session of this process is reused --------
 
 

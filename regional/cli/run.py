@@ -267,8 +267,7 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
     except SyntaxError as exc:  # also binary content: null bytes, not UTF-8
         where = f"{file}, line {exc.lineno}" if exc.lineno else str(file)
         raise GraphError(
-            f"pipeline file {where} is not valid Python: {_one_line(exc.msg)}; "
-            "pass a Python source file"
+            f"pipeline file {where} is not valid Python: {exc.msg}; pass a Python source file"
         ) from exc
     except Exception as exc:
         line = _line_in(file, exc)
@@ -279,7 +278,7 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
             else "fix the file"
         )
         raise GraphError(
-            f"pipeline file {where} raised {type(exc).__name__}: {_one_line(str(exc))}; {fix}"
+            f"pipeline file {where} raised {type(exc).__name__}: {exc}; {fix}"
         ) from exc
 
 
@@ -292,10 +291,6 @@ def _line_in(file: Path, exc: BaseException) -> int | None:
         if Path(frame.filename).resolve() == target
     ]
     return lines[-1] if lines else None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _check_restore_source(storage: JobStorage, path: str) -> None:
