@@ -99,7 +99,7 @@ class _Section(
         )
 
 
-class RegionPolicy(_Section):
+class RegionPolicy(_Section, frozen=True):
     """`[checkpointing.region]`: regional checkpoints and their staleness limits."""
 
     enabled: bool = True
@@ -109,7 +109,7 @@ class RegionPolicy(_Section):
     timeout: _Seconds = 120.0
 
 
-class CheckpointingPolicy(_Section):
+class CheckpointingPolicy(_Section, frozen=True):
     """`[checkpointing]`: how often, how long, how many to keep, where."""
 
     interval: _Seconds = 10.0
@@ -120,13 +120,13 @@ class CheckpointingPolicy(_Section):
     region: RegionPolicy = RegionPolicy()
 
 
-class RestorePolicy(_Section):
+class RestorePolicy(_Section, frozen=True):
     """`[restore]`: whether a restored checkpoint becomes ours (`claim`) or stays the user's."""
 
     mode: Literal["claim", "no-claim"] = "claim"
 
 
-class Policy(_Section):
+class Policy(_Section, frozen=True):
     """The whole policy. `Policy()` is the default policy."""
 
     checkpointing: CheckpointingPolicy = CheckpointingPolicy()
