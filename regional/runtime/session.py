@@ -95,7 +95,7 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark import SparkConf, SparkContext
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
@@ -119,7 +119,8 @@ def spark_session(
         else:
             session = SparkSession.builder.config(conf=conf).getOrCreate()
     except (PySparkException, Py4JError) as exc:  # the JVM exited, or the context refused
-        raise _start_error(master, exc, log_file, log_start) from exc
+        java = isinstance(exc, Py4JError)  # carries the Java exception; a gateway exit does not
+        raise _start_error(master, exc, None if java else log_file, log_start) from exc
     if not verbose:
         session.sparkContext.setLogLevel("ERROR")
     return session
@@ -128,11 +129,10 @@ def spark_session(
 def _start_error(
     master: str, exc: Exception, log_file: str | None, log_start: int
 ) -> SparkStartError:
-    """One line for a Spark that did not start: Spark's reason (from its log or the error)."""
-    from py4j.protocol import Py4JError
-
-    output = str(exc)  # a Py4J error carries the Java exception; a gateway exit does not
-    if log_file is not None and not isinstance(exc, Py4JError):
+    """One line for a Spark that did not start: Spark's reason, from the JVM's output since
+    `log_start` in `log_file` when given, else from the error."""
+    output = str(exc)
+    if log_file is not None:
         with open(log_file, "rb") as log:
             log.seek(log_start)
             output = log.read().decode(errors="replace")
