@@ -27,15 +27,16 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metadata.errors import RegionalError, StorageError
 from metadata.events import CheckpointEvent, Outcome
-from metadata.savepoint import CheckpointPathError
-from metadata.storage import JobSelectionError, JobStorage
 from regional.errors import GraphError, RestoreError
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
+
+if TYPE_CHECKING:
+    from metadata.storage import JobStorage
 
 __all__ = ["register"]
 
@@ -158,6 +159,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     if args.job_id is None:
         check_job_id(pipeline.name, "the pipeline's name; pass --job-id")
     from metadata.lease import ensure_free
+    from metadata.storage import JobStorage
     from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
@@ -244,6 +246,8 @@ def check_job_id(job_id: str, origin: str) -> None:
     Traceback (most recent call last):
     metadata.storage.JobSelectionError: job id '../x' (--job-id) cannot name a directory ...
     """
+    from metadata.storage import JobSelectionError
+
     if not _JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
         raise JobSelectionError(
             f"job id {job_id!r} ({origin}) cannot name a directory under the checkpoint root; "
@@ -296,6 +300,8 @@ def _line_in(file: Path, exc: BaseException) -> int | None:
 def _check_restore_source(storage: JobStorage, path: str) -> None:
     """Open `--from PATH` once before Spark starts; storage that cannot be reached is bad input
     here (the path is the user's), not a failed operation."""
+    from metadata.savepoint import CheckpointPathError
+    from metadata.storage import JobSelectionError
     from regional.restore import open_restore_source
 
     try:
