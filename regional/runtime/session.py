@@ -119,20 +119,21 @@ def spark_session(
         else:
             session = SparkSession.builder.config(conf=conf).getOrCreate()
     except (PySparkException, Py4JError) as exc:  # the JVM exited, or the context refused
-        java = isinstance(exc, Py4JError)  # carries the Java exception; a gateway exit does not
-        raise _start_error(master, exc, None if java else log_file, log_start) from exc
+        # A Py4J error carries the Java exception; a JVM that exited left its reason in the log.
+        reason_in_log = log_file is not None and not isinstance(exc, Py4JError)
+        raise _start_error(master, exc, log_file, log_start if reason_in_log else None) from exc
     if not verbose:
         session.sparkContext.setLogLevel("ERROR")
     return session
 
 
 def _start_error(
-    master: str, exc: Exception, log_file: str | None, log_start: int
+    master: str, exc: Exception, log_file: str | None, log_start: int | None
 ) -> SparkStartError:
-    """One line for a Spark that did not start: Spark's reason, from the JVM's output since
-    `log_start` in `log_file` when given, else from the error."""
+    """One line for a Spark that did not start: Spark's reason, from the JVM's output in
+    `log_file` from offset `log_start` when given, else from the error."""
     output = str(exc)
-    if log_file is not None:
+    if log_file is not None and log_start is not None:
         with open(log_file, "rb") as log:
             log.seek(log_start)
             output = log.read().decode(errors="replace")
