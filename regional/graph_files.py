@@ -37,6 +37,13 @@ def _decode(data: bytes, source: str) -> Any:
         if data.lstrip()[:1] == b"{":
             return msgspec.json.decode(data)
         return msgspec.toml.decode(data)
+    except UnicodeDecodeError:
+        raise GraphError(f"{source}: not UTF-8 text; save it as UTF-8 JSON or TOML") from None
+    except RecursionError:  # both parsers recurse once per level of nesting
+        raise GraphError(
+            f"{source}: nested too deeply to be read; a job graph nests objects and lists only "
+            "a few levels deep"
+        ) from None
     except msgspec.DecodeError as exc:
         raise GraphError(f"{source}: neither valid JSON nor TOML ({exc}); fix the syntax") from None
 

@@ -24,6 +24,7 @@ import hashlib
 import math
 import os
 import re
+import reprlib
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ import pyarrow as pa
 from regional.errors import PolicyError
 
 __all__ = [
+    "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
     "Policy",
     "RegionPolicy",
@@ -46,12 +48,19 @@ __all__ = [
     "policy_fingerprint",
 ]
 
+#: The longest duration a key takes (365 days): far beyond any useful interval or timeout, and
+#: small enough that deadlines in epoch milliseconds (`round(seconds * 1000)`) and thread waits
+#: stay well inside their 64-bit limits.
+MAX_DURATION_SECONDS = 365 * 86400.0
+
 # Value types of the policy keys. Each description is the "allowed" part of error messages.
 _Seconds = Annotated[
     float,
     msgspec.Meta(
         gt=0,
-        description='a duration > 0: "500 ms", "30 s", "2 min", "1 h" or a number of seconds',
+        le=MAX_DURATION_SECONDS,
+        description='a duration > 0 and at most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" '
+        "or a number of seconds",
     ),
 ]
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
@@ -64,9 +73,33 @@ _Location = (
 )
 
 
-class RegionPolicy(
+class _Section(
     msgspec.Struct, frozen=True, kw_only=True, rename="kebab", forbid_unknown_fields=True
 ):
+    """A policy table. Values are checked when built in code too, with the file's messages
+    (msgspec checks `Meta` constraints only when decoding)."""
+
+    def __post_init__(self) -> None:
+        for field in msgspec.structs.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+                if not isinstance(value, field.type):  # a nested table checks itself
+                    table = _SECTION_PATHS[field.type].rstrip(".")
+                    raise self._invalid(field, value, f"a {field.type.__name__} ([{table}])")
+                continue
+            try:
+                msgspec.convert(value, field.type)
+            except msgspec.ValidationError:
+                raise self._invalid(field, value, _allowed(field.type)) from None
+
+    def _invalid(self, field: msgspec.structs.FieldInfo, value: Any, allowed: str) -> PolicyError:
+        path = _SECTION_PATHS[type(self)] + field.encode_name
+        return PolicyError(
+            f"policy built in code: {path} = {_shown(value)} is invalid; expected {allowed}"
+        )
+
+
+class RegionPolicy(_Section, frozen=True):
     """`[checkpointing.region]`: regional checkpoints and their staleness limits."""
 
     enabled: bool = True
@@ -76,9 +109,7 @@ class RegionPolicy(
     timeout: _Seconds = 120.0
 
 
-class CheckpointingPolicy(
-    msgspec.Struct, frozen=True, kw_only=True, rename="kebab", forbid_unknown_fields=True
-):
+class CheckpointingPolicy(_Section, frozen=True):
     """`[checkpointing]`: how often, how long, how many to keep, where."""
 
     interval: _Seconds = 10.0
@@ -89,15 +120,13 @@ class CheckpointingPolicy(
     region: RegionPolicy = RegionPolicy()
 
 
-class RestorePolicy(
-    msgspec.Struct, frozen=True, kw_only=True, rename="kebab", forbid_unknown_fields=True
-):
+class RestorePolicy(_Section, frozen=True):
     """`[restore]`: whether a restored checkpoint becomes ours (`claim`) or stays the user's."""
 
     mode: Literal["claim", "no-claim"] = "claim"
 
 
-class Policy(msgspec.Struct, frozen=True, kw_only=True, rename="kebab", forbid_unknown_fields=True):
+class Policy(_Section, frozen=True):
     """The whole policy. `Policy()` is the default policy."""
 
     checkpointing: CheckpointingPolicy = CheckpointingPolicy()
@@ -193,7 +222,16 @@ def _walk(struct: type[msgspec.Struct], prefix: str = "") -> Iterator[_Key]:
             yield _Key(path, field.type, field.default)
 
 
+def _section_paths(struct: type[msgspec.Struct], prefix: str = "") -> Iterator[tuple[type, str]]:
+    yield struct, prefix
+    for field in msgspec.structs.fields(struct):
+        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+            yield from _section_paths(field.type, prefix + field.encode_name + ".")
+
+
 _KEYS: dict[str, _Key] = {key.path: key for key in _walk(Policy)}
+#: The key-path prefix of each table's Struct, e.g. RegionPolicy -> "checkpointing.region.".
+_SECTION_PATHS: dict[type, str] = dict(_section_paths(Policy))
 _SECTIONS = frozenset(path.rpartition(".")[0] for path in _KEYS)
 #: Flink's spelling (FLIP-600), accepted as an alias. Flink's 0 still allows one regional
 #: checkpoint; here 0 means never regional.
@@ -217,14 +255,19 @@ class _Given:
     where: str  # start of an error message: "policy file x.toml", "environment variable X", ...
 
 
+#: Longer shown values are cut (a bad value can be a whole nested document).
+_SHOWN_WIDTH = 80
+
+
 def _shown(value: Any) -> str:
-    """A value as the user wrote it (TOML-like: strings quoted, `inf`)."""
+    """A value as the user wrote it (TOML-like: strings quoted, `inf`), cut to `_SHOWN_WIDTH`."""
     if isinstance(value, float):
         return repr(value)
     try:
-        return msgspec.json.encode(value).decode()
-    except (TypeError, msgspec.EncodeError):
-        return repr(value)
+        text = msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError, RecursionError):
+        text = reprlib.repr(value)
+    return text if len(text) <= _SHOWN_WIDTH else text[: _SHOWN_WIDTH - 3] + "..."
 
 
 def _canonical(path: str, raw: Any, where: str) -> str:
@@ -276,6 +319,11 @@ def _file_layer(file: str | Path) -> list[_Given]:
         table = msgspec.toml.decode(data)
     except UnicodeDecodeError:
         raise PolicyError(f"{where} is not UTF-8 text; save it as UTF-8 TOML") from None
+    except RecursionError:  # the TOML parser recurses once per level of nesting
+        raise PolicyError(
+            f"{where} nests arrays or tables too deeply to be read; policy values are plain "
+            "numbers, strings and booleans in tables at most two deep ([checkpointing.region])"
+        ) from None
     except msgspec.DecodeError as exc:
         raise PolicyError(f"{where} is not valid TOML: {exc}") from None
     source = f"file {file}"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from metadata.errors import RegionalError
 from regional import __version__
 
-__all__ = ["main"]
+__all__ = ["main", "one_line"]
 
 #: Command modules, in the order `regional --help` lists them.
 COMMANDS: tuple[str, ...] = ("run", "regions", "inspect", "policy", "clean")
@@ -39,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line (a message can carry a user's multi-line text, e.g. an
+    exception raised by a pipeline file), so stderr gets exactly one line per error.
+
+    >>> one_line(ValueError("two\\n  lines"))
+    'two lines'
+    """
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `regional` console script; returns the exit code."""
     parser = build_parser()
@@ -48,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RegionalError as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"regional {args.command}: {exc}", file=sys.stderr)
+        print(f"regional {args.command}: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"regional {args.command}: interrupted", file=sys.stderr)

@@ -27,7 +27,7 @@ from cleaner.run import CleanReport, DeletionStatus, execute, scan
 from cleaner.views import retention_table
 from metadata.layout import DEFAULT_RETAINED_EVENTS
 from metadata.retention import NumRetained
-from metadata.storage import JobStorage
+from metadata.storage import JobSelectionError, JobStorage
 from regional.cli import retention
 from regional.cli.render import print_table
 
@@ -152,6 +152,8 @@ def retention_output(
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
+    if not args.root.strip():  # not the working directory by accident
+        raise JobSelectionError("checkpoint root is empty; give a local path or a URI")
     storage = JobStorage.open(args.root, args.job)
     num_retained = retention.in_force(args, lambda: retention.recorded_in(storage))
     plan = scan(

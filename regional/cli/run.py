@@ -18,19 +18,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
 import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from metadata.errors import RegionalError, StorageError
 from metadata.events import CheckpointEvent, Outcome
-from regional.errors import GraphError
+from regional.errors import GraphError, RestoreError
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
+
+if TYPE_CHECKING:
+    from metadata.storage import JobStorage
 
 __all__ = ["register"]
 
@@ -125,32 +131,43 @@ def _progress(r: CheckpointEvent) -> None:
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
-    """Load the pipeline file and run it to the end; print progress and a summary."""
+    """Load the pipeline file and run it to the end; print progress and a summary.
+
+    Every input known before Spark starts (policy, options, pipeline file, job id, `--from`)
+    is checked before it starts, so bad input exits with 2 and one line, having written
+    nothing under the checkpoint root.
+    """
     policy = load_policy(args.policy, env=os.environ).policy
-    root = args.checkpoint_dir or policy.checkpointing.dir or tempfile.mkdtemp(prefix="regional-")
-    if args.mode and not args.restore_from:
+    if args.mode and args.restore_from is None:
         raise GraphError("--mode applies to a restore: give --from PATH too")
-    if not args.file.is_file():
-        raise GraphError(f"pipeline file {args.file} does not exist; pass a Python file")
+    if args.restore_from is not None and not args.restore_from.strip():
+        raise RestoreError(
+            "--from is empty; give a savepoint directory (sp-<id>), a checkpoint directory "
+            "(chk-<id>) or its _metadata file, local or a URI"
+        )
+    if args.job_id is not None:
+        check_job_id(args.job_id, "--job-id")
+    root = args.checkpoint_dir or policy.checkpointing.dir or tempfile.mkdtemp(prefix="regional-")
     os.environ["REGIONAL_CHECKPOINT_DIR"] = root
-    namespace = runpy.run_path(str(args.file), run_name="regional_pipeline")
+    namespace = load_pipeline_file(args.file)
     pipeline = namespace.get("pipeline")
     if not isinstance(pipeline, Pipeline):
         raise GraphError(
             f"{args.file} defines no module-level `pipeline` (a regional.Pipeline); "
             "assign one, e.g. `pipeline = Pipeline('clicks')`"
         )
+    if args.job_id is None:
+        check_job_id(pipeline.name, "the pipeline's name; pass --job-id")
     from metadata.lease import ensure_free
     from metadata.storage import JobStorage
-    from regional.restore import open_restore_source
     from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
 
     storage = JobStorage(root, args.job_id or pipeline.name)
     ensure_free(storage, clock=lambda: int(time.time() * 1000))  # before Spark starts
-    if args.restore_from:  # bad restore input fails before Spark starts
-        open_restore_source(storage, args.restore_from)
+    if args.restore_from is not None:  # bad restore input fails before Spark starts
+        _check_restore_source(storage, args.restore_from)
 
     log_file = None if args.verbose else f"{root.rstrip('/')}-spark.log"
     if log_file and "://" in root:
@@ -214,6 +231,87 @@ def run_pipeline(args: argparse.Namespace) -> int:
     )
     sys.stdout.flush()
     return 0
+
+
+#: What a job id may be made of: it becomes a directory name under the checkpoint root (and a
+#: part of object-store keys), so no separators, no `..`, no spaces or shell characters.
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_job_id(job_id: str, origin: str) -> None:
+    """Refuse a job id that is not a safe directory name; `origin` says where it came from.
+
+    >>> check_job_id("clicks-2", "--job-id")
+    >>> check_job_id("../x", "--job-id")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    metadata.storage.JobSelectionError: job id '../x' (--job-id) cannot name a directory ...
+    """
+    from metadata.storage import JobSelectionError
+
+    if not _JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
+        raise JobSelectionError(
+            f"job id {job_id!r} ({origin}) cannot name a directory under the checkpoint root; "
+            "use letters, digits, '.', '_' and '-' (not '.' or '..' alone)"
+        )
+
+
+def load_pipeline_file(file: Path) -> dict[str, Any]:
+    """Run PIPELINE.py and return its globals. The file is input: anything it raises (a syntax
+    error, binary content, a failed import) is a `GraphError` naming the file and line."""
+    if file.is_dir():
+        raise GraphError(
+            f"pipeline file {file} is a directory; pass a Python file that defines `pipeline`"
+        )
+    if not file.is_file():
+        raise GraphError(f"pipeline file {file} does not exist; pass a Python file")
+    try:
+        return runpy.run_path(str(file), run_name="regional_pipeline")
+    except RegionalError:
+        raise  # the pipeline API's own errors already name the vertex or edge
+    except SyntaxError as exc:  # also binary content: null bytes, not UTF-8
+        where = f"{file}, line {exc.lineno}" if exc.lineno else str(file)
+        raise GraphError(
+            f"pipeline file {where} is not valid Python: {exc.msg}; pass a Python source file"
+        ) from exc
+    except Exception as exc:
+        line = _line_in(file, exc)
+        where = f"{file}, line {line}" if line else str(file)
+        fix = (
+            f"install the module for {sys.executable} or fix the import"
+            if isinstance(exc, ImportError)
+            else "fix the file"
+        )
+        raise GraphError(
+            f"pipeline file {where} raised {type(exc).__name__}: {exc}; {fix}"
+        ) from exc
+
+
+def _line_in(file: Path, exc: BaseException) -> int | None:
+    """The line of `file` that was running when `exc` was raised (its innermost frame there)."""
+    target = file.resolve()
+    lines = [
+        frame.lineno
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if Path(frame.filename).resolve() == target
+    ]
+    return lines[-1] if lines else None
+
+
+def _check_restore_source(storage: JobStorage, path: str) -> None:
+    """Open `--from PATH` once before Spark starts; storage that cannot be reached is bad input
+    here (the path is the user's), not a failed operation."""
+    from metadata.savepoint import CheckpointPathError
+    from metadata.storage import JobSelectionError
+    from regional.restore import open_restore_source
+
+    try:
+        open_restore_source(storage, path)
+    except (JobSelectionError, CheckpointPathError):
+        raise  # already bad input (exit 2) naming the path
+    except StorageError as exc:
+        raise RestoreError(
+            f"--from cannot be reached: {exc}; check the path, the endpoint and the credentials"
+        ) from exc
 
 
 def _on_stop_signals(stop: Callable[[], None]) -> dict[int, Any]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -97,12 +98,23 @@ def _data_file(table: str, file: str, where: str) -> str:
     return file
 
 
+#: The name of a commit record: its identifier, zero-padded (see `ParquetSink._record_path`).
+_RECORD_NAME = re.compile(r"\d{20}\.json")
+
+
 def _commit_records(path: str) -> list[_CommitRecord]:
+    """The table's commit records. Other files under `_commits/` (not named like a record, or
+    not directly in a commit user's directory) are not records and are ignored; a file named
+    like one that does not decode as one is a `CommitError` naming it."""
     fs, base = _open(path)
-    selector = pafs.FileSelector(f"{base}/{_COMMITS}", recursive=True, allow_not_found=True)
+    root = f"{base}/{_COMMITS}"
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     out = []
     for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+        relative = info.path[len(root) + 1 :].split("/")
+        if info.type != pafs.FileType.File or len(relative) != 2:
+            continue
+        if not _RECORD_NAME.fullmatch(relative[1]):
             continue
         with fs.open_input_stream(info.path) as f:
             data = f.read()
@@ -110,8 +122,8 @@ def _commit_records(path: str) -> list[_CommitRecord]:
             record = msgspec.json.decode(data, type=_CommitRecord)
         except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
             raise CommitError(
-                f"table {path}: commit record {info.path} is not one ({exc}); move it out of "
-                f"{_COMMITS}/ (only regional's commit records belong there)"
+                f"table {path}: {_COMMITS}/{'/'.join(relative)} is not a commit record ({exc}); "
+                "restore it from a backup, or move it out of the table to drop that commit"
             ) from None
         for file in record.files:
             _data_file(path, file, f"commit record {info.path}")
@@ -119,18 +131,35 @@ def _commit_records(path: str) -> list[_CommitRecord]:
     return sorted(out, key=lambda r: (r.commit_user, r.identifier))
 
 
+def _committed(path: str) -> tuple[pafs.FileSystem, str, list[str]]:
+    """The table's file system and base path and its committed data files (relative), in commit
+    order. A committed file that is gone is a `CommitError` naming the commit and the file."""
+    fs, base = _open(path)
+    listed = [(r, f) for r in _commit_records(path) for f in r.files]
+    infos = fs.get_file_info([f"{base}/{f}" for _, f in listed]) if listed else []
+    lost = [(r, f) for (r, f), i in zip(listed, infos, strict=True) if i.type != pafs.FileType.File]
+    if lost:
+        shown = "; ".join(
+            f"commit {r.identifier} of user {r.commit_user!r} lost {f}" for r, f in lost[:3]
+        )
+        more = f" (and {len(lost) - 3} more)" if len(lost) > 3 else ""
+        raise CommitError(
+            f"table {path}: {shown}{more}; restore the data files from a backup (the commit "
+            "records say which rows the table holds, so without them it cannot be read whole)"
+        )
+    return fs, base, [f for _, f in listed]
+
+
 def committed_files(path: str) -> list[str]:
     """Full paths (or URIs) of the committed data files of the table at `path`."""
-    fs, base = _open(path)
     prefix = path.rstrip("/") if "://" not in path else path.split("?")[0].rstrip("/")
-    del fs, base
-    return [f"{prefix}/{f}" for r in _commit_records(path) for f in r.files]
+    return [f"{prefix}/{f}" for f in _committed(path)[2]]
 
 
 def read_table(path: str) -> pa.Table:
     """Every committed row of the Parquet table at `path`, in commit order."""
-    fs, base = _open(path)
-    files = [f"{base}/{f}" for r in _commit_records(path) for f in r.files]
+    fs, base, committed = _committed(path)
+    files = [f"{base}/{f}" for f in committed]
     if not files:
         return pa.table({})
     return pa.concat_tables(
@@ -252,7 +281,7 @@ class ParquetSink:
             self._user_dir(base, commit_user), recursive=False, allow_not_found=True
         )
         names = (posixpath.basename(i.path) for i in fs.get_file_info(selector))
-        return frozenset(int(n[:-5]) for n in names if n.endswith(".json"))
+        return frozenset(int(n[:-5]) for n in names if _RECORD_NAME.fullmatch(n))
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         fs, base = _open(self.path)
