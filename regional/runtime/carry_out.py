@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cleaner.decisions import RestoreBase
@@ -43,6 +43,7 @@ from regional.operators import perform_commit
 from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.faults import Faults
+from regional.runtime.protocol import Answer, Decline
 
 __all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
 
@@ -53,13 +54,16 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class EpochOutcome:
-    """How a checkpoint ended, gathered while its decisions are carried out."""
+    """How a checkpoint ended, gathered while its decisions are carried out: the units that
+    fell back or failed, why (`causes`: one line per unit) and their tracebacks, when a task
+    sent one (`tracebacks`: unit -> the last `regional.runtime.task.TRACE_LIMIT` characters)."""
 
     outcome: Outcome
     fallback_units: tuple[int, ...] = ()
     message: str = ""
     causes: dict[int, str] = dataclasses.field(default_factory=dict)
     abort_rule: str | None = None
+    tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 class DecisionHandlers:
@@ -85,6 +89,25 @@ class DecisionHandlers:
 
     def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
         raise NotImplementedError
+
+    @functools.cached_property
+    def _decline_traces(self) -> dict[int, dict[int, str]]:
+        """checkpoint id -> unit -> the traceback its decline carried (until the outcome)."""
+        return {}
+
+    def _note_answers(self, answers: Sequence[Answer]) -> None:
+        """Keep the tracebacks of declines for the checkpoint's event (the coordinator only
+        sees each decline's one-line reason)."""
+        for a in answers:
+            for old in [c for c in self._decline_traces if c < a.checkpoint_id]:
+                del self._decline_traces[old]  # a checkpoint that ended without an outcome
+            if isinstance(a, Decline) and a.trace:
+                self._decline_traces.setdefault(a.checkpoint_id, {})[a.unit] = a.trace
+
+    def _tracebacks(self, checkpoint_id: int, units: Sequence[int]) -> dict[int, str]:
+        """The kept tracebacks of `units` in `checkpoint_id` (forgotten for it afterwards)."""
+        traces = self._decline_traces.pop(checkpoint_id, {})
+        return {u: traces[u] for u in units if u in traces}
 
     @functools.cached_property
     def _handlers(self) -> dict[type, Callable[[Any], list[Decision]]]:
@@ -130,11 +153,13 @@ class DecisionHandlers:
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
         self.faults.crash_point(cid, "after-metadata")
+        fallback = tuple(u.unit_id for u in md.fallback_units)
         self._outcomes[cid] = EpochOutcome(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
-            tuple(u.unit_id for u in md.fallback_units),
+            fallback,
             "; ".join(md.reasons),
             {u.unit_id: u.reason or "" for u in md.fallback_units},
+            tracebacks=self._tracebacks(cid, fallback),
         )
         return self.coordinator.on_metadata_durable(cid, self._now())
 
@@ -178,7 +203,12 @@ class DecisionHandlers:
 
     def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
         self._outcomes[d.checkpoint_id] = EpochOutcome(
-            Outcome.ABORTED, d.failed_units, d.message, abort_rule=d.rule.value
+            Outcome.ABORTED,
+            d.failed_units,
+            d.message,
+            dict(d.causes),
+            abort_rule=d.rule.value,
+            tracebacks=self._tracebacks(d.checkpoint_id, d.failed_units),
         )
         return []
 

@@ -450,6 +450,7 @@ class JobDriver(DecisionHandlers):
             fresh_units=self.layout.num_units - len(o.fallback_units) if completed else 0,
             fallback_units=o.fallback_units,
             causes=o.causes,
+            tracebacks=o.tracebacks,
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
@@ -476,6 +477,7 @@ class JobDriver(DecisionHandlers):
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
         decisions: list[Decision] = []
+        self._note_answers(answers)
         for a in answers:
             decisions += feed(self.coordinator, a, self.clock.now_ms())
         return decisions

@@ -89,10 +89,13 @@ def checkpoint_event(
     abort_rule: str | None = None,
     message: str = "",
     records_in: int = 0,
+    tracebacks: Mapping[int, str] | None = None,
+    records_dead_lettered: int = 0,
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
-    `fallback_units` fell back (completed) or failed (aborted), with `causes` per unit.
+    `fallback_units` fell back (completed) or failed (aborted), with `causes` (one line) and
+    `tracebacks` per unit.
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
     completed = outcome is not Outcome.ABORTED
@@ -115,4 +118,6 @@ def checkpoint_event(
         global_checkpoint_count=metrics.global_checkpoint_count,
         savepoint_count=metrics.savepoint_count,
         aborted_by_rule=metrics.aborted_by_rule,
+        tracebacks=dict(tracebacks or {}),
+        records_dead_lettered=records_dead_lettered,
     )

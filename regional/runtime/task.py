@@ -46,7 +46,15 @@ from regional.runtime.faults import UnitFaults
 from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
 from regional.state import OperatorState
 
-__all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
+__all__ = [
+    "TRACE_LIMIT",
+    "TaskEnv",
+    "UnitTimeout",
+    "UploadLatency",
+    "failure_line",
+    "failure_trace",
+    "run_units",
+]
 
 
 class UnitTimeout(Exception):
@@ -122,8 +130,29 @@ def _timeout(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+#: How much of a failure's traceback a decline carries (its last characters: the innermost
+#: frames, where the user's code raised).
+TRACE_LIMIT = 4096
+
+
 def _decline(work: UnitWork, reason: str, trace: str | None = None) -> Decline:
     return Decline(work.checkpoint_id, work.unit_id, work.attempt, reason, trace)
+
+
+def failure_line(exc: BaseException, prefix: str = "") -> str:
+    """The one line a decline gives as its reason: the exception's type and the first line of
+    its message (the whole traceback travels as the decline's `trace`).
+
+    >>> failure_line(ValueError("bad record\\nsecond line"), "upload failed: ")
+    'upload failed: ValueError: bad record'
+    """
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return prefix + (text.splitlines() or [""])[0]
+
+
+def failure_trace(exc: BaseException) -> str:
+    """The exception's full traceback, cut to its last `TRACE_LIMIT` characters."""
+    return "".join(traceback.format_exception(exc))[-TRACE_LIMIT:]
 
 
 def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
@@ -308,13 +337,7 @@ def run_units(
                 answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
             except Exception as exc:
                 prefix = "upload failed: " if snap is not None else ""
-                answers.append(
-                    _decline(
-                        work,
-                        f"{prefix}{type(exc).__name__}: {exc}",
-                        trace=traceback.format_exc(limit=4)[-2000:],
-                    )
-                )
+                answers.append(_decline(work, failure_line(exc, prefix), failure_trace(exc)))
             else:
                 if env.upload_in_sync_phase:
                     answers.append(answer)
@@ -331,8 +354,8 @@ def run_units(
             except TimeoutError:
                 answers.append(_decline(snap.work, "timeout: upload did not finish in time"))
             except Exception as exc:
-                reason = f"upload failed: {type(exc).__name__}: {exc}"
-                answers.append(_decline(snap.work, reason))
+                reason = failure_line(exc, "upload failed: ")
+                answers.append(_decline(snap.work, reason, failure_trace(exc)))
             _discard_staged(env.pipeline, snap.states)
     if on_answer is not None:
         for a in answers:
