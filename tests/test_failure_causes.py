@@ -14,11 +14,12 @@ from metadata.events import CheckpointEvent, read_events
 from metadata.storage import JobStorage
 from regional.cli import main
 from regional.cli.run import _progress
+from regional.failures import TRACE_LIMIT
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver, RunSummary
 from regional.runtime.protocol import Dispatch
-from regional.runtime.task import TRACE_LIMIT, TaskEnv, run_units
+from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
 

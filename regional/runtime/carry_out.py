@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 class EpochOutcome:
     """How a checkpoint ended, gathered while its decisions are carried out: the units that
     fell back or failed, why (`causes`: one line per unit) and their tracebacks, when a task
-    sent one (`tracebacks`: unit -> the last `regional.runtime.task.TRACE_LIMIT` characters)."""
+    sent one (`tracebacks`: unit -> the last `regional.failures.TRACE_LIMIT` characters), and
+    the records its fresh units dead-lettered."""
 
     outcome: Outcome
     fallback_units: tuple[int, ...] = ()
@@ -64,6 +65,16 @@ class EpochOutcome:
     causes: dict[int, str] = dataclasses.field(default_factory=dict)
     abort_rule: str | None = None
     tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
+    records_dead_lettered: int = 0  # committed with this checkpoint (0 when aborted)
+
+
+@dataclasses.dataclass
+class _Answered:
+    """What the answers of one pending checkpoint said that the coordinator does not keep:
+    unit -> its decline's traceback, unit -> how many records its ack dead-lettered."""
+
+    tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
+    dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class DecisionHandlers:
@@ -83,6 +94,8 @@ class DecisionHandlers:
     _clean_due: bool
     _finished: bool
     _restore_base: RestoreBase | None
+    #: records dead-lettered by completed checkpoints since the driver started
+    _records_dead_lettered: int = 0
 
     def _now(self) -> int:
         raise NotImplementedError
@@ -91,23 +104,45 @@ class DecisionHandlers:
         raise NotImplementedError
 
     @functools.cached_property
-    def _decline_traces(self) -> dict[int, dict[int, str]]:
-        """checkpoint id -> unit -> the traceback its decline carried (until the outcome)."""
+    def _answered(self) -> dict[int, _Answered]:
+        """checkpoint id -> what its answers said beyond the coordinator's view (until the
+        checkpoint's outcome)."""
         return {}
 
     def _note_answers(self, answers: Sequence[Answer]) -> None:
-        """Keep the tracebacks of declines for the checkpoint's event (the coordinator only
-        sees each decline's one-line reason)."""
+        """Keep the tracebacks of declines and the dead-letter counts of acks for the
+        checkpoint's event (the coordinator only sees each decline's one-line reason)."""
         for a in answers:
-            for old in [c for c in self._decline_traces if c < a.checkpoint_id]:
-                del self._decline_traces[old]  # a checkpoint that ended without an outcome
-            if isinstance(a, Decline) and a.trace:
-                self._decline_traces.setdefault(a.checkpoint_id, {})[a.unit] = a.trace
+            for old in [c for c in self._answered if c < a.checkpoint_id]:
+                del self._answered[old]  # a checkpoint that ended without an outcome
+            seen = self._answered.setdefault(a.checkpoint_id, _Answered())
+            if isinstance(a, Decline):
+                seen.dead_lettered.pop(a.unit, None)
+                if a.trace:
+                    seen.tracebacks[a.unit] = a.trace
+            else:
+                seen.tracebacks.pop(a.unit, None)
+                seen.dead_lettered[a.unit] = a.records_dead_lettered
 
-    def _tracebacks(self, checkpoint_id: int, units: Sequence[int]) -> dict[int, str]:
-        """The kept tracebacks of `units` in `checkpoint_id` (forgotten for it afterwards)."""
-        traces = self._decline_traces.pop(checkpoint_id, {})
-        return {u: traces[u] for u in units if u in traces}
+    def _outcome_of(
+        self, outcome: Outcome, fallback_units: tuple[int, ...], message: str, **kw: Any
+    ) -> EpochOutcome:
+        """The outcome of the pending checkpoint with what its answers said: the tracebacks of
+        the units in `fallback_units`; the dead letters of the others (none if aborted)."""
+        cid = kw.pop("checkpoint_id")
+        seen = self._answered.pop(cid, None) or _Answered()
+        dead = 0
+        if outcome is not Outcome.ABORTED:
+            dead = sum(n for u, n in seen.dead_lettered.items() if u not in fallback_units)
+            self._records_dead_lettered += dead
+        return EpochOutcome(
+            outcome,
+            fallback_units,
+            message,
+            tracebacks={u: seen.tracebacks[u] for u in fallback_units if u in seen.tracebacks},
+            records_dead_lettered=dead,
+            **kw,
+        )
 
     @functools.cached_property
     def _handlers(self) -> dict[type, Callable[[Any], list[Decision]]]:
@@ -153,13 +188,12 @@ class DecisionHandlers:
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
         self.faults.crash_point(cid, "after-metadata")
-        fallback = tuple(u.unit_id for u in md.fallback_units)
-        self._outcomes[cid] = EpochOutcome(
+        self._outcomes[cid] = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
-            fallback,
+            tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
-            {u.unit_id: u.reason or "" for u in md.fallback_units},
-            tracebacks=self._tracebacks(cid, fallback),
+            causes={u.unit_id: u.reason or "" for u in md.fallback_units},
+            checkpoint_id=cid,
         )
         return self.coordinator.on_metadata_durable(cid, self._now())
 
@@ -202,13 +236,13 @@ class DecisionHandlers:
         return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
 
     def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
-        self._outcomes[d.checkpoint_id] = EpochOutcome(
+        self._outcomes[d.checkpoint_id] = self._outcome_of(
             Outcome.ABORTED,
             d.failed_units,
             d.message,
-            dict(d.causes),
+            causes=dict(d.causes),
             abort_rule=d.rule.value,
-            tracebacks=self._tracebacks(d.checkpoint_id, d.failed_units),
+            checkpoint_id=d.checkpoint_id,
         )
         return []
 

@@ -426,6 +426,7 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
+            records_dead_lettered=self._records_dead_lettered,
         )
 
     @property
@@ -451,6 +452,7 @@ class JobDriver(DecisionHandlers):
             fallback_units=o.fallback_units,
             causes=o.causes,
             tracebacks=o.tracebacks,
+            records_dead_lettered=o.records_dead_lettered,
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,

@@ -30,7 +30,6 @@ import signal
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -41,24 +40,19 @@ import pyarrow as pa
 from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
+from regional.dead_letters import DeadLetters
+from regional.failures import failure_line, failure_trace
 from regional.pipeline import Chunk, Pipeline
 from regional.runtime.faults import UnitFaults
 from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
 from regional.state import OperatorState
 
-__all__ = [
-    "TRACE_LIMIT",
-    "TaskEnv",
-    "UnitTimeout",
-    "UploadLatency",
-    "failure_line",
-    "failure_trace",
-    "run_units",
-]
+__all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
 
-class UnitTimeout(Exception):
-    """The unit ran past its timeout (raised by SIGALRM inside the unit)."""
+class UnitTimeout(BaseException):
+    """The unit ran past its timeout (raised by SIGALRM inside the unit). Not an `Exception`,
+    so user code and dead-lettering (`on_error="dead-letter"`) never swallow it."""
 
 
 class UploadLatency(msgspec.Struct, frozen=True):
@@ -109,6 +103,7 @@ class _Snapshot(msgspec.Struct):
     records_in: int
     records_out: int
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
+    records_dead_lettered: int = 0
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -130,29 +125,8 @@ def _timeout(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-#: How much of a failure's traceback a decline carries (its last characters: the innermost
-#: frames, where the user's code raised).
-TRACE_LIMIT = 4096
-
-
 def _decline(work: UnitWork, reason: str, trace: str | None = None) -> Decline:
     return Decline(work.checkpoint_id, work.unit_id, work.attempt, reason, trace)
-
-
-def failure_line(exc: BaseException, prefix: str = "") -> str:
-    """The one line a decline gives as its reason: the exception's type and the first line of
-    its message (the whole traceback travels as the decline's `trace`).
-
-    >>> failure_line(ValueError("bad record\\nsecond line"), "upload failed: ")
-    'upload failed: ValueError: bad record'
-    """
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return prefix + (text.splitlines() or [""])[0]
-
-
-def failure_trace(exc: BaseException) -> str:
-    """The exception's full traceback, cut to its last `TRACE_LIMIT` characters."""
-    return "".join(traceback.format_exception(exc))[-TRACE_LIMIT:]
 
 
 def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
@@ -166,7 +140,13 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     outputs: dict[str, list[Chunk]] = {}
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
-    records_in = records_out = 0
+    records_in = records_out = dead_lettered = 0
+    start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
+    dead = (
+        DeadLetters(work.checkpoint_id, start_positions)
+        if pipeline.on_error == "dead-letter"
+        else None
+    )
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
         index = next(i for v, i in restore if v == vertex_id)
@@ -183,6 +163,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             budget = pipeline.records_per_epoch
             kept = []
             for split, position in positions.items():
+                start_positions[split] = position.decode("utf-8", "backslashreplace")
                 if budget > 0:
                     result = spec.source.read(split, position, budget)
                     for b in result.batches:
@@ -208,9 +189,20 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
-                outputs[vertex_id] = spec.operator.apply(inputs, op_state)
+                outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
                     blob = op_state.to_bytes()
+            elif spec.dead_letter:  # the dead letters of this chain's operators
+                assert dead is not None
+                batch = dead.batch(spec.inputs)
+                dead_lettered += batch.num_rows
+                committables = spec.sink.write(
+                    [batch],
+                    checkpoint_id=work.checkpoint_id,
+                    vertex_id=vertex_id,
+                    index=index,
+                    attempt=work.attempt,
+                )
             else:  # sink
                 batches = [
                     d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
@@ -258,6 +250,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         records_in,
         records_out,
         time.monotonic() - serialise_started,
+        dead_lettered,
     )
 
 
@@ -298,6 +291,7 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         records_in=snap.records_in,
         records_out=snap.records_out,
         snapshot_blocked_s=snap.serialise_s,
+        records_dead_lettered=snap.records_dead_lettered,
     )
 
 
