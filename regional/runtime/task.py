@@ -142,6 +142,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     blobs: dict[tuple[str, int], bytes] = {}
     records_in = records_out = dead_lettered = 0
     start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
+    live_splits: set[str] = set()  # splits the unit's sources read so far still hold
     dead = (
         DeadLetters(work.checkpoint_id, start_positions)
         if pipeline.on_error == "dead-letter"
@@ -175,6 +176,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         continue
                 kept.append(SplitState(split, position))
             split_states = tuple(kept)
+            live_splits.update(s.split_id for s in kept)
             outputs[vertex_id] = chunks
         else:
             if faults is not None:  # after the sources read, like user code failing on data
@@ -191,6 +193,9 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     )
                 outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
+                    # keyed state of finished splits leaves with this snapshot, which is also
+                    # the first without the split in its source's state (DESIGN §4 rule 4)
+                    op_state.retain_splits(live_splits)
                     blob = op_state.to_bytes()
             elif spec.dead_letter:  # the dead letters of this chain's operators
                 assert dead is not None
