@@ -181,7 +181,8 @@ class Stream:
         name: str | None = None,
     ) -> Stream:
         """One Arrow record batch in, a record batch or table out (vectorised work); anything
-        else fails the unit with a `TypeError` naming the operator."""
+        else fails the unit with a `TypeError` naming the operator. With
+        `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
         return self._then("map_batches", fn, name)
 
     def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
