@@ -479,7 +479,9 @@ class CheckpointCoordinator:
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
-                committer.checkpoint_complete(cid, committables, recommit=True, fallback=fell_back)
+                committer.checkpoint_complete(
+                    cid, committables, recommit=True, fallback=fell_back
+                )
         return self._pump()
 
     # --- deciding ----------------------------------------------------------------------------
