@@ -123,7 +123,7 @@ class ValueState:
         _check(self._state, value, self._name)
         self._slot[self._name] = value
         if self._ttl is not None:
-            self._slot[self._name, TTL] = (self._state.clock(), self._ttl)
+            self._slot[self._name, TTL] = [self._state.clock(), self._ttl]
             self._state.ttl_seen = True
 
     def clear(self) -> None:
@@ -149,7 +149,7 @@ class MapState(MutableMapping[Any, Any]):
         """Entry -> its update time (ms), for a map state with a ttl (made when missing)."""
         entry = self._slot.get((self._name, TTL))
         if entry is None or entry[0] != self._ttl:
-            entry = self._slot[self._name, TTL] = (self._ttl, entry[1] if entry else {})
+            entry = self._slot[self._name, TTL] = [self._ttl, entry[1] if entry else {}]
             self._state.ttl_seen = True
         updated: dict[Any, int] = entry[1]
         return updated
@@ -293,7 +293,7 @@ class OperatorState:
                 for ttl_key in [k for k in slot if type(k) is tuple and k[1:] == (TTL,)]:
                     name = ttl_key[0]
                     a, b = slot[ttl_key]
-                    if isinstance(b, dict):  # map state: (ttl, {entry: updated})
+                    if isinstance(b, dict):  # map state: [ttl, {entry: updated}]
                         entries = slot.get(name, {})
                         for entry in [e for e, t in b.items() if now - t >= a]:
                             entries.pop(entry, None)
@@ -301,7 +301,7 @@ class OperatorState:
                         if not entries:
                             slot.pop(name, None)
                             del slot[ttl_key]
-                    elif now - a >= b:  # value state: (updated, ttl)
+                    elif now - a >= b:  # value state: [updated, ttl]
                         slot.pop(name, None)
                         del slot[ttl_key]
                     remain = remain or ttl_key in slot

@@ -165,7 +165,7 @@ def test_ttl_state_round_trips_through_a_snapshot(codec: StateCodec) -> None:
     data = state.to_bytes()
     restored = OperatorState.from_bytes(data, codec=codec, clock=clock)
     assert restored.keyed == state.keyed
-    assert restored.keyed["file-1"][("alice", 1)][("last", "ttl")] == (1_000_000, 30_000)
+    assert restored.keyed["file-1"][("alice", 1)][("last", "ttl")] == [1_000_000, 30_000]
     clock.ms += 30_000
     rctx = restored.context("file-1", ("alice", 1))
     assert rctx.value_state("last", ttl=30).value() is None
