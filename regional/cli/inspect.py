@@ -126,7 +126,12 @@ def inspect_command(args: argparse.Namespace) -> int:
         num_retained = retention.in_force(
             args, lambda: recorded_num_retained(reversed(store.all()))
         )
-    inspector = Inspector(store, num_retained=None if num_retained is None else num_retained.value)
+    events = read_events(storage)[0] if args.view in ("show", "diff") else []
+    inspector = Inspector(
+        store,
+        num_retained=None if num_retained is None else num_retained.value,
+        events=events,
+    )
     table: pa.Table
     if args.view == "show":
         table = inspector.show(args.checkpoint_id)

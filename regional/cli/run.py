@@ -118,7 +118,8 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 
 def _progress(r: CheckpointEvent) -> None:
-    """One line per checkpoint outcome (and the abort's explanation)."""
+    """One line per checkpoint outcome, then the abort's explanation and why each unit fell
+    back or failed (one line per unit, at most 5; the tracebacks are in the event log)."""
     fallback = ",".join(map(str, r.fallback_units)) or "-"
     line = (
         f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
@@ -127,6 +128,11 @@ def _progress(r: CheckpointEvent) -> None:
     )
     if r.kind == Outcome.ABORTED:
         line += f"\n    {r.message}"
+    causes = r.cause_lines()
+    for cause in causes[:5]:
+        line += f"\n    {cause}"
+    if len(causes) > 5:
+        line += f"\n    +{len(causes) - 5} more (regional inspect ROOT events)"
     print(line, flush=True)
 
 

@@ -676,7 +676,8 @@ class CheckpointCoordinator:
         the state and staged output of every attempt of `p` is garbage."""
         cid = p.checkpoint_id
         failed = tuple(sorted({*p.declined, *extra_failed}))
-        out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed)]
+        causes = {u: p.declined[u] for u in failed if u in p.declined}
+        out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
         for unit_id, states in enumerate(p.states):
             if states:
                 out.append(_discard(cid, unit_id, p.attempt_of(unit_id), states, committables=True))

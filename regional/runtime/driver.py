@@ -426,6 +426,7 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
+            records_dead_lettered=self._records_dead_lettered,
         )
 
     @property
@@ -450,6 +451,8 @@ class JobDriver(DecisionHandlers):
             fresh_units=self.layout.num_units - len(o.fallback_units) if completed else 0,
             fallback_units=o.fallback_units,
             causes=o.causes,
+            tracebacks=o.tracebacks,
+            records_dead_lettered=o.records_dead_lettered,
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
@@ -476,6 +479,7 @@ class JobDriver(DecisionHandlers):
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
         decisions: list[Decision] = []
+        self._note_answers(answers)
         for a in answers:
             decisions += feed(self.coordinator, a, self.clock.now_ms())
         return decisions
