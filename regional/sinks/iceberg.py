@@ -39,8 +39,9 @@ every manifest of the current snapshot (one per append). It rests on the file na
 3. That misses a snapshot that was expired (its summary is gone). Age- or count-based expiry
    removes the oldest first, and commits of one user are in checkpoint order, so an expired
    commit of Y by this user implies none of the user's commits are left: only then, and only
-   when the history was cut (the oldest ancestor has a parent), is the whole current snapshot
-   checked (pyiceberg's check) - a driver's first commit into an expired table, once.
+   when the table held data files before its oldest kept snapshot (from that snapshot's summary
+   totals), is the whole current snapshot checked (pyiceberg's check): a commit user's first
+   commit into a table with expired history (at most once per driver).
 
 Not checked: files of ours added to the table by another writer without our summary (e.g. a
 hand-run ``add_files`` over the data directory), and a file added by a snapshot expired out of
@@ -549,14 +550,26 @@ class IcebergSink:
                 )
 
     def _history_cut(self, table: Any) -> bool:
-        """Whether the current snapshot's oldest ancestor has a parent, i.e. older snapshots
-        were expired (a whole walk of the ancestry: only a commit user's first commit asks)."""
+        """Whether the table held data files before its oldest kept snapshot, i.e. some of
+        them were added by expired snapshots, whose summaries are gone. The oldest ancestor's
+        summary totals say so (pyiceberg's expiry even clears its parent id). A whole walk of
+        the ancestry: only a commit user's first commit asks."""
         from pyiceberg.table.snapshots import ancestors_of
 
         oldest = None
         for oldest in ancestors_of(table.current_snapshot(), table.metadata):  # noqa: B007
             pass
-        return oldest is not None and oldest.parent_snapshot_id is not None
+        if oldest is None:
+            return False
+        summary = oldest.summary
+        if summary is None or summary.get("total-data-files") is None:
+            return True  # no totals (another engine): assume the worst
+        return (
+            int(summary["total-data-files"])
+            - int(summary.get("added-data-files") or 0)
+            + int(summary.get("deleted-data-files") or 0)
+            > 0
+        )
 
     # --- files --------------------------------------------------------------------------------
 
