@@ -562,14 +562,12 @@ class IcebergSink:
         if oldest is None:
             return False
         summary = oldest.summary
-        if summary is None or summary.get("total-data-files") is None:
+        total = summary.get("total-data-files") if summary is not None else None
+        if summary is None or total is None:
             return True  # no totals (another engine): assume the worst
-        return (
-            int(summary["total-data-files"])
-            - int(summary.get("added-data-files") or 0)
-            + int(summary.get("deleted-data-files") or 0)
-            > 0
-        )
+        added = summary.get("added-data-files") or 0
+        deleted = summary.get("deleted-data-files") or 0
+        return int(total) - int(added) + int(deleted) > 0
 
     # --- files --------------------------------------------------------------------------------
 
