@@ -5,6 +5,10 @@ Needs the optional extra: ``pip install 'regional[iceberg]'`` (pyiceberg is impo
 to the warehouse by default (nothing to start), or any pyiceberg catalog from its properties.
 Only unpartitioned tables are supported.
 
+About 600 lines, on purpose: the commit's guarantees (the ancestry walk, the duplicate-file
+backstop, rollback only over our own snapshots) depend on each other and are argued below; the
+writer side is small.
+
 Writers (in Spark tasks) write their epoch's rows as one Parquet data file under the table's data
 location, named by sink subtask, checkpoint and attempt, and return one committable naming it.
 They read the table's schema and location from its metadata file, never from the catalog. Once
