@@ -95,15 +95,15 @@ class LiveProgress:
     def __init__(self, console: Console, *, now: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self._now = now
-        self._live = Live(
-            console=console, get_renderable=self.render, refresh_per_second=4, transient=True
-        )
         self.checkpoint_id: int | None = None
         self._units: tuple[int, ...] = ()
         self._answers: dict[int, Answer] = {}  # unit -> its latest answer this epoch
         self._started = 0.0
         self._commit_lag = 0
         self._rate: float | None = None  # records/s of the last outcome
+        self._live = Live(
+            console=console, get_renderable=self.render, refresh_per_second=4, transient=True
+        )
 
     def __enter__(self) -> LiveProgress:
         self._live.start()
