@@ -82,7 +82,7 @@ def test_a_sibling_module_with_a_struct_runs_and_a_second_run_adds_nothing(
     job.write_text(PIPELINE)
     root = tmp_path / ".regional" / "checkpoints"
     try:
-        assert main(["run", str(job), "--json", "--interval", "1 h"]) == 0
+        assert main(["run", str(job), "--json", "--interval", "2 s"]) == 0
         first = capsys.readouterr()
         events = [msgspec.json.decode(line, type=CheckpointEvent) for line in
                   first.out.splitlines()]
