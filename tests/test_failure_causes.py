@@ -13,7 +13,7 @@ from typing import Any
 from metadata.events import CheckpointEvent, read_events
 from metadata.storage import JobStorage
 from regional.cli import main
-from regional.cli.run import _progress
+from regional.cli.progress import checkpoint_line
 from regional.failures import TRACE_LIMIT
 from regional.pipeline import Pipeline
 from regional.policy import load_policy
@@ -75,7 +75,7 @@ def test_a_fallback_carries_the_first_line_and_the_log_the_traceback(tmp_path, c
     events, _ = read_events(JobStorage(str(tmp_path / "ckpt"), "causes"))
     assert events[1] == regional and events[0].tracebacks == {}
     # the progress line of `regional run` shows the unit's cause
-    _progress(regional)
+    print(checkpoint_line(regional))
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == ["    unit 1: declined: ValueError: poison record 7 of split 1"]
     # `inspect show 2`: the fallback unit's reason
@@ -96,7 +96,7 @@ def test_an_aborted_checkpoint_names_every_failed_unit_everywhere(tmp_path, caps
     assert sorted(aborted.tracebacks) == [0, 1, 2]
     assert all("in poisoned" in t for t in aborted.tracebacks.values())
 
-    _progress(aborted)
+    print(checkpoint_line(aborted))
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("    checkpoint 1 aborted (rule 3c): 3 of 4 units failed")
     assert lines[2:] == [
@@ -131,7 +131,7 @@ def test_progress_lists_at_most_five_causes(capsys):
         fallback_units=tuple(range(7)),
         causes={u: f"timeout\nsecond line of {u}" for u in range(7)},
     )
-    _progress(event)
+    print(checkpoint_line(event))
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == [f"    unit {u}: timeout" for u in range(5)] + [
         "    +2 more (regional inspect ROOT events)"
