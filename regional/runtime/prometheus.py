@@ -1,6 +1,6 @@
 """The job's metrics for Prometheus (`regional run --metrics-port`, `SparkRuntime(metrics_port=
 ...)`), served over HTTP while the driver runs. Needs the optional `prometheus-client`
-(`pip install 'regional[prometheus]'`).
+(`pip install 'regional-checkpoints[prometheus]'`).
 
 Every scrape reads the driver's `MetricsSnapshot` (`JobDriver.metrics`) and its latest outcome,
 so nothing is copied between scrapes. A dedicated `CollectorRegistry` (not the process-wide
@@ -140,7 +140,8 @@ def serve_metrics(driver: JobDriver, *, port: int, host: str = "127.0.0.1") -> I
         from prometheus_client import start_http_server
     except ImportError as exc:
         raise MetricsPortError(
-            "the metrics endpoint needs prometheus-client: pip install 'regional[prometheus]'"
+            "the metrics endpoint needs prometheus-client: "
+            "pip install 'regional-checkpoints[prometheus]'"
         ) from exc
     try:
         server, thread = start_http_server(port, addr=host, registry=job_registry(driver))

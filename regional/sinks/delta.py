@@ -1,8 +1,8 @@
 """An exactly-once Delta Lake sink through deltalake (delta-rs) (DESIGN §4 rule 8).
 
-Needs the optional extra: ``pip install 'regional[delta]'`` (deltalake is imported only on the
-driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarrow alone). Only
-unpartitioned tables are supported.
+Needs the optional extra: ``pip install 'regional-checkpoints[delta]'`` (deltalake is imported only
+on the driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarrow alone).
+Only unpartitioned tables are supported.
 
 Writers (in Spark tasks) write their epoch's rows as one Parquet file in the table directory,
 named ``c<checkpoint>-<vertex>-<subtask>-a<attempt>-<random>.parquet``, and return a committable
@@ -86,8 +86,8 @@ def _require_deltalake() -> Any:
         import deltalake
     except ImportError as exc:
         raise SinkError(
-            f"the Delta Lake sink needs the deltalake package ({exc}); install regional[delta], "
-            "e.g. pip install 'regional[delta]'"
+            f"the Delta Lake sink needs the deltalake package ({exc}): "
+            "pip install 'regional-checkpoints[delta]'"
         ) from exc
     return deltalake
 

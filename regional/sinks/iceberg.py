@@ -1,9 +1,9 @@
 """An exactly-once Apache Iceberg sink through pyiceberg (DESIGN §4 rule 8, Flink's Iceberg sink).
 
-Needs the optional extra: ``pip install 'regional[iceberg]'`` (pyiceberg is imported only when an
-`IcebergSink` is created or used). The catalog is a pyiceberg `SqlCatalog` on a SQLite file next
-to the warehouse by default (nothing to start), or any pyiceberg catalog from its properties.
-Only unpartitioned tables are supported.
+Needs the optional extra: ``pip install 'regional-checkpoints[iceberg]'`` (pyiceberg is imported
+only when an `IcebergSink` is created or used). The catalog is a pyiceberg `SqlCatalog` on a SQLite
+file next to the warehouse by default (nothing to start), or any pyiceberg catalog from its
+properties. Only unpartitioned tables are supported.
 
 About 600 lines, on purpose: the commit's guarantees (the ancestry walk, the duplicate-file
 backstop, rollback only over our own snapshots) depend on each other and are argued below; the
@@ -126,8 +126,8 @@ def _require_pyiceberg() -> Any:
         import pyiceberg.catalog
     except ImportError as exc:
         raise SinkError(
-            f"the Iceberg sink needs the pyiceberg package ({exc}); install regional[iceberg], "
-            "e.g. pip install 'regional[iceberg]'"
+            f"the Iceberg sink needs the pyiceberg package ({exc}): "
+            "pip install 'regional-checkpoints[iceberg]'"
         ) from exc
     return pyiceberg
 

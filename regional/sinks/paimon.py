@@ -1,7 +1,7 @@
 """An exactly-once Apache Paimon sink through pypaimon (DESIGN §4 rule 8, Paimon PIP-30).
 
-Needs the optional extra: ``pip install 'regional[paimon]'`` (pypaimon is imported only when a
-`PaimonSink` is created or used). Only append tables without a primary key and with unaware
+Needs the optional extra: ``pip install 'regional-checkpoints[paimon]'`` (pypaimon is imported only
+when a `PaimonSink` is created or used). Only append tables without a primary key and with unaware
 buckets (``bucket = -1``, the default) are supported, as in PIP-30 itself.
 
 Writers (in Spark tasks) write their epoch's rows as Paimon data files and return one committable
@@ -56,8 +56,8 @@ def _require_pypaimon() -> Any:
         import pypaimon
     except ImportError as exc:
         raise SinkError(
-            f"the Paimon sink needs the pypaimon package ({exc}); install regional[paimon], e.g. "
-            "pip install 'regional[paimon]'"
+            f"the Paimon sink needs the pypaimon package ({exc}): "
+            "pip install 'regional-checkpoints[paimon]'"
         ) from exc
     return pypaimon
 

@@ -1,6 +1,6 @@
 """Sources: files (Parquet / JSON lines), a partitioned append-only log, a generator, and Kafka
-(`KafkaSource`, the extra ``regional[kafka]``; imported on first use, so `regional.sources` works
-without confluent-kafka)."""
+(`KafkaSource`, the extra ``regional-checkpoints[kafka]``; imported on first use, so
+`regional.sources` works without confluent-kafka)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A Kafka source (needs `regional[kafka]`, i.e. confluent-kafka): a split per topic partition.
+"""A Kafka source (needs `regional-checkpoints[kafka]`, i.e. confluent-kafka): a split per topic
+partition.
 
 The split id is ``<topic>:<partition>`` (a topic name never holds ``:``); the position kept in
 the reading subtask's state is the next offset to read, as text (``b"42"``; ``b""`` = the start
@@ -63,7 +64,7 @@ HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]
 
 _SPLIT = re.compile(r"([A-Za-z0-9._-]{1,249}):(0|[1-9][0-9]{0,9})")
 _POSITION = re.compile(rb"(0|[1-9][0-9]{0,18})(?:/(0|[1-9][0-9]{0,18}))?")
-_INSTALL = "install regional[kafka], e.g. pip install 'regional[kafka]'"
+_INSTALL = "install regional-checkpoints[kafka], e.g. pip install 'regional-checkpoints[kafka]'"
 
 
 class KafkaSourceError(RegionalError):
