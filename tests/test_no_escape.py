@@ -246,7 +246,14 @@ def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Pa
     table = tmp_path / "a" / "b" / "table"
     sink = ParquetSink(str(table))
     [good] = sink.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="out", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="out",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     with pytest.raises(CommitError) as exc:
         sink.commit("../../../escape-cu", 1, [good])
@@ -261,7 +268,7 @@ def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Pa
         sink.commit("job-1", 1, [evil])
     assert str(exc.value) == (
         f"table {table}: a committable names data file 'data/../../../../canary.parquet' ('..' "
-        "is not allowed); data files are staged under data/ in the table, so it was tampered "
+        "is not allowed); data files are staged under _staging/ in the table, so it was tampered "
         "with or written by another tool"
     )
     sink.discard([evil])

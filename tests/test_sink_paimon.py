@@ -30,7 +30,16 @@ def _stage(sink: PaimonSink, cid: int, rows: list[dict], index: int = 0) -> tupl
     # through pickle, as a Spark task gets it
     writer = pickle.loads(pickle.dumps(sink))
     batch = pa.RecordBatch.from_pylist(rows)
-    return writer.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+    return writer.write(
+        [batch],
+        checkpoint_id=cid,
+        vertex_id="out",
+        index=index,
+        attempt=0,
+        job_id="job",
+        unit_id=index,
+        run_id="r1",
+    )
 
 
 def _rows(sink: PaimonSink) -> list[tuple]:
@@ -74,7 +83,7 @@ def test_recommit_is_skipped_from_paimon_snapshots_even_by_a_new_driver(tmp_path
     after_crash = PaimonSink(sink.warehouse, "db.clicks")
     assert perform_commit(Commit(1, "out", "job", c1, recommit=True), after_crash) is False
     assert perform_commit(Commit(2, "out", "job", c2, recommit=True), after_crash) is False
-    assert after_crash.committed_identifiers("job") == frozenset({1, 2})
+    assert after_crash.latest_committed("job") == 2
     assert _rows(after_crash) == [("a", 1), ("b", 2)] and len(_snapshots(sink)) == 2
     # another job's commit user is not filtered by this one's identifiers
     c3 = _stage(sink, 1, [{"user": "c", "n": 3}])
@@ -139,7 +148,14 @@ def test_discard_skips_committables_of_other_sinks(tmp_path):
     mine = _stage(paimon, 1, [{"user": "a", "n": 1}])
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="p",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     everything = mine + theirs + staged  # defence in depth: never delete another sink's files
     paimon.discard(everything)

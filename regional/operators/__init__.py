@@ -7,6 +7,7 @@ from regional.operators.commit import (
     CommitCoordinator,
     TableCommitter,
     TableRollback,
+    TableStaging,
     perform_commit,
 )
 from regional.operators.memory_sink import InMemoryTableSink
@@ -21,5 +22,6 @@ __all__ = [
     "SplitEnumerator",
     "TableCommitter",
     "TableRollback",
+    "TableStaging",
     "perform_commit",
 ]

@@ -13,8 +13,7 @@ files as one Delta version of ``add`` actions carrying the transaction marker
 
 - skipping Y if the table's marker of that commit user is Y or later. Delta keeps only the
   latest marker per app id, and a commit user's commits are strictly in checkpoint order, so
-  `committed_identifiers` reports every identifier up to the marker (delta-rs records the marker
-  but does not skip on its own);
+  the marker is `latest_committed` (delta-rs records the marker but does not skip on its own);
 - checking that every data file exists (a Delta log naming a missing file fails every read);
 - when the commit user has no marker yet, checking that none of the files is already in the table
   (the backstop should ``delta.setTransactionRetentionDuration`` have expired the marker).
@@ -33,13 +32,13 @@ marker, so a restore below the table's latest commit of the job refuses instead.
 >>> import pyarrow as pa
 >>> sink = DeltaSink(tempfile.mkdtemp() + "/t", schema=pa.schema([("x", pa.int64())]))
 >>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=3, vertex_id="out",
-...                index=0, attempt=0)
+...                index=0, attempt=0, job_id="job", unit_id=0, run_id="r1")
 >>> sink.read().num_rows
 0
 >>> sink.commit("job-1", 3, c); sink.read().column("x").to_pylist()
 [1, 2]
->>> sorted(sink.committed_identifiers("job-1"))  # every identifier up to the marker
-[1, 2, 3]
+>>> sink.latest_committed("job-1")  # the marker: every identifier up to it is committed
+3
 """
 
 from __future__ import annotations
@@ -124,7 +123,6 @@ class DeltaSink:
         self.path = _location(path)
         self.storage_options = dict(storage_options or {})
         self._table_object: Any = None
-        self._committed: tuple[str, int | None, frozenset[int]] | None = None
         deltalake = _require_deltalake()
         if schema is not None:
             deltalake.DeltaTable.create(
@@ -149,7 +147,6 @@ class DeltaSink:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._table_object = None
-        self._committed = None
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
@@ -257,6 +254,9 @@ class DeltaSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet file in the table directory; its committable (none
         if there are no rows). Nothing is visible until the driver commits it."""
@@ -292,7 +292,7 @@ class DeltaSink:
         (`commit_user`, `identifier`), recording the checkpoint and the fallback units (unit ->
         owner checkpoint) in its commit info.
 
-        Uses the table version `committed_identifiers` last read: a commit of the same commit
+        Uses the table version `latest_committed` last read: a commit of the same commit
         user since then makes delta-rs refuse, and that is a `CommitError`.
         """
         from deltalake.exceptions import CommitFailedError
@@ -357,18 +357,14 @@ class DeltaSink:
         paths = self._table().get_add_actions().column("path").to_pylist()
         return [f"{self.path}/{p}" for p in paths if p in names]
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
-        """Every identifier up to `commit_user`'s transaction marker in the table's latest
-        version (Delta keeps only the latest marker per app id; a commit user commits in
-        identifier order, so all smaller identifiers were committed or had nothing to commit).
-        """
+    def latest_committed(self, commit_user: str) -> int | None:
+        """`commit_user`'s transaction marker in the table's latest version (Delta keeps only
+        the latest marker per app id; a commit user commits in identifier order, so every
+        smaller identifier was committed or had nothing to commit)."""
         table = self._table()
         table.update_incremental()
-        latest = table.transaction_version(commit_user)
-        if self._committed is None or self._committed[:2] != (commit_user, latest):
-            ids = frozenset(range(1, latest + 1)) if latest is not None else frozenset()
-            self._committed = (commit_user, latest, ids)
-        return self._committed[2]
+        version: int | None = table.transaction_version(commit_user)
+        return version
 
     def data_files(self, committables: Iterable[bytes]) -> list[str]:
         """Paths of the data files behind `committables`."""

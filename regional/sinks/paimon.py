@@ -86,8 +86,8 @@ class PaimonSink:
         self.table_name = table
         self.catalog_options = {**(catalog_options or {}), "warehouse": warehouse}
         self._table_object: Any = None
-        self._seen_snapshots = 0  # snapshots up to this id are in `_identifiers`
-        self._identifiers: dict[str, set[int]] = {}
+        self._seen_snapshots = 0  # snapshots up to this id are in `_latest`
+        self._latest: dict[str, int] = {}  # commit user -> its latest commit identifier
         pypaimon = _require_pypaimon()
         if schema is not None:
             catalog = pypaimon.CatalogFactory.create(self.catalog_options)
@@ -110,7 +110,7 @@ class PaimonSink:
         self.__dict__.update(state)
         self._table_object = None
         self._seen_snapshots = 0
-        self._identifiers = {}
+        self._latest = {}
 
     def __repr__(self) -> str:
         return f"PaimonSink({self.warehouse!r}, {self.table_name!r})"
@@ -209,6 +209,9 @@ class PaimonSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as Paimon data files; one committable per commit message (none if
         there are no rows). Nothing is visible until the driver commits."""
@@ -256,11 +259,11 @@ class PaimonSink:
     ) -> None:
         """Commit `committables` as one snapshot of `commit_user` with `identifier`, recording
         the checkpoint and the fallback units (unit -> owner checkpoint) in its properties."""
-        done = self.committed_identifiers(commit_user)
-        if done and identifier <= max(done):
+        latest = self.latest_committed(commit_user)
+        if latest is not None and identifier <= latest:
             raise CommitError(
                 f"Paimon table {self.table_name!r}: commit {identifier} of user {commit_user!r} "
-                f"is not after its latest commit {max(done)}; commits must be in checkpoint order"
+                f"is not after its latest commit {latest}; commits must be in checkpoint order"
             )
         messages = self._messages(committables)
         if missing := self._missing(self._data_files(messages)):
@@ -283,8 +286,8 @@ class PaimonSink:
         finally:
             commit.close()
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
-        """Commit identifiers of the table's snapshots by `commit_user`.
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The highest commit identifier of the table's snapshots by `commit_user`.
 
         Snapshots are immutable, so those already read are remembered and only newer ones are
         read (a new `PaimonSink`, e.g. after a driver crash, reads them all once).
@@ -301,9 +304,11 @@ class PaimonSink:
                     if (s := manager.get_snapshot_by_id(i)) is not None
                 ]
             for s in snapshots:
-                self._identifiers.setdefault(s.commit_user, set()).add(s.commit_identifier)
+                known = self._latest.get(s.commit_user)
+                if known is None or s.commit_identifier > known:
+                    self._latest[s.commit_user] = s.commit_identifier
             self._seen_snapshots = max([latest.id, *(s.id for s in snapshots)])
-        return frozenset(self._identifiers.get(commit_user, ()))
+        return self._latest.get(commit_user)
 
     def _missing(self, paths: Sequence[str]) -> list[str]:
         file_io = self._table().file_io
