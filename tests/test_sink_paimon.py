@@ -97,6 +97,19 @@ def test_recommit_is_skipped_from_paimon_snapshots_even_by_a_new_driver(tmp_path
     )
 
 
+def test_a_fresh_run_with_restarted_lower_checkpoint_ids_is_not_dropped(tmp_path):
+    sink = _sink(tmp_path)
+    for cid in (1, 2, 3):
+        sink.commit("job-run1-out", cid, _stage(sink, cid, [{"user": "a", "n": cid}]))
+    fresh = PaimonSink(sink.warehouse, "db.clicks")  # a new root: ids from 1, a new commit user
+    assert fresh.latest_committed("job-run2-out") is None
+    for cid in (1, 2):
+        c = _stage(fresh, cid, [{"user": "b", "n": cid}])
+        assert perform_commit(Commit(cid, "out", "job-run2-out", c), fresh)
+    assert _rows(fresh) == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)]
+    assert fresh.latest_committed("job-run1-out") == 3
+
+
 def test_partitioned_table_one_committable_per_partition(tmp_path):
     sink = PaimonSink(str(tmp_path / "wh"), "db.p", schema=SCHEMA, partition_keys=["user"])
     c = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}, {"user": "a", "n": 3}])

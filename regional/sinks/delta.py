@@ -5,10 +5,10 @@ driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarr
 unpartitioned tables are supported.
 
 Writers (in Spark tasks) write their epoch's rows as one Parquet file in the table directory,
-named ``c<checkpoint>-<vertex>-<subtask>-a<attempt>-<random>.parquet``, and return a committable
-naming it (with its size and row count). Files that no commit adds are not part of the table:
-every Delta reader ignores them. Once checkpoint Y's metadata is durable the driver commits Y's
-files as one Delta version of ``add`` actions carrying the transaction marker
+named ``c<checkpoint>-<vertex>-<subtask>-u<unit>-a<attempt>-<run>-<random>.parquet``, and return
+a committable naming it (with its size and row count). Files that no commit adds are not part of
+the table: every Delta reader ignores them. Once checkpoint Y's metadata is durable the driver
+commits Y's files as one Delta version of ``add`` actions carrying the transaction marker
 ``txn(appId = commit user, version = Y)``, after
 
 - skipping Y if the table's marker of that commit user is Y or later. Delta keeps only the
@@ -265,7 +265,11 @@ class DeltaSink:
             return ()
         table = self._fit(batches)
         vertex = re.sub(r"[^A-Za-z0-9_-]", "_", vertex_id)
-        name = f"c{checkpoint_id}-{vertex}-{index}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        run = re.sub(r"[^A-Za-z0-9_-]", "_", run_id)
+        name = (
+            f"c{checkpoint_id}-{vertex}-{index}-u{unit_id}-a{attempt}-{run}-"
+            f"{uuid.uuid4().hex[:12]}.parquet"
+        )
         fs, base = self._filesystem()
         fs.create_dir(base, recursive=True)
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
