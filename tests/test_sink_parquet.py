@@ -326,7 +326,7 @@ JOB = textwrap.dedent(
         yield {**record, "count": state.value()}
 
     pipeline = Pipeline("parquet-job", records_per_epoch=10)
-    src = pipeline.source(GeneratorSource(4, click, records_per_split=30), parallelism=4)
+    src = pipeline.source(GeneratorSource(4, click, records_per_split=50), parallelism=4)
     counted = src.key_by(lambda r: r["user"]).process(count, name="count")
     counted.sink(ParquetSink(os.environ["REGIONAL_CHECKPOINT_DIR"] + "-table"), name="out")
     if os.environ.get("KILL"):
@@ -379,7 +379,7 @@ def test_unit_faults_and_hard_driver_crashes_then_resume_every_reader_sees_the_r
     clean = _run(file, str(tmp_path / "clean"))
     assert clean.returncode == 0, clean.stderr
     fault_free = _readers(spark, str(tmp_path / "clean-table"))["read_table"]
-    assert len(fault_free) == 4 * 30
+    assert len(fault_free) == 4 * 50
 
     root = str(tmp_path / "ckpt")
     # killed after checkpoint 4's metadata, before its commit: the next run re-commits it
