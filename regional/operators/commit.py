@@ -25,6 +25,7 @@ True
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
@@ -32,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from metadata.layout import name_problem
-from metadata.model import SubtaskState
+from metadata.model import SinkRetention, SubtaskState
 from regional.decisions import Commit
 from regional.errors import CommitError, MetadataError
 from regional.operators.protocol import RegionalCompletion
@@ -40,9 +41,11 @@ from regional.operators.protocol import RegionalCompletion
 __all__ = [
     "CommitCoordinator",
     "TableCommitter",
+    "TableRetention",
     "TableRollback",
     "TableStaging",
     "perform_commit",
+    "sink_retention",
 ]
 
 
@@ -87,6 +90,36 @@ class TableStaging(Protocol):
     checkpoint still names (a pending re-commit's files are among them)."""
 
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]: ...
+
+
+@runtime_checkable
+class TableRetention(Protocol):
+    """A table that says how long it keeps what its deduplication relies on (a commit marker,
+    snapshots): recorded in every checkpoint (`CheckpointMetadata.sinks`, the vertex id left
+    empty here) so `regional inspect ROOT validate` can warn without the pipeline."""
+
+    def marker_retention(self) -> SinkRetention: ...
+
+
+def sink_retention(sinks: Mapping[str, object]) -> tuple[SinkRetention, ...]:
+    """The retention of every sink (vertex id -> sink) that reports one (`TableRetention`).
+    Best effort: a table that cannot be read now is left out, with a warning in the log."""
+    out = []
+    for vertex_id, sink in sinks.items():
+        if not isinstance(sink, TableRetention):
+            continue
+        try:
+            retention = sink.marker_retention()
+        except Exception as exc:
+            logging.getLogger(__name__).warning(
+                "sink %r: its table's retention is not recorded in checkpoints (%s: %s)",
+                vertex_id,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        out.append(msgspec.structs.replace(retention, vertex_id=vertex_id))
+    return tuple(out)
 
 
 def perform_commit(commit: Commit, table: TableCommitter) -> bool:

@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
@@ -78,6 +79,31 @@ class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
     rows: int
     size: int  # bytes
     modified: int  # ms since the epoch
+
+
+_TXN_RETENTION = "delta.setTransactionRetentionDuration"
+_INTERVAL_UNITS = {
+    "nanosecond": 1e-6,
+    "microsecond": 1e-3,
+    "millisecond": 1,
+    "second": 1000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 604_800_000,
+}
+
+
+def _interval_ms(text: str) -> int | None:
+    """A Delta interval property (`interval 2 days`) in milliseconds; None if it is not one.
+
+    >>> _interval_ms("interval 1 second"), _interval_ms("interval 2 days"), _interval_ms("2d")
+    (1000, 172800000, None)
+    """
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+([a-z]+?)s?\s*", text.lower())
+    if match is None or match[2] not in _INTERVAL_UNITS:
+        return None
+    return round(int(match[1]) * _INTERVAL_UNITS[match[2]])
 
 
 def _require_deltalake() -> Any:
@@ -393,6 +419,15 @@ class DeltaSink:
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(c.rows for c in self._own(committables))
+
+    def marker_retention(self) -> SinkRetention:
+        """How long the table keeps a commit user's marker (`regional.operators.TableRetention`):
+        `delta.setTransactionRetentionDuration` if set (else None: kept forever)."""
+        configuration = self._table().metadata().configuration
+        text = configuration.get(_TXN_RETENTION)
+        return SinkRetention(
+            "", "delta", self.path, _TXN_RETENTION, _interval_ms(text) if text else None
+        )
 
     # --- reading ----------------------------------------------------------------------------
 

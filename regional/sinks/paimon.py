@@ -25,12 +25,14 @@ Only one process may commit to a table at a time (pypaimon's local rename lock i
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
+from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 
 __all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
@@ -41,6 +43,42 @@ CHECKPOINT_PROPERTY = "regional.checkpoint-id"
 FALLBACK_PROPERTY = "regional.fallback-units"
 
 _MESSAGE_VERSION = 14  # Java Paimon's CommitMessageSerializer version of the message bytes
+_TIME_RETAINED = "snapshot.time-retained"
+_PAIMON_UNITS = {
+    "ms": 1,
+    "milli": 1,
+    "millis": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
+
+
+def _paimon_duration_ms(text: str) -> int | None:
+    """A Paimon duration option (`1 h`, `30min`, `500 ms`) in milliseconds; None if it is not
+    one (then nothing is recorded: Paimon itself would refuse it).
+
+    >>> _paimon_duration_ms("1 h"), _paimon_duration_ms("30min"), _paimon_duration_ms("soon")
+    (3600000, 1800000, None)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match[2] not in {**_PAIMON_UNITS, "": 1}:
+        return None
+    return int(match[1]) * _PAIMON_UNITS.get(match[2], 1)
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
@@ -342,6 +380,21 @@ class PaimonSink:
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
+
+    def marker_retention(self) -> SinkRetention:
+        """How long the table keeps snapshots (`regional.operators.TableRetention`): its
+        `snapshot.time-retained` if set on the table (pypaimon never expires snapshots; Java,
+        Spark and Flink writers and procedures do, by this option, default 1 h, keeping at
+        least `snapshot.num-retained.min`), else None."""
+        options = self._table().table_schema.options
+        text = options.get(_TIME_RETAINED)
+        return SinkRetention(
+            "",
+            "paimon",
+            f"{self.warehouse} {self.table_name}",
+            _TIME_RETAINED,
+            _paimon_duration_ms(text) if text else None,
+        )
 
     # --- reading ----------------------------------------------------------------------------
 

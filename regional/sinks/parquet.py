@@ -66,6 +66,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from metadata.layout import name_problem, path_problem
+from metadata.model import SinkRetention
 from regional.errors import CommitError
 
 __all__ = ["COMMIT_GROUP", "ParquetSink", "committed_files", "read_table"]
@@ -454,6 +455,11 @@ class ParquetSink:
                     fs.delete_file(info.path)
                 deleted.append(name)
         return sorted(deleted)
+
+    def marker_retention(self) -> SinkRetention:
+        """Commit records are kept until someone deletes them: no retention to warn about
+        (`regional.operators.TableRetention`)."""
+        return SinkRetention("", "parquet", self.path)
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
