@@ -228,6 +228,36 @@ def test_clean_staged_deletes_only_this_jobs_lost_attempts(tmp_path):
     assert sorted(read_table(sink.path).column("v").to_pylist()) == [1, 2]
 
 
+def test_a_starting_driver_keeps_what_its_restored_checkpoint_names(tmp_path):
+    from types import SimpleNamespace
+
+    from metadata.model import CheckpointMetadata, SubtaskState
+    from regional.operators import CommitCoordinator
+    from regional.restore import clean_staged_sinks
+
+    sink = ParquetSink(str(tmp_path / "t"))
+    in_state = _stage(sink, 4, [1])  # a sink subtask's committables in the restored checkpoint
+    pending = _stage(sink, 3, [2], index=1)  # a commit the restored coordinator re-commits
+    lost = _stage(sink, 5, [3], run="r0")  # written by the crashed run after checkpoint 4
+    committer = CommitCoordinator("out", commit_user="job-r0-out")
+    committer.checkpoint_complete(3, pending, recommit=True)
+    restored = CheckpointMetadata(
+        checkpoint_id=4,
+        job_id="job",
+        kind="global",
+        trigger_time_ms=1,
+        completion_time_ms=2,
+        subtasks=(SubtaskState("out", 0, 0, committables=in_state),),
+    )
+    pipeline = SimpleNamespace(vertices={"out": SimpleNamespace(sink=sink)})
+    notes = clean_staged_sinks(pipeline, {"out": committer}, "job", restored)
+    assert notes == ("sink 'out': deleted 1 staged file(s) of lost attempts",)
+    assert sink.missing_files(in_state + pending) == [] and len(sink.missing_files(lost)) == 1
+    # a fresh start (no checkpoint to restore) keeps nothing of the job's staged files
+    assert clean_staged_sinks(pipeline, {"out": CommitCoordinator("out", "u")}, "job", None)
+    assert len(sink.missing_files(in_state + pending)) == 2
+
+
 def test_rollback_unpublishes_the_undone_commits_files(tmp_path):
     sink = ParquetSink(str(tmp_path / "t"))
     for cid in (998, 999, 1000, 1001):  # across two groups of the commit log
