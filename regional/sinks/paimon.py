@@ -17,7 +17,11 @@ with commit identifier Y and the job's commit user, after
 
 Each snapshot records ``regional.checkpoint-id`` (Y) and ``regional.fallback-units`` (JSON: unit ->
 the checkpoint owning its state, for the units that fell back in Y, whose output since then is not
-in this snapshot) in its properties. Staged files of declined or aborted attempts are deleted.
+in this snapshot) in its properties. Staged files of declined or aborted attempts are deleted;
+data files are named ``data-rg~<job>~<run>-c<checkpoint>-u<unit>-a<attempt>-<uuid>-0.parquet``, so
+when the job's next driver starts it deletes the files of attempts lost in a crash: its job's
+files that no snapshot the table still has and no committable of the restored checkpoint names
+(`clean_staged`).
 
 Only one process may commit to a table at a time (pypaimon's local rename lock is per process).
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
+from pyarrow import fs as pafs
 
 from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
@@ -66,6 +71,19 @@ _PAIMON_UNITS = {
     "day": 86_400_000,
     "days": 86_400_000,
 }
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _job_prefix(job_id: str) -> str:
+    """How the names of job `job_id`'s data files start: `~` is in no job id, so one job's
+    prefix never starts another's.
+
+    >>> _job_prefix("clicks")
+    'data-rg~clicks~'
+    """
+    return f"data-rg~{_UNSAFE.sub('_', job_id)}~"
 
 
 def _paimon_duration_ms(text: str) -> int | None:
@@ -258,8 +276,16 @@ class PaimonSink:
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return ()
+        from pypaimon.common.options.core_options import CoreOptions
+
         table = self._table()
         write = table.new_stream_write_builder().new_write()
+        # our data file names: the job (for `clean_staged`), the run, checkpoint, unit, attempt
+        run = _UNSAFE.sub("_", run_id)
+        write.file_store_write.options.set(
+            CoreOptions.DATA_FILE_PREFIX,
+            f"{_job_prefix(job_id)}{run}-c{checkpoint_id}-u{unit_id}-a{attempt}-",
+        )
         try:
             schema = write.table_pyarrow_schema
             for b in batches:
@@ -359,6 +385,19 @@ class PaimonSink:
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         return self._missing(self.data_files(committables))
 
+    def _own(self, committables: Iterable[bytes]) -> list[bytes]:
+        """The committables of this table (other sinks' and tables' are skipped)."""
+        table_path = str(self._table().table_path)
+        own = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table_path == table_path:
+                own.append(raw)
+        return own
+
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete the files of a declined or aborted attempt (already gone is fine).
 
@@ -366,16 +405,45 @@ class PaimonSink:
         are skipped.
         """
         table = self._table()
-        own = []
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError:  # another sink's format
-                continue
-            if c.table_path == str(table.table_path):
-                own.append(raw)
-        for path in self.data_files(own):
+        for path in self.data_files(self._own(committables)):
             table.file_io.delete_quietly(path)
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
+        """Delete the data files job `job_id`'s writers left in lost attempts: named by the job
+        (`data-rg~<job>~...`), in a bucket directory of the table, and referenced neither by any
+        snapshot the table still has (every snapshot's manifests are read: once per driver
+        start) nor by a committable in `keep`; returns their paths
+        (`regional.operators.TableStaging`). Other writers' files are never touched."""
+        from pypaimon.manifest.manifest_file_manager import ManifestFileManager
+        from pypaimon.manifest.manifest_list_manager import ManifestListManager
+
+        table = self._table()
+        prefix = _job_prefix(job_id)
+        kept = {p.rsplit("/", 1)[-1] for p in self.data_files(self._own(keep))}
+        lists, manifests = ManifestListManager(table), ManifestFileManager(table)
+        for snapshot in table.snapshot_manager().list_snapshots():
+            for meta in lists.read_all(snapshot):
+                kept.update(e.file.file_name for e in manifests.read(meta.file_name))
+        deleted = []
+        for path in self._data_dir_files(str(table.table_path).rstrip("/")):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(prefix) and name not in kept:
+                table.file_io.delete_quietly(path)
+                deleted.append(path)
+        return sorted(deleted)
+
+    def _data_dir_files(self, directory: str) -> list[str]:
+        """Files under the table's bucket directories (`bucket-N/`, inside partition
+        directories `k=v/`), as paths in the table path's form."""
+        out = []
+        for info in self._table().file_io.list_status(directory):
+            name = str(info.path).rstrip("/").rsplit("/", 1)[-1]
+            path = f"{directory}/{name}"
+            if info.type == pafs.FileType.Directory and (name.startswith("bucket-") or "=" in name):
+                out += self._data_dir_files(path)
+            elif info.type == pafs.FileType.File and "/bucket-" in path:
+                out.append(path)
+        return out
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
