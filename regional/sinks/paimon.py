@@ -421,9 +421,13 @@ class PaimonSink:
         prefix = _job_prefix(job_id)
         kept = {p.rsplit("/", 1)[-1] for p in self.data_files(self._own(keep))}
         lists, manifests = ManifestListManager(table), ManifestFileManager(table)
-        for snapshot in table.snapshot_manager().list_snapshots():
-            for meta in lists.read_all(snapshot):
-                kept.update(e.file.file_name for e in manifests.read(meta.file_name))
+        names = {  # manifests are immutable and shared by snapshots: each is read once
+            meta.file_name
+            for snapshot in table.snapshot_manager().list_snapshots()
+            for meta in lists.read_all(snapshot)
+        }
+        for name in sorted(names):
+            kept.update(e.file.file_name for e in manifests.read(name))
         deleted = []
         for path in self._data_dir_files(str(table.table_path).rstrip("/")):
             name = path.rsplit("/", 1)[-1]
