@@ -419,7 +419,8 @@ def test_unit_faults_and_hard_driver_crashes_then_resume_every_reader_sees_the_r
     # killed after checkpoint 6's acks, before its metadata: its staged files are a lost run's
     killed = _run(file, root, KILL="6:after-acks")
     assert killed.returncode == 70, killed.stderr
-    assert "restored from checkpoint 4" in killed.stdout
+    assert "checkpoint    5  global" in killed.stdout  # resumed after 4 (re-committed it)
+    assert "checkpoint    6" not in killed.stdout  # died before reporting it
     table = Path(root + "-table")
     lost = sorted(p.name for p in (table / "_staging" / "parquet-job").iterdir())
     assert any("-c6-out-" in name for name in lost), lost
