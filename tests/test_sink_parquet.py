@@ -96,7 +96,7 @@ def test_recommit_with_a_missing_data_file_is_refused(tmp_path):
     c = _stage(sink, 3, [1])
     sink.discard(c)
     [missing] = sink.missing_files(c)
-    assert missing.startswith("_staging/job/job-r1-c3-out-0-u0-a1-")
+    assert missing.startswith("_staging/job/part-job-r1-c3-out-0-u0-a1-")
     with pytest.raises(CommitError, match=f"data file\\(s\\) {missing} are missing"):
         perform_commit(Commit(3, "out", "job", c, recommit=True), sink)
     assert _stage(sink, 4, []) == ()  # no rows, no file, no committable
@@ -270,6 +270,13 @@ def test_rollback_unpublishes_the_undone_commits_files(tmp_path):
     assert sorted(read_table(sink.path).column("v").to_pylist()) == [7, 998, 999]
     sink.commit("job", 1000, _stage(sink, 1000, [1000, 1000]))  # written again
     assert _bare(sink.path) == _both([7, 998, 999, 1000, 1000])
+
+
+def test_a_job_id_starting_with_an_underscore_is_still_seen_by_every_reader(tmp_path):
+    sink = ParquetSink(str(tmp_path / "t"))
+    sink.commit("_j-r1-out", 1, _stage(sink, 1, [1, 2], job="_j"))
+    assert _bare(sink.path) == _both([1, 2])
+    assert read_table(sink.path).column("v").to_pylist() == [1, 2]
 
 
 def test_the_commit_record_is_grouped_and_records_the_fallback_units(tmp_path):

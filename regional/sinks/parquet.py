@@ -4,7 +4,7 @@
 Table directory layout (a local path or any `pyarrow.fs` URI):
 
 ```
-<table>/<job>-<run>-c<checkpoint>-<vertex>-<subtask>-u<unit>-a<attempt>-<random>.parquet
+<table>/part-<job>-<run>-c<checkpoint>-<vertex>-<subtask>-u<unit>-a<attempt>-<random>.parquet
                                           committed data files, published by the commit
 <table>/_staging/<job>/<same name>.staged  staged by writers, invisible to readers
 <table>/_commits/<commit-user>/<group>/<identifier>.json
@@ -274,10 +274,10 @@ class ParquetSink:
                 [pa.Table.from_batches([b]) for b in batches], promote_options="default"
             )
         )
-        stem = _UNSAFE.sub(
+        stem = _UNSAFE.sub(  # `part-` first: a job id may start with `_` or `.`
             "_",
-            f"{job_id}-{run_id}-c{checkpoint_id}-{vertex_id}-{index}-u{unit_id}-a{attempt}-"
-            f"{uuid.uuid4().hex[:8]}",
+            f"part-{job_id}-{run_id}-c{checkpoint_id}-{vertex_id}-{index}-u{unit_id}-"
+            f"a{attempt}-{uuid.uuid4().hex[:8]}",
         )
         name = f"{_STAGING}/{job_id}/{stem}{_STAGED}"
         fs, base = self._open()
