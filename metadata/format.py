@@ -27,7 +27,7 @@ decoder that turns a version-1 body into the current model, and the committed fi
 ...     trigger_time_ms=1, completion_time_ms=2)
 >>> data = encode_metadata(md)
 >>> data[:4], len(data)
-(b'RGNL', 106)
+(b'RGNL', 108)
 >>> decode_metadata(data, source="chk-7/_metadata") == md
 True
 >>> decode_metadata(data[:-1], source="chk-7/_metadata")  # doctest: +ELLIPSIS
@@ -64,8 +64,8 @@ MAGIC = b"RGNL"
 FORMAT_VERSION = 1
 #: Minor version of what this code writes (additive changes within a major version).
 #: 1.1 added `CheckpointMetadata.num_retained`; 1.2 `CheckpointMetadata.forced_global`; 1.3
-#: `CheckpointMetadata.consecutive_regional`.
-FORMAT_MINOR = 3
+#: `CheckpointMetadata.consecutive_regional`; 1.4 `CheckpointMetadata.sinks`.
+FORMAT_MINOR = 4
 
 _HEADER = struct.Struct(">4sHHQ")
 _MAX_BYTES = 2**63 - 1

@@ -39,7 +39,16 @@ def _stage(sink: IcebergSink, cid: int, rows: list[dict], index: int = 0) -> tup
     # through pickle, as a Spark task gets it
     writer = pickle.loads(pickle.dumps(sink))
     batch = pa.RecordBatch.from_pylist(rows)
-    return writer.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+    return writer.write(
+        [batch],
+        checkpoint_id=cid,
+        vertex_id="out",
+        index=index,
+        attempt=0,
+        job_id="job",
+        unit_id=index,
+        run_id="r1",
+    )
 
 
 def _table(sink: IcebergSink):
@@ -341,7 +350,14 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt_and_only_those(tmp
     mine = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}])
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="p",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     assert sink.missing_files(mine) == []
     sink.discard(mine + theirs + staged)  # never another sink's or table's files

@@ -192,6 +192,8 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
     report = validate_job(storage, verify_checksums=not args.no_checksums)
     print_table(validate_table(report), as_json=args.json)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if report.restore_checkpoint_id is not None:
         line = f"a restore would use checkpoint {report.restore_checkpoint_id}"
     elif report.checked:

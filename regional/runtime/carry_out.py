@@ -17,11 +17,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.errors import StorageError
 from metadata.events import Outcome
 from metadata.lease import JobLease, LeaseLostError
+from metadata.model import SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -39,7 +42,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import CommitError, JobFailedError, RegionalError
-from regional.operators import perform_commit
+from regional.operators import perform_commit, sink_retention
 from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.faults import Faults
@@ -158,6 +161,11 @@ class DecisionHandlers:
             NotifyFallback: self._notified,
         }
 
+    @functools.cached_property
+    def _sink_retention(self) -> tuple[SinkRetention, ...]:
+        """The sinks' table retention, read once per driver (`TableRetention`)."""
+        return sink_retention({v: s.sink for v, s in self.pipeline.sinks.items()})
+
     def _carry_out(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
         already queued. Cleans once at the end when a checkpoint was subsumed."""
@@ -177,6 +185,8 @@ class DecisionHandlers:
         job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
         savepoint resumes from it; the cleaner treats it as any other)."""
         md = d.metadata
+        if self._sink_retention:  # for `regional inspect ROOT validate` (format 1.4)
+            md = msgspec.structs.replace(md, sinks=self._sink_retention)
         cid = md.checkpoint_id
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)

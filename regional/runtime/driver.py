@@ -60,7 +60,12 @@ from regional.operators import (
 )
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import find_restore_point, first_free_checkpoint_id, roll_back_sinks
+from regional.restore import (
+    clean_staged_sinks,
+    find_restore_point,
+    first_free_checkpoint_id,
+    roll_back_sinks,
+)
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.epoch_plan import finished_sources, plan_works
 from regional.runtime.faults import Faults
@@ -359,6 +364,7 @@ class JobDriver(DecisionHandlers):
         )
         if point is None:
             self.coordinator.skip_to(first_free_checkpoint_id(self.storage))
+            clean_staged_sinks(self.pipeline, self.committers, self.job_id, None)
             return
         decisions = self.coordinator.restore(
             point.metadata,
@@ -374,6 +380,9 @@ class JobDriver(DecisionHandlers):
             self.committers,
             point.metadata.checkpoint_id,
             own_root=self.restore_from is None,
+        )
+        self.restore_notes += clean_staged_sinks(
+            self.pipeline, self.committers, self.job_id, point.metadata
         )
         self._carry_out(decisions)
         self._check_sources_finished()

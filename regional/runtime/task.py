@@ -220,6 +220,9 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     vertex_id=vertex_id,
                     index=index,
                     attempt=work.attempt,
+                    job_id=env.job_id,
+                    unit_id=work.unit_id,
+                    run_id=env.run_id or "",
                 )
         states.append(
             SubtaskState(

@@ -339,6 +339,9 @@ class IcebergSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet data file (with the table's field ids) under the
         table's data location; its committable (none if there are no rows). Nothing is visible
@@ -470,6 +473,10 @@ class IcebergSink:
                     self._snapshots_of.setdefault(marked, []).append(s.snapshot_id)
             self._head = head
         return frozenset(self._identifiers.get(commit_user, ()))
+
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The latest checkpoint id committed by `commit_user` (`TableCommitter`)."""
+        return max(self.committed_identifiers(commit_user), default=None)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo `commit_user`'s commits after checkpoint `identifier` by making the snapshot
