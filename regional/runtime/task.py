@@ -197,23 +197,17 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     # the first without the split in its source's state (DESIGN §4 rule 4)
                     op_state.retain_splits(live_splits)
                     blob = op_state.to_bytes()
-            elif spec.dead_letter:  # the dead letters of this chain's operators
-                assert dead is not None
-                batch = dead.batch(spec.inputs)
-                dead_lettered += batch.num_rows
-                committables = spec.sink.write(
-                    [batch],
-                    checkpoint_id=work.checkpoint_id,
-                    vertex_id=vertex_id,
-                    index=index,
-                    attempt=work.attempt,
-                )
-            else:  # sink
-                batches = [
-                    d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
-                    for _, d in inputs
-                ]
-                records_out += sum(b.num_rows for b in batches)
+            else:  # a sink, or the dead letters of this chain's operators
+                if spec.dead_letter:
+                    assert dead is not None
+                    batches = [dead.batch(spec.inputs)]
+                    dead_lettered += batches[0].num_rows
+                else:
+                    batches = [
+                        d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
+                        for _, d in inputs
+                    ]
+                    records_out += sum(b.num_rows for b in batches)
                 committables = spec.sink.write(
                     batches,
                     checkpoint_id=work.checkpoint_id,
