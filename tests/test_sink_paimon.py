@@ -10,6 +10,7 @@ import pickle
 import sys
 from collections import Counter
 
+import duckdb
 import pyarrow as pa
 import pypaimon  # the extra regional-checkpoints[paimon]; `make test` installs it
 import pytest
@@ -283,6 +284,16 @@ def _table_rows(warehouse: str) -> list[tuple]:
     return sorted(zip(*(t.column(c).to_pylist() for c in CLICKS.names), strict=True))
 
 
+def _rows_by_duckdb(warehouse: str) -> list[tuple]:
+    """The rows of the data files Paimon's current snapshot lists, read by DuckDB (not Paimon)."""
+    table = pypaimon.CatalogFactory.create({"warehouse": warehouse}).get_table("db.clicks")
+    splits = table.new_read_builder().new_scan().plan().splits()
+    files = [f.file_path for split in splits for f in split.files]
+    assert files and all(files)
+    columns = ", ".join(CLICKS.names)
+    return sorted(duckdb.execute(f"SELECT {columns} FROM read_parquet({files!r})").fetchall())
+
+
 @pytest.fixture(scope="module")
 def fault_free_rows(spark, tmp_path_factory) -> list[tuple]:
     from regional.runtime.spark import SparkRuntime
@@ -319,6 +330,7 @@ def test_driver_crash_then_resume_writes_the_fault_free_rows_exactly_once(
 
     rows = _table_rows(warehouse)
     assert len(rows) == SPLITS * PER_SPLIT and rows == fault_free_rows
+    assert _rows_by_duckdb(warehouse) == fault_free_rows  # an independent reader agrees
     snapshots = (
         pypaimon.CatalogFactory.create({"warehouse": warehouse})
         .get_table("db.clicks")

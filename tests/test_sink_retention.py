@@ -100,3 +100,18 @@ def test_delta_and_paimon_report_their_tables_settings(tmp_path):
     assert paimon.marker_retention() == SinkRetention(
         "", "paimon", f"{tmp_path}/wh db.t", "snapshot.time-retained", 1_800_000
     )
+
+
+def test_iceberg_reports_its_snapshot_age_for_expiry(tmp_path):
+    from regional.sinks.iceberg import IcebergSink
+
+    schema = pa.schema([("x", pa.int64())])
+    age = "history.expire.max-snapshot-age-ms"
+    expiring = IcebergSink(
+        str(tmp_path / "wh"), "db.t", schema=schema, table_properties={age: str(2 * DAY)}
+    )
+    assert expiring.marker_retention() == SinkRetention(
+        "", "iceberg", f"{tmp_path}/wh db.t", age, 2 * DAY
+    )
+    plain = IcebergSink(str(tmp_path / "wh"), "db.plain", schema=schema)
+    assert plain.marker_retention().retention_ms is None  # expired only when someone asks

@@ -70,6 +70,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from metadata.model import SinkRetention
 from regional.errors import CommitError, RestoreError, SinkError
 
 __all__ = [
@@ -80,6 +81,9 @@ __all__ = [
     "IcebergSink",
     "job_of",
 ]
+
+#: The table property that bounds snapshot age for expiry (Iceberg's own name).
+_MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"
 
 #: Snapshot summary property: the job whose run committed the snapshot.
 JOB_PROPERTY = "regional.job-id"
@@ -616,6 +620,21 @@ class IcebergSink:
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(c.rows for c in self._decode(committables))
+
+    def marker_retention(self) -> SinkRetention:
+        """How long the table keeps snapshots (`regional.operators.TableRetention`): its
+        `history.expire.max-snapshot-age-ms` if set on the table (what snapshot expiry by Spark,
+        Flink or Java Iceberg uses when given no age; pyiceberg expires only when asked), else
+        None. Our commit markers are snapshot summaries, so an expired snapshot takes its marker
+        with it."""
+        text = self._table().properties.get(_MAX_SNAPSHOT_AGE)
+        return SinkRetention(
+            "",
+            "iceberg",
+            f"{self.warehouse} {self.table_name}",
+            _MAX_SNAPSHOT_AGE,
+            int(text) if text is not None and text.strip().isdigit() else None,
+        )
 
     # --- reading ----------------------------------------------------------------------------
 
