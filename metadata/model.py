@@ -75,7 +75,7 @@ class ForcedGlobal(enum.StrEnum):
     SINGLE_UNIT = "single-unit"  # one fallback unit: nothing can fall back on its own
 
 
-class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One segment of a state file.
 
     `path` is relative to the job root. Several handles may name the same physical file at
@@ -93,14 +93,14 @@ class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     shared: bool = False
 
 
-class SplitState(msgspec.Struct, frozen=True, array_like=True):
+class SplitState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A source split owned by a subtask and its position (opaque to the metadata layer)."""
 
     split_id: str
     position: bytes
 
 
-class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """The state of one subtask `(vertex_id, index)` in a checkpoint.
 
     `ref_checkpoint_id` is `None` when the state is fresh, else the owner checkpoint's id.
@@ -128,7 +128,7 @@ class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
         return sum(h.length for h in self.handles)
 
 
-class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Per fallback unit: fresh (`ref_checkpoint_id` None) or fallback to its owner checkpoint,
     and why it fell back (`reason`, e.g. ``"declined: ValueError: bad record"``, ``"timeout"``)."""
 
