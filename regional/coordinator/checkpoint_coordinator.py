@@ -122,6 +122,16 @@ class CheckpointCoordinator:
         self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
         self._fresh_unit = [UnitState(u) for u in range(n)]
+        # per coordinated vertex: its subtask indices and their units, in unit order (the owner
+        # of every subtask of a vertex, for an abort, is then built in C)
+        placed: dict[str, tuple[list[int], list[int]]] = {v: ([], []) for v in self._coordinators}
+        if placed:
+            for unit_id, subtasks in enumerate(self._expected):
+                for vertex_id, index in subtasks:
+                    if vertex_id in placed:
+                        placed[vertex_id][0].append(index)
+                        placed[vertex_id][1].append(unit_id)
+        self._placed = {v: (tuple(i), tuple(u)) for v, (i, u) in placed.items() if i}
         self._source_units = {
             u: {v for v, _ in layout.units[u] if v in layout.bounded_sources} for u in range(n)
         }
@@ -295,7 +305,7 @@ class CheckpointCoordinator:
             k = 0  # indexing, not zip(): zip(strict=True) costs as much as the checks
             for s in states:
                 vertex_id, index = expected[k]
-                k += 1
+                k += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
                 if (
                     s.index != index
                     or s.vertex_id != vertex_id
@@ -347,7 +357,7 @@ class CheckpointCoordinator:
         """Checkpoint `checkpoint_id`'s metadata is written: it is complete. Returns the
         notifications, the commits to run and subsumed checkpoints."""
         done = self._take_completion(checkpoint_id)
-        p, md = done.pending, done.metadata
+        p = done.pending
         n = self._n
         fallback = done.fallback
         # the new latest state of every unit; a fallen-back unit keeps its states and owner
@@ -710,10 +720,11 @@ class CheckpointCoordinator:
         for unit_id, states in enumerate(p.states):
             if states:
                 out.append(_discard(cid, unit_id, p.attempt_of(unit_id), states, committables=True))
-        everyone = range(self._layout.num_units)
-        per_vertex = self._per_vertex(everyone)
+        everyone = range(self._n)
+        owner = self._owner.__getitem__
         for vertex_id, coordinator in self._coordinators.items():
-            coordinator.notify_aborted(cid, per_vertex.get(vertex_id, {}))
+            indices, units = self._placed.get(vertex_id, ((), ()))
+            coordinator.notify_aborted(cid, dict(zip(indices, map(owner, units), strict=True)))
         self._reopen_sources(everyone)
         self._pending = None
         self._completing = None
@@ -819,7 +830,8 @@ def _discard(
     *,
     committables: bool,
 ) -> DiscardAttempt:
-    files = tuple(dict.fromkeys(h.path for s in states for h in s.handles if not h.shared))
+    paths = [h.path for s in states for h in s.handles if not h.shared]
+    files = tuple(dict.fromkeys(paths)) if paths else ()
     staged: dict[str, tuple[bytes, ...]] = {}
     if committables:
         for s in states:
