@@ -119,7 +119,7 @@ class RandomFaults:
 class SimResult:
     """What a run did: every trigger and decision, the metadata written, the sink's rows, and
     measures (unit epochs run and redone, lag of unit state behind the latest checkpoint,
-    seconds spent inside the coordinator)."""
+    seconds spent inside the coordinator: in all, per call name, and per epoch)."""
 
     decisions: list[Decision | TriggerCheckpoint]
     metadata: list[CheckpointMetadata]
@@ -137,6 +137,8 @@ class SimResult:
     lag_max: int = 0
     lag_samples: int = 0
     coordinator_seconds: float = 0.0
+    coordinator_seconds_by_call: dict[str, float] = dataclasses.field(default_factory=dict)
+    coordinator_epoch_seconds: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def kinds(self) -> list[str]:
@@ -297,7 +299,11 @@ class _CountedCoordinator:
             try:
                 return attr(*args, **kwargs)
             finally:
-                sim.result.coordinator_seconds += time.perf_counter() - started
+                took = time.perf_counter() - started
+                r = sim.result
+                r.coordinator_seconds += took
+                by_call = r.coordinator_seconds_by_call
+                by_call[name] = by_call.get(name, 0) + took
 
         return call
 
@@ -445,10 +451,12 @@ class Simulation:
                     driver.start()
                 if driver.finished:
                     break
+                before = r.coordinator_seconds
                 event = driver.epoch()
                 for answer in self.dispatcher.late:
                     driver.handle_answer(answer)
                 self.dispatcher.late.clear()
+                r.coordinator_epoch_seconds.append(r.coordinator_seconds - before)
                 self._measure(driver, event.checkpoint_id)
                 self.clock.sleep(self._interval)
             except _Crash:
