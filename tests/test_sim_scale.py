@@ -11,9 +11,9 @@ from regional.sim import Simulation, chain_vertices
 
 
 def test_32769_units_run_as_two_chains_of_at_most_32768_subtasks() -> None:
-    run = Simulation(
-        32_769, Policy(), bounded=False, records_per_epoch=1, stage_output=False
-    ).run(2)
+    run = Simulation(32_769, Policy(), bounded=False, records_per_epoch=1, stage_output=False).run(
+        2
+    )
     assert run.failed is None and run.kinds == ["global", "global"]
     md = run.metadata[-1]
     assert [(v.vertex_id, v.parallelism, v.max_parallelism) for v in md.vertices] == [
@@ -53,4 +53,3 @@ def test_several_chains_commit_exactly_the_fault_free_output_after_faults_and_a_
     for user in users:
         ids = [i for u, i, _ in run.commit_log if u == user]
         assert ids == sorted(set(ids))
-
