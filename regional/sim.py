@@ -58,7 +58,15 @@ from regional.runtime.driver import JobDriver
 from regional.runtime.protocol import Ack, Answer, Decline, Dispatch, UnitWork
 from regional.sources.base import ReadResult
 
-__all__ = ["Fault", "RandomFaults", "SimResult", "Simulation", "chain_vertices", "kind_counts"]
+__all__ = [
+    "Fault",
+    "RandomFaults",
+    "SimResult",
+    "Simulation",
+    "chain_vertices",
+    "kind_counts",
+    "timing_floor",
+]
 
 #: decline: the unit fails its epoch; hang: it never answers (declined at its deadline);
 #: late_ack: it hangs, then acks after the checkpoint was decided (a fenced, stale attempt).
@@ -137,6 +145,7 @@ class SimResult:
     lag_max: int = 0
     lag_samples: int = 0
     coordinator_seconds: float = 0.0
+    coordinator_calls: int = 0
     coordinator_seconds_by_call: dict[str, float] = dataclasses.field(default_factory=dict)
     coordinator_epoch_seconds: list[float] = dataclasses.field(default_factory=list)
 
@@ -302,6 +311,7 @@ class _CountedCoordinator:
                 took = time.perf_counter() - started
                 r = sim.result
                 r.coordinator_seconds += took
+                r.coordinator_calls += 1
                 by_call = r.coordinator_seconds_by_call
                 by_call[name] = by_call.get(name, 0) + took
 
@@ -490,3 +500,26 @@ def kind_counts(result: SimResult) -> dict[str, int]:
     for m in result.metadata:
         out[m.kind.value] += 1
     return out
+
+
+class _NoCoordinator:
+    """Answers `on_ack` with nothing: what the per-call timing costs by itself."""
+
+    def on_ack(self, *args: Any) -> list[Decision]:
+        return []
+
+
+def timing_floor(calls: int) -> float:
+    """Seconds that `calls` coordinator calls add to `SimResult.coordinator_seconds` when the
+    coordinator does nothing: the per-call timing and call overhead, measured now (on a busy
+    machine it is far from zero; benchmarks print it next to the coordinator's time).
+
+    >>> timing_floor(10) > 0
+    True
+    """
+    sim = Simulation.__new__(Simulation)
+    sim.step, sim.crash_before, sim.result = 0, frozenset(), SimResult([], [], [], [], [])
+    on_ack = _CountedCoordinator(_NoCoordinator(), sim).on_ack
+    for unit_id in range(calls):
+        on_ack(1, unit_id, 1, (), 0)
+    return sim.result.coordinator_seconds
