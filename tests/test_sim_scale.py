@@ -53,3 +53,15 @@ def test_several_chains_commit_exactly_the_fault_free_output_after_faults_and_a_
     for user in users:
         ids = [i for u, i, _ in run.commit_log if u == user]
         assert ids == sorted(set(ids))
+
+
+def test_coordinator_time_is_split_by_call_and_by_epoch() -> None:
+    run = Simulation(6, Policy(), faults={(2, 1): "decline", (3, 4): "hang"}).run(5)
+    by_call = run.coordinator_seconds_by_call
+    assert {"trigger", "on_ack", "on_decline", "on_tick", "on_metadata_durable"} <= set(by_call)
+    assert sum(by_call.values()) == pytest.approx(run.coordinator_seconds)
+    assert len(run.coordinator_epoch_seconds) == run.triggered == 5
+    assert 0 < sum(run.coordinator_epoch_seconds) <= run.coordinator_seconds
+    # a trigger, six answers and (for each completed checkpoint) its durable metadata per
+    # epoch at least, plus the start's calls
+    assert run.coordinator_calls >= 5 * 7 + run.completed
