@@ -718,9 +718,11 @@ class CheckpointCoordinator:
         cid = p.checkpoint_id
         failed = tuple(sorted({*p.declined, *extra_failed}))
         out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed)]
+        retried = p.retries  # without retries every attempt is 1: no lookup per unit
         for unit_id, states in enumerate(p.states):
             if states:
-                out.append(_discard(cid, unit_id, p.attempt_of(unit_id), states, committables=True))
+                attempt = p.attempt_of(unit_id) if retried else 1
+                out.append(_discard(cid, unit_id, attempt, states, committables=True))
         everyone = range(self._n)
         owner = self._owner.__getitem__
         for vertex_id, coordinator in self._coordinators.items():
