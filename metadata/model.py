@@ -3,8 +3,10 @@
 Every struct is a frozen `msgspec.Struct`, encoded as a msgpack array (`array_like`) to keep the
 metadata small. The per-subtask and per-unit structs are `gc=False`: they hold only immutable
 values, so they can never be part of a reference cycle, and a job of 100,000 units keeps
-hundreds of thousands of them alive that the garbage collector then never walks. The format is additive: new fields go at the **end** of a struct, with a
-default, so that files written by an older version still decode (see `metadata.format`).
+hundreds of thousands of them alive that the garbage collector then never walks.
+
+The format is additive: new fields go at the **end** of a struct, with a default, so that files
+written by an older version still decode (see `metadata.format`).
 
 Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
 Integers carry their ranges (`Count`, `Int64`, `EpochMs`) as msgspec constraints, checked when
