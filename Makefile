@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@scripts/require-python "$(PYTHON)"
 	@test -x $(BIN)/python || "$(PYTHON)" -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[test,paimon,delta,iceberg]'
+	@$(BIN)/python -m pip install --quiet -e '.[test,paimon,delta,iceberg,kafka,prometheus]'
 	@touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)

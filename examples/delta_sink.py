@@ -1,4 +1,4 @@
-"""Exactly-once output into a Delta Lake table (needs `regional[delta]`).
+"""Exactly-once output into a Delta Lake table (needs `regional-checkpoints[delta]`).
 
     python examples/delta_sink.py                  # the demo: a driver crash, then resume
     regional run examples/delta_sink.py --checkpoint-dir /tmp/dl-ckpt --max-checkpoints 2

@@ -1,4 +1,4 @@
-"""Exactly-once output into an Apache Iceberg table (needs `regional[iceberg]`).
+"""Exactly-once output into an Apache Iceberg table (needs `regional-checkpoints[iceberg]`).
 
     python examples/iceberg_sink.py                  # the demo: a driver crash, then resume
     regional run examples/iceberg_sink.py --checkpoint-dir /tmp/ib-ckpt --max-checkpoints 2

@@ -1,4 +1,4 @@
-"""Exactly-once output into an Apache Paimon append table (needs `regional[paimon]`).
+"""Exactly-once output into an Apache Paimon append table (needs `regional-checkpoints[paimon]`).
 
     python examples/paimon_sink.py                  # the demo: a driver crash, then resume
     regional run examples/paimon_sink.py --checkpoint-dir /tmp/pm-ckpt --max-checkpoints 2

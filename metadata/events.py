@@ -73,8 +73,11 @@ class CheckpointEvent(
     one record of a checkpoint outcome (progress callbacks, `RunSummary`, the event log).
 
     `kind` is the `Outcome`. `fallback_units` fell back (regional) or
-    failed (aborted), with `causes` per unit; `abort_rule` is the DESIGN §4 rule that aborted
-    it (e.g. ``3c-failure-ratio``) and `message` the coordinator's explanation. Metrics:
+    failed (aborted), with `causes` per unit (one line: e.g. the user's exception) and
+    `tracebacks` per unit whose task sent one (its last 4096 characters); `abort_rule` is the
+    DESIGN §4 rule that aborted it (e.g. ``3c-failure-ratio``) and `message` the coordinator's
+    explanation. `records_dead_lettered` counts the records user functions failed on that went
+    to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
     None when nothing fell back), `unit_lag` (unit -> completed checkpoints its state is
     behind; units at 0 left out), and counters since the driver started (they restart at 0
@@ -99,6 +102,13 @@ class CheckpointEvent(
     global_checkpoint_count: Count = 0
     savepoint_count: Count = 0
     aborted_by_rule: dict[str, _Tally] = {}
+    tracebacks: dict[Count, str] = {}
+    records_dead_lettered: Count = 0
+
+    def cause_lines(self) -> list[str]:
+        """One line per failed or fallen-back unit and why, for progress lines and reports:
+        ``unit 3: declined: ValueError: boom`` (the first line of each cause)."""
+        return [f"unit {u}: {(c.splitlines() or [''])[0]}" for u, c in sorted(self.causes.items())]
 
     @property
     def seconds(self) -> float:
@@ -185,6 +195,8 @@ EVENTS_SCHEMA = pa.schema(
             pa.list_(pa.struct([("unit_id", pa.int64()), ("cause", pa.string())])),
             nullable=False,
         ),
+        pa.field("message", pa.string(), nullable=False),
+        pa.field("records_dead_lettered", pa.int64(), nullable=False),
     ]
 )
 
@@ -197,7 +209,9 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
     `fresh_units`; `fallback_units` (fell back, or failed when aborted); `abort_rule`;
     `oldest_ref_checkpoint_id`; `max_unit_lag` and `unit_lag` (unit_id, lag) after the
     outcome; `regional_checkpoint_count`, `global_checkpoint_count`, `aborted_count` (since the
-    driver started); `commit_lag`; `causes` (unit_id, cause).
+    driver started); `commit_lag`; `causes` (unit_id, cause: one line per failed or
+    fallen-back unit); `message` (the coordinator's explanation: why it aborted, why it was
+    global, why the job failed); `records_dead_lettered`. Tracebacks stay in the event files.
     """
     rows = [
         {
@@ -217,6 +231,8 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
             "aborted_count": sum(e.aborted_by_rule.values()),
             "commit_lag": e.commit_lag,
             "causes": [{"unit_id": u, "cause": c} for u, c in sorted(e.causes.items())],
+            "message": e.message,
+            "records_dead_lettered": e.records_dead_lettered,
         }
         for e in events
     ]

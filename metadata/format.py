@@ -27,7 +27,7 @@ decoder that turns a version-1 body into the current model, and the committed fi
 ...     trigger_time_ms=1, completion_time_ms=2)
 >>> data = encode_metadata(md)
 >>> data[:4], len(data)
-(b'RGNL', 106)
+(b'RGNL', 108)
 >>> decode_metadata(data, source="chk-7/_metadata") == md
 True
 >>> decode_metadata(data[:-1], source="chk-7/_metadata")  # doctest: +ELLIPSIS
@@ -67,8 +67,8 @@ MAGIC = b"RGNL"
 FORMAT_VERSION = 1
 #: Minor version of what this code writes (additive changes within a major version).
 #: 1.1 added `CheckpointMetadata.num_retained`; 1.2 `CheckpointMetadata.forced_global`; 1.3
-#: `CheckpointMetadata.consecutive_regional`.
-FORMAT_MINOR = 3
+#: `CheckpointMetadata.consecutive_regional`; 1.4 `CheckpointMetadata.sinks`.
+FORMAT_MINOR = 4
 
 _HEADER = struct.Struct(">4sHHQ")
 _MAX_BYTES = 2**63 - 1
@@ -212,7 +212,7 @@ def _check_values(md: CheckpointMetadata, source: str) -> None:
     paths that would leave the job root: `metadata.layout.path_problem`). Split ids are the
     source's own names (a URL, a topic partition): the sources that join them into paths check
     them there. A file that passes `_values_plausible` is fine; any other is walked subtask by
-    subtask, so the error names the first bad value."""
+    subtask, so the error names the first bad value. A new check goes into both."""
     if _values_plausible(md):
         return
 

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from metadata.errors import MetadataError
+from metadata.events import CheckpointEvent, Outcome
 from metadata.model import CheckpointKind, CheckpointMetadata, ForcedGlobal, SubtaskState
 from metadata.retention import DEFAULT_NUM_RETAINED, NumRetained, recorded_num_retained, retain
 from metadata.store import CompletedCheckpointStore
@@ -454,10 +455,17 @@ class Inspector:
 
     `num_retained` decides the `retained` column; by default the `num-retained` recorded in the
     job's newest checkpoint that records one, else `DEFAULT_NUM_RETAINED`. `num_retained_in_force`
-    says which value applies and where it came from.
+    says which value applies and where it came from. `events` (the job's event log) let `show`
+    and `diff` say why a checkpoint id that holds nothing was aborted.
     """
 
-    def __init__(self, store: CompletedCheckpointStore, *, num_retained: int | None = None) -> None:
+    def __init__(
+        self,
+        store: CompletedCheckpointStore,
+        *,
+        num_retained: int | None = None,
+        events: Iterable[CheckpointEvent] = (),
+    ) -> None:
         if num_retained is None:
             in_force = recorded_num_retained(reversed(store.all()))
         elif num_retained < 1:
@@ -468,12 +476,21 @@ class Inspector:
         else:
             in_force = NumRetained(num_retained, "option", "given")
         self.store = store
+        self.aborted = {e.checkpoint_id: e for e in events if e.kind == Outcome.ABORTED}
         self.num_retained_in_force = in_force
         self.num_retained = in_force.value
 
     def _get(self, checkpoint_id: int) -> CheckpointMetadata:
         if checkpoint_id not in self.store:
             held = ", ".join(map(str, self.store.ids())) or "none"
+            if (event := self.aborted.get(checkpoint_id)) is not None:
+                causes = "; ".join(event.cause_lines()) or event.message
+                raise CheckpointNotFoundError(
+                    f"checkpoint {checkpoint_id} was aborted ({event.abort_rule}), so it holds "
+                    f"no state (completed: {held}): {causes}; the coordinator's message and "
+                    f"the tracebacks are in its event, {event.path} under the job root "
+                    "(`regional inspect ROOT events`)"
+                )
             raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint_id} not found (completed: {held})"
             )

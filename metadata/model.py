@@ -39,6 +39,7 @@ __all__ = [
     "EpochMs",
     "ForcedGlobal",
     "Int64",
+    "SinkRetention",
     "SplitState",
     "StateHandle",
     "SubtaskState",
@@ -77,6 +78,24 @@ class ForcedGlobal(enum.StrEnum):
     NO_UNIT_FALLBACKS = "max-unit-fallbacks-0"  # units may never fall back
     REGIONAL_DISABLED = "regional-disabled"  # configuration: not a staleness limit
     SINGLE_UNIT = "single-unit"  # one fallback unit: nothing can fall back on its own
+
+
+class SinkRetention(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """How long a sink's table keeps what the sink's deduplication relies on (its commit marker:
+    Delta's `txn`, Iceberg's and Paimon's snapshots), as the driver saw it when the checkpoint was
+    taken (format 1.4): the sink's vertex, kind and location, the table setting that bounds it
+    and that bound in milliseconds (None: kept until someone deletes it).
+
+    >>> SinkRetention("out", "delta", "/t", "delta.setTransactionRetentionDuration", 86_400_000)
+    SinkRetention(vertex_id='out', kind='delta', location='/t', \
+setting='delta.setTransactionRetentionDuration', retention_ms=86400000)
+    """
+
+    vertex_id: str
+    kind: str
+    location: str
+    setting: str = ""
+    retention_ms: Count | None = None
 
 
 class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -160,6 +179,8 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     why every unit had to be fresh (format 1.2; empty before, and when nothing forced it).
     `consecutive_regional` counts the regional checkpoints in a row ending with this one (0 for a
     global one), so a restore keeps the job-level limit's count (format 1.3; None before).
+    `sinks` records each sink's table retention (format 1.4; empty before, and for sinks that
+    report none), so `validate` can warn without the pipeline.
     """
 
     checkpoint_id: Int64
@@ -177,6 +198,7 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     num_retained: Int64 | None = None
     forced_global: tuple[ForcedGlobal, ...] = ()
     consecutive_regional: Count | None = None
+    sinks: tuple[SinkRetention, ...] = ()
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:

@@ -9,6 +9,11 @@ where it points (`metadata.storage.OutsideRootError`); nothing is read through i
 problems (the same answer as `JobStorage.find_restorable(verify_checksums=True)`, which a
 restore uses with checksums off (sizes only) because reading the state verifies them anyway).
 
+Warnings are not problems (nothing is broken yet): `retention_warnings` compares each sink's
+table retention recorded in the newest checkpoint (`CheckpointMetadata.sinks`) with the age of
+the oldest retained one. A table that may drop the sink's commit marker sooner would let a
+restore of that checkpoint commit its output again.
+
 >>> import tempfile
 >>> from metadata.model import CheckpointMetadata, SubtaskState
 >>> from metadata.storage import JobStorage
@@ -24,15 +29,24 @@ restore uses with checksums off (sizes only) because reading the state verifies 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import msgspec
 import pyarrow as pa
 
 from metadata.errors import MetadataError, StorageError
 from metadata.layout import metadata_path
-from metadata.model import StateHandle
+from metadata.model import CheckpointMetadata, StateHandle
 from metadata.storage import JobStorage, Problem, links_of, reference_problems
 
-__all__ = ["VALIDATE_SCHEMA", "Validation", "validate_job", "validate_table"]
+__all__ = [
+    "VALIDATE_SCHEMA",
+    "Validation",
+    "retention_warnings",
+    "validate_job",
+    "validate_table",
+]
 
 VALIDATE_SCHEMA = pa.schema(
     [
@@ -44,15 +58,70 @@ VALIDATE_SCHEMA = pa.schema(
 
 
 class Validation(msgspec.Struct, frozen=True):
-    """Problems found (in checkpoint order) and the checkpoint a restore would use."""
+    """Problems found (in checkpoint order), the checkpoint a restore would use, and warnings
+    (`retention_warnings`)."""
 
     checked: tuple[int, ...]
     problems: tuple[Problem, ...]
     restore_checkpoint_id: int | None
+    warnings: tuple[str, ...] = ()
 
 
-def validate_job(storage: JobStorage, *, verify_checksums: bool = True) -> Validation:
-    """Validate every checkpoint of `storage` (reads each referenced segment once)."""
+def _duration(ms: int) -> str:
+    """`ms` for people: `90 s`, `2.0 h`, `3.5 d`."""
+    if ms < 120_000:
+        return f"{ms / 1000:g} s"
+    if ms < 172_800_000:
+        return f"{ms / 3_600_000:.1f} h"
+    return f"{ms / 86_400_000:.1f} d"
+
+
+def retention_warnings(decoded: Sequence[CheckpointMetadata], now_ms: int) -> list[str]:
+    """One warning per sink (as recorded by the newest of `decoded`, the job's retained
+    checkpoints) whose table may drop the sink's commit marker before the oldest of them is
+    too old to restore: its retention is shorter than that checkpoint's age at `now_ms`.
+
+    >>> from metadata.model import SinkRetention
+    >>> day = 86_400_000
+    >>> def md(cid, done, sinks=()):
+    ...     return CheckpointMetadata(checkpoint_id=cid, job_id="j", kind="global",
+    ...         trigger_time_ms=done, completion_time_ms=done, sinks=sinks)
+    >>> sink = SinkRetention("out", "delta", "/t", "delta.setTransactionRetentionDuration", day)
+    >>> retention_warnings([md(3, 0), md(4, day, (sink,))], now_ms=day // 2 * 5)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ["sink 'out' (delta table /t): delta.setTransactionRetentionDuration is 24.0 h, but the
+    oldest retained checkpoint 3 completed 2.5 d ago; after the table drops the job's commit
+    marker, restoring it would commit its output again. Make
+    delta.setTransactionRetentionDuration longer than the job may stay stopped, or restore a
+    newer checkpoint"]
+    >>> retention_warnings([md(3, 2 * day), md(4, 2 * day, (sink,))], now_ms=day // 2 * 5)
+    []
+    """
+    if not decoded:
+        return []
+    oldest = min(decoded, key=lambda m: m.checkpoint_id)
+    newest = max(decoded, key=lambda m: m.checkpoint_id)
+    age = now_ms - oldest.completion_time_ms
+    out = []
+    for sink in newest.sinks:
+        if sink.retention_ms is None or sink.retention_ms >= age:
+            continue
+        setting = sink.setting or "its retention"
+        out.append(
+            f"sink {sink.vertex_id!r} ({sink.kind} table {sink.location}): {setting} is "
+            f"{_duration(sink.retention_ms)}, but the oldest retained checkpoint "
+            f"{oldest.checkpoint_id} completed {_duration(age)} ago; after the table drops the "
+            "job's commit marker, restoring it would commit its output again. Make "
+            f"{setting} longer than the job may stay stopped, or restore a newer checkpoint"
+        )
+    return out
+
+
+def validate_job(
+    storage: JobStorage, *, verify_checksums: bool = True, now_ms: int | None = None
+) -> Validation:
+    """Validate every checkpoint of `storage` (reads each referenced segment once); warnings
+    are judged at `now_ms` (default: now)."""
     files = storage.list_files()
     sizes = {f.path: f.size for f in files}
     links = links_of(files)
@@ -60,19 +129,23 @@ def validate_job(storage: JobStorage, *, verify_checksums: bool = True) -> Valid
     verified: dict[StateHandle, str | None] = {}
     problems: list[Problem] = []
     restore: int | None = None
+    decoded: list[CheckpointMetadata] = []
     for cid in ids:
         try:
             md = storage.read_metadata(cid)
         except (MetadataError, StorageError) as exc:
             problems.append(Problem(cid, metadata_path(cid), str(exc)))
             continue
+        decoded.append(md)
         found = reference_problems(md, sizes, links)
         if verify_checksums:
             found += storage.verify_segments(md, verified)
         problems += found
         if not found:
             restore = cid
-    return Validation(tuple(ids), tuple(problems), restore)
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    warnings = tuple(retention_warnings(decoded, now))
+    return Validation(tuple(ids), tuple(problems), restore, warnings)
 
 
 def validate_table(validation: Validation) -> pa.Table:

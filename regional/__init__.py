@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from regional.sinks.parquet import ParquetSink
     from regional.sources.files import FileSource
     from regional.sources.generator import GeneratorSource
+    from regional.sources.kafka import KafkaSource
     from regional.sources.log import LogSource
     from regional.table import read_table
 
@@ -53,6 +54,7 @@ _LAZY = {
     "FileSource": "regional.sources.files",
     "GeneratorSource": "regional.sources.generator",
     "LogSource": "regional.sources.log",
+    "KafkaSource": "regional.sources.kafka",
     "ParquetSink": "regional.sinks.parquet",
     "PaimonSink": "regional.sinks.paimon",
     "DeltaSink": "regional.sinks.delta",
@@ -81,6 +83,7 @@ __all__ = [
     "IcebergSink",
     "JobFailedError",
     "JobGraph",
+    "KafkaSource",
     "LogSource",
     "MetadataError",
     "PaimonSink",

@@ -80,7 +80,8 @@ class WriteMetadata(msgspec.Struct, frozen=True):
 
 
 class AbortCheckpoint(msgspec.Struct, frozen=True):
-    """Checkpoint `checkpoint_id` is aborted by `rule`; `failed_units` declined or timed out.
+    """Checkpoint `checkpoint_id` is aborted by `rule`; `failed_units` declined or timed out,
+    `causes` says why, per failed unit that answered or timed out (one line each).
     Tell every unit aborted(Y): every unit (cancel those still running) restarts from its
     state in the latest completed checkpoint (`unit_states`); nothing of Y is kept."""
 
@@ -88,6 +89,7 @@ class AbortCheckpoint(msgspec.Struct, frozen=True):
     rule: Rule
     message: str
     failed_units: tuple[int, ...] = ()
+    causes: dict[int, str] = {}
 
 
 class DiscardAttempt(msgspec.Struct, frozen=True):

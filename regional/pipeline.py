@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from regional.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
 from regional.errors import GraphError
 from regional.graph import Edge, JobGraph, Vertex
 from regional.sources.base import Source
@@ -61,40 +62,79 @@ class Operator:
     def stateful(self) -> bool:
         return self.kind == "process"
 
-    def apply(self, chunks: Iterable[Chunk], state: OperatorState | None) -> list[Chunk]:
-        """Run over one epoch's chunks of one subtask (state: for `process` only)."""
+    def apply(
+        self,
+        chunks: Iterable[Chunk],
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None = None,
+    ) -> list[Chunk]:
+        """Run over one epoch's chunks of one subtask (state: for `process` only). With
+        `dead_letters`, a record the function raises on goes there and the next record is
+        processed (a whole batch for `map_batches`); without, the exception propagates."""
         out: list[Chunk] = []
+        seen: dict[str, int] = {}  # split -> records of it before this chunk (dead letters)
         for split, data in chunks:
+            base = seen.get(split, 0)
             if self.kind == "map_batches":
-                result = self.fn(_batch(data))
-                if isinstance(result, pa.Table):
-                    out += [(split, b) for b in result.to_batches() if b.num_rows]
-                elif isinstance(result, pa.RecordBatch):
-                    if result.num_rows:
-                        out.append((split, result))
-                elif result is not None:
-                    raise TypeError(
-                        f"operator {self.name!r}: the map_batches function returned "
-                        f"{type(result).__module__}.{type(result).__qualname__}; return a "
-                        "pyarrow.RecordBatch, a pyarrow.Table or None"
-                    )
+                batch = _batch(data)
+                seen[split] = base + batch.num_rows
+                try:
+                    result = self.fn(batch)
+                except Exception as exc:
+                    if dead_letters is None:
+                        raise
+                    for i, record in enumerate(batch.to_pylist()):
+                        dead_letters.add(self.name, split, base + i, record, exc)
+                    continue
+                out += self._batch_output(split, result)
                 continue
             records = _records(data)
-            if self.kind == "map":
+            seen[split] = base + len(records)
+            if dead_letters is not None:
+                produced = []
+                for i, record in enumerate(records):
+                    try:
+                        produced += self._one(split, record, state)
+                    except Exception as exc:
+                        dead_letters.add(self.name, split, base + i, record, exc)
+            elif self.kind == "map":
                 produced = [self.fn(r) for r in records]
             elif self.kind == "filter":
                 produced = [r for r in records if self.fn(r)]
             elif self.kind == "flat_map":
                 produced = [o for r in records for o in (self.fn(r) or ())]
             else:  # process
-                assert state is not None and self.key is not None
-                produced = []
-                for r in records:
-                    ctx: KeyedContext = state.context(split, self.key(r))
-                    produced.extend(self.fn(ctx, r) or ())
+                produced = [o for r in records for o in self._one(split, r, state)]
             if produced:
                 out.append((split, produced))
         return out
+
+    def _one(self, split: str, record: Any, state: OperatorState | None) -> list[Any]:
+        """The outputs of one record (record-wise kinds)."""
+        if self.kind == "map":
+            return [self.fn(record)]
+        if self.kind == "filter":
+            return [record] if self.fn(record) else []
+        if self.kind == "flat_map":
+            return list(self.fn(record) or ())
+        assert state is not None and self.key is not None  # process
+        ctx: KeyedContext = state.context(split, self.key(record))
+        return list(self.fn(ctx, record) or ())
+
+    def _batch_output(self, split: str, result: Any) -> list[Chunk]:
+        """The chunks of a `map_batches` result; `TypeError` naming the operator for a wrong
+        return type (a bug in the function, never dead-lettered)."""
+        if isinstance(result, pa.Table):
+            return [(split, b) for b in result.to_batches() if b.num_rows]
+        if isinstance(result, pa.RecordBatch):
+            return [(split, result)] if result.num_rows else []
+        if result is None:
+            return []
+        raise TypeError(
+            f"operator {self.name!r}: the map_batches function returned "
+            f"{type(result).__module__}.{type(result).__qualname__}; return a "
+            "pyarrow.RecordBatch, a pyarrow.Table or None"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +148,7 @@ class VertexSpec:
     source: Source | None = None
     operator: Operator | None = None
     sink: Any = None
+    dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
 
 
 class Stream:
@@ -140,7 +181,8 @@ class Stream:
         name: str | None = None,
     ) -> Stream:
         """One Arrow record batch in, a record batch or table out (vectorised work); anything
-        else fails the unit with a `TypeError` naming the operator."""
+        else fails the unit with a `TypeError` naming the operator. With
+        `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
         return self._then("map_batches", fn, name)
 
     def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
@@ -183,6 +225,9 @@ class Pipeline:
     `state_types` are the msgspec Struct classes operator state may hold;
     `state_serializer=PickledState(secret=...)` opts in to pickled state (any picklable
     object, segments signed with the secret) instead of msgpack (`regional.state_codec`).
+    `on_error` says what a record a user function raises on does: `"fail"` its unit (the
+    default), or `"dead-letter"`: it becomes a row of the `dead_letter` sink
+    (`regional.dead_letters`) and processing goes on.
     """
 
     def __init__(
@@ -193,12 +238,31 @@ class Pipeline:
         splits_per_subtask: int = 1,
         state_types: Iterable[type] = (),
         state_serializer: PickledState | None = None,
+        on_error: str = "fail",
+        dead_letter: Any = None,
     ) -> None:
+        if on_error not in ON_ERROR:
+            raise GraphError(
+                f"pipeline {name!r}: on_error={on_error!r}; use 'fail' (a failing record fails "
+                "its unit) or 'dead-letter' (with dead_letter=<a sink>)"
+            )
+        if (on_error == "dead-letter") != (dead_letter is not None):
+            raise GraphError(
+                f"pipeline {name!r}: on_error='dead-letter' and dead_letter=<a sink, e.g. "
+                "ParquetSink(path)> go together; give both, or neither to fail on errors"
+            )
+        if dead_letter is not None and not callable(getattr(dead_letter, "write", None)):
+            raise GraphError(
+                f"pipeline {name!r}: dead_letter={type(dead_letter).__name__} is not a sink; "
+                "give one of the sinks (ParquetSink, PaimonSink, DeltaSink, IcebergSink)"
+            )
         self.name = name
         self.records_per_epoch = records_per_epoch
         self.splits_per_subtask = splits_per_subtask
         self.vertices: dict[str, VertexSpec] = {}
         self.state_codec = StateCodec(state_types, state_serializer)
+        self.on_error = on_error
+        self.dead_letter = dead_letter
 
     def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits."""
@@ -219,6 +283,13 @@ class Pipeline:
         **what: Any,
     ) -> Stream:
         vid = name or f"{kind}-{len(self.vertices)}"
+        if self.dead_letter is not None and (
+            vid == DEAD_LETTERS or vid.startswith(f"{DEAD_LETTERS}-")
+        ):
+            raise GraphError(
+                f"pipeline {self.name!r}: vertex {vid!r}: names starting with {DEAD_LETTERS!r} "
+                "are the dead-letter sink's; pick another name"
+            )
         if vid in self.vertices:
             raise GraphError(f"pipeline {self.name!r}: vertex {vid!r} exists; pick another name")
         if inputs:
@@ -233,7 +304,41 @@ class Pipeline:
         if isinstance(what.get("operator"), Operator):
             what["operator"] = dataclasses.replace(what["operator"], name=vid)
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
+        if role == "operator" and self.dead_letter is not None:
+            self._place_dead_letters()
         return Stream(self, vid)
+
+    def _place_dead_letters(self) -> None:
+        """One dead-letter sink vertex per independent part of the graph, after the user's
+        vertices, fed by every operator of its part over forward edges. Subtask i of every
+        vertex of a part is already in region i of that part, so the sink merges no regions
+        (a vertex shared by two parts would merge theirs)."""
+        for vid in [v for v, spec in self.vertices.items() if spec.dead_letter]:
+            del self.vertices[vid]
+        part = {vid: vid for vid in self.vertices}
+
+        def find(v: str) -> str:
+            while part[v] != v:
+                v = part[v]
+            return v
+
+        for spec in self.vertices.values():
+            for i in spec.inputs:
+                part[find(i)] = find(spec.id)
+        operators: dict[str, list[VertexSpec]] = {}
+        for spec in self.vertices.values():
+            if spec.kind == "operator":
+                operators.setdefault(find(spec.id), []).append(spec)
+        for n, ops in enumerate(operators.values()):
+            vid = DEAD_LETTERS if n == 0 else f"{DEAD_LETTERS}-{n + 1}"
+            self.vertices[vid] = VertexSpec(
+                vid,
+                "sink",
+                ops[0].parallelism,
+                tuple(o.id for o in ops),
+                sink=self.dead_letter,
+                dead_letter=True,
+            )
 
     @property
     def sources(self) -> dict[str, VertexSpec]:

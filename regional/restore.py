@@ -33,7 +33,7 @@ from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
 from regional.coordinator.layout import JobLayout
 from regional.errors import RestoreError
-from regional.operators.commit import CommitCoordinator, TableRollback
+from regional.operators.commit import CommitCoordinator, TableRollback, TableStaging
 from regional.operators.split_enumerator import SplitEnumerator
 from regional.pipeline import Pipeline
 from regional.rescale import RestorePlan, VertexShape, plan_restore, redistribute_state
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "RestorePoint",
+    "clean_staged_sinks",
     "find_restore_point",
     "first_free_checkpoint_id",
     "open_restore_source",
@@ -340,11 +341,11 @@ def roll_back_sinks(
     for vertex_id, committer in committers.items():
         sink = pipeline.vertices[vertex_id].sink
         user = committer.commit_user
-        ahead = sorted(i for i in sink.committed_identifiers(user) if i > restored_id)
-        if not ahead:
+        latest = sink.latest_committed(user)
+        if latest is None or latest <= restored_id:
             continue
         what = (
-            f"sink {vertex_id!r} holds commits {_ids(ahead)} of commit user {user!r}, "
+            f"sink {vertex_id!r} holds commits of commit user {user!r} up to {latest}, "
             f"newer than the restored checkpoint {restored_id}"
         )
         if not own_root or not isinstance(sink, TableRollback):
@@ -355,12 +356,47 @@ def roll_back_sinks(
             )
             raise RestoreError(
                 f"{what}; restoring would write their output again and {how}. Restore a "
-                f"checkpoint at or after {ahead[-1]}, or remove those commits from the table "
+                f"checkpoint at or after {latest}, or remove those commits from the table "
                 "by hand and start again"
             )
-        sink.rollback(user, restored_id)
-        log.warning("%s: rolled back (their output is written again)", what)
-        notes.append(f"{what}: rolled back, their output is written again")
+        undone = sink.rollback(user, restored_id)
+        done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
+        log.warning("%s: %s (their output is written again)", what, done)
+        notes.append(f"{what}: {done}, their output is written again")
+    return tuple(notes)
+
+
+def clean_staged_sinks(
+    pipeline: Pipeline,
+    committers: Mapping[str, CommitCoordinator],
+    job_id: str,
+    restored: CheckpointMetadata | None,
+) -> tuple[str, ...]:
+    """At a driver's start, before any task runs: every sink that stages files
+    (`TableStaging`) deletes job `job_id`'s staged files that neither the `restored`
+    checkpoint's subtasks nor its commit coordinator's pending re-commits name (none on a
+    fresh start): they are from lost attempts or a lost run. Best effort (what is left waits
+    for the next start); returns a note per sink that deleted files, for the user."""
+    notes = []
+    for vertex_id, committer in committers.items():
+        sink = pipeline.vertices[vertex_id].sink
+        if not isinstance(sink, TableStaging):
+            continue
+        keep = [c for commit in committer.pending for c in commit.committables]
+        if restored is not None:
+            keep += [
+                c for s in restored.subtasks if s.vertex_id == vertex_id for c in s.committables
+            ]
+        try:
+            deleted = sink.clean_staged(job_id, keep)
+        except Exception as exc:  # storage trouble: the next start tries again
+            log.warning("sink %r: staged files of lost attempts left: %s", vertex_id, exc)
+            continue
+        if deleted:
+            notes.append(
+                f"sink {vertex_id!r}: deleted {len(deleted)} staged file(s) of lost attempts"
+            )
+            log.info("%s", notes[-1])
     return tuple(notes)
 
 

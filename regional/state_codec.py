@@ -24,7 +24,10 @@ looked up by ``module:qualname``: no module named in the data is ever imported.
 
 A snapshot starts with a 5-byte header, ``\\xc1RS`` (``\\xc1`` is never used by msgpack, and a
 pickle starts with ``\\x80``), a kind and a format version: ``M\\x01`` msgpack (body
-``[keyed, lists]``), ``P\\x01`` pickle (opt-in `PickledState`: an HMAC-SHA256 of the operator
+``[keyed, lists]``, every state name a str), ``M\\x02`` the same with TTL'd state (written only
+when some entry has a ttl: a state's slot may also hold ``[name, "ttl"]`` keys with the update
+times, see `regional.state`; a regional that reads only ``M\\x01`` refuses it, naming the
+format), ``P\\x01`` pickle (opt-in `PickledState`: an HMAC-SHA256 of the operator
 id and the pickle, keyed with the job's secret, then the pickle). A pickle segment is unpickled
 only after its MAC verifies; snapshots of regional 0.1 (a bare pickle) are refused unread.
 
@@ -43,7 +46,7 @@ import hmac
 import pickle
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -53,6 +56,7 @@ from regional.errors import RegionalError, RestoreError
 
 __all__ = [
     "HEADER_MSGPACK",
+    "HEADER_MSGPACK_TTL",
     "HEADER_PICKLE",
     "INT_RANGE",
     "PickledState",
@@ -63,6 +67,7 @@ __all__ = [
 
 _MAGIC = b"\xc1RS"
 HEADER_MSGPACK = _MAGIC + b"M\x01"
+HEADER_MSGPACK_TTL = _MAGIC + b"M\x02"
 HEADER_PICKLE = _MAGIC + b"P\x01"
 _MAC_SIZE = 32
 
@@ -170,6 +175,13 @@ class StateCodec:
         self.pickled = pickled
         self._decoder = msgspec.msgpack.Decoder(
             tuple[dict[str, dict[Any, dict[str, Any]]], dict[str, list[Any]]],
+            ext_hook=self._ext,
+        )
+        self._decoder_ttl = msgspec.msgpack.Decoder(  # slots keyed by name or (name, "ttl")
+            tuple[
+                dict[str, dict[Any, dict[str | tuple[str, Literal["ttl"]], Any]]],
+                dict[str, list[Any]],
+            ],
             ext_hook=self._ext,
         )
         self._items = msgspec.msgpack.Decoder(ext_hook=self._ext)  # payloads of ext types
@@ -323,8 +335,10 @@ class StateCodec:
         lists: Mapping[str, list[Any]],
         *,
         operator: str,
+        ttl: bool | None = None,
     ) -> bytes:
-        """The snapshot bytes of one subtask's state; `StateTypeError` names what cannot be kept."""
+        """The snapshot bytes of one subtask's state; `StateTypeError` names what cannot be kept.
+        `ttl`: some slot holds TTL update times (format ``M\\x02``); None: look."""
         if self.pickled is not None:
             payload = pickle.dumps((keyed, lists), protocol=5)
             return HEADER_PICKLE + self.pickled.mac(operator, payload) + payload
@@ -332,7 +346,9 @@ class StateCodec:
             body = (self._dict(dict(keyed)), self._dict(dict(lists)))
         except _Unsupported:
             raise self._explain(keyed, lists, operator) from None
-        return HEADER_MSGPACK + _ENCODER.encode(body)
+        if ttl is None:
+            ttl = any(type(n) is tuple for s in keyed.values() for x in s.values() for n in x)
+        return (HEADER_MSGPACK_TTL if ttl else HEADER_MSGPACK) + _ENCODER.encode(body)
 
     def _explain(
         self,
@@ -362,16 +378,17 @@ class StateCodec:
 
     def decode(
         self, data: bytes, *, operator: str, source: str
-    ) -> tuple[dict[str, dict[Any, dict[str, Any]]], dict[str, list[Any]]]:
+    ) -> tuple[dict[str, dict[Any, dict[Any, Any]]], dict[str, list[Any]]]:
         """`(keyed, lists)` of a snapshot taken by `encode`; `source` (the state file) and
         `operator` are named in a `StateDecodeError`. Empty bytes: empty state."""
         if not data:
             return {}, {}
         of = f"state of operator {operator!r} in {source}"
         header = bytes(data[:5])
-        if header == HEADER_MSGPACK:
+        if header in (HEADER_MSGPACK, HEADER_MSGPACK_TTL):
+            decoder = self._decoder if header == HEADER_MSGPACK else self._decoder_ttl
             try:
-                keyed, lists = self._decoder.decode(memoryview(data)[5:])
+                keyed, lists = decoder.decode(memoryview(data)[5:])
             except _UnknownStruct as exc:
                 raise StateDecodeError(
                     f"{of} holds a {exc.name} Struct{self._locate(data)}, a class not declared "

@@ -57,7 +57,12 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            server.settimeout(None)  # the timeout was for connecting: idle connections stay open
             with self._lock:
+                if self._listener is not listener:  # stopped while connecting: cut this one too
+                    client.close()
+                    server.close()
+                    return
                 self._conns |= {client, server}
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()

@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import msgspec
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -417,7 +416,6 @@ def test_spark_that_does_not_start(
 
 def _table_with_two_commits(path: Path) -> tuple[ParquetSink, list[str]]:
     sink = ParquetSink(str(path))
-    files = []
     for cid in (1, 2):
         (c,) = sink.write(
             [pa.record_batch({"x": [cid, cid * 10]})],
@@ -425,9 +423,12 @@ def _table_with_two_commits(path: Path) -> tuple[ParquetSink, list[str]]:
             vertex_id="out",
             index=0,
             attempt=0,
+            job_id="job",
+            unit_id=0,
+            run_id="r1",
         )
         sink.commit("user-1", cid, [c])
-        files.append(msgspec.msgpack.decode(c)[0])  # a committable is [file, rows]
+    files = [Path(f).name for f in committed_files(str(path))]  # published in the table
     return sink, files
 
 
@@ -436,18 +437,18 @@ def test_stray_file_in_commit_log_is_ignored(tmp_path: Path) -> None:
     write(tmp_path / "table" / "_commits" / "user-1" / "notes.json", '{"note": "hello"}')
     write(tmp_path / "table" / "_commits" / "README.json", "not json")
     assert read_table(sink.path).column("x").to_pylist() == [1, 10, 2, 20]
-    assert sink.committed_identifiers("user-1") == frozenset({1, 2})
+    assert sink.latest_committed("user-1") == 2
     assert len(committed_files(sink.path)) == 2
 
 
 def test_damaged_commit_record_is_named(tmp_path: Path) -> None:
     sink, _ = _table_with_two_commits(tmp_path / "table")
-    record = tmp_path / "table" / "_commits" / "user-1" / f"{2:020d}.json"
+    record = tmp_path / "table" / "_commits" / "user-1" / f"{0:020d}" / f"{2:020d}.json"
     write(record, '{"note": "hello"}')
     with pytest.raises(CommitError) as info:
         read_table(sink.path)
     assert str(info.value) == (
-        f"table {sink.path}: _commits/user-1/{2:020d}.json is not a commit record (Object "
+        f"table {sink.path}: _commits/user-1/{0:020d}/{2:020d}.json is not a commit record (Object "
         "missing required field `commit_user`); restore it from a backup, or move it out of the "
         "table to drop that commit"
     )

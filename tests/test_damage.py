@@ -35,8 +35,9 @@ def test_a_damaged_newest_checkpoint_rolls_the_sink_back_and_the_output_is_exact
     summary = driver.run()
     assert summary.restored_from == 2
     assert summary.restore_notes[-1] == (
-        f"sink 'sink' holds commits 3 of commit user '{driver.committers['sink'].commit_user}', "
-        "newer than the restored checkpoint 2: rolled back, their output is written again"
+        f"sink 'sink' holds commits of commit user '{driver.committers['sink'].commit_user}' "
+        "up to 3, newer than the restored checkpoint 2: commit(s) 3 rolled back, their output "
+        "is written again"
     )
     assert summary.finished and sorted(sim.sink.rows()) == _expected(sim)
     assert summary.checkpoints[0].checkpoint_id == 4  # id 3 is never reused
@@ -65,7 +66,7 @@ def test_a_sink_that_cannot_roll_back_makes_the_restore_refuse():
     with pytest.raises(RestoreError) as refused:
         driver.start()
     assert str(refused.value) == (
-        f"sink 'sink' holds commits 3 of commit user '{user}', newer than the restored "
+        f"sink 'sink' holds commits of commit user '{user}' up to 3, newer than the restored "
         "checkpoint 2; restoring would write their output again and the sink cannot roll back. "
         "Restore a checkpoint at or after 3, or remove those commits from the table by hand "
         "and start again"

@@ -103,17 +103,17 @@ def test_clean_never_deletes_through_a_link_and_says_why(
     for expected in (
         f"checkpoint 2 chk-2/ keep outside-root - - 0 0 holds a symbolic link chk-2 -> {outside} "
         "(outside the job root); nothing under it is deleted: inspect it, remove the link -",
-        f"checkpoint 4 chk-4/ keep outside-root - - 171 0 holds a symbolic link chk-4/u0-a0.state "
+        f"checkpoint 4 chk-4/ keep outside-root - - 173 0 holds a symbolic link chk-4/u0-a0.state "
         f"-> {secret} (outside the job root); nothing under it is deleted: inspect it, remove "
         "the link -",
         f"file 2 chk-2 keep outside-root - - 0 0 a symbolic link chk-2 -> {outside} (outside "
         "the job root): never followed nor deleted; remove it by hand -",
         f"file 4 chk-4/u0-a0.state keep outside-root - - 0 0 a symbolic link chk-4/u0-a0.state "
         f"-> {secret} (outside the job root): never followed nor deleted; remove it by hand -",
-        "file 4 chk-4/_metadata keep outside-root - - 171 0 checkpoint 4 holds a symbolic link "
+        "file 4 chk-4/_metadata keep outside-root - - 173 0 checkpoint 4 holds a symbolic link "
         f"chk-4/u0-a0.state -> {secret} (outside the job root); kept whole -",
         "file 3 chk-3/u0-a0.state delete subsumed - - 0 7 file of dropped checkpoint 3 deleted",
-        "deleted: 2 files, 178 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
+        "deleted: 2 files, 180 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
         "failed: 0",
     ):
         assert expected in lines, "\n".join(lines)
@@ -246,7 +246,14 @@ def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Pa
     table = tmp_path / "a" / "b" / "table"
     sink = ParquetSink(str(table))
     [good] = sink.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="out", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="out",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     with pytest.raises(CommitError) as exc:
         sink.commit("../../../escape-cu", 1, [good])
@@ -261,7 +268,7 @@ def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Pa
         sink.commit("job-1", 1, [evil])
     assert str(exc.value) == (
         f"table {table}: a committable names data file 'data/../../../../canary.parquet' ('..' "
-        "is not allowed); data files are staged under data/ in the table, so it was tampered "
+        "is not allowed); data files are staged under _staging/ in the table, so it was tampered "
         "with or written by another tool"
     )
     sink.discard([evil])

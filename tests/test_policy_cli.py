@@ -50,6 +50,10 @@ def test_check_prints_every_key_with_value_and_source(
         "checkpointing.region.max-unit-fallbacks        3          default",
         "checkpointing.region.timeout                   2 min      default",
         "restore.mode                                   no-claim   env REGIONAL_RESTORE__MODE",
+        "",
+        "checkpointing.interval: the wait from one trigger to the next after an epoch that read "
+        "no records; epochs that read records follow at once (regional run --interval overrides "
+        "it)",
     ]
 
 

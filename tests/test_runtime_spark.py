@@ -276,7 +276,8 @@ def test_a_bit_flip_in_the_newest_state_restores_the_previous_checkpoint_exactly
     summary = resumed.run()
     assert summary.restored_from == 1  # validate and restore agree: 2 is damaged
     assert summary.restore_notes[-1].endswith(
-        "newer than the restored checkpoint 1: rolled back, their output is written again"
+        "newer than the restored checkpoint 1: commit(s) 2 rolled back, their output is written "
+        "again"
     )
     assert summary.finished and _rows(table) == _expected()
 

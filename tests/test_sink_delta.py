@@ -1,7 +1,7 @@
-"""The Delta Lake sink (needs the extra regional[delta]): staging, commits through the commit
-coordinator's protocol with Delta transaction markers, idempotent re-commits read from the
-table's own log, conflicts, the data-file checks, and exactly-once output across a hard driver
-crash on Spark, read back with deltalake and with DuckDB."""
+"""The Delta Lake sink (needs the extra regional-checkpoints[delta]): staging, commits through the
+commit coordinator's protocol with Delta transaction markers, idempotent re-commits read from the
+table's own log, conflicts, the data-file checks, and exactly-once output across a hard driver crash
+on Spark, read back with deltalake and with DuckDB."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable  # the extra regional[delta]; `make test` installs it
+from deltalake import DeltaTable  # the extra regional-checkpoints[delta]; `make test` installs it
 
 from regional.coordinator import Commit
 from regional.errors import CommitError, RestoreError, SinkError
@@ -37,7 +37,16 @@ def _stage(sink: DeltaSink, cid: int, rows: list[dict], index: int = 0) -> tuple
     # through pickle, as a Spark task gets it
     writer = pickle.loads(pickle.dumps(sink))
     batch = pa.RecordBatch.from_pylist(rows)
-    return writer.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+    return writer.write(
+        [batch],
+        checkpoint_id=cid,
+        vertex_id="out",
+        index=index,
+        attempt=0,
+        job_id="job",
+        unit_id=index,
+        run_id="r1",
+    )
 
 
 def _rows(path: str) -> list[tuple]:
@@ -89,7 +98,7 @@ def test_recommit_after_a_lost_response_is_skipped_from_the_marker_even_by_a_new
     assert perform_commit(Commit(3, "out", "job", c3), sink)
     # the driver crashed before it heard that 3 was committed; a new one re-commits 1 and 3
     after_crash = DeltaSink(sink.path)
-    assert after_crash.committed_identifiers("job") == frozenset({1, 2, 3})
+    assert after_crash.latest_committed("job") == 3
     assert perform_commit(Commit(1, "out", "job", c1, recommit=True), after_crash) is False
     assert perform_commit(Commit(3, "out", "job", c3, recommit=True), after_crash) is False
     assert _rows(sink.path) == [("a", 1), ("b", 2)] and DeltaTable(sink.path).version() == 2
@@ -109,7 +118,7 @@ def test_a_fresh_run_with_restarted_lower_checkpoint_ids_is_not_dropped(tmp_path
             Commit(cid, "out", "job-run1-out", _stage(sink, cid, [{"user": "a", "n": cid}])), sink
         )
     fresh = DeltaSink(sink.path)  # a new run of the job: a new commit user, ids from 1 again
-    assert fresh.committed_identifiers("job-run2-out") == frozenset()
+    assert fresh.latest_committed("job-run2-out") is None
     c = _stage(fresh, 1, [{"user": "b", "n": 1}])
     assert perform_commit(Commit(1, "out", "job-run2-out", c), fresh)
     assert _rows(sink.path) == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
@@ -123,7 +132,7 @@ def test_a_fresh_run_with_restarted_lower_checkpoint_ids_is_not_dropped(tmp_path
 def test_a_commit_by_another_driver_of_the_same_commit_user_meanwhile_is_a_conflict(tmp_path):
     sink = _sink(tmp_path)
     c = _stage(sink, 1, [{"user": "a", "n": 1}])
-    assert sink.committed_identifiers("job") == frozenset()  # decided on version 0
+    assert sink.latest_committed("job") is None  # decided on version 0
     other_driver = DeltaSink(sink.path)
     assert perform_commit(
         Commit(1, "out", "job", _stage(sink, 1, [{"user": "z", "n": 9}])), other_driver
@@ -140,7 +149,7 @@ def test_a_commit_by_another_driver_of_the_same_commit_user_meanwhile_is_a_confl
     # the retry reads the table afresh and skips what the other driver committed
     assert perform_commit(Commit(1, "out", "job", c), sink) is False
     # other writers' appends in between are not conflicts
-    sink.committed_identifiers("job")
+    sink.latest_committed("job")
     assert perform_commit(
         Commit(1, "out", "other-job", _stage(sink, 1, [{"user": "o", "n": 0}])), other_driver
     )
@@ -195,7 +204,14 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt_and_nothing_else(t
     mine = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}])
     theirs = _stage(other, 1, [{"user": "c", "n": 3}])
     staged = parquet.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="p",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     files = sink.data_files(mine)
     assert sink.missing_files(mine) == []
@@ -248,9 +264,10 @@ def test_a_restore_below_the_latest_commit_is_refused_as_the_sink_cannot_roll_ba
     with pytest.raises(RestoreError) as refused:
         roll_back_sinks(pipeline, committers, 2, own_root=True)
     assert str(refused.value) == (
-        "sink 'out' holds commits 3..5 of commit user 'job', newer than the restored checkpoint "
-        "2; restoring would write their output again and the sink cannot roll back. Restore a "
-        "checkpoint at or after 5, or remove those commits from the table by hand and start again"
+        "sink 'out' holds commits of commit user 'job' up to 5, newer than the restored "
+        "checkpoint 2; restoring would write their output again and the sink cannot roll back. "
+        "Restore a checkpoint at or after 5, or remove those commits from the table by hand and "
+        "start again"
     )
 
 
@@ -284,7 +301,7 @@ def test_partitioned_and_missing_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "deltalake", None)  # import deltalake now fails
-    with pytest.raises(SinkError, match=r"install regional\[delta\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[delta\]"):
         DeltaSink(str(tmp_path / "t"), schema=SCHEMA)
 
 

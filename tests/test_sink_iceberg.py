@@ -1,6 +1,6 @@
-"""The Iceberg sink (needs the extra regional[iceberg]): staging, commits through the commit
-coordinator's protocol, idempotent re-commits read from the snapshot ancestry, the identity of a
-fresh run, concurrent commits, the data-file and file-name checks, rollback, and exactly-once
+"""The Iceberg sink (needs the extra regional-checkpoints[iceberg]): staging, commits through the
+commit coordinator's protocol, idempotent re-commits read from the snapshot ancestry, the identity
+of a fresh run, concurrent commits, the data-file and file-name checks, rollback, and exactly-once
 output across unit faults and a hard driver crash on Spark, read back with pyiceberg and DuckDB."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import textwrap
 import duckdb
 import msgspec
 import pyarrow as pa
-import pyiceberg.io.pyarrow  # the extra regional[iceberg]; `make test` installs it
+import pyiceberg.io.pyarrow  # the extra regional-checkpoints[iceberg]; `make test` installs it
+import pyiceberg.manifest
 import pytest
 from clicks_job import PER_SPLIT, SPLITS, click, count, expected_rows
 from pyiceberg.catalog import load_catalog
@@ -24,7 +25,7 @@ from pyiceberg.table.snapshots import ancestors_of
 from regional.coordinator import Commit
 from regional.errors import CommitError, RestoreError, SinkError
 from regional.operators import TableCommitter, TableRollback, perform_commit
-from regional.sinks.iceberg import IcebergSink
+from regional.sinks.iceberg import CHECKPOINT_PROPERTY, IcebergSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 USER = "clicks-0123456789ab-out"  # as the driver makes them: <job>-<run id>-<sink>
@@ -38,7 +39,16 @@ def _stage(sink: IcebergSink, cid: int, rows: list[dict], index: int = 0) -> tup
     # through pickle, as a Spark task gets it
     writer = pickle.loads(pickle.dumps(sink))
     batch = pa.RecordBatch.from_pylist(rows)
-    return writer.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+    return writer.write(
+        [batch],
+        checkpoint_id=cid,
+        vertex_id="out",
+        index=index,
+        attempt=0,
+        job_id="job",
+        unit_id=index,
+        run_id="r1",
+    )
 
 
 def _table(sink: IcebergSink):
@@ -189,6 +199,124 @@ def test_a_missing_data_file_is_refused_before_anything_is_committed(tmp_path):
     assert _summaries(sink) == [] and _rows(sink) == []
 
 
+def test_files_committed_under_another_commit_user_are_refused(tmp_path):
+    sink = _sink(tmp_path)
+    c = _stage(sink, 3, [{"user": "a", "n": 1}])
+    sink.commit(USER, 3, c)
+    [path] = sink.data_files(c)
+    [snapshot] = _table(sink).snapshots()
+    other_user = "clicks-ba9876543210-out"  # fooled: its own commits do not include 3
+    with pytest.raises(CommitError) as err:
+        perform_commit(Commit(3, "out", other_user, c), sink)
+    assert str(err.value) == (
+        f"Iceberg table 'db.clicks': cannot commit checkpoint 3 of user {other_user!r}: data "
+        f"file(s) {path} were already committed by snapshot {snapshot.snapshot_id} (commit "
+        f"user {USER!r}, checkpoint 3); committing them again would duplicate their rows; "
+        "nothing was committed (is another run committing this job's checkpoints?)"
+    )
+    assert _rows(sink) == [("a", 1)] and len(_summaries(sink)) == 1
+
+
+def test_files_committed_by_a_snapshot_without_commit_user_are_refused(tmp_path):
+    sink = _sink(tmp_path)
+    c = _stage(sink, 5, [{"user": "a", "n": 1}])
+    [path] = sink.data_files(c)
+    other = _table(sink)  # the commit user of the summary is lost: the identifier check misses it
+    other.add_files([path], snapshot_properties={CHECKPOINT_PROPERTY: "5"})
+    assert sink.committed_identifiers(USER) == frozenset()
+    with pytest.raises(CommitError) as err:
+        perform_commit(Commit(5, "out", USER, c, recommit=True), sink)
+    assert str(err.value) == (
+        f"Iceberg table 'db.clicks': cannot commit checkpoint 5 of user {USER!r}: data file(s) "
+        f"{path} were already committed by snapshot {other.current_snapshot().snapshot_id} "
+        "(commit user None, checkpoint 5); committing them again would duplicate their rows; "
+        "nothing was committed (is another run committing this job's checkpoints?)"
+    )
+    assert _rows(sink) == [("a", 1)]
+
+
+def test_files_of_an_expired_snapshot_are_refused_at_the_first_commit_of_a_new_driver(tmp_path):
+    sink = _sink(tmp_path)
+    c = _stage(sink, 1, [{"user": "a", "n": 1}])
+    sink.commit(USER, 1, c)  # ... and the response is lost
+    [path] = sink.data_files(c)
+    other = _table(sink)
+    other.append(pa.table({"user": ["z"], "n": [9]}, schema=SCHEMA))
+    mine = other.snapshots()[0].snapshot_id
+    other.maintenance.expire_snapshots().by_id(mine).commit()  # its summary is gone
+    after_crash = IcebergSink(sink.warehouse, "db.clicks")
+    assert after_crash.committed_identifiers(USER) == frozenset()
+    with pytest.raises(CommitError) as err:
+        perform_commit(Commit(1, "out", USER, c, recommit=True), after_crash)
+    assert str(err.value) == (
+        f"Iceberg table 'db.clicks': cannot commit checkpoint 1 of user {USER!r}: Cannot add "
+        f"files that are already referenced by table, files: {path}; was it committed by a "
+        "snapshot that has since expired or by another writer? nothing was committed"
+    )
+    assert _rows(sink) == [("a", 1), ("z", 9)]
+
+
+def test_a_file_not_named_for_the_checkpoint_is_refused(tmp_path):
+    sink = _sink(tmp_path)
+    early = _stage(sink, 2, [{"user": "a", "n": 1}])
+    [good] = _stage(sink, 3, [{"user": "b", "n": 2}])
+    table_uuid, name, rows = msgspec.msgpack.decode(good)
+    data = tmp_path / "warehouse" / "db" / "clicks" / "data"
+    os.rename(data / name, data / "hand-made.parquet")
+    renamed = msgspec.msgpack.encode([table_uuid, "hand-made.parquet", rows])
+    for committables, file in ((early, sink.data_files(early)[0]), ([renamed], None)):
+        file = file or f"file://{data}/hand-made.parquet"
+        with pytest.raises(CommitError) as err:
+            sink.commit(USER, 3, committables)
+        assert str(err.value) == (
+            f"Iceberg table 'db.clicks': cannot commit checkpoint 3 of user {USER!r}: data file "
+            f"{file} is not named as the sink names the files of checkpoint 3 (<sink>-<subtask>-"
+            "c3-a<attempt>-<12 hex>.parquet); nothing was committed (is the checkpoint metadata "
+            "from another writer or tampered with?)"
+        )
+    assert _rows(sink) == []
+
+
+def test_the_manifests_read_per_commit_do_not_grow_with_the_history(tmp_path, monkeypatch):
+    sink = _sink(tmp_path)
+    reads = {"manifests": 0, "manifest lists": 0}
+    fetch, read_list = (
+        pyiceberg.manifest.ManifestFile.fetch_manifest_entry,
+        (pyiceberg.manifest.read_manifest_list),
+    )
+
+    def fetch_counted(self, *args, **kwargs):
+        reads["manifests"] += 1
+        return fetch(self, *args, **kwargs)
+
+    def read_list_counted(*args):
+        reads["manifest lists"] += 1
+        return read_list(*args)
+
+    monkeypatch.setattr(pyiceberg.manifest.ManifestFile, "fetch_manifest_entry", fetch_counted)
+    monkeypatch.setattr(pyiceberg.manifest, "read_manifest_list", read_list_counted)
+
+    def commit(user: str, cid: int) -> tuple[int, int]:
+        staged = _stage(sink, cid, [{"user": user, "n": cid}])
+        before = dict(reads)
+        assert perform_commit(Commit(cid, "out", user, staged), sink)
+        return reads["manifests"] - before["manifests"], (
+            reads["manifest lists"] - before["manifest lists"]
+        )
+
+    # a checkpoint committed for the first time: no manifest read (pyiceberg's whole-table
+    # check read one per earlier commit), only the parent's manifest list (the fast append's)
+    assert [commit(USER, cid) for cid in range(1, 31)] == [(0, 0)] + [(0, 1)] * 29
+    # a fresh run whose checkpoint ids meet the first run's: the first run's snapshot of that
+    # checkpoint is read (its own manifest), whatever the table's age
+    fresh = "clicks-ba9876543210-out"
+    assert [commit(fresh, cid) for cid in range(1, 31)] == [(1, 2)] * 30
+    assert (
+        len(_summaries(sink)) == 60
+        and len(_table(sink).current_snapshot().manifests(_table(sink).io)) == 60
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     ["../../../outside.parquet", "/etc/passwd", "a/./b.parquet", "s3://bucket/x.parquet", ""],
@@ -222,7 +350,14 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt_and_only_those(tmp
     mine = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}])
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="p",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     assert sink.missing_files(mine) == []
     sink.discard(mine + theirs + staged)  # never another sink's or table's files
@@ -304,7 +439,7 @@ def test_partitioned_missing_and_misnamed_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)  # the import now fails
-    with pytest.raises(SinkError, match=r"install regional\[iceberg\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[iceberg\]"):
         IcebergSink(str(tmp_path), "db.t", schema=SCHEMA)
 
 

@@ -1,5 +1,5 @@
-"""The Paimon sink (needs the extra regional[paimon]): staging, commits through the commit
-coordinator's protocol, idempotent re-commits read from Paimon's own snapshots, the data-file
+"""The Paimon sink (needs the extra regional-checkpoints[paimon]): staging, commits through the
+commit coordinator's protocol, idempotent re-commits read from Paimon's own snapshots, the data-file
 check, snapshot properties, and exactly-once output across a driver crash on Spark."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 
 import pyarrow as pa
-import pypaimon  # the extra regional[paimon]; `make test` installs it
+import pypaimon  # the extra regional-checkpoints[paimon]; `make test` installs it
 import pytest
 
 from regional.coordinator import Commit
@@ -26,11 +26,22 @@ def _sink(tmp_path, name: str = "db.clicks") -> PaimonSink:
     return PaimonSink(str(tmp_path / "warehouse"), name, schema=SCHEMA)
 
 
-def _stage(sink: PaimonSink, cid: int, rows: list[dict], index: int = 0) -> tuple[bytes, ...]:
+def _stage(
+    sink: PaimonSink, cid: int, rows: list[dict], index: int = 0, job: str = "job"
+) -> tuple[bytes, ...]:
     # through pickle, as a Spark task gets it
     writer = pickle.loads(pickle.dumps(sink))
     batch = pa.RecordBatch.from_pylist(rows)
-    return writer.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+    return writer.write(
+        [batch],
+        checkpoint_id=cid,
+        vertex_id="out",
+        index=index,
+        attempt=0,
+        job_id=job,
+        unit_id=index,
+        run_id="r1",
+    )
 
 
 def _rows(sink: PaimonSink) -> list[tuple]:
@@ -74,7 +85,7 @@ def test_recommit_is_skipped_from_paimon_snapshots_even_by_a_new_driver(tmp_path
     after_crash = PaimonSink(sink.warehouse, "db.clicks")
     assert perform_commit(Commit(1, "out", "job", c1, recommit=True), after_crash) is False
     assert perform_commit(Commit(2, "out", "job", c2, recommit=True), after_crash) is False
-    assert after_crash.committed_identifiers("job") == frozenset({1, 2})
+    assert after_crash.latest_committed("job") == 2
     assert _rows(after_crash) == [("a", 1), ("b", 2)] and len(_snapshots(sink)) == 2
     # another job's commit user is not filtered by this one's identifiers
     c3 = _stage(sink, 1, [{"user": "c", "n": 3}])
@@ -88,6 +99,38 @@ def test_recommit_is_skipped_from_paimon_snapshots_even_by_a_new_driver(tmp_path
     )
 
 
+def test_a_fresh_run_with_restarted_lower_checkpoint_ids_is_not_dropped(tmp_path):
+    sink = _sink(tmp_path)
+    for cid in (1, 2, 3):
+        sink.commit("job-run1-out", cid, _stage(sink, cid, [{"user": "a", "n": cid}]))
+    fresh = PaimonSink(sink.warehouse, "db.clicks")  # a new root: ids from 1, a new commit user
+    assert fresh.latest_committed("job-run2-out") is None
+    for cid in (1, 2):
+        c = _stage(fresh, cid, [{"user": "b", "n": cid}])
+        assert perform_commit(Commit(cid, "out", "job-run2-out", c), fresh)
+    assert _rows(fresh) == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)]
+    assert fresh.latest_committed("job-run1-out") == 3
+
+
+def test_a_starting_driver_deletes_only_its_jobs_files_of_lost_attempts(tmp_path):
+    sink = _sink(tmp_path)
+    committed = _stage(sink, 1, [{"user": "a", "n": 1}])
+    sink.commit("job-r1-out", 1, committed)
+    pending = _stage(sink, 2, [{"user": "b", "n": 2}])  # the restored checkpoint re-commits it
+    lost = _stage(sink, 2, [{"user": "x", "n": 9}], index=1)  # its worker died
+    other_job = _stage(sink, 2, [{"user": "o", "n": 5}], job="jo")  # 'jo' is a prefix of 'job'
+    also_pending = _stage(sink, 2, [{"user": "w", "n": 7}], index=2)
+    [lost_file] = sink.data_files(lost)
+    assert lost_file.rsplit("/", 1)[-1].startswith("data-rg~job~r1-c2-u1-a0-")
+    assert sink.clean_staged("job", keep=pending + also_pending) == [lost_file]
+    assert sink.missing_files(lost) == [lost_file]
+    assert sink.missing_files(committed + pending + other_job + also_pending) == []
+    assert perform_commit(Commit(2, "out", "job-r1-out", pending, recommit=True), sink)
+    assert _rows(sink) == [("a", 1), ("b", 2)]
+    # once nothing names it (a later start), an uncommitted file of the job is deleted too
+    assert sink.clean_staged("job", keep=()) == sink.data_files(also_pending)
+
+
 def test_partitioned_table_one_committable_per_partition(tmp_path):
     sink = PaimonSink(str(tmp_path / "wh"), "db.p", schema=SCHEMA, partition_keys=["user"])
     c = _stage(sink, 1, [{"user": "a", "n": 1}, {"user": "b", "n": 2}, {"user": "a", "n": 3}])
@@ -97,6 +140,10 @@ def test_partitioned_table_one_committable_per_partition(tmp_path):
     assert after_crash.missing_files(c) == [] and after_crash.rows_of(c) == 3
     assert perform_commit(Commit(1, "out", "job", c), after_crash)
     assert _rows(sink) == [("a", 1), ("a", 3), ("b", 2)]
+    lost = _stage(sink, 2, [{"user": "c", "n": 4}])
+    [lost_file] = sink.data_files(lost)
+    assert "/user=c/bucket-0/" in lost_file
+    assert after_crash.clean_staged("job", keep=()) == [lost_file]  # committed files stay
 
 
 def test_a_missing_data_file_is_refused_before_anything_is_committed(tmp_path):
@@ -139,7 +186,14 @@ def test_discard_skips_committables_of_other_sinks(tmp_path):
     mine = _stage(paimon, 1, [{"user": "a", "n": 1}])
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
-        [pa.record_batch({"x": [1]})], checkpoint_id=1, vertex_id="p", index=0, attempt=0
+        [pa.record_batch({"x": [1]})],
+        checkpoint_id=1,
+        vertex_id="p",
+        index=0,
+        attempt=0,
+        job_id="job",
+        unit_id=0,
+        run_id="r1",
     )
     everything = mine + theirs + staged  # defence in depth: never delete another sink's files
     paimon.discard(everything)
@@ -185,7 +239,7 @@ def test_primary_key_tables_and_missing_tables_are_refused(tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pypaimon", None)  # import pypaimon now fails
-    with pytest.raises(SinkError, match=r"install regional\[paimon\]"):
+    with pytest.raises(SinkError, match=r"pip install 'regional-checkpoints\[paimon\]"):
         PaimonSink(str(tmp_path), "db.t", schema=SCHEMA)
 
 

@@ -112,7 +112,7 @@ def test_failed_upload_declines_and_deletes_the_staged_sink_file(
     [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     assert isinstance(answer, Decline)
     assert answer.reason == "upload failed: OSError: disk full"
-    assert list((tmp_path / "t" / "data").iterdir()) == []
+    assert list((tmp_path / "t" / "_staging" / "job").iterdir()) == []
 
 
 def test_upload_latency_is_seeded_and_heavy_tailed():

@@ -36,7 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"regional.cli.{name}").register(sub)
+    _accept_verbose_after(parser)
     return parser
+
+
+def _accept_verbose_after(parser: argparse.ArgumentParser) -> None:
+    """Accept `--verbose` after every (sub)command too: `regional run --verbose FILE` as well as
+    `regional --verbose run FILE`. SUPPRESS keeps a subcommand from resetting the flag given
+    before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                command.add_argument(
+                    "--verbose",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="show tracebacks and Spark's own log lines",
+                )
+                _accept_verbose_after(command)
 
 
 def one_line(exc: BaseException) -> str:

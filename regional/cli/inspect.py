@@ -126,7 +126,12 @@ def inspect_command(args: argparse.Namespace) -> int:
         num_retained = retention.in_force(
             args, lambda: recorded_num_retained(reversed(store.all()))
         )
-    inspector = Inspector(store, num_retained=None if num_retained is None else num_retained.value)
+    events = read_events(storage)[0] if args.view in ("show", "diff") else []
+    inspector = Inspector(
+        store,
+        num_retained=None if num_retained is None else num_retained.value,
+        events=events,
+    )
     table: pa.Table
     if args.view == "show":
         table = inspector.show(args.checkpoint_id)
@@ -187,6 +192,8 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
     report = validate_job(storage, verify_checksums=not args.no_checksums)
     print_table(validate_table(report), as_json=args.json)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if report.restore_checkpoint_id is not None:
         line = f"a restore would use checkpoint {report.restore_checkpoint_id}"
     elif report.checked:

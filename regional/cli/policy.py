@@ -36,8 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.set_defaults(handler=check_policy)
 
 
+#: What the table cannot say about the interval (printed under it, not with --json).
+INTERVAL_NOTE = (
+    "checkpointing.interval: the wait from one trigger to the next after an epoch that read "
+    "no records; epochs that read records follow at once (regional run --interval overrides it)"
+)
+
+
 def check_policy(args: argparse.Namespace) -> int:
     """Load `args.file` with this process's environment and print the effective policy."""
     resolved = load_policy(args.file, env=os.environ)
     print_table(resolved.table(readable=not args.json), as_json=args.json)
+    if not args.json:
+        print(f"\n{INTERVAL_NOTE}")
     return 0

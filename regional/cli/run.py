@@ -17,6 +17,7 @@ end; Spark's own output goes to `<checkpoint dir>-spark.log` unless `--verbose`.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import runpy
@@ -27,16 +28,26 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rich.console import Console
 
 from metadata.errors import RegionalError, StorageError
-from metadata.events import CheckpointEvent, Outcome
+from metadata.events import Outcome
+from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.errors import GraphError, RestoreError
 from regional.pipeline import Pipeline
-from regional.policy import load_policy
+from regional.policy import (
+    MAX_DURATION_SECONDS,
+    Policy,
+    format_duration,
+    load_policy,
+    parse_duration,
+)
 
 if TYPE_CHECKING:
     from metadata.storage import JobStorage
+    from regional.runtime.driver import RunSummary
 
 __all__ = ["register"]
 
@@ -64,7 +75,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--checkpoint-dir",
         metavar="DIR",
         help="checkpoint root: a local directory or pyarrow.fs URI (default: the policy's "
-        "checkpointing.dir, else a new temporary directory)",
+        "checkpointing.dir, else .regional/checkpoints in the pipeline file's folder, so "
+        "every run of the file resumes where the last one stopped)",
+    )
+    parser.add_argument(
+        "--interval",
+        metavar="DURATION",
+        type=_interval,
+        help="time from one trigger to the next after an epoch that read no records, e.g. "
+        "'500 ms', '10 s' (default: the policy's checkpointing.interval); epochs that read "
+        "records follow each other at once. 0: never wait",
     )
     parser.add_argument(
         "--max-checkpoints", type=int, default=None, help="stop after this many epochs"
@@ -99,6 +119,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(their output may be written to the sinks again); refused without it",
     )
     parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per checkpoint outcome (the event log's CheckpointEvent) "
+        "and nothing else on stdout; other lines go to stderr",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_port,
+        help="serve the job's metrics for Prometheus on http://HOST:PORT/metrics while it runs "
+        "(needs regional-checkpoints[prometheus])",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        default="127.0.0.1",
+        help="address the metrics endpoint binds to (default 127.0.0.1: this machine only)",
+    )
+    parser.add_argument(
         "--stop-with-savepoint",
         action="store_true",
         help="end with a savepoint under <job root>/savepoints/: after --max-checkpoints, or on "
@@ -117,17 +156,53 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _progress(r: CheckpointEvent) -> None:
-    """One line per checkpoint outcome (and the abort's explanation)."""
-    fallback = ",".join(map(str, r.fallback_units)) or "-"
-    line = (
-        f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
-        f"fresh {r.fresh_units:>3}  fallback {fallback:<10}  "
-        f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"
+def _interval(text: str) -> float:
+    """`--interval DURATION` in seconds (argparse reports a bad one as a usage error, exit 2)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration ({exc}); write e.g. '500 ms', '10 s', '2 min' or 0"
+        ) from exc
+    if not 0 <= seconds <= MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to 365 d")
+    return seconds
+
+
+def _port(text: str) -> int:
+    """`--metrics-port PORT`: a TCP port number, 1 to 65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give 1 to 65535")
+    return int(text)
+
+
+def default_checkpoint_root(file: Path) -> str:
+    """Where `regional run FILE` keeps checkpoints without `--checkpoint-dir` or the policy's
+    `checkpointing.dir`: `.regional/checkpoints` in the pipeline file's folder, so a second run
+    of the same file resumes instead of writing its output again.
+
+    >>> default_checkpoint_root(Path("/jobs/clicks.py"))
+    '/jobs/.regional/checkpoints'
+    """
+    return str(file.absolute().parent / ".regional" / "checkpoints")
+
+
+def checkpoint_root(given: str | None, policy_dir: str | None, file: Path) -> tuple[str, str]:
+    """The checkpoint root of a run and where it came from (said on the first line).
+
+    >>> checkpoint_root(None, None, Path("/jobs/clicks.py"))[0]
+    '/jobs/.regional/checkpoints'
+    >>> checkpoint_root("/c", "/p", Path("/jobs/clicks.py"))
+    ('/c', '--checkpoint-dir')
+    """
+    if given:
+        return given, "--checkpoint-dir"
+    if policy_dir:
+        return policy_dir, "the policy's checkpointing.dir"
+    return (
+        default_checkpoint_root(file),
+        "default: the pipeline file's folder; --checkpoint-dir to change",
     )
-    if r.kind == Outcome.ABORTED:
-        line += f"\n    {r.message}"
-    print(line, flush=True)
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
@@ -147,7 +222,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
         )
     if args.job_id is not None:
         check_job_id(args.job_id, "--job-id")
-    root = args.checkpoint_dir or policy.checkpointing.dir or tempfile.mkdtemp(prefix="regional-")
+    # nothing is created before the pipeline file loaded: a bad file leaves nothing behind
+    root, origin = checkpoint_root(args.checkpoint_dir, policy.checkpointing.dir, args.file)
     os.environ["REGIONAL_CHECKPOINT_DIR"] = root
     namespace = load_pipeline_file(args.file)
     pipeline = namespace.get("pipeline")
@@ -174,18 +250,32 @@ def run_pipeline(args: argparse.Namespace) -> int:
         log_file = os.path.join(tempfile.gettempdir(), "regional-spark.log")
     if log_file:  # next to a checkpoint dir that may not exist yet
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-    print(f"starting Spark ({args.master}); checkpoints under {root}", flush=True)
+    # with --json stdout carries the outcomes only: everything else goes to stderr
+    info = sys.stderr if args.json else sys.stdout
+    say = functools.partial(print, file=info, flush=True)
+    say(f"starting Spark ({args.master}); checkpoints under {root} ({origin})")
     spark = spark_session(
         args.master, verbose=args.verbose, log_file=log_file, extra=dict(args.conf)
     )
     plan = pipeline.regions()
-    print(
+    say(
         f"pipeline {pipeline.name!r}: {len(pipeline.vertices)} vertices, "
-        f"{plan.num_regions} regions, {plan.num_units} fallback units",
-        flush=True,
+        f"{plan.num_regions} regions, {plan.num_units} fallback units"
     )
     if plan.reason:
-        print(f"note: {plan.reason}", flush=True)
+        say(f"note: {plan.reason}")
+    interval = run_interval(args.interval, policy)
+    say(
+        f"interval {format_duration(interval) if interval else '0'}: "
+        + (
+            "the wait after an epoch that read no records"
+            if interval
+            else "epochs follow each other without a wait"
+        )
+    )
+    if args.metrics_port is not None:
+        say(f"metrics for Prometheus on http://{args.metrics_host}:{args.metrics_port}/metrics")
+    view = progress_view(args.json, sys.stdout)
     faults = namespace.get("faults")
     runtime = SparkRuntime(
         pipeline,
@@ -193,29 +283,61 @@ def run_pipeline(args: argparse.Namespace) -> int:
         root=root,
         policy=policy,
         faults=faults if isinstance(faults, Faults) else None,
-        progress=_progress,
+        progress=view,
+        watch=view,
+        interval=interval,
         job_id=args.job_id,
         restore_from=args.restore_from,
         restore_mode=args.mode,
         allow_dropped_state=args.allow_dropped_state,
         allow_fresh_start=args.allow_fresh_start,
+        code_dir=str(args.file.absolute().parent),
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
-    stop = _on_stop_signals(runtime.request_stop) if args.stop_with_savepoint else {}
+    stop = _on_stop_signals(runtime.request_stop, say) if args.stop_with_savepoint else {}
     try:
-        summary = runtime.run(
-            max_checkpoints=args.max_checkpoints, stop_with_savepoint=args.stop_with_savepoint
-        )
+        with view:
+            summary = runtime.run(
+                max_checkpoints=args.max_checkpoints,
+                stop_with_savepoint=args.stop_with_savepoint,
+            )
     finally:
         for signum, handler in stop.items():
             signal.signal(signum, handler)
     if summary.restored_from is not None:
         where = f" ({summary.restored_location})" if summary.restored_location else ""
-        print(f"restored from checkpoint {summary.restored_from}{where}")
+        say(f"restored from checkpoint {summary.restored_from}{where}")
     for note in summary.restore_notes:
-        print(f"restore: {note}")
+        say(f"restore: {note}")
     if summary.savepoint is not None:
-        print(f"savepoint: {summary.savepoint}")
-    print(
+        say(f"savepoint: {summary.savepoint}")
+    say(run_summary_line(summary))
+    return 0
+
+
+def run_interval(given: float | None, policy: Policy) -> float:
+    """The driver's idle wait: `--interval` when given, else the policy's
+    `checkpointing.interval`.
+
+    >>> run_interval(None, Policy()), run_interval(0.5, Policy())
+    (10.0, 0.5)
+    """
+    return policy.checkpointing.interval if given is None else given
+
+
+def progress_view(as_json: bool, out: TextIO) -> PlainProgress | JsonProgress | LiveProgress:
+    """`--json`: JSON lines; a terminal: the live `rich` view; else plain lines."""
+    if as_json:
+        return JsonProgress(out)
+    if out.isatty():
+        return LiveProgress(Console(file=out))
+    return PlainProgress(out)
+
+
+def run_summary_line(summary: RunSummary) -> str:
+    """The last line of a run: checkpoints by kind and how the job ended."""
+    return (
         f"done in {summary.seconds:.1f} s: {summary.count(Outcome.GLOBAL)} global, "
         f"{summary.count(Outcome.REGIONAL)} regional, {summary.count(Outcome.ABORTED)} aborted "
         "checkpoints"
@@ -229,8 +351,6 @@ def run_pipeline(args: argparse.Namespace) -> int:
             else "job still running (stopped early)"
         )
     )
-    sys.stdout.flush()
-    return 0
 
 
 #: What a job id may be made of: it becomes a directory name under the checkpoint root (and a
@@ -256,14 +376,19 @@ def check_job_id(job_id: str, origin: str) -> None:
 
 
 def load_pipeline_file(file: Path) -> dict[str, Any]:
-    """Run PIPELINE.py and return its globals. The file is input: anything it raises (a syntax
-    error, binary content, a failed import) is a `GraphError` naming the file and line."""
+    """Run PIPELINE.py and return its globals. The file's folder goes first on `sys.path` (and
+    stays there for the run), so modules beside it import as under `python PIPELINE.py`. The
+    file is input: anything it raises (a syntax error, binary content, a failed import) is a
+    `GraphError` naming the file and line."""
     if file.is_dir():
         raise GraphError(
             f"pipeline file {file} is a directory; pass a Python file that defines `pipeline`"
         )
     if not file.is_file():
         raise GraphError(f"pipeline file {file} does not exist; pass a Python file")
+    folder = str(file.absolute().parent)
+    if folder not in sys.path:  # sibling modules import as they do under `python FILE`
+        sys.path.insert(0, folder)
     try:
         return runpy.run_path(str(file), run_name="regional_pipeline")
     except RegionalError:
@@ -314,12 +439,12 @@ def _check_restore_source(storage: JobStorage, path: str) -> None:
         ) from exc
 
 
-def _on_stop_signals(stop: Callable[[], None]) -> dict[int, Any]:
+def _on_stop_signals(stop: Callable[[], None], say: Callable[[str], None]) -> dict[int, Any]:
     """Make SIGTERM and SIGINT call `stop` (the run then ends with a savepoint); returns the
     handlers they replaced."""
 
     def handler(signum: int, frame: Any) -> None:
-        print(f"got signal {signum}: stopping with a savepoint after this epoch", flush=True)
+        say(f"got signal {signum}: stopping with a savepoint after this epoch")
         stop()
 
     old: dict[int, Any] = {}

@@ -717,7 +717,8 @@ class CheckpointCoordinator:
         the state and staged output of every attempt of `p` is garbage."""
         cid = p.checkpoint_id
         failed = tuple(sorted({*p.declined, *extra_failed}))
-        out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed)]
+        causes = {u: p.declined[u] for u in failed if u in p.declined}
+        out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
         retried = p.retries  # without retries every attempt is 1: no lookup per unit
         for unit_id, states in enumerate(p.states):
             if states:

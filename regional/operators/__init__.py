@@ -6,8 +6,11 @@ from __future__ import annotations
 from regional.operators.commit import (
     CommitCoordinator,
     TableCommitter,
+    TableRetention,
     TableRollback,
+    TableStaging,
     perform_commit,
+    sink_retention,
 )
 from regional.operators.memory_sink import InMemoryTableSink
 from regional.operators.protocol import FallbackUnsupportedError, OperatorCoordinator
@@ -20,6 +23,9 @@ __all__ = [
     "OperatorCoordinator",
     "SplitEnumerator",
     "TableCommitter",
+    "TableRetention",
     "TableRollback",
+    "TableStaging",
     "perform_commit",
+    "sink_retention",
 ]

@@ -5,10 +5,14 @@ unit's ack. Once checkpoint Y's metadata is durable, the `CommitCoordinator` of 
 the committables of Y's *fresh* sink subtasks under commit identifier Y. Commits leave the queue
 strictly in order, one at a time: a failed commit is retried and blocks later ones. The queue of
 not yet confirmed commits is the coordinator's snapshot, so a restore re-commits them, then the
-restored checkpoint's own committables; `perform_commit` skips identifiers the table already
-holds for the job's commit user and refuses a re-commit whose data files are gone.
+restored checkpoint's own committables; `perform_commit` skips identifiers up to the latest the
+table holds for the job's commit user and refuses a re-commit whose data files are gone.
 
-`TableCommitter` is what a table must offer (the Parquet sink, `InMemoryTableSink`).
+`TableCommitter` is what a table must offer (the Parquet sink, `InMemoryTableSink`). A commit
+user's commits are strictly ordered, so a table answers "what is committed" with one number,
+`latest_committed`, and need not read its history. Sinks that stage files where a crash can
+lose track of them also offer `TableStaging`: the driver has them delete their job's staged
+files that no retained committable names when it starts.
 
 >>> c = CommitCoordinator("sink", commit_user="job-1")
 >>> c.checkpoint_complete(3, (b"f1", b"f2"))
@@ -21,6 +25,7 @@ True
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
@@ -28,12 +33,20 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from metadata.layout import name_problem
-from metadata.model import SubtaskState
+from metadata.model import SinkRetention, SubtaskState
 from regional.decisions import Commit
 from regional.errors import CommitError, MetadataError
 from regional.operators.protocol import RegionalCompletion
 
-__all__ = ["CommitCoordinator", "TableCommitter", "TableRollback", "perform_commit"]
+__all__ = [
+    "CommitCoordinator",
+    "TableCommitter",
+    "TableRetention",
+    "TableRollback",
+    "TableStaging",
+    "perform_commit",
+    "sink_retention",
+]
 
 
 @runtime_checkable
@@ -42,8 +55,9 @@ class TableCommitter(Protocol):
 
     `commit` must be atomic and must refuse an identifier not greater than the user's latest;
     `fallback` (unit -> owner checkpoint of the units that fell back) is for the table's commit
-    record. `committed_identifiers` lists what the user committed; `missing_files` names the data
-    files behind `committables` that no longer exist.
+    record. `latest_committed` is the highest identifier the user committed (None: nothing);
+    every lower one is committed too, so it decides idempotency without reading the table's
+    history. `missing_files` names the data files behind `committables` that no longer exist.
     """
 
     def commit(
@@ -55,7 +69,7 @@ class TableCommitter(Protocol):
         fallback: Mapping[int, int] | None = None,
     ) -> None: ...
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]: ...
+    def latest_committed(self, commit_user: str) -> int | None: ...
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]: ...
 
@@ -68,12 +82,53 @@ class TableRollback(Protocol):
     def rollback(self, commit_user: str, identifier: int) -> list[int]: ...
 
 
+@runtime_checkable
+class TableStaging(Protocol):
+    """A table whose writers stage files a crash can orphan: `clean_staged` deletes job
+    `job_id`'s staged files that no committable in `keep` names, and returns them. The driver
+    calls it when it starts, before any task runs, with every committable its restored
+    checkpoint still names (a pending re-commit's files are among them)."""
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]: ...
+
+
+@runtime_checkable
+class TableRetention(Protocol):
+    """A table that says how long it keeps what its deduplication relies on (a commit marker,
+    snapshots): recorded in every checkpoint (`CheckpointMetadata.sinks`, the vertex id left
+    empty here) so `regional inspect ROOT validate` can warn without the pipeline."""
+
+    def marker_retention(self) -> SinkRetention: ...
+
+
+def sink_retention(sinks: Mapping[str, object]) -> tuple[SinkRetention, ...]:
+    """The retention of every sink (vertex id -> sink) that reports one (`TableRetention`).
+    Best effort: a table that cannot be read now is left out, with a warning in the log."""
+    out = []
+    for vertex_id, sink in sinks.items():
+        if not isinstance(sink, TableRetention):
+            continue
+        try:
+            retention = sink.marker_retention()
+        except Exception as exc:
+            logging.getLogger(__name__).warning(
+                "sink %r: its table's retention is not recorded in checkpoints (%s: %s)",
+                vertex_id,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        out.append(msgspec.structs.replace(retention, vertex_id=vertex_id))
+    return tuple(out)
+
+
 def perform_commit(commit: Commit, table: TableCommitter) -> bool:
     """Carry out `commit` on `table` idempotently; False if it was already committed.
 
     Raises `CommitError` when a re-commit after restore names data files that are missing.
     """
-    if commit.checkpoint_id in table.committed_identifiers(commit.commit_user):
+    latest = table.latest_committed(commit.commit_user)
+    if latest is not None and commit.checkpoint_id <= latest:
         return False
     if commit.recommit and (missing := table.missing_files(commit.committables)):
         raise CommitError(
@@ -111,6 +166,11 @@ class CommitCoordinator:
     @property
     def vertex_id(self) -> str:
         return self._vertex_id
+
+    @property
+    def pending(self) -> tuple[Commit, ...]:
+        """The commits waiting to be committed (or being committed), oldest first."""
+        return tuple(self._queue)
 
     @property
     def queued(self) -> tuple[int, ...]:

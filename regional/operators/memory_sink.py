@@ -6,8 +6,8 @@ failed attempts; `delete_file` stands in for a cleaned data file.
 
 >>> sink = InMemoryTableSink()
 >>> c = sink.stage("chk-1/u0-1.data", [("a", 1)])
->>> sink.commit("job", 1, [c]); sink.rows(), sink.committed_identifiers("job")
-([('a', 1)], frozenset({1}))
+>>> sink.commit("job", 1, [c]); sink.rows(), sink.latest_committed("job")
+([('a', 1)], 1)
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class InMemoryTableSink:
         self.fallback[commit_user, identifier] = dict(fallback or {})
         self._latest[commit_user] = identifier
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
-        return frozenset(i for u, i, _ in self.log if u == commit_user)
+    def latest_committed(self, commit_user: str) -> int | None:
+        return self._latest.get(commit_user) or None
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         return [c.decode() for c in committables if c.decode() not in self.files]

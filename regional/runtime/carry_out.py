@@ -14,14 +14,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import msgspec
 
 from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.errors import StorageError
 from metadata.events import Outcome
 from metadata.lease import JobLease, LeaseLostError
+from metadata.model import SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -39,10 +42,11 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import CommitError, JobFailedError, RegionalError
-from regional.operators import perform_commit
+from regional.operators import perform_commit, sink_retention
 from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.faults import Faults
+from regional.runtime.protocol import Answer, Decline
 
 __all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
 
@@ -53,13 +57,27 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class EpochOutcome:
-    """How a checkpoint ended, gathered while its decisions are carried out."""
+    """How a checkpoint ended, gathered while its decisions are carried out: the units that
+    fell back or failed, why (`causes`: one line per unit) and their tracebacks, when a task
+    sent one (`tracebacks`: unit -> the last `regional.failures.TRACE_LIMIT` characters), and
+    the records its fresh units dead-lettered."""
 
     outcome: Outcome
     fallback_units: tuple[int, ...] = ()
     message: str = ""
     causes: dict[int, str] = dataclasses.field(default_factory=dict)
     abort_rule: str | None = None
+    tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
+    records_dead_lettered: int = 0  # committed with this checkpoint (0 when aborted)
+
+
+@dataclasses.dataclass
+class _Answered:
+    """What the answers of one pending checkpoint said that the coordinator does not keep:
+    unit -> its decline's traceback, unit -> how many records its ack dead-lettered."""
+
+    tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
+    dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class DecisionHandlers:
@@ -79,12 +97,55 @@ class DecisionHandlers:
     _clean_due: bool
     _finished: bool
     _restore_base: RestoreBase | None
+    #: records dead-lettered by completed checkpoints since the driver started
+    _records_dead_lettered: int = 0
 
     def _now(self) -> int:
         raise NotImplementedError
 
     def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
         raise NotImplementedError
+
+    @functools.cached_property
+    def _answered(self) -> dict[int, _Answered]:
+        """checkpoint id -> what its answers said beyond the coordinator's view (until the
+        checkpoint's outcome)."""
+        return {}
+
+    def _note_answers(self, answers: Sequence[Answer]) -> None:
+        """Keep the tracebacks of declines and the dead-letter counts of acks for the
+        checkpoint's event (the coordinator only sees each decline's one-line reason)."""
+        for a in answers:
+            for old in [c for c in self._answered if c < a.checkpoint_id]:
+                del self._answered[old]  # a checkpoint that ended without an outcome
+            seen = self._answered.setdefault(a.checkpoint_id, _Answered())
+            if isinstance(a, Decline):
+                seen.dead_lettered.pop(a.unit, None)
+                if a.trace:
+                    seen.tracebacks[a.unit] = a.trace
+            else:
+                seen.tracebacks.pop(a.unit, None)
+                seen.dead_lettered[a.unit] = a.records_dead_lettered
+
+    def _outcome_of(
+        self, outcome: Outcome, fallback_units: tuple[int, ...], message: str, **kw: Any
+    ) -> EpochOutcome:
+        """The outcome of the pending checkpoint with what its answers said: the tracebacks of
+        the units in `fallback_units`; the dead letters of the others (none if aborted)."""
+        cid = kw.pop("checkpoint_id")
+        seen = self._answered.pop(cid, None) or _Answered()
+        dead = 0
+        if outcome is not Outcome.ABORTED:
+            dead = sum(n for u, n in seen.dead_lettered.items() if u not in fallback_units)
+            self._records_dead_lettered += dead
+        return EpochOutcome(
+            outcome,
+            fallback_units,
+            message,
+            tracebacks={u: seen.tracebacks[u] for u in fallback_units if u in seen.tracebacks},
+            records_dead_lettered=dead,
+            **kw,
+        )
 
     @functools.cached_property
     def _handlers(self) -> dict[type, Callable[[Any], list[Decision]]]:
@@ -99,6 +160,11 @@ class DecisionHandlers:
             NotifyComplete: self._notified,
             NotifyFallback: self._notified,
         }
+
+    @functools.cached_property
+    def _sink_retention(self) -> tuple[SinkRetention, ...]:
+        """The sinks' table retention, read once per driver (`TableRetention`)."""
+        return sink_retention({v: s.sink for v, s in self.pipeline.sinks.items()})
 
     def _carry_out(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
@@ -119,6 +185,8 @@ class DecisionHandlers:
         job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
         savepoint resumes from it; the cleaner treats it as any other)."""
         md = d.metadata
+        if self._sink_retention:  # for `regional inspect ROOT validate` (format 1.4)
+            md = msgspec.structs.replace(md, sinks=self._sink_retention)
         cid = md.checkpoint_id
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
@@ -130,11 +198,12 @@ class DecisionHandlers:
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
         self.faults.crash_point(cid, "after-metadata")
-        self._outcomes[cid] = EpochOutcome(
+        self._outcomes[cid] = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
-            {u.unit_id: u.reason or "" for u in md.fallback_units},
+            causes={u.unit_id: u.reason or "" for u in md.fallback_units},
+            checkpoint_id=cid,
         )
         return self.coordinator.on_metadata_durable(cid, self._now())
 
@@ -177,8 +246,13 @@ class DecisionHandlers:
         return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
 
     def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
-        self._outcomes[d.checkpoint_id] = EpochOutcome(
-            Outcome.ABORTED, d.failed_units, d.message, abort_rule=d.rule.value
+        self._outcomes[d.checkpoint_id] = self._outcome_of(
+            Outcome.ABORTED,
+            d.failed_units,
+            d.message,
+            causes=dict(d.causes),
+            abort_rule=d.rule.value,
+            checkpoint_id=d.checkpoint_id,
         )
         return []
 

@@ -60,19 +60,26 @@ from regional.operators import (
 )
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import find_restore_point, first_free_checkpoint_id, roll_back_sinks
+from regional.restore import (
+    clean_staged_sinks,
+    find_restore_point,
+    first_free_checkpoint_id,
+    roll_back_sinks,
+)
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.epoch_plan import finished_sources, plan_works
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
 
-__all__ = ["Clock", "JobDriver", "RunSummary", "SystemClock", "feed"]
+__all__ = ["Clock", "EpochWatch", "JobDriver", "RunSummary", "SystemClock", "feed"]
 
 #: How often one commit may fail before the job fails with a `CommitError`.
 COMMIT_ATTEMPTS = 3
 #: A lost unit is re-run alone only if this much time is left before the epoch deadline.
 RETRY_MIN_MS = 1000
+#: The longest single wait of an idle job: a stop request ends the wait within this time.
+IDLE_SLICE_S = 0.5
 #: How long the job root's lease lasts without renewal (a driver on another host that died
 #: blocks a restart this long; one on this host does not block it at all).
 DEFAULT_LEASE_TTL = 30.0
@@ -95,6 +102,16 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+class EpochWatch(Protocol):
+    """Sees the running epoch (a live progress view): its units when it starts, then every unit
+    answer as it arrives. An answer may be reported twice (live by the dispatcher, then when
+    the batch returns); a watcher counts the latest attempt of each unit."""
+
+    def epoch_started(self, checkpoint_id: int, units: Sequence[int]) -> None: ...
+
+    def unit_answered(self, answer: Answer) -> None: ...
 
 
 @dataclasses.dataclass
@@ -129,12 +146,16 @@ def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> lis
 class JobDriver(DecisionHandlers):
     """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
 
-    `progress` is called with every checkpoint outcome. `interval` (seconds) spaces epochs
-    (measured from one trigger to the next). `restore_from` is a checkpoint or savepoint to
-    start from instead of the job root's latest (the root must hold no completed checkpoint
-    then), restored in `restore_mode` (default: the policy's `restore.mode`);
-    `allow_dropped_state` lets a restore leave behind state the pipeline cannot take.
-    `observe` sees every trigger and every decision as it is carried out (tests, simulations).
+    `progress` is called with every checkpoint outcome, `watch` sees the running epoch.
+    `interval` (seconds; `regional run` passes the policy's `checkpointing.interval`) is the
+    time from one trigger to the next after an epoch that read no records: an idle streaming
+    job waits instead of spinning, while epochs that read records follow each other at once
+    (a backlog or a bounded job runs at full speed). 0: never wait. `restore_from` is a
+    checkpoint or savepoint to start from instead of the job root's latest (the root must
+    hold no completed checkpoint then), restored in `restore_mode` (default: the policy's
+    `restore.mode`); `allow_dropped_state` lets a restore leave behind state the pipeline
+    cannot take. `observe` sees every trigger and every decision as it is carried out
+    (tests, simulations).
 
     One driver per job root: `start` takes the root's lease (`metadata.lease`, `lease_ttl`
     seconds per renewal) or raises `LeaseHeldError`; metadata writes, commits and cleaning
@@ -153,6 +174,7 @@ class JobDriver(DecisionHandlers):
         clock: Clock | None = None,
         faults: Faults | None = None,
         progress: Callable[[CheckpointEvent], None] | None = None,
+        watch: EpochWatch | None = None,
         interval: float = 0.0,
         restore_from: str | None = None,
         restore_mode: str | None = None,
@@ -170,6 +192,7 @@ class JobDriver(DecisionHandlers):
         self.clock: Clock = clock or SystemClock()
         self.faults = faults or Faults()
         self.progress = progress
+        self.watch = watch
         self.interval = interval
         self.restore_from = restore_from
         self.restore_mode = restore_mode or self.policy.restore.mode
@@ -221,6 +244,8 @@ class JobDriver(DecisionHandlers):
         self.restored_from: int | None = None
         self.restored_location: str | None = None
         self.restore_notes: tuple[str, ...] = ()
+        self.last_event: CheckpointEvent | None = None  # the latest outcome (metrics endpoint)
+        self.records_in_total = 0  # records read by acked units since the driver started
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -252,13 +277,11 @@ class JobDriver(DecisionHandlers):
                 and not self._stop_requested
                 and (max_checkpoints is None or epochs < max_checkpoints)
             ):
-                triggered = self.clock.now_ms()
                 event = self.epoch()
                 summary.checkpoints.append(event)
                 epochs += 1
-                if self.interval and not self._finished and not self._stop_requested:
-                    elapsed = (self.clock.now_ms() - triggered) / 1000
-                    self.clock.sleep(max(0.0, self.interval - elapsed))
+                if event.records_in == 0 and (max_checkpoints is None or epochs < max_checkpoints):
+                    self._idle_until(event.trigger_time_ms + round(self.interval * 1000))
             self._stop_requested = False  # a later run() runs again
             if stop_with_savepoint and not self._finished:
                 summary.savepoint = self._take_savepoint(summary)
@@ -267,6 +290,15 @@ class JobDriver(DecisionHandlers):
         summary.finished = self._finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
+
+    def _idle_until(self, next_trigger_ms: int) -> None:
+        """Wait for the next trigger after an epoch that read nothing (unless the job finished
+        or a stop was requested meanwhile: a stop ends the wait within `IDLE_SLICE_S`)."""
+        while not self._finished and not self._stop_requested:
+            left = (next_trigger_ms - self.clock.now_ms()) / 1000
+            if left <= 0:
+                return
+            self.clock.sleep(min(left, IDLE_SLICE_S))
 
     def request_stop(self) -> None:
         """Stop `run` after the running epoch (safe to call from a signal handler)."""
@@ -332,6 +364,7 @@ class JobDriver(DecisionHandlers):
         )
         if point is None:
             self.coordinator.skip_to(first_free_checkpoint_id(self.storage))
+            clean_staged_sinks(self.pipeline, self.committers, self.job_id, None)
             return
         decisions = self.coordinator.restore(
             point.metadata,
@@ -348,6 +381,9 @@ class JobDriver(DecisionHandlers):
             point.metadata.checkpoint_id,
             own_root=self.restore_from is None,
         )
+        self.restore_notes += clean_staged_sinks(
+            self.pipeline, self.committers, self.job_id, point.metadata
+        )
         self._carry_out(decisions)
         self._check_sources_finished()
 
@@ -359,6 +395,8 @@ class JobDriver(DecisionHandlers):
         cid = trigger.checkpoint_id
         self._seen(trigger)
         works = self._works(trigger)
+        if self.watch is not None:
+            self.watch.epoch_started(cid, [w.unit_id for w in works])
         batch = self.dispatcher.run(works, trigger.deadline_ms)
         answers = list(batch.answers)
         decisions = self._feed(answers)
@@ -426,6 +464,7 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
+            records_dead_lettered=self._records_dead_lettered,
         )
 
     @property
@@ -450,10 +489,14 @@ class JobDriver(DecisionHandlers):
             fresh_units=self.layout.num_units - len(o.fallback_units) if completed else 0,
             fallback_units=o.fallback_units,
             causes=o.causes,
+            tracebacks=o.tracebacks,
+            records_dead_lettered=o.records_dead_lettered,
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
         )
+        self.records_in_total += records_in
+        self.last_event = event
         try:
             write_event(self.storage, event)
         except (RegionalError, OSError) as exc:
@@ -476,7 +519,10 @@ class JobDriver(DecisionHandlers):
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
         decisions: list[Decision] = []
+        self._note_answers(answers)
         for a in answers:
+            if self.watch is not None:
+                self.watch.unit_answered(a)
             decisions += feed(self.coordinator, a, self.clock.now_ms())
         return decisions
 

@@ -30,7 +30,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     `oldest_ref_checkpoint_id` is the oldest owner the latest completed checkpoint's fallback
     state refers to (None when it is global); `unit_lag` maps each unit whose state is behind
     the latest completed checkpoint to how many checkpoints behind it is (units at 0 left
-    out); `commit_lag` counts completed checkpoints whose output is not committed yet.
+    out); `commit_lag` counts completed checkpoints whose output is not committed yet;
+    `records_dead_lettered` the records user functions failed on that completed checkpoints
+    sent to the dead-letter sink (`on_error="dead-letter"`).
     Counters run since the driver started (a restored job starts them at 0).
     """
 
@@ -43,6 +45,7 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     unit_lag: dict[int, int]
     commit_lag: int
     commit_failures: int
+    records_dead_lettered: int = 0
 
     @property
     def max_unit_lag(self) -> int:
@@ -54,7 +57,11 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def metrics_snapshot(
-    metrics: CoordinatorMetrics, *, latest_completed_id: int | None, commit_lag: int
+    metrics: CoordinatorMetrics,
+    *,
+    latest_completed_id: int | None,
+    commit_lag: int,
+    records_dead_lettered: int = 0,
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics into a `MetricsSnapshot`."""
     oldest = (
@@ -72,6 +79,7 @@ def metrics_snapshot(
         unit_lag=dict(sorted(metrics.unit_lag.items())),
         commit_lag=commit_lag,
         commit_failures=metrics.commit_failures,
+        records_dead_lettered=records_dead_lettered,
     )
 
 
@@ -89,10 +97,13 @@ def checkpoint_event(
     abort_rule: str | None = None,
     message: str = "",
     records_in: int = 0,
+    tracebacks: Mapping[int, str] | None = None,
+    records_dead_lettered: int = 0,
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
-    `fallback_units` fell back (completed) or failed (aborted), with `causes` per unit.
+    `fallback_units` fell back (completed) or failed (aborted), with `causes` (one line) and
+    `tracebacks` per unit.
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
     completed = outcome is not Outcome.ABORTED
@@ -115,4 +126,6 @@ def checkpoint_event(
         global_checkpoint_count=metrics.global_checkpoint_count,
         savepoint_count=metrics.savepoint_count,
         aborted_by_rule=metrics.aborted_by_rule,
+        tracebacks=dict(tracebacks or {}),
+        records_dead_lettered=records_dead_lettered,
     )

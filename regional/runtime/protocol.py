@@ -41,7 +41,8 @@ class UnitWork(msgspec.Struct, frozen=True):
 class Ack(msgspec.Struct, frozen=True, tag="ack"):
     """Unit `unit` snapshotted checkpoint `checkpoint_id` as attempt `attempt`: `states` are its
     fresh subtask states (uploaded and verified), in layout order. `snapshot_blocked_s` is how
-    long the unit was blocked in the synchronous part of its snapshot."""
+    long the unit was blocked in the synchronous part of its snapshot; `records_dead_lettered`
+    how many records its dead-letter sink staged (`on_error="dead-letter"`)."""
 
     checkpoint_id: int
     unit: int
@@ -50,6 +51,7 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     records_in: int = 0
     records_out: int = 0
     snapshot_blocked_s: float = 0.0
+    records_dead_lettered: int = 0
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

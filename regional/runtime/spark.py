@@ -7,7 +7,14 @@ with a failed task are re-run each as their own one-task job (`isolated`). Each 
 `regional.runtime.task.run_units`, so user exceptions and unit timeouts come back as declines.
 Answers reach the driver through `collect()`, or, when the job had to be cancelled at the epoch
 deadline (a hang SIGALRM could not break) or failed, through a dict accumulator that holds every
-finished task's answers.
+finished task's answers; while a job runs the dispatcher reads that accumulator every
+`ANSWER_POLL_S` and reports new answers to `on_answer` (a live progress view).
+
+User code reaches the workers two ways. Modules imported from `code_dir` (the folder of a
+pipeline file run by `regional run`) are shipped as files (`SparkContext.addPyFile`), so the
+workers import them by name: a msgspec Struct they define keeps its fields, which a Struct
+pickled by value does not (msgspec issue #394). Every other module of user code that is not
+installed is pickled by value with cloudpickle.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from metadata.events import CheckpointEvent
 from metadata.storage import JobStorage
 from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.runtime.driver import JobDriver, RunSummary
+from regional.runtime.driver import EpochWatch, JobDriver, RunSummary
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
 from regional.runtime.protocol import Answer, Dispatch, UnitWork
 from regional.runtime.task import TaskEnv, run_units
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["CRASH_STEPS", "DriverCrash", "Faults", "RunSummary", "SparkDispatcher", "SparkRuntime"]
 
 _OURS = frozenset({"regional", "metadata", "cleaner", "builtins", "__main__"})
+#: How often a running Spark job's finished tasks are looked at for live answers.
+ANSWER_POLL_S = 0.25
 
 
 class _DictParam:
@@ -51,9 +60,39 @@ class _DictParam:
         return a
 
 
-def _ship_user_code_by_value(pipeline: Pipeline) -> None:
+def _installed_paths() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({paths["purelib"], paths["platlib"], paths["stdlib"]})
+
+
+def modules_in(code_dir: str) -> dict[str, str]:
+    """The imported user modules that are `.py` files directly in `code_dir` (a pipeline
+    file's siblings), by name: their files."""
+    folder = os.path.abspath(code_dir)
+    found: dict[str, str] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if module is None or file is None or "." in name or name in _OURS:
+            continue
+        path = os.path.abspath(file)
+        if path.endswith(".py") and os.path.dirname(path) == folder:
+            found[name] = path
+    return found
+
+
+def _ship_modules_as_files(sc: SparkContext, code_dir: str) -> frozenset[str]:
+    """Ship the modules imported from `code_dir` to the workers as files (importable by name
+    there); returns their names."""
+    shipped = modules_in(code_dir)
+    for file in shipped.values():
+        sc.addPyFile(file)
+    return frozenset(shipped)
+
+
+def _ship_user_code_by_value(pipeline: Pipeline, shipped: frozenset[str] = frozenset()) -> None:
     """Pickle the pipeline's user modules by value: Python workers may not import them (a test
-    module, a script loaded from a path); installed packages are still shipped by name."""
+    module, a script loaded from a path); installed packages and the `shipped` modules
+    (importable on the workers) are still pickled by name."""
     from pyspark import cloudpickle
 
     things: list[Any] = []
@@ -63,12 +102,12 @@ def _ship_user_code_by_value(pipeline: Pipeline) -> None:
             things += [v.operator.fn, v.operator.key]
         if v.source is not None:
             things += list(vars(v.source).values())
-    installed = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]})
+    installed = _installed_paths()
     for thing in things:
         name = getattr(thing, "__module__", None) or type(thing).__module__
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
-        if module is None or file is None or name.split(".")[0] in _OURS:
+        if module is None or file is None or name.split(".")[0] in _OURS or name in shipped:
             continue
         if not os.path.abspath(file).startswith(installed):
             with contextlib.suppress(ValueError):
@@ -98,13 +137,23 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
 
 class SparkDispatcher:
     """Runs unit work as Spark jobs on `sc`, `tasks` tasks per epoch, with `env` shipped to
-    every task. Implements `regional.runtime.protocol.TaskDispatcher`."""
+    every task. Implements `regional.runtime.protocol.TaskDispatcher`. `on_answer` is told
+    every answer as its task ends, while the job still runs."""
 
-    def __init__(self, sc: SparkContext, env: TaskEnv, *, tasks: int, job_id: str) -> None:
+    def __init__(
+        self,
+        sc: SparkContext,
+        env: TaskEnv,
+        *,
+        tasks: int,
+        job_id: str,
+        on_answer: Callable[[Answer], None] | None = None,
+    ) -> None:
         self.sc = sc
         self.env = env
         self.tasks = tasks
         self.job_id = job_id
+        self.on_answer = on_answer
 
     def start(self) -> None:
         """Warm up the Python workers (the first import of the task side costs seconds)."""
@@ -154,19 +203,32 @@ class SparkDispatcher:
 
         thread = threading.Thread(target=job, name=group, daemon=True)
         thread.start()
-        thread.join(max(0.0, deadline_ms / 1000 - time.time()))
+        reported: set[Any] = set()
+        while thread.is_alive() and (left := deadline_ms / 1000 - time.time()) > 0:
+            thread.join(left if self.on_answer is None else min(left, ANSWER_POLL_S))
+            self._report_live(acc, reported)
         cancelled = thread.is_alive()
         if cancelled:
             sc.cancelJobGroup(group)
             thread.join()
         if "answers" in box:
             return Dispatch(list(box["answers"]))
-        answers = list(acc.value.values())
+        answers = list(dict(acc.value).values())
         if "error" in box and not cancelled:
             first = str(box["error"]).strip().splitlines()
             why = first[0][:300] if first else repr(box["error"])
             return Dispatch(answers, f"spark job failed: {why}")
         return Dispatch(answers)
+
+    def _report_live(self, acc: Any, reported: set[Any]) -> None:
+        """Tell `on_answer` the answers of tasks that ended since the last look (the
+        accumulator is merged on the driver as each task ends)."""
+        if self.on_answer is None:
+            return
+        for key, answer in list(dict(acc.value).items()):  # a copy: tasks merge into it
+            if key not in reported:
+                reported.add(key)
+                self.on_answer(answer)
 
 
 class SparkRuntime(JobDriver):
@@ -185,6 +247,11 @@ class SparkRuntime(JobDriver):
     `allow_dropped_state` lets a restore leave behind state the pipeline cannot take (a
     vertex it no longer has, a changed max parallelism) instead of failing;
     `allow_fresh_start` starts from nothing in a job root whose checkpoints are all damaged.
+
+    `watch` sees the running epoch (units, and each answer as its task ends); `interval` is
+    the idle wait of `JobDriver`. `code_dir` (a pipeline file's folder) ships the modules
+    imported from it as files (see the module doc). `metrics_port` serves the job's metrics
+    for Prometheus on `metrics_host`:PORT while `run` runs (`regional.runtime.prometheus`).
     """
 
     def __init__(
@@ -198,18 +265,23 @@ class SparkRuntime(JobDriver):
         faults: Faults | None = None,
         tasks: int | None = None,
         progress: Callable[[CheckpointEvent], None] | None = None,
+        watch: EpochWatch | None = None,
         interval: float = 0.0,
         restore_from: str | None = None,
         restore_mode: str | None = None,
         allow_dropped_state: bool = False,
         allow_fresh_start: bool = False,
+        code_dir: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         policy = policy or Policy()
         faults = faults or Faults()
         job_id = job_id or pipeline.name
         sc = spark.sparkContext
         region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
-        _ship_user_code_by_value(pipeline)
+        shipped = _ship_modules_as_files(sc, code_dir) if code_dir else frozenset()
+        _ship_user_code_by_value(pipeline, shipped)
         # a packed task runs its units one after another: half the deadline per unit leaves
         # the others of a task with a hung unit time to finish before the epoch deadline
         run_id = uuid.uuid4().hex[:12]
@@ -224,11 +296,18 @@ class SparkRuntime(JobDriver):
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(
             pipeline,
-            SparkDispatcher(sc, env, tasks=tasks, job_id=job_id),
+            SparkDispatcher(
+                sc,
+                env,
+                tasks=tasks,
+                job_id=job_id,
+                on_answer=watch.unit_answered if watch is not None else None,
+            ),
             storage=JobStorage(root, job_id),
             policy=policy,
             faults=faults,
             progress=progress,
+            watch=watch,
             interval=interval,
             restore_from=restore_from,
             restore_mode=restore_mode,
@@ -239,6 +318,24 @@ class SparkRuntime(JobDriver):
         self.spark = spark
         self.root = root
         self.tasks = tasks
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+
+    def run(
+        self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
+    ) -> RunSummary:
+        """`JobDriver.run`, serving the metrics on `metrics_port` meanwhile (when given)."""
+        from regional.runtime.prometheus import serve_metrics
+
+        serving = (
+            contextlib.nullcontext()
+            if self.metrics_port is None
+            else serve_metrics(self, port=self.metrics_port, host=self.metrics_host)
+        )
+        with serving:
+            return super().run(
+                max_checkpoints=max_checkpoints, stop_with_savepoint=stop_with_savepoint
+            )
 
     @property
     def env(self) -> TaskEnv:

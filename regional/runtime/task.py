@@ -30,7 +30,6 @@ import signal
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -41,6 +40,8 @@ import pyarrow as pa
 from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
+from regional.dead_letters import DeadLetters
+from regional.failures import failure_line, failure_trace
 from regional.pipeline import Chunk, Pipeline
 from regional.runtime.faults import UnitFaults
 from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
@@ -49,8 +50,9 @@ from regional.state import OperatorState
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
 
-class UnitTimeout(Exception):
-    """The unit ran past its timeout (raised by SIGALRM inside the unit)."""
+class UnitTimeout(BaseException):
+    """The unit ran past its timeout (raised by SIGALRM inside the unit). Not an `Exception`,
+    so user code and dead-lettering (`on_error="dead-letter"`) never swallow it."""
 
 
 class UploadLatency(msgspec.Struct, frozen=True):
@@ -101,6 +103,7 @@ class _Snapshot(msgspec.Struct):
     records_in: int
     records_out: int
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
+    records_dead_lettered: int = 0
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -137,7 +140,14 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     outputs: dict[str, list[Chunk]] = {}
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
-    records_in = records_out = 0
+    records_in = records_out = dead_lettered = 0
+    start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
+    live_splits: set[str] = set()  # splits the unit's sources read so far still hold
+    dead = (
+        DeadLetters(work.checkpoint_id, start_positions)
+        if pipeline.on_error == "dead-letter"
+        else None
+    )
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
         index = next(i for v, i in restore if v == vertex_id)
@@ -154,6 +164,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             budget = pipeline.records_per_epoch
             kept = []
             for split, position in positions.items():
+                start_positions[split] = position.decode("utf-8", "backslashreplace")
                 if budget > 0:
                     result = spec.source.read(split, position, budget)
                     for b in result.batches:
@@ -165,6 +176,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         continue
                 kept.append(SplitState(split, position))
             split_states = tuple(kept)
+            live_splits.update(s.split_id for s in kept)
             outputs[vertex_id] = chunks
         else:
             if faults is not None:  # after the sources read, like user code failing on data
@@ -179,9 +191,23 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
-                outputs[vertex_id] = spec.operator.apply(inputs, op_state)
+                outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
+                    # keyed state of finished splits leaves with this snapshot, which is also
+                    # the first without the split in its source's state (DESIGN §4 rule 4)
+                    op_state.retain_splits(live_splits)
                     blob = op_state.to_bytes()
+            elif spec.dead_letter:  # the dead letters of this chain's operators
+                assert dead is not None
+                batch = dead.batch(spec.inputs)
+                dead_lettered += batch.num_rows
+                committables = spec.sink.write(
+                    [batch],
+                    checkpoint_id=work.checkpoint_id,
+                    vertex_id=vertex_id,
+                    index=index,
+                    attempt=work.attempt,
+                )
             else:  # sink
                 batches = [
                     d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
@@ -194,6 +220,9 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     vertex_id=vertex_id,
                     index=index,
                     attempt=work.attempt,
+                    job_id=env.job_id,
+                    unit_id=work.unit_id,
+                    run_id=env.run_id or "",
                 )
         states.append(
             SubtaskState(
@@ -229,6 +258,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         records_in,
         records_out,
         time.monotonic() - serialise_started,
+        dead_lettered,
     )
 
 
@@ -269,6 +299,7 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         records_in=snap.records_in,
         records_out=snap.records_out,
         snapshot_blocked_s=snap.serialise_s,
+        records_dead_lettered=snap.records_dead_lettered,
     )
 
 
@@ -308,13 +339,7 @@ def run_units(
                 answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
             except Exception as exc:
                 prefix = "upload failed: " if snap is not None else ""
-                answers.append(
-                    _decline(
-                        work,
-                        f"{prefix}{type(exc).__name__}: {exc}",
-                        trace=traceback.format_exc(limit=4)[-2000:],
-                    )
-                )
+                answers.append(_decline(work, failure_line(exc, prefix), failure_trace(exc)))
             else:
                 if env.upload_in_sync_phase:
                     answers.append(answer)
@@ -331,8 +356,8 @@ def run_units(
             except TimeoutError:
                 answers.append(_decline(snap.work, "timeout: upload did not finish in time"))
             except Exception as exc:
-                reason = f"upload failed: {type(exc).__name__}: {exc}"
-                answers.append(_decline(snap.work, reason))
+                reason = failure_line(exc, "upload failed: ")
+                answers.append(_decline(snap.work, reason, failure_trace(exc)))
             _discard_staged(env.pipeline, snap.states)
     if on_answer is not None:
         for a in answers:

@@ -1,8 +1,8 @@
 """Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table),
-`PaimonSink` (an Apache Paimon append table; the extra ``regional[paimon]``), `DeltaSink` (a
-Delta Lake table; ``regional[delta]``) and `IcebergSink` (an Apache Iceberg table;
-``regional[iceberg]``). The optional ones are imported on first use, so that
-`regional.sinks` works without their packages."""
+`PaimonSink` (an Apache Paimon append table; the extra ``regional-checkpoints[paimon]``),
+`DeltaSink` (a Delta Lake table; ``regional-checkpoints[delta]``) and `IcebergSink` (an Apache
+Iceberg table; ``regional-checkpoints[iceberg]``). The optional ones are imported on first use, so
+that `regional.sinks` works without their packages."""
 
 from __future__ import annotations
 

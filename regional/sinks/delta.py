@@ -1,20 +1,19 @@
 """An exactly-once Delta Lake sink through deltalake (delta-rs) (DESIGN §4 rule 8).
 
-Needs the optional extra: ``pip install 'regional[delta]'`` (deltalake is imported only on the
-driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarrow alone). Only
-unpartitioned tables are supported.
+Needs the optional extra: ``pip install 'regional-checkpoints[delta]'`` (deltalake is imported only
+on the driver, when a `DeltaSink` is created or commits; tasks write Parquet with pyarrow alone).
+Only unpartitioned tables are supported.
 
 Writers (in Spark tasks) write their epoch's rows as one Parquet file in the table directory,
-named ``c<checkpoint>-<vertex>-<subtask>-a<attempt>-<random>.parquet``, and return a committable
-naming it (with its size and row count). Files that no commit adds are not part of the table:
-every Delta reader ignores them. Once checkpoint Y's metadata is durable the driver commits Y's
-files as one Delta version of ``add`` actions carrying the transaction marker
+named ``c<checkpoint>-<vertex>-<subtask>-u<unit>-a<attempt>-<run>-<random>.parquet``, and return
+a committable naming it (with its size and row count). Files that no commit adds are not part of
+the table: every Delta reader ignores them. Once checkpoint Y's metadata is durable the driver
+commits Y's files as one Delta version of ``add`` actions carrying the transaction marker
 ``txn(appId = commit user, version = Y)``, after
 
 - skipping Y if the table's marker of that commit user is Y or later. Delta keeps only the
   latest marker per app id, and a commit user's commits are strictly in checkpoint order, so
-  `committed_identifiers` reports every identifier up to the marker (delta-rs records the marker
-  but does not skip on its own);
+  the marker is `latest_committed` (delta-rs records the marker but does not skip on its own);
 - checking that every data file exists (a Delta log naming a missing file fails every read);
 - when the commit user has no marker yet, checking that none of the files is already in the table
   (the backstop should ``delta.setTransactionRetentionDuration`` have expired the marker).
@@ -33,13 +32,13 @@ marker, so a restore below the table's latest commit of the job refuses instead.
 >>> import pyarrow as pa
 >>> sink = DeltaSink(tempfile.mkdtemp() + "/t", schema=pa.schema([("x", pa.int64())]))
 >>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=3, vertex_id="out",
-...                index=0, attempt=0)
+...                index=0, attempt=0, job_id="job", unit_id=0, run_id="r1")
 >>> sink.read().num_rows
 0
 >>> sink.commit("job-1", 3, c); sink.read().column("x").to_pylist()
 [1, 2]
->>> sorted(sink.committed_identifiers("job-1"))  # every identifier up to the marker
-[1, 2, 3]
+>>> sink.latest_committed("job-1")  # the marker: every identifier up to it is committed
+3
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
@@ -81,13 +81,38 @@ class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
     modified: int  # ms since the epoch
 
 
+_TXN_RETENTION = "delta.setTransactionRetentionDuration"
+_INTERVAL_UNITS = {
+    "nanosecond": 1e-6,
+    "microsecond": 1e-3,
+    "millisecond": 1,
+    "second": 1000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 604_800_000,
+}
+
+
+def _interval_ms(text: str) -> int | None:
+    """A Delta interval property (`interval 2 days`) in milliseconds; None if it is not one.
+
+    >>> _interval_ms("interval 1 second"), _interval_ms("interval 2 days"), _interval_ms("2d")
+    (1000, 172800000, None)
+    """
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+([a-z]+?)s?\s*", text.lower())
+    if match is None or match[2] not in _INTERVAL_UNITS:
+        return None
+    return round(int(match[1]) * _INTERVAL_UNITS[match[2]])
+
+
 def _require_deltalake() -> Any:
     try:
         import deltalake
     except ImportError as exc:
         raise SinkError(
-            f"the Delta Lake sink needs the deltalake package ({exc}); install regional[delta], "
-            "e.g. pip install 'regional[delta]'"
+            f"the Delta Lake sink needs the deltalake package ({exc}): "
+            "pip install 'regional-checkpoints[delta]'"
         ) from exc
     return deltalake
 
@@ -124,7 +149,6 @@ class DeltaSink:
         self.path = _location(path)
         self.storage_options = dict(storage_options or {})
         self._table_object: Any = None
-        self._committed: tuple[str, int | None, frozenset[int]] | None = None
         deltalake = _require_deltalake()
         if schema is not None:
             deltalake.DeltaTable.create(
@@ -149,7 +173,6 @@ class DeltaSink:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._table_object = None
-        self._committed = None
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
@@ -257,6 +280,9 @@ class DeltaSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet file in the table directory; its committable (none
         if there are no rows). Nothing is visible until the driver commits it."""
@@ -265,7 +291,11 @@ class DeltaSink:
             return ()
         table = self._fit(batches)
         vertex = re.sub(r"[^A-Za-z0-9_-]", "_", vertex_id)
-        name = f"c{checkpoint_id}-{vertex}-{index}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        run = re.sub(r"[^A-Za-z0-9_-]", "_", run_id)
+        name = (
+            f"c{checkpoint_id}-{vertex}-{index}-u{unit_id}-a{attempt}-{run}-"
+            f"{uuid.uuid4().hex[:12]}.parquet"
+        )
         fs, base = self._filesystem()
         fs.create_dir(base, recursive=True)
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
@@ -292,7 +322,7 @@ class DeltaSink:
         (`commit_user`, `identifier`), recording the checkpoint and the fallback units (unit ->
         owner checkpoint) in its commit info.
 
-        Uses the table version `committed_identifiers` last read: a commit of the same commit
+        Uses the table version `latest_committed` last read: a commit of the same commit
         user since then makes delta-rs refuse, and that is a `CommitError`.
         """
         from deltalake.exceptions import CommitFailedError
@@ -357,18 +387,14 @@ class DeltaSink:
         paths = self._table().get_add_actions().column("path").to_pylist()
         return [f"{self.path}/{p}" for p in paths if p in names]
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
-        """Every identifier up to `commit_user`'s transaction marker in the table's latest
-        version (Delta keeps only the latest marker per app id; a commit user commits in
-        identifier order, so all smaller identifiers were committed or had nothing to commit).
-        """
+    def latest_committed(self, commit_user: str) -> int | None:
+        """`commit_user`'s transaction marker in the table's latest version (Delta keeps only
+        the latest marker per app id; a commit user commits in identifier order, so every
+        smaller identifier was committed or had nothing to commit)."""
         table = self._table()
         table.update_incremental()
-        latest = table.transaction_version(commit_user)
-        if self._committed is None or self._committed[:2] != (commit_user, latest):
-            ids = frozenset(range(1, latest + 1)) if latest is not None else frozenset()
-            self._committed = (commit_user, latest, ids)
-        return self._committed[2]
+        version: int | None = table.transaction_version(commit_user)
+        return version
 
     def data_files(self, committables: Iterable[bytes]) -> list[str]:
         """Paths of the data files behind `committables`."""
@@ -393,6 +419,15 @@ class DeltaSink:
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(c.rows for c in self._own(committables))
+
+    def marker_retention(self) -> SinkRetention:
+        """How long the table keeps a commit user's marker (`regional.operators.TableRetention`):
+        `delta.setTransactionRetentionDuration` if set (else None: kept forever)."""
+        configuration = self._table().metadata().configuration
+        text = configuration.get(_TXN_RETENTION)
+        return SinkRetention(
+            "", "delta", self.path, _TXN_RETENTION, _interval_ms(text) if text else None
+        )
 
     # --- reading ----------------------------------------------------------------------------
 

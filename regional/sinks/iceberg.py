@@ -1,15 +1,19 @@
 """An exactly-once Apache Iceberg sink through pyiceberg (DESIGN §4 rule 8, Flink's Iceberg sink).
 
-Needs the optional extra: ``pip install 'regional[iceberg]'`` (pyiceberg is imported only when an
-`IcebergSink` is created or used). The catalog is a pyiceberg `SqlCatalog` on a SQLite file next
-to the warehouse by default (nothing to start), or any pyiceberg catalog from its properties.
-Only unpartitioned tables are supported.
+Needs the optional extra: ``pip install 'regional-checkpoints[iceberg]'`` (pyiceberg is imported
+only when an `IcebergSink` is created or used). The catalog is a pyiceberg `SqlCatalog` on a SQLite
+file next to the warehouse by default (nothing to start), or any pyiceberg catalog from its
+properties. Only unpartitioned tables are supported.
+
+About 600 lines, on purpose: the commit's guarantees (the ancestry walk, the duplicate-file
+backstop, rollback only over our own snapshots) depend on each other and are argued below; the
+writer side is small.
 
 Writers (in Spark tasks) write their epoch's rows as one Parquet data file under the table's data
 location, named by sink subtask, checkpoint and attempt, and return one committable naming it.
 They read the table's schema and location from its metadata file, never from the catalog. Once
 checkpoint Y's metadata is durable the driver appends Y's data files to the table as one snapshot
-(`Transaction.add_files(..., check_duplicate_files=True)`) whose summary records
+(`Transaction.add_files`, a fast append) whose summary records
 
 - ``regional.job-id``, ``regional.commit-user`` and ``regional.checkpoint-id`` (Y), and
 - ``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
@@ -21,6 +25,31 @@ a commit reads only the snapshots added since the last one. A commit that meets 
 commit is refused (`CommitError`) instead of being re-based by pyiceberg, so the retry re-reads
 what is committed first. `rollback` moves the table back to the snapshot before the commit user's
 commits after a checkpoint, only when no other writer committed since.
+
+The duplicate-file backstop (for when the commit-identifier check is fooled: the same files
+committed under another commit user, or a snapshot whose commit user was lost) costs the same at
+every commit however old the table is, unlike pyiceberg's ``check_duplicate_files``, which reads
+every manifest of the current snapshot (one per append). It rests on the file names:
+
+1. `write` names every file ``<sink>-<subtask>-c<Y>-a<attempt>-<12 hex>.parquet`` and the commit
+   of checkpoint Y receives only files written for Y (the fresh subtasks of Y's metadata); `commit`
+   enforces it, refusing a file not so named, or named for another checkpoint. So every file this
+   sink ever committed was added by a snapshot whose summary names the checkpoint in its name.
+2. Hence a file of checkpoint Y can already be in the table only as an entry ADDED by an ancestor
+   snapshot whose summary names checkpoint Y (any commit user, or none). The cached ancestry walk
+   indexes those snapshots by checkpoint; the backstop reads only the manifests such a snapshot
+   added itself (``added_snapshot_id``): none for a checkpoint committed for the first time, one
+   per earlier commit of the same checkpoint id (by other runs) otherwise.
+3. That misses a snapshot that was expired (its summary is gone). Age- or count-based expiry
+   removes the oldest first, and commits of one user are in checkpoint order, so an expired
+   commit of Y by this user implies none of the user's commits are left: only then, and only
+   when the table held data files before its oldest kept snapshot (from that snapshot's summary
+   totals), is the whole current snapshot checked (pyiceberg's check): a commit user's first
+   commit into a table with expired history (at most once per driver).
+
+Not checked: files of ours added to the table by another writer without our summary (e.g. a
+hand-run ``add_files`` over the data directory), and a file added by a snapshot expired out of
+age order (expiry by snapshot id).
 
 >>> job_of("clicks-0123456789ab-out")
 'clicks'
@@ -62,6 +91,8 @@ CHECKPOINT_PROPERTY = "regional.checkpoint-id"
 FALLBACK_PROPERTY = "regional.fallback-units"
 
 _RUN = re.compile(r"^(?P<job>.+)-[0-9a-f]{12}-.+$")  # the driver's commit user, see driver.py
+# the name `IcebergSink.write` gives a data file (the location provider may put directories first)
+_FILE = re.compile(r"^[A-Za-z0-9_.-]+-\d+-c(?P<checkpoint>\d+)-a\d+-[0-9a-f]{12}\.parquet$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -70,6 +101,18 @@ def job_of(commit_user: str) -> str:
     other commit user is returned whole."""
     match = _RUN.match(commit_user)
     return match["job"] if match else commit_user
+
+
+def _checkpoint_of(file: str) -> int | None:
+    """The checkpoint in the name `write` gives a data file; None for any other name.
+
+    >>> _checkpoint_of("data/ab12/out-3-c42-a0-0123456789ab.parquet")
+    42
+    >>> _checkpoint_of("data/00000-0-5f1e.parquet") is None
+    True
+    """
+    match = _FILE.match(file.rsplit("/", 1)[-1])
+    return int(match["checkpoint"]) if match else None
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
@@ -83,8 +126,8 @@ def _require_pyiceberg() -> Any:
         import pyiceberg.catalog
     except ImportError as exc:
         raise SinkError(
-            f"the Iceberg sink needs the pyiceberg package ({exc}); install regional[iceberg], "
-            "e.g. pip install 'regional[iceberg]'"
+            f"the Iceberg sink needs the pyiceberg package ({exc}): "
+            "pip install 'regional-checkpoints[iceberg]'"
         ) from exc
     return pyiceberg
 
@@ -97,6 +140,27 @@ def _mark(snapshot: Any) -> tuple[str | None, int | None]:
     if user is None or checkpoint is None:
         return None, None
     return user, int(checkpoint)
+
+
+def _checkpoint_mark(snapshot: Any) -> int | None:
+    """The checkpoint id a snapshot's summary names (whatever its commit user), or None."""
+    checkpoint = snapshot.summary.get(CHECKPOINT_PROPERTY) if snapshot.summary else None
+    return int(checkpoint) if checkpoint is not None and checkpoint.isdigit() else None
+
+
+def _added_files(io: Any, snapshot: Any) -> set[str]:
+    """Locations of the data files `snapshot` added: the ADDED entries of the data manifests it
+    wrote itself (one for a fast append), never the manifests it inherited."""
+    from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+
+    return {
+        entry.data_file.file_path
+        for manifest in snapshot.manifests(io)
+        if manifest.content == ManifestContent.DATA
+        and manifest.added_snapshot_id == snapshot.snapshot_id
+        for entry in manifest.fetch_manifest_entry(io, discard_deleted=False)
+        if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id
+    }
 
 
 class IcebergSink:
@@ -146,6 +210,7 @@ class IcebergSink:
         self._metadata_location: str | None = None  # what tasks read the table from
         self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
         self._identifiers: dict[str, set[int]] = {}
+        self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
         self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
         _require_pyiceberg()
         if schema is not None:
@@ -175,6 +240,7 @@ class IcebergSink:
         self._table_object = None
         self._head = None
         self._identifiers = {}
+        self._snapshots_of = {}
         self.snapshots_read = 0
 
     def __repr__(self) -> str:
@@ -273,6 +339,9 @@ class IcebergSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet data file (with the table's field ids) under the
         table's data location; its committable (none if there are no rows). Nothing is visible
@@ -330,6 +399,7 @@ class IcebergSink:
             )
         table = self._table()
         paths = [self._path(table, c.file) for c in self._decode(committables)]
+        self._check_names(commit_user, identifier, paths)
         if missing := self._missing(table, paths):
             raise CommitError(
                 f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
@@ -354,9 +424,13 @@ class IcebergSink:
             }
         )
         once = Table(table.name(), no_retry, table.metadata_location, table.io, table.catalog)
+        self._check_not_committed(table, commit_user, identifier, paths)
+        whole_table = not done and self._history_cut(table)  # see the module's docstring
         transaction = once.transaction()
         try:
-            transaction.add_files(paths, snapshot_properties=properties, check_duplicate_files=True)
+            transaction.add_files(
+                paths, snapshot_properties=properties, check_duplicate_files=whole_table
+            )
             transaction.commit_transaction()
         except CommitFailedException as exc:
             raise CommitError(
@@ -389,14 +463,20 @@ class IcebergSink:
                     break
                 added.append(s)
             else:  # the cached head is not an ancestor (a rollback): start over
-                self._identifiers = {}
+                self._identifiers, self._snapshots_of = {}, {}
             self.snapshots_read += len(added)
-            for s in added:
+            for s in reversed(added):  # oldest first
                 user, checkpoint = _mark(s)
                 if user is not None and checkpoint is not None:
                     self._identifiers.setdefault(user, set()).add(checkpoint)
+                if (marked := _checkpoint_mark(s)) is not None:
+                    self._snapshots_of.setdefault(marked, []).append(s.snapshot_id)
             self._head = head
         return frozenset(self._identifiers.get(commit_user, ()))
+
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The latest checkpoint id committed by `commit_user` (`TableCommitter`)."""
+        return max(self.committed_identifiers(commit_user), default=None)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo `commit_user`'s commits after checkpoint `identifier` by making the snapshot
@@ -442,8 +522,63 @@ class IcebergSink:
                 f"checkpoint {identifier} met a concurrent commit and was not made ({exc}); "
                 "restore again"
             ) from exc
-        self._head, self._identifiers = None, {}
+        self._head, self._identifiers, self._snapshots_of = None, {}, {}
         return sorted(c for s in newer if (c := _mark(s)[1]) is not None)
+
+    # --- the duplicate-file backstop (see the module's docstring) ------------------------------
+
+    def _check_names(self, commit_user: str, identifier: int, paths: Sequence[str]) -> None:
+        """Refuse a data file not named by `write` for checkpoint `identifier`."""
+        for path in paths:
+            if _checkpoint_of(path) != identifier:
+                raise CommitError(
+                    f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier} "
+                    f"of user {commit_user!r}: data file {path} is not named as the sink names "
+                    f"the files of checkpoint {identifier} (<sink>-<subtask>-c{identifier}-"
+                    "a<attempt>-<12 hex>.parquet); nothing was committed (is the checkpoint "
+                    "metadata from another writer or tampered with?)"
+                )
+
+    def _check_not_committed(
+        self, table: Any, commit_user: str, identifier: int, paths: Sequence[str]
+    ) -> None:
+        """Refuse data files already added by an ancestor snapshot marked with checkpoint
+        `identifier`, reading only the manifests those snapshots added."""
+        wanted = set(paths)
+        for snapshot_id in self._snapshots_of.get(identifier, ()):
+            snapshot = table.metadata.snapshot_by_id(snapshot_id)
+            if snapshot is None:  # expired meanwhile
+                continue
+            if again := sorted(wanted & _added_files(table.io, snapshot)):
+                user = snapshot.summary.get(COMMIT_USER_PROPERTY) if snapshot.summary else None
+                raise CommitError(
+                    f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier} "
+                    f"of user {commit_user!r}: data file(s) {', '.join(again[:5])} were already "
+                    f"committed by snapshot {snapshot_id} (commit user "
+                    f"{user if user is None else repr(user)}, checkpoint {identifier}); "
+                    "committing them again would duplicate their rows; nothing was committed "
+                    "(is another run committing this job's checkpoints?)"
+                )
+
+    def _history_cut(self, table: Any) -> bool:
+        """Whether the table held data files before its oldest kept snapshot, i.e. some of
+        them were added by expired snapshots, whose summaries are gone. The oldest ancestor's
+        summary totals say so (pyiceberg's expiry even clears its parent id). A whole walk of
+        the ancestry: only a commit user's first commit asks."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        oldest = None
+        for oldest in ancestors_of(table.current_snapshot(), table.metadata):  # noqa: B007
+            pass
+        if oldest is None:
+            return False
+        summary = oldest.summary
+        total = summary.get("total-data-files") if summary is not None else None
+        if summary is None or total is None:
+            return True  # no totals (another engine): assume the worst
+        added = summary.get("added-data-files") or 0
+        deleted = summary.get("deleted-data-files") or 0
+        return int(total) - int(added) + int(deleted) > 0
 
     # --- files --------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """An exactly-once Apache Paimon sink through pypaimon (DESIGN §4 rule 8, Paimon PIP-30).
 
-Needs the optional extra: ``pip install 'regional[paimon]'`` (pypaimon is imported only when a
-`PaimonSink` is created or used). Only append tables without a primary key and with unaware
+Needs the optional extra: ``pip install 'regional-checkpoints[paimon]'`` (pypaimon is imported only
+when a `PaimonSink` is created or used). Only append tables without a primary key and with unaware
 buckets (``bucket = -1``, the default) are supported, as in PIP-30 itself.
 
 Writers (in Spark tasks) write their epoch's rows as Paimon data files and return one committable
@@ -17,7 +17,11 @@ with commit identifier Y and the job's commit user, after
 
 Each snapshot records ``regional.checkpoint-id`` (Y) and ``regional.fallback-units`` (JSON: unit ->
 the checkpoint owning its state, for the units that fell back in Y, whose output since then is not
-in this snapshot) in its properties. Staged files of declined or aborted attempts are deleted.
+in this snapshot) in its properties. Staged files of declined or aborted attempts are deleted;
+data files are named ``data-rg~<job>~<run>-c<checkpoint>-u<unit>-a<attempt>-<uuid>-0.parquet``, so
+when the job's next driver starts it deletes the files of attempts lost in a crash: its job's
+files that no snapshot the table still has and no committable of the restored checkpoint names
+(`clean_staged`).
 
 Only one process may commit to a table at a time (pypaimon's local rename lock is per process).
 """
@@ -25,12 +29,15 @@ Only one process may commit to a table at a time (pypaimon's local rename lock i
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 import pyarrow as pa
+from pyarrow import fs as pafs
 
+from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 
 __all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
@@ -41,6 +48,55 @@ CHECKPOINT_PROPERTY = "regional.checkpoint-id"
 FALLBACK_PROPERTY = "regional.fallback-units"
 
 _MESSAGE_VERSION = 14  # Java Paimon's CommitMessageSerializer version of the message bytes
+_TIME_RETAINED = "snapshot.time-retained"
+_PAIMON_UNITS = {
+    "ms": 1,
+    "milli": 1,
+    "millis": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _job_prefix(job_id: str) -> str:
+    """How the names of job `job_id`'s data files start: `~` is in no job id, so one job's
+    prefix never starts another's.
+
+    >>> _job_prefix("clicks")
+    'data-rg~clicks~'
+    """
+    return f"data-rg~{_UNSAFE.sub('_', job_id)}~"
+
+
+def _paimon_duration_ms(text: str) -> int | None:
+    """A Paimon duration option (`1 h`, `30min`, `500 ms`) in milliseconds; None if it is not
+    one (then nothing is recorded: Paimon itself would refuse it).
+
+    >>> _paimon_duration_ms("1 h"), _paimon_duration_ms("30min"), _paimon_duration_ms("soon")
+    (3600000, 1800000, None)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match[2] not in {**_PAIMON_UNITS, "": 1}:
+        return None
+    return int(match[1]) * _PAIMON_UNITS.get(match[2], 1)
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
@@ -56,8 +112,8 @@ def _require_pypaimon() -> Any:
         import pypaimon
     except ImportError as exc:
         raise SinkError(
-            f"the Paimon sink needs the pypaimon package ({exc}); install regional[paimon], e.g. "
-            "pip install 'regional[paimon]'"
+            f"the Paimon sink needs the pypaimon package ({exc}): "
+            "pip install 'regional-checkpoints[paimon]'"
         ) from exc
     return pypaimon
 
@@ -86,8 +142,8 @@ class PaimonSink:
         self.table_name = table
         self.catalog_options = {**(catalog_options or {}), "warehouse": warehouse}
         self._table_object: Any = None
-        self._seen_snapshots = 0  # snapshots up to this id are in `_identifiers`
-        self._identifiers: dict[str, set[int]] = {}
+        self._seen_snapshots = 0  # snapshots up to this id are in `_latest`
+        self._latest: dict[str, int] = {}  # commit user -> its latest commit identifier
         pypaimon = _require_pypaimon()
         if schema is not None:
             catalog = pypaimon.CatalogFactory.create(self.catalog_options)
@@ -110,7 +166,7 @@ class PaimonSink:
         self.__dict__.update(state)
         self._table_object = None
         self._seen_snapshots = 0
-        self._identifiers = {}
+        self._latest = {}
 
     def __repr__(self) -> str:
         return f"PaimonSink({self.warehouse!r}, {self.table_name!r})"
@@ -209,6 +265,9 @@ class PaimonSink:
         vertex_id: str,
         index: int,
         attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
     ) -> tuple[bytes, ...]:
         """Write `batches` as Paimon data files; one committable per commit message (none if
         there are no rows). Nothing is visible until the driver commits."""
@@ -217,8 +276,16 @@ class PaimonSink:
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return ()
+        from pypaimon.common.options.core_options import CoreOptions
+
         table = self._table()
         write = table.new_stream_write_builder().new_write()
+        # our data file names: the job (for `clean_staged`), the run, checkpoint, unit, attempt
+        run = _UNSAFE.sub("_", run_id)
+        write.file_store_write.options.set(
+            CoreOptions.DATA_FILE_PREFIX,
+            f"{_job_prefix(job_id)}{run}-c{checkpoint_id}-u{unit_id}-a{attempt}-",
+        )
         try:
             schema = write.table_pyarrow_schema
             for b in batches:
@@ -256,11 +323,11 @@ class PaimonSink:
     ) -> None:
         """Commit `committables` as one snapshot of `commit_user` with `identifier`, recording
         the checkpoint and the fallback units (unit -> owner checkpoint) in its properties."""
-        done = self.committed_identifiers(commit_user)
-        if done and identifier <= max(done):
+        latest = self.latest_committed(commit_user)
+        if latest is not None and identifier <= latest:
             raise CommitError(
                 f"Paimon table {self.table_name!r}: commit {identifier} of user {commit_user!r} "
-                f"is not after its latest commit {max(done)}; commits must be in checkpoint order"
+                f"is not after its latest commit {latest}; commits must be in checkpoint order"
             )
         messages = self._messages(committables)
         if missing := self._missing(self._data_files(messages)):
@@ -283,8 +350,8 @@ class PaimonSink:
         finally:
             commit.close()
 
-    def committed_identifiers(self, commit_user: str) -> frozenset[int]:
-        """Commit identifiers of the table's snapshots by `commit_user`.
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The highest commit identifier of the table's snapshots by `commit_user`.
 
         Snapshots are immutable, so those already read are remembered and only newer ones are
         read (a new `PaimonSink`, e.g. after a driver crash, reads them all once).
@@ -301,9 +368,11 @@ class PaimonSink:
                     if (s := manager.get_snapshot_by_id(i)) is not None
                 ]
             for s in snapshots:
-                self._identifiers.setdefault(s.commit_user, set()).add(s.commit_identifier)
+                known = self._latest.get(s.commit_user)
+                if known is None or s.commit_identifier > known:
+                    self._latest[s.commit_user] = s.commit_identifier
             self._seen_snapshots = max([latest.id, *(s.id for s in snapshots)])
-        return frozenset(self._identifiers.get(commit_user, ()))
+        return self._latest.get(commit_user)
 
     def _missing(self, paths: Sequence[str]) -> list[str]:
         file_io = self._table().file_io
@@ -316,6 +385,19 @@ class PaimonSink:
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         return self._missing(self.data_files(committables))
 
+    def _own(self, committables: Iterable[bytes]) -> list[bytes]:
+        """The committables of this table (other sinks' and tables' are skipped)."""
+        table_path = str(self._table().table_path)
+        own = []
+        for raw in committables:
+            try:
+                c = msgspec.msgpack.decode(raw, type=_Committable)
+            except msgspec.DecodeError:  # another sink's format
+                continue
+            if c.table_path == table_path:
+                own.append(raw)
+        return own
+
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete the files of a declined or aborted attempt (already gone is fine).
 
@@ -323,20 +405,68 @@ class PaimonSink:
         are skipped.
         """
         table = self._table()
-        own = []
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError:  # another sink's format
-                continue
-            if c.table_path == str(table.table_path):
-                own.append(raw)
-        for path in self.data_files(own):
+        for path in self.data_files(self._own(committables)):
             table.file_io.delete_quietly(path)
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
+        """Delete the data files job `job_id`'s writers left in lost attempts: named by the job
+        (`data-rg~<job>~...`), in a bucket directory of the table, and referenced neither by any
+        snapshot the table still has (every snapshot's manifests are read: once per driver
+        start) nor by a committable in `keep`; returns their paths
+        (`regional.operators.TableStaging`). Other writers' files are never touched."""
+        from pypaimon.manifest.manifest_file_manager import ManifestFileManager
+        from pypaimon.manifest.manifest_list_manager import ManifestListManager
+
+        table = self._table()
+        prefix = _job_prefix(job_id)
+        kept = {p.rsplit("/", 1)[-1] for p in self.data_files(self._own(keep))}
+        lists, manifests = ManifestListManager(table), ManifestFileManager(table)
+        names = {  # manifests are immutable and shared by snapshots: each is read once
+            meta.file_name
+            for snapshot in table.snapshot_manager().list_snapshots()
+            for meta in lists.read_all(snapshot)
+        }
+        for name in sorted(names):
+            kept.update(e.file.file_name for e in manifests.read(name))
+        deleted = []
+        for path in self._data_dir_files(str(table.table_path).rstrip("/")):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(prefix) and name not in kept:
+                table.file_io.delete_quietly(path)
+                deleted.append(path)
+        return sorted(deleted)
+
+    def _data_dir_files(self, directory: str) -> list[str]:
+        """Files under the table's bucket directories (`bucket-N/`, inside partition
+        directories `k=v/`), as paths in the table path's form."""
+        out = []
+        for info in self._table().file_io.list_status(directory):
+            name = str(info.path).rstrip("/").rsplit("/", 1)[-1]
+            path = f"{directory}/{name}"
+            if info.type == pafs.FileType.Directory and (name.startswith("bucket-") or "=" in name):
+                out += self._data_dir_files(path)
+            elif info.type == pafs.FileType.File and "/bucket-" in path:
+                out.append(path)
+        return out
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""
         return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
+
+    def marker_retention(self) -> SinkRetention:
+        """How long the table keeps snapshots (`regional.operators.TableRetention`): its
+        `snapshot.time-retained` if set on the table (pypaimon never expires snapshots; Java,
+        Spark and Flink writers and procedures do, by this option, default 1 h, keeping at
+        least `snapshot.num-retained.min`), else None."""
+        options = self._table().table_schema.options
+        text = options.get(_TIME_RETAINED)
+        return SinkRetention(
+            "",
+            "paimon",
+            f"{self.warehouse} {self.table_name}",
+            _TIME_RETAINED,
+            _paimon_duration_ms(text) if text else None,
+        )
 
     # --- reading ----------------------------------------------------------------------------
 

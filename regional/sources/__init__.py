@@ -1,10 +1,24 @@
-"""Sources: files (Parquet / JSON lines), a partitioned append-only log, a generator."""
+"""Sources: files (Parquet / JSON lines), a partitioned append-only log, a generator, and Kafka
+(`KafkaSource`, the extra ``regional-checkpoints[kafka]``; imported on first use, so
+`regional.sources` works without confluent-kafka)."""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from regional.sources.base import ReadResult, Source
 from regional.sources.files import FileSource
 from regional.sources.generator import GeneratorSource
 from regional.sources.log import LogSource
 
-__all__ = ["FileSource", "GeneratorSource", "LogSource", "ReadResult", "Source"]
+if TYPE_CHECKING:
+    from regional.sources.kafka import KafkaSource
+
+__all__ = ["FileSource", "GeneratorSource", "KafkaSource", "LogSource", "ReadResult", "Source"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KafkaSource":
+        return importlib.import_module("regional.sources.kafka").KafkaSource
+    raise AttributeError(f"module 'regional.sources' has no attribute {name!r}")

@@ -1,0 +1,165 @@
+"""What `regional run` shows while a job runs: one plain line per checkpoint outcome (stdout is
+not a terminal), a live `rich` view of the running epoch on a terminal, or one JSON object per
+outcome with `--json` (the `metadata.events.CheckpointEvent`, as the event log stores it).
+
+Every view takes the outcomes (`__call__`, the driver's `progress`) and the running epoch
+(`epoch_started`, `unit_answered`: the driver's `EpochWatch`), so `regional run` wires any of
+them the same way.
+
+>>> import io
+>>> from metadata.events import CheckpointEvent, Outcome
+>>> event = CheckpointEvent(job_id="clicks", checkpoint_id=2, kind=Outcome.REGIONAL,
+...     trigger_time_ms=1000, time_ms=1500, fresh_units=3, fallback_units=(1,), records_in=35)
+>>> print(checkpoint_line(event))
+checkpoint    2  regional  fresh   3  fallback 1           commit lag 0  records      35   0.50 s
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TextIO
+
+import msgspec
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from metadata.events import CheckpointEvent, Outcome
+from regional.runtime.protocol import Ack, Answer
+
+__all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
+
+
+def checkpoint_line(r: CheckpointEvent) -> str:
+    """One line per checkpoint outcome, then the abort's explanation and why each unit fell
+    back or failed (one line per unit, at most 5; the tracebacks are in the event log)."""
+    fallback = ",".join(map(str, r.fallback_units)) or "-"
+    line = (
+        f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
+        f"fresh {r.fresh_units:>3}  fallback {fallback:<10}  "
+        f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"
+    )
+    if r.kind == Outcome.ABORTED:
+        line += f"\n    {r.message}"
+    causes = r.cause_lines()
+    for cause in causes[:5]:
+        line += f"\n    {cause}"
+    if len(causes) > 5:
+        line += f"\n    +{len(causes) - 5} more (regional inspect ROOT events)"
+    return line
+
+
+class _Quiet:
+    """No live view of the running epoch, and nothing to start or stop."""
+
+    def epoch_started(self, checkpoint_id: int, units: Sequence[int]) -> None:
+        return None
+
+    def unit_answered(self, answer: Answer) -> None:
+        return None
+
+    def __enter__(self) -> _Quiet:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class PlainProgress(_Quiet):
+    """`checkpoint_line` per outcome on `out` (flushed: a pipe or a log file sees it at once)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __call__(self, event: CheckpointEvent) -> None:
+        print(checkpoint_line(event), file=self.out, flush=True)
+
+
+class JsonProgress(_Quiet):
+    """One JSON object per outcome on `out` (a `CheckpointEvent`, msgspec-encoded)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __call__(self, event: CheckpointEvent) -> None:
+        self.out.write(msgspec.json.encode(event).decode() + "\n")
+        self.out.flush()
+
+
+class LiveProgress:
+    """A `rich` view for a terminal: every outcome as a line (as `PlainProgress`), and below
+    them the running epoch: units answered / pending / falling back (declined), records/s and
+    commit lag. `now` is the monotonic clock for records/s (tests pass a fake one)."""
+
+    def __init__(self, console: Console, *, now: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self._now = now
+        self.checkpoint_id: int | None = None
+        self._units: tuple[int, ...] = ()
+        self._answers: dict[int, Answer] = {}  # unit -> its latest answer this epoch
+        self._started = 0.0
+        self._commit_lag = 0
+        self._rate: float | None = None  # records/s of the last outcome
+        self._live = Live(
+            console=console, get_renderable=self.render, refresh_per_second=4, transient=True
+        )
+
+    def __enter__(self) -> LiveProgress:
+        self._live.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._live.stop()
+
+    def epoch_started(self, checkpoint_id: int, units: Sequence[int]) -> None:
+        self.checkpoint_id = checkpoint_id
+        self._units = tuple(units)
+        self._answers = {}
+        self._started = self._now()
+
+    def unit_answered(self, answer: Answer) -> None:
+        """Count a unit's answer (the same answer may be reported twice: live, then at the
+        end of the epoch; a retried unit's newer attempt replaces its failed one)."""
+        if answer.checkpoint_id != self.checkpoint_id:
+            return
+        old = self._answers.get(answer.unit)
+        if old is None or old.attempt <= answer.attempt:
+            self._answers[answer.unit] = answer
+
+    def __call__(self, event: CheckpointEvent) -> None:
+        self.console.print(Text(checkpoint_line(event)))
+        self._commit_lag = event.commit_lag
+        self._rate = event.records_in / event.seconds if event.seconds > 0 else None
+        self.checkpoint_id = None
+        self._live.refresh()
+
+    def render(self) -> Text:
+        """The running epoch on one line (between epochs: the commit lag and the last rate)."""
+        rate = self._rate
+        if self.checkpoint_id is None:
+            head = "between checkpoints"
+        else:
+            acks = [a for a in self._answers.values() if isinstance(a, Ack)]
+            declined = len(self._answers) - len(acks)
+            elapsed = self._now() - self._started
+            if acks and elapsed > 0:
+                rate = sum(a.records_in for a in acks) / elapsed
+            head = (
+                f"checkpoint {self.checkpoint_id} running: units answered "
+                f"{len(self._answers)}/{len(self._units)}, pending "
+                f"{len(self._units) - len(self._answers)}, falling back {declined}"
+            )
+        shown = "-" if rate is None else f"{rate:,.0f}"
+        return Text(f"{head}  records/s {shown}  commit lag {self._commit_lag}")

@@ -1,0 +1,101 @@
+"""Dead letters: the records a user function failed on, when the pipeline says
+`on_error="dead-letter"` (Kafka Streams' KIP-1034, per pipeline).
+
+A failing record does not fail its unit: it becomes one row of the pipeline's dead-letter sink
+(`DEAD_LETTER_SCHEMA`) and processing goes on with the next record. The dead-letter sink is a
+sink vertex of the job (`dead-letters`, fed by every operator of its chain), so its rows are
+staged and committed exactly once with the checkpoint like any sink output, and fall back
+with their unit. `map_batches` has no per-record identity: a failing batch is dead-lettered
+whole, one row per record of the batch.
+
+>>> dead = DeadLetters(7, {"g3": "5"})
+>>> dead.add("parse", "g3", 6, {"n": 6}, ValueError("bad n\\nmore"))
+>>> dead.add("parse", "g3", 8, {"n": object()}, KeyError("x"))
+>>> rows = dead.batch(("parse",)).to_pylist()
+>>> [(r["split_id"], r["split_position"], r["record_index"], r["record"]) for r in rows][0]
+('g3', '5', 6, '{"n":6}')
+>>> rows[0]["error_type"], rows[0]["error_message"], rows[1]["record"].startswith("{'n': <object")
+('ValueError', 'bad n\\nmore', True)
+>>> len(dead), dead.batch(("other",)).num_rows
+(2, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from regional.failures import failure_trace
+
+__all__ = ["DEAD_LETTERS", "DEAD_LETTER_SCHEMA", "ON_ERROR", "TRACE_CHARS", "DeadLetters"]
+
+#: The choices of `Pipeline(on_error=...)`: fail the unit (today's behaviour), or dead-letter.
+ON_ERROR = ("fail", "dead-letter")
+#: The id of the dead-letter sink vertex (`dead-letters-<n>` for further independent chains).
+DEAD_LETTERS = "dead-letters"
+#: How much of a dead letter's traceback is kept (its last characters).
+TRACE_CHARS = 2048
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("operator", pa.string(), nullable=False),
+        pa.field("split_id", pa.string(), nullable=False),
+        pa.field("split_position", pa.string(), nullable=False),
+        pa.field("record_index", pa.int64(), nullable=False),
+        pa.field("record", pa.string(), nullable=False),
+        pa.field("error_type", pa.string(), nullable=False),
+        pa.field("error_message", pa.string(), nullable=False),
+        pa.field("traceback", pa.string(), nullable=False),
+    ]
+)
+
+_JSON = msgspec.json.Encoder()
+
+
+def _record_text(record: Any) -> str:
+    """The record as JSON text, or its repr when JSON cannot hold it."""
+    try:
+        return _JSON.encode(record).decode()
+    except (TypeError, ValueError, OverflowError):
+        return repr(record)
+
+
+class DeadLetters:
+    """The dead letters of one unit attempt of checkpoint `checkpoint_id`.
+
+    `split_positions` maps each split read in the epoch to the position the epoch started at
+    (as text): a dead letter names its split, that position and `record_index`, the record's
+    index among the records of that split the operator got in this epoch."""
+
+    def __init__(self, checkpoint_id: int, split_positions: Mapping[str, str]) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.split_positions = split_positions
+        self._rows: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, operator: str, split: str, index: int, record: Any, exc: Exception) -> None:
+        """Keep `record`, on which `operator` raised `exc`."""
+        self._rows.append(
+            {
+                "checkpoint_id": self.checkpoint_id,
+                "operator": operator,
+                "split_id": split,
+                "split_position": self.split_positions.get(split, ""),
+                "record_index": index,
+                "record": _record_text(record),
+                "error_type": type(exc).__name__,
+                "error_message": str(exc),
+                "traceback": failure_trace(exc, TRACE_CHARS),
+            }
+        )
+
+    def batch(self, operators: Collection[str]) -> pa.RecordBatch:
+        """The dead letters of `operators` (the inputs of one dead-letter sink vertex)."""
+        rows = [r for r in self._rows if r["operator"] in operators]
+        return pa.RecordBatch.from_pylist(rows, schema=DEAD_LETTER_SCHEMA)

@@ -1,0 +1,158 @@
+"""The job's metrics for Prometheus (`regional run --metrics-port`, `SparkRuntime(metrics_port=
+...)`), served over HTTP while the driver runs. Needs the optional `prometheus-client`
+(`pip install 'regional-checkpoints[prometheus]'`).
+
+Every scrape reads the driver's `MetricsSnapshot` (`JobDriver.metrics`) and its latest outcome,
+so nothing is copied between scrapes. A dedicated `CollectorRegistry` (not the process-wide
+one) holds only this job's metrics; the server binds to 127.0.0.1 unless told otherwise.
+Names follow Flink's and FLIP-600's where they exist (README "Metrics" maps them), in
+Prometheus's style: base units, `_total` on counters, every sample labelled with the job id.
+Counters start at 0 when a driver starts (also after a restore), as Prometheus expects of a
+restarted process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from metadata.errors import RegionalError
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+    from regional.runtime.driver import JobDriver
+
+__all__ = ["JobCollector", "MetricsPortError", "job_registry", "serve_metrics"]
+
+
+class MetricsPortError(RegionalError):
+    """The metrics endpoint cannot be served (the port is taken, the address is not local)."""
+
+    exit_code = 2
+
+
+class JobCollector:
+    """A Prometheus collector over one driver's metrics, read at every scrape."""
+
+    def __init__(self, driver: JobDriver) -> None:
+        self.driver = driver
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        d = self.driver
+        job = [d.job_id]
+        m = d.metrics
+        done = CounterMetricFamily(
+            "regional_checkpoints",
+            "Completed checkpoints by kind since the driver started (Flink "
+            "numberOfCompletedCheckpoints; FLIP-600 global/regional checkpoint counts).",
+            labels=["job", "kind"],
+        )
+        for kind, n in (
+            ("global", m.global_checkpoint_count),
+            ("regional", m.regional_checkpoint_count),
+            ("savepoint", m.savepoint_count),
+        ):
+            done.add_metric([*job, kind], n)
+        yield done
+        aborted = CounterMetricFamily(
+            "regional_checkpoints_aborted",
+            "Aborted checkpoints by the DESIGN rule that aborted them (Flink "
+            "numberOfFailedCheckpoints).",
+            labels=["job", "rule"],
+        )
+        for rule, n in m.aborted_by_rule.items():
+            aborted.add_metric([*job, rule], n)
+        yield aborted
+        records = CounterMetricFamily(
+            "regional_records_in",
+            "Records read by the sources (Flink numRecordsIn).",
+            labels=["job"],
+        )
+        records.add_metric(job, d.records_in_total)
+        yield records
+        failures = CounterMetricFamily(
+            "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
+        )
+        failures.add_metric(job, m.commit_failures)
+        yield failures
+        commit_lag = GaugeMetricFamily(
+            "regional_commit_lag",
+            "Completed checkpoints whose output is not committed yet.",
+            labels=["job"],
+        )
+        commit_lag.add_metric(job, m.commit_lag)
+        yield commit_lag
+        lag = GaugeMetricFamily(
+            "regional_unit_lag",
+            "Completed checkpoints a unit's state is behind the latest one (units that lag only).",
+            labels=["job", "unit"],
+        )
+        for unit, behind in m.unit_lag.items():
+            lag.add_metric([*job, str(unit)], behind)
+        yield lag
+        if m.latest_completed_id is not None:
+            latest = GaugeMetricFamily(
+                "regional_latest_completed_checkpoint_id",
+                "The newest completed checkpoint (Flink lastCompletedCheckpointId).",
+                labels=["job"],
+            )
+            latest.add_metric(job, m.latest_completed_id)
+            yield latest
+            oldest = GaugeMetricFamily(
+                "regional_oldest_ref_checkpoint_id",
+                "The oldest checkpoint whose state the latest completed checkpoint refers to "
+                "(FLIP-600 oldestRefCheckpointId; the latest itself when it is global).",
+                labels=["job"],
+            )
+            ref = m.oldest_ref_checkpoint_id
+            oldest.add_metric(job, m.latest_completed_id if ref is None else ref)
+            yield oldest
+        if d.last_event is not None:
+            duration = GaugeMetricFamily(
+                "regional_last_checkpoint_duration_seconds",
+                "From the latest checkpoint's trigger to its outcome (Flink "
+                "lastCheckpointDuration, in seconds).",
+                labels=["job"],
+            )
+            duration.add_metric(job, d.last_event.seconds)
+            yield duration
+
+
+def job_registry(driver: JobDriver) -> CollectorRegistry:
+    """A registry of its own holding only `driver`'s metrics."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(driver))
+    return registry
+
+
+@contextlib.contextmanager
+def serve_metrics(driver: JobDriver, *, port: int, host: str = "127.0.0.1") -> Iterator[int]:
+    """Serve `driver`'s metrics on http://HOST:PORT/metrics while the block runs; yields the
+    port (0 picks a free one). Raises `MetricsPortError` when the port cannot be bound."""
+    try:
+        from prometheus_client import start_http_server
+    except ImportError as exc:
+        raise MetricsPortError(
+            "the metrics endpoint needs prometheus-client: "
+            "pip install 'regional-checkpoints[prometheus]'"
+        ) from exc
+    try:
+        server, thread = start_http_server(port, addr=host, registry=job_registry(driver))
+    except OSError as exc:
+        raise MetricsPortError(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; pick a free port "
+            "(--metrics-port) or stop what uses it"
+        ) from exc
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

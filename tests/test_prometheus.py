@@ -1,0 +1,87 @@
+"""The Prometheus endpoint, scraped over HTTP on a free loopback port while the real `JobDriver`
+runs a simulated job (regional.sim) in which unit 1 fails checkpoints 2 and 3."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+
+from regional.policy import Policy, load_policy
+from regional.runtime.prometheus import MetricsPortError, serve_metrics
+from regional.sim import Simulation
+
+pytest.importorskip("prometheus_client")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """Every sample of the endpoint (comments left out), by its name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_scraped_during_a_run_with_regional_checkpoints_and_an_abort():
+    overrides = {"checkpointing": {"region": {"max-failure-ratio": 0.25}}}
+    policy = load_policy(env={}, overrides=overrides).policy
+    faults = {(2, 1): "decline", (3, 1): "decline", (4, 0): "decline", (4, 2): "decline"}
+    sim = Simulation(4, policy, faults=faults, bounded=False, records_per_epoch=3)
+    driver = sim.new_driver()
+    scraped: dict[int, dict[str, float]] = {}
+
+    def progress(event) -> None:  # scraped from the endpoint while the driver runs
+        scraped[event.checkpoint_id] = _scrape(port)
+
+    driver.progress = progress
+    with serve_metrics(driver, port=0) as port:
+        driver.run(max_checkpoints=4)
+    job = 'job="sim"'
+    assert scraped[3] == {
+        f'regional_checkpoints_total{{{job},kind="global"}}': 1.0,
+        f'regional_checkpoints_total{{{job},kind="regional"}}': 2.0,
+        f'regional_checkpoints_total{{{job},kind="savepoint"}}': 0.0,
+        f"regional_records_in_total{{{job}}}": 30.0,  # 4 units x 3 records, unit 1 declined twice
+        f"regional_commit_failures_total{{{job}}}": 0.0,
+        f"regional_commit_lag{{{job}}}": 0.0,
+        f'regional_unit_lag{{{job},unit="1"}}': 2.0,
+        f"regional_latest_completed_checkpoint_id{{{job}}}": 3.0,
+        f"regional_oldest_ref_checkpoint_id{{{job}}}": 1.0,
+        f"regional_last_checkpoint_duration_seconds{{{job}}}": 0.01,
+    }
+    # checkpoint 4: units 0 and 2 failed too, 3 of 4 > 0.25: aborted by the failure ratio
+    assert scraped[4][f'regional_checkpoints_aborted_total{{{job},rule="3c-failure-ratio"}}'] == 1
+    assert scraped[4][f"regional_latest_completed_checkpoint_id{{{job}}}"] == 3.0
+    with pytest.raises(OSError):  # the server is gone after the block
+        _scrape(port)
+
+
+def test_a_global_checkpoint_refers_to_itself_and_units_at_0_are_left_out():
+    sim = Simulation(2, Policy(), bounded=False)
+    driver = sim.new_driver()
+    with serve_metrics(driver, port=0) as port:
+        before = _scrape(port)
+        driver.run(max_checkpoints=2)
+        after = _scrape(port)
+    assert "regional_latest_completed_checkpoint_id" not in "".join(before)
+    assert after['regional_oldest_ref_checkpoint_id{job="sim"}'] == 2.0
+    assert not [name for name in after if name.startswith("regional_unit_lag")]
+
+
+def test_a_taken_port_names_itself_and_the_fix():
+    sim = Simulation(1, Policy())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsPortError) as error, serve_metrics(sim.new_driver(), port=port):
+            pass
+    assert str(error.value) == (
+        f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick a free port "
+        "(--metrics-port) or stop what uses it"
+    )
