@@ -39,8 +39,11 @@ metadata.errors.MetadataError: chk-7/_metadata is truncated: ...
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Callable
+from itertools import chain
+from operator import add, attrgetter, gt
 
 import msgspec
 
@@ -173,11 +176,45 @@ def decode_metadata(data: bytes, *, source: str) -> CheckpointMetadata:
     return md
 
 
+#: State paths every writer produces (`chk-7/u0-a1.state`, `shared/...`), one per line: each
+#: component starts with a letter, digit, `_` or `-` (so it is never `.` or `..`) and holds no
+#: `/`, backslash, NUL or `:` (no drive, no URI). A path outside it gets the full check.
+_SAFE_COMPONENT = r"[A-Za-z0-9_-][A-Za-z0-9._-]*"
+_SAFE_PATHS = re.compile(rf"(?:{_SAFE_COMPONENT}(?:/{_SAFE_COMPONENT})*\n)*")
+_refs = attrgetter("ref_checkpoint_id")
+_handles = attrgetter("handles")
+
+
+def _values_plausible(md: CheckpointMetadata) -> bool:
+    """The checks of `_check_values`, over whole columns in C (100,000 subtasks: milliseconds,
+    not a Python loop); False means "look closer", not "damaged"."""
+    cid = md.checkpoint_id
+    if cid < 0 or (md.num_retained is not None and md.num_retained < 1):
+        return False
+    refs = {*map(_refs, md.units), *map(_refs, md.subtasks)} - {None}
+    if refs and not (min(refs) >= 0 and max(refs) < cid):
+        return False
+    handles = list(chain.from_iterable(map(_handles, md.subtasks)))
+    if not handles:
+        return True
+    offsets = list(map(attrgetter("offset"), handles))
+    lengths = list(map(attrgetter("length"), handles))
+    if min(offsets) < 0 or min(lengths) < 0 or sum(lengths) > _MAX_BYTES:
+        return False
+    if any(map(gt, map(add, offsets, lengths), map(attrgetter("size"), handles))):
+        return False
+    paths = set(map(attrgetter("path"), handles))
+    return _SAFE_PATHS.fullmatch("\n".join(paths) + "\n") is not None
+
+
 def _check_values(md: CheckpointMetadata, source: str) -> None:
     """Refuse values no writer produces (negative ids, refs to the future, bad segments, state
     paths that would leave the job root: `metadata.layout.path_problem`). Split ids are the
     source's own names (a URL, a topic partition): the sources that join them into paths check
-    them there."""
+    them there. A file that passes `_values_plausible` is fine; any other is walked subtask by
+    subtask, so the error names the first bad value. A new check goes into both."""
+    if _values_plausible(md):
+        return
 
     def bad(what: str) -> MetadataError:
         return MetadataError(

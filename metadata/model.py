@@ -1,8 +1,12 @@
 """The checkpoint metadata model: what one completed checkpoint records (DESIGN §5).
 
 Every struct is a frozen `msgspec.Struct`, encoded as a msgpack array (`array_like`) to keep the
-metadata small. The format is additive: new fields go at the **end** of a struct, with a
-default, so that files written by an older version still decode (see `metadata.format`).
+metadata small. The per-subtask and per-unit structs are `gc=False`: they hold only immutable
+values, so they can never be part of a reference cycle, and a job of 100,000 units keeps
+hundreds of thousands of them alive that the garbage collector then never walks.
+
+The format is additive: new fields go at the **end** of a struct, with a default, so that files
+written by an older version still decode (see `metadata.format`).
 
 Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
 Integers carry their ranges (`Count`, `Int64`, `EpochMs`) as msgspec constraints, checked when
@@ -94,7 +98,7 @@ setting='delta.setTransactionRetentionDuration', retention_ms=86400000)
     retention_ms: Count | None = None
 
 
-class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One segment of a state file.
 
     `path` is relative to the job root. Several handles may name the same physical file at
@@ -112,14 +116,14 @@ class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
     shared: bool = False
 
 
-class SplitState(msgspec.Struct, frozen=True, array_like=True):
+class SplitState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A source split owned by a subtask and its position (opaque to the metadata layer)."""
 
     split_id: str
     position: bytes
 
 
-class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """The state of one subtask `(vertex_id, index)` in a checkpoint.
 
     `ref_checkpoint_id` is `None` when the state is fresh, else the owner checkpoint's id.
@@ -147,7 +151,7 @@ class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
         return sum(h.length for h in self.handles)
 
 
-class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Per fallback unit: fresh (`ref_checkpoint_id` None) or fallback to its owner checkpoint,
     and why it fell back (`reason`, e.g. ``"declined: ValueError: bad record"``, ``"timeout"``)."""
 

@@ -5,7 +5,10 @@
 with a simulated dispatcher and clock instead of Spark. The job: N units, each a source
 subtask `("src", u)` reading splits of numbered records and a sink subtask `("sink", u)` staging
 its records into an `InMemoryTableSink`. Units are stateless between epochs, as Spark tasks are:
-every epoch restores from the states the coordinator hands out.
+every epoch restores from the states the coordinator hands out. A vertex has at most 32,768
+subtasks (Flink's bound on max parallelism), so more units are spread over several equal
+source→sink chains (`chain_vertices`): `src`/`sink`, then `src-1`/`sink-1`, and so on, each
+chain reading its own splits and committing to the same table.
 
 Faults: a unit declines, hangs past its deadline, or acks late from a fenced attempt; the
 driver crashes before any numbered coordinator call (`crash_before`; calls counted over the
@@ -47,6 +50,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import JobFailedError
+from regional.graph import MAX_PARALLELISM_UPPER_BOUND
 from regional.operators.memory_sink import InMemoryTableSink
 from regional.pipeline import Pipeline
 from regional.policy import Policy
@@ -54,7 +58,15 @@ from regional.runtime.driver import JobDriver
 from regional.runtime.protocol import Ack, Answer, Decline, Dispatch, UnitWork
 from regional.sources.base import ReadResult
 
-__all__ = ["Fault", "RandomFaults", "SimResult", "Simulation", "kind_counts"]
+__all__ = [
+    "Fault",
+    "RandomFaults",
+    "SimResult",
+    "Simulation",
+    "chain_vertices",
+    "kind_counts",
+    "timing_floor",
+]
 
 #: decline: the unit fails its epoch; hang: it never answers (declined at its deadline);
 #: late_ack: it hangs, then acks after the checkpoint was decided (a fenced, stale attempt).
@@ -78,6 +90,24 @@ _STEPS = frozenset(
 )
 
 
+def chain_vertices(num_units: int) -> list[tuple[str, str, int]]:
+    """The simulated job's source→sink chains: (source, sink, parallelism) each, as few as the
+    32,768-subtask bound of a vertex allows, of equal size (within one).
+
+    >>> chain_vertices(4)
+    [('src', 'sink', 4)]
+    >>> chain_vertices(100_000)  # doctest: +NORMALIZE_WHITESPACE
+    [('src', 'sink', 25000), ('src-1', 'sink-1', 25000), ('src-2', 'sink-2', 25000),
+     ('src-3', 'sink-3', 25000)]
+    """
+    chains = max(1, -(-num_units // MAX_PARALLELISM_UPPER_BOUND))
+    size, extra = divmod(num_units, chains)
+    return [
+        ("src" if c == 0 else f"src-{c}", "sink" if c == 0 else f"sink-{c}", size + (c < extra))
+        for c in range(chains)
+    ]
+
+
 class RandomFaults:
     """Each unit fails each checkpoint with probability `p` (a third of failures hang),
     reproducibly from `seed`."""
@@ -97,7 +127,7 @@ class RandomFaults:
 class SimResult:
     """What a run did: every trigger and decision, the metadata written, the sink's rows, and
     measures (unit epochs run and redone, lag of unit state behind the latest checkpoint,
-    seconds spent inside the coordinator)."""
+    seconds spent inside the coordinator: in all, per call name, and per epoch)."""
 
     decisions: list[Decision | TriggerCheckpoint]
     metadata: list[CheckpointMetadata]
@@ -115,6 +145,9 @@ class SimResult:
     lag_max: int = 0
     lag_samples: int = 0
     coordinator_seconds: float = 0.0
+    coordinator_calls: int = 0
+    coordinator_seconds_by_call: dict[str, float] = dataclasses.field(default_factory=dict)
+    coordinator_epoch_seconds: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def kinds(self) -> list[str]:
@@ -200,22 +233,27 @@ class _SimDispatcher:
         states: list[SubtaskState] = []
         rows: list[Any] = []
         for s in work.restore:
-            if s.vertex_id == "src":
+            source = sim.source_of.get(s.vertex_id)
+            if source is not None:
                 positions = {x.split_id: x.position for x in s.split_states}
                 for v, i, split in work.new_splits:
-                    if (v, i) == ("src", s.index):
+                    if (v, i) == (s.vertex_id, s.index):
                         positions.setdefault(split, b"")
                 budget = sim.records_per_epoch
                 kept = []
                 for split, position in positions.items():
-                    got, position, finished = sim.source.advance(split, position, budget)
+                    got, position, finished = source.advance(split, position, budget)
                     rows += got
                     budget -= len(got)
                     if not finished:
                         kept.append(SplitState(split, position))
                 states.append(
                     SubtaskState(
-                        "src", s.index, work.unit_id, split_states=tuple(kept), attempt=work.attempt
+                        s.vertex_id,
+                        s.index,
+                        work.unit_id,
+                        split_states=tuple(kept),
+                        attempt=work.attempt,
                     )
                 )
             else:
@@ -270,7 +308,12 @@ class _CountedCoordinator:
             try:
                 return attr(*args, **kwargs)
             finally:
-                sim.result.coordinator_seconds += time.perf_counter() - started
+                took = time.perf_counter() - started
+                r = sim.result
+                r.coordinator_seconds += took
+                r.coordinator_calls += 1
+                by_call = r.coordinator_seconds_by_call
+                by_call[name] = by_call.get(name, 0) + took
 
         return call
 
@@ -286,6 +329,8 @@ class Simulation:
     `restore_mode`. `interval_ms`: simulated time between epochs. `shuffle_seed`: deliver
     answers in a random order. `fail_commits`: the sink fails that many commits first.
     `stage_output=False` stages no sink files (benchmarks: keeps memory flat).
+    Above 32,768 units the job has several chains (`chain_vertices`); `source` is the first
+    chain's, `sources` all of them (the splits of chain c follow those of chain c - 1).
     """
 
     def __init__(
@@ -323,13 +368,21 @@ class Simulation:
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._interval = interval_ms / 1000
         self._bounded = bounded
-        splits = [f"s{k}" for k in range((splits_per_unit if bounded else 1) * num_units)]
-        self.source = _NumberedSource(splits, records_per_split, bounded)
-        self.sink = InMemoryTableSink()
+        per_unit = splits_per_unit if bounded else 1
+        self.sink = InMemoryTableSink()  # every chain's sink commits to this table
         self.sink.fail_next_commits = fail_commits
         self.pipeline = Pipeline(job_id, records_per_epoch=records_per_epoch)
-        src = self.pipeline.source(self.source, parallelism=num_units, name="src")
-        src.sink(self.sink, name="sink")
+        self.source_of: dict[str, _NumberedSource] = {}
+        first = 0
+        for src_id, sink_id, parallelism in chain_vertices(num_units):
+            splits = [f"s{k}" for k in range(first, first + per_unit * parallelism)]
+            first += len(splits)
+            source = self.source_of[src_id] = _NumberedSource(splits, records_per_split, bounded)
+            self.pipeline.source(source, parallelism=parallelism, name=src_id).sink(
+                self.sink, name=sink_id
+            )
+        self.sources = list(self.source_of.values())
+        self.source = self.sources[0]
         memory = MemoryFileSystem(skip_instance_cache=True)
         memory.store, memory.pseudo_dirs = {}, [""]  # this simulation's own, not fsspec's global
         self.storage = JobStorage(
@@ -390,7 +443,12 @@ class Simulation:
 
     def run(self, max_checkpoints: int) -> SimResult:
         expected = (
-            sorted((s, i) for s in self.source.splits for i in range(self.source.records_per_split))
+            sorted(
+                (s, i)
+                for source in self.sources
+                for s in source.splits
+                for i in range(source.records_per_split)
+            )
             if self._bounded
             else []
         )
@@ -403,10 +461,12 @@ class Simulation:
                     driver.start()
                 if driver.finished:
                     break
+                before = r.coordinator_seconds
                 event = driver.epoch()
                 for answer in self.dispatcher.late:
                     driver.handle_answer(answer)
                 self.dispatcher.late.clear()
+                r.coordinator_epoch_seconds.append(r.coordinator_seconds - before)
                 self._measure(driver, event.checkpoint_id)
                 self.clock.sleep(self._interval)
             except _Crash:
@@ -440,3 +500,26 @@ def kind_counts(result: SimResult) -> dict[str, int]:
     for m in result.metadata:
         out[m.kind.value] += 1
     return out
+
+
+class _NoCoordinator:
+    """Answers `on_ack` with nothing: what the per-call timing costs by itself."""
+
+    def on_ack(self, *args: Any) -> list[Decision]:
+        return []
+
+
+def timing_floor(calls: int) -> float:
+    """Seconds that `calls` coordinator calls add to `SimResult.coordinator_seconds` when the
+    coordinator does nothing: the per-call timing and call overhead, measured now (on a busy
+    machine it is far from zero; benchmarks print it next to the coordinator's time).
+
+    >>> timing_floor(10) > 0
+    True
+    """
+    sim = Simulation.__new__(Simulation)
+    sim.step, sim.crash_before, sim.result = 0, frozenset(), SimResult([], [], [], [], [])
+    on_ack = _CountedCoordinator(_NoCoordinator(), sim).on_ack
+    for unit_id in range(calls):
+        on_ack(1, unit_id, 1, (), 0)
+    return sim.result.coordinator_seconds

@@ -4,7 +4,12 @@ The runtime calls `trigger`, then `on_ack` / `on_decline` per unit attempt and `
 time; it carries out the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`),
 `Commit` (then `on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`,
 `FinishJob`. One checkpoint is in flight at a time: the next trigger waits until the previous one
-is aborted or its metadata is durable. Cost per checkpoint is O(units); an ack is O(its subtasks).
+is aborted or its metadata is durable.
+
+Cost: an ack is O(its subtasks), a decline O(1); a trigger, a completion and an abort are
+O(answers + fallback units) in Python, plus list and tuple copies over every unit done in C
+(`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop on the hot path. The states a
+unit restarts from (`unit_states`) are built once per change of the unit's state, not per call.
 
 About 800 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
@@ -28,6 +33,8 @@ durable, commit) share the per-unit owners, states and limits; the rule evaluati
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, filterfalse
+from operator import attrgetter
 
 import msgspec
 
@@ -79,6 +86,7 @@ class _Completion(msgspec.Struct):
     metadata: CheckpointMetadata
     fallback: dict[int, str]  # unit -> cause
     fallback_states: dict[int, tuple[SubtaskState, ...]]
+    committables: dict[str, tuple[bytes, ...]]  # commit vertex -> its fresh committables
 
 
 class CheckpointCoordinator:
@@ -112,8 +120,19 @@ class CheckpointCoordinator:
             v: c for v, c in self._coordinators.items() if isinstance(c, CommitQueue)
         }
         n = layout.num_units
+        self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
         self._fresh_unit = [UnitState(u) for u in range(n)]
+        # per coordinated vertex: its subtask indices and their units, in unit order (the owner
+        # of every subtask of a vertex, for an abort, is then built in C)
+        placed: dict[str, tuple[list[int], list[int]]] = {v: ([], []) for v in self._coordinators}
+        if placed:
+            for unit_id, subtasks in enumerate(self._expected):
+                for vertex_id, index in subtasks:
+                    if vertex_id in placed:
+                        placed[vertex_id][0].append(index)
+                        placed[vertex_id][1].append(unit_id)
+        self._placed = {v: (tuple(i), tuple(u)) for v, (i, u) in placed.items() if i}
         self._source_units = {
             u: {v for v, _ in layout.units[u] if v in layout.bounded_sources} for u in range(n)
         }
@@ -122,6 +141,8 @@ class CheckpointCoordinator:
         self._latest_id: int | None = None
         self._unit_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._owner = [INITIAL_STATE_ID] * n
+        #: per unit: `_fallback_states(unit)` once built (None: not built since it changed)
+        self._restore_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
         self._global_until_success: str | None = None
         self._pending: PendingCheckpoint | None = None
@@ -157,7 +178,10 @@ class CheckpointCoordinator:
 
     def unit_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
         """The subtask states `unit_id` restarts from (empty for its initial state)."""
-        return self._fallback_states(unit_id)
+        cached = self._restore_states[unit_id]
+        if cached is None:
+            cached = self._restore_states[unit_id] = self._fallback_states(unit_id)
+        return cached
 
     # --- events ------------------------------------------------------------------------------
 
@@ -261,19 +285,28 @@ class CheckpointCoordinator:
         """Unit `unit_id`'s attempt acked with the states of all its subtasks, in the order of
         `layout.units[unit_id]`. A stale ack (fenced attempt, checkpoint not pending) is
         ignored and its files returned for discarding (rule 9)."""
-        self._check_unit(unit_id)
+        # the hot path: once per unit and checkpoint, so checks are inlined (no helper calls)
+        if not 0 <= unit_id < self._n:
+            self._check_unit(unit_id)
         p = self._pending
-        if p is None or p.checkpoint_id != checkpoint_id or p.attempt_of(unit_id) != attempt:
+        if (
+            p is None
+            or p.checkpoint_id != checkpoint_id
+            or ((attempt != 1 or p.retries) and p.attempt_of(unit_id) != attempt)
+        ):
             return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
         if p.states[unit_id] is not None:
             return []  # a duplicate of the accepted ack
         if unit_id in p.declined:
             return [_discard(checkpoint_id, unit_id, attempt, subtasks, committables=True)]
-        states = tuple(subtasks)
+        states = subtasks if type(subtasks) is tuple else tuple(subtasks)
         expected = self._expected[unit_id]
         ok = len(states) == len(expected)
         if ok:
-            for s, (vertex_id, index) in zip(states, expected, strict=True):
+            k = 0  # indexing, not zip(): zip(strict=True) costs as much as the checks
+            for s in states:
+                vertex_id, index = expected[k]
+                k += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
                 if (
                     s.index != index
                     or s.vertex_id != vertex_id
@@ -287,7 +320,8 @@ class CheckpointCoordinator:
             problem = self._malformed(unit_id, attempt, states)
             out = [_discard(checkpoint_id, unit_id, attempt, states, committables=True)]
             return out + self._record_decline(p, unit_id, problem, now_ms)
-        p.ack(unit_id, states)
+        p.states[unit_id] = states  # PendingCheckpoint.ack, inlined
+        p.outstanding -= 1
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
     def on_decline(
@@ -324,18 +358,20 @@ class CheckpointCoordinator:
         """Checkpoint `checkpoint_id`'s metadata is written: it is complete. Returns the
         notifications, the commits to run and subsumed checkpoints."""
         done = self._take_completion(checkpoint_id)
-        p, md = done.pending, done.metadata
-        n = self._layout.num_units
+        p = done.pending
+        n = self._n
         fallback = done.fallback
-        # the new latest state of every unit
+        # the new latest state of every unit; a fallen-back unit keeps its states and owner
         states = p.states
+        restore: list[tuple[SubtaskState, ...] | None] = [None] * n
         for unit_id, fb in done.fallback_states.items():
-            states[unit_id] = fb
+            states[unit_id] = restore[unit_id] = fb
         old_owner = self._owner
         self._owner = [checkpoint_id] * n
         for unit_id in fallback:
             self._owner[unit_id] = old_owner[unit_id]
         self._unit_states = states
+        self._restore_states = restore
         self._mismatch = {}
         self._latest_id = checkpoint_id
         savepoint = p.kind is CheckpointKind.SAVEPOINT
@@ -363,14 +399,14 @@ class CheckpointCoordinator:
                 coordinator.notify_complete(checkpoint_id)
         self._reopen_sources(fallback)
         out: list[Decision] = []
-        healthy = tuple(u for u in range(n) if u not in fallback) if fallback else tuple(range(n))
+        healthy = tuple(filterfalse(fallback.__contains__, range(n)) if fallback else range(n))
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
         out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
         for vertex_id, committer in self._committers.items():
             committer.checkpoint_complete(
-                checkpoint_id, _fresh_committables(md, vertex_id), fallback=units_fallback
+                checkpoint_id, done.committables.get(vertex_id, ()), fallback=units_fallback
             )
         if p.final and not fallback:
             self._final_checkpoint = checkpoint_id
@@ -439,6 +475,7 @@ class CheckpointCoordinator:
                     f"vertex {v.vertex_id!r} had parallelism / max parallelism {was} in "
                     f"checkpoint {cid}, now {v.parallelism} / {v.max_parallelism}"
                 )
+        self._restore_states = [None] * self._n
         for u, keys in enumerate(self._expected):
             got = by_unit.get(u, {})
             if set(got) == set(keys):
@@ -605,15 +642,18 @@ class CheckpointCoordinator:
             units = list(units)
             for unit_id, cause in fallback.items():
                 units[unit_id] = UnitState(unit_id, self._owner[unit_id], cause)
-                fallback_states[unit_id] = self._fallback_states(unit_id)
+                fallback_states[unit_id] = self.unit_states(unit_id)
             reasons = (
                 *reasons,
                 f"{name_units(fallback)} fell back ({len(fallback)} of "
                 f"{self._layout.num_units} ≤ max-failure-ratio {float(self._ratio):g})",
             )
-        subtasks: list[SubtaskState] = []
-        for unit_id, states in enumerate(p.states):
-            subtasks.extend(fallback_states[unit_id] if states is None else states)
+        every = p.states
+        if fallback_states:
+            every = list(every)
+            for unit_id, states in fallback_states.items():
+                every[unit_id] = states
+        subtasks = tuple(chain.from_iterable(every))  # type: ignore[arg-type]  # no None left
         kind = CheckpointKind.REGIONAL if fallback else CheckpointKind.GLOBAL
         metadata = CheckpointMetadata(
             checkpoint_id=cid,
@@ -627,7 +667,7 @@ class CheckpointCoordinator:
             vertices=self._layout.vertices,
             units=tuple(units),
             coordinators=snapshots,
-            subtasks=tuple(subtasks),
+            subtasks=subtasks,
             num_retained=self._policy.checkpointing.num_retained,
             forced_global=() if fallback else p.forced,
             consecutive_regional=(
@@ -650,7 +690,8 @@ class CheckpointCoordinator:
                 ),
             )
         self._pending = None
-        self._completing = _Completion(p, metadata, fallback, fallback_states)
+        committables = _committables(p.states, self._committers.keys())
+        self._completing = _Completion(p, metadata, fallback, fallback_states, committables)
         return [WriteMetadata(metadata, savepoint)]
 
     def _fallback_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
@@ -678,13 +719,16 @@ class CheckpointCoordinator:
         failed = tuple(sorted({*p.declined, *extra_failed}))
         causes = {u: p.declined[u] for u in failed if u in p.declined}
         out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
+        retried = p.retries  # without retries every attempt is 1: no lookup per unit
         for unit_id, states in enumerate(p.states):
             if states:
-                out.append(_discard(cid, unit_id, p.attempt_of(unit_id), states, committables=True))
-        everyone = range(self._layout.num_units)
-        per_vertex = self._per_vertex(everyone)
+                attempt = p.attempt_of(unit_id) if retried else 1
+                out.append(_discard(cid, unit_id, attempt, states, committables=True))
+        everyone = range(self._n)
+        owner = self._owner.__getitem__
         for vertex_id, coordinator in self._coordinators.items():
-            coordinator.notify_aborted(cid, per_vertex.get(vertex_id, {}))
+            indices, units = self._placed.get(vertex_id, ((), ()))
+            coordinator.notify_aborted(cid, dict(zip(indices, map(owner, units), strict=True)))
         self._reopen_sources(everyone)
         self._pending = None
         self._completing = None
@@ -790,13 +834,29 @@ def _discard(
     *,
     committables: bool,
 ) -> DiscardAttempt:
-    files = tuple(dict.fromkeys(h.path for s in states for h in s.handles if not h.shared))
+    paths = [h.path for s in states for h in s.handles if not h.shared]
+    files = tuple(dict.fromkeys(paths)) if paths else ()
     staged: dict[str, tuple[bytes, ...]] = {}
     if committables:
         for s in states:
             if s.committables:
                 staged[s.vertex_id] = staged.get(s.vertex_id, ()) + tuple(s.committables)
     return DiscardAttempt(checkpoint_id, unit_id, attempt, files, staged)
+
+
+_committables_of = attrgetter("committables")
+
+
+def _committables(
+    fresh: Sequence[tuple[SubtaskState, ...] | None], vertex_ids: Iterable[str]
+) -> dict[str, tuple[bytes, ...]]:
+    """The committables of vertices `vertex_ids` in the `fresh` (acked) states, in unit order."""
+    staged: dict[str, list[bytes]] = {v: [] for v in vertex_ids}
+    if staged:  # the scan for subtasks with committables runs in C
+        for s in filter(_committables_of, chain.from_iterable(filter(None, fresh))):
+            if s.vertex_id in staged:
+                staged[s.vertex_id] += s.committables
+    return {v: tuple(c) for v, c in staged.items()}
 
 
 def _fresh_committables(metadata: CheckpointMetadata, vertex_id: str) -> tuple[bytes, ...]:

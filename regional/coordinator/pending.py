@@ -2,7 +2,8 @@
 
 Answers are per unit attempt. Every unit starts with attempt 1 at the trigger; `retry` starts a
 new attempt (fencing the old one) with its own deadline. Acks and declines are O(1); finding the
-units past their deadline is O(1) until the earliest deadline passes.
+units past their deadline is O(1) until the earliest deadline passes, then a scan in C
+(`itertools`), not a Python loop over every unit.
 
 >>> p = PendingCheckpoint(5, trigger_ms=0, num_units=3, deadline_ms=100)
 >>> p.decline(1, "boom"); p.outstanding
@@ -12,6 +13,9 @@ units past their deadline is O(1) until the earliest deadline passes.
 """
 
 from __future__ import annotations
+
+from itertools import compress, filterfalse
+from operator import not_
 
 from metadata.model import CheckpointKind, ForcedGlobal, SubtaskState
 
@@ -25,7 +29,6 @@ class PendingCheckpoint:
     __slots__ = (
         "_deadline",
         "_earliest",
-        "_retries",
         "checkpoint_id",
         "declined",
         "final",
@@ -36,6 +39,7 @@ class PendingCheckpoint:
         "outstanding",
         "reasons",
         "regional_allowed",
+        "retries",
         "states",
         "tier1",
         "trigger_ms",
@@ -73,7 +77,8 @@ class PendingCheckpoint:
         self.declined: dict[int, str] = {}
         self.outstanding = num_units
         self._deadline = deadline_ms
-        self._retries: dict[int, tuple[int, int]] = {}  # unit -> (attempt, deadline)
+        #: unit -> (attempt, deadline) for retried units; every other unit runs attempt 1
+        self.retries: dict[int, tuple[int, int]] = {}
         self._earliest = deadline_ms
 
     @property
@@ -83,7 +88,7 @@ class PendingCheckpoint:
 
     def attempt_of(self, unit_id: int) -> int:
         """The current (unfenced) attempt of `unit_id`."""
-        retry = self._retries.get(unit_id)
+        retry = self.retries.get(unit_id)
         return 1 if retry is None else retry[0]
 
     def answered(self, unit_id: int) -> bool:
@@ -100,21 +105,26 @@ class PendingCheckpoint:
     def retry(self, unit_id: int, deadline_ms: int) -> int:
         """Fence the unit's current attempt and start the next one; returns its number."""
         attempt = self.attempt_of(unit_id) + 1
-        self._retries[unit_id] = (attempt, deadline_ms)
-        self._earliest = min(self._deadline, *(d for _, d in self._retries.values()))
+        self.retries[unit_id] = (attempt, deadline_ms)
+        self._earliest = min(self._deadline, *(d for _, d in self.retries.values()))
         return attempt
 
     def expired(self, now_ms: int) -> list[int]:
         """Units that have not answered and whose deadline is at or before `now_ms`."""
         if now_ms < self._earliest:
             return []
+        if self._deadline <= now_ms and not self.retries:
+            return self.unanswered()
         out = []
-        for unit_id, states in enumerate(self.states):
-            if states is None and unit_id not in self.declined:
-                retry = self._retries.get(unit_id)
-                if (self._deadline if retry is None else retry[1]) <= now_ms:
-                    out.append(unit_id)
+        for unit_id in self.unanswered():
+            retry = self.retries.get(unit_id)
+            if (self._deadline if retry is None else retry[1]) <= now_ms:
+                out.append(unit_id)
         return out
 
     def unanswered(self) -> list[int]:
-        return [u for u, s in enumerate(self.states) if s is None and u not in self.declined]
+        """Units that neither acked nor declined, ascending (acked states are never empty)."""
+        if self.outstanding == 0:
+            return []
+        silent = compress(range(len(self.states)), map(not_, self.states))
+        return list(filterfalse(self.declined.__contains__, silent))

@@ -42,19 +42,23 @@ def plan_works(
             enumerator.discover(splits)
     works = []
     per = pipeline.splits_per_subtask
+    cid, attempt = trigger.checkpoint_id, trigger.attempt
+    unit_states = coordinator.unit_states  # built once per change of a unit's state
     for unit_id in range(layout.num_units):
-        restore = coordinator.unit_states(unit_id)
+        restore = unit_states(unit_id)
         new: list[tuple[str, int, str]] = []
         for state in restore:
+            if (open_slots := per - len(state.split_states)) <= 0:
+                continue  # the common case at scale: the subtask's splits are all open
             assigner = enumerators.get(state.vertex_id)
             if assigner is None:
                 continue
-            for _ in range(per - len(state.split_states)):
+            for _ in range(open_slots):
                 split = assigner.assign(state.index)
                 if split is None:
                     break
                 new.append((state.vertex_id, state.index, split))
-        works.append(UnitWork(trigger.checkpoint_id, trigger.attempt, unit_id, restore, tuple(new)))
+        works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new)))
     return works
 
 
