@@ -11,7 +11,7 @@ O(answers + fallback units) in Python, plus list and tuple copies over every uni
 (`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop on the hot path. The states a
 unit restarts from (`unit_states`) are built once per change of the unit's state, not per call.
 
-About 800 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
+About 870 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
 (`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
 (`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
