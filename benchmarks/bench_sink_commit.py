@@ -31,9 +31,12 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from regional.sinks.iceberg import IcebergSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 USER = "bench-0123456789ab-out"
@@ -41,14 +44,23 @@ SUBTASKS, ROWS = 8, 100
 SAMPLES = 5
 
 
-def _stage(sink: Any, cid: int) -> list[bytes]:
+def _stage(sink: IcebergSink, cid: int) -> list[bytes]:
     batch = pa.record_batch(
         {"user": [f"u{i % 17}" for i in range(ROWS)], "n": list(range(ROWS))}, schema=SCHEMA
     )
     return [
         c
         for index in range(SUBTASKS)
-        for c in sink.write([batch], checkpoint_id=cid, vertex_id="out", index=index, attempt=0)
+        for c in sink.write(
+            [batch],
+            checkpoint_id=cid,
+            vertex_id="out",
+            index=index,
+            attempt=0,
+            job_id="bench",
+            unit_id=index,
+            run_id="run",
+        )
     ]
 
 
