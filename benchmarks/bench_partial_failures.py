@@ -37,6 +37,7 @@ import argparse
 import bisect
 import collections
 import dataclasses
+import glob
 import itertools
 import json
 import os
@@ -253,8 +254,8 @@ def run_regional(
     epochs = [_regional_epoch(r, args.regions) for r in summary.checkpoints]
     commits_dir = f"{table}/_commits/{runtime.committers['out'].commit_user}"
     commits = []
-    for entry in sorted(os.listdir(commits_dir)):
-        path = f"{commits_dir}/{entry}"
+    # records are grouped by 1,000 ids: _commits/<user>/<group>/<id>.json (regional.sinks.parquet)
+    for path in sorted(glob.glob(f"{commits_dir}/*/*.json")):
         with open(path) as f:
             files = [f"{table}/{x}" for x in json.load(f)["files"]]
         commits.append((os.stat(path).st_mtime, files))
