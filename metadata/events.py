@@ -37,6 +37,7 @@ import msgspec
 import pyarrow as pa
 
 from metadata.errors import MetadataError, StorageError
+from metadata.format import DECODE_FAILURES
 from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
 from metadata.model import Count, EpochMs, Int64
 from metadata.storage import JobStorage, Problem
@@ -136,7 +137,7 @@ def decode_event(data: bytes, *, source: str) -> CheckpointEvent:
     included, see `metadata.format`)."""
     try:
         return _DECODER.decode(data)
-    except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+    except DECODE_FAILURES as exc:
         raise MetadataError(
             f"event file {source} is not a checkpoint event ({exc}); it was damaged or written "
             "by a newer regional: skip it or delete it by hand"

@@ -52,6 +52,7 @@ from metadata.layout import path_problem
 from metadata.model import CheckpointMetadata
 
 __all__ = [
+    "DECODE_FAILURES",
     "DIGEST_SIZE",
     "FORMAT_MINOR",
     "FORMAT_VERSION",
@@ -101,10 +102,12 @@ def _decode_v1(body: memoryview) -> CheckpointMetadata:
 
 
 _v1_decoder = msgspec.msgpack.Decoder(CheckpointMetadata)
-#: What msgspec raises for a body that does not decode: `DecodeError` (with `ValidationError`),
-#: `UnicodeDecodeError` for invalid UTF-8 in a string (a `ValueError`), `RecursionError`
-#: for nesting too deep. Each becomes a `MetadataError`, the only error that leaves here.
-_DECODE_FAILURES = (msgspec.DecodeError, ValueError, OverflowError, RecursionError)
+#: What msgspec raises for bytes that do not decode: `DecodeError` (with `ValidationError`),
+#: `UnicodeDecodeError` for invalid UTF-8 in a string (a `ValueError`), `OverflowError` for an
+#: integer out of range, `RecursionError` for nesting too deep. Every decoder of stored bytes
+#: (metadata, events, commit records, coordinator snapshots) catches exactly these and raises
+#: its own error naming the thing, so hostile input never escapes as a bare exception.
+DECODE_FAILURES = (msgspec.DecodeError, ValueError, OverflowError, RecursionError)
 #: One body decoder per major version ever written; each returns the current model.
 _DECODERS: dict[int, Callable[[memoryview], CheckpointMetadata]] = {1: _decode_v1}
 
@@ -164,7 +167,7 @@ def decode_metadata(data: bytes, *, source: str) -> CheckpointMetadata:
         )
     try:
         md = decoder(view[HEADER_SIZE : expected - DIGEST_SIZE])
-    except _DECODE_FAILURES as exc:
+    except DECODE_FAILURES as exc:
         hint = (
             f"format {major}.{minor} is newer than this regional ({FORMAT_VERSION}."
             f"{FORMAT_MINOR}): upgrade regional"

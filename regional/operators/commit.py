@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem
 from metadata.model import SinkRetention, SubtaskState
 from regional.decisions import Commit
@@ -247,7 +248,7 @@ class CommitCoordinator:
         (tables join it into paths: a tampered one would commit outside the table)."""
         try:
             state = msgspec.msgpack.decode(data, type=_State)
-        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+        except DECODE_FAILURES as exc:
             raise MetadataError(
                 f"the checkpointed snapshot of sink {self._vertex_id!r}'s commit coordinator "
                 f"does not decode ({exc}); the checkpoint is damaged, restore another one"

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from metadata.errors import MetadataError
+from metadata.format import DECODE_FAILURES
 from metadata.model import SubtaskState
 from regional.operators.protocol import RegionalCompletion
 
@@ -110,7 +111,7 @@ class SplitEnumerator:
         Split ids stay opaque here: the sources that join them into paths check them."""
         try:
             state = msgspec.msgpack.decode(data, type=_State)
-        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+        except DECODE_FAILURES as exc:
             raise MetadataError(
                 f"the checkpointed snapshot of source {self._vertex_id!r}'s split enumerator "
                 f"does not decode ({exc}); the checkpoint is damaged, restore another one"

@@ -65,6 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem, path_problem
 from metadata.model import SinkRetention
 from regional.errors import CommitError
@@ -181,7 +182,7 @@ def _commit_records(path: str) -> list[_CommitRecord]:
             data = f.read()
         try:
             record = msgspec.json.decode(data, type=_CommitRecord)
-        except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+        except DECODE_FAILURES as exc:
             raise CommitError(
                 f"table {path}: {_COMMITS}/{relative} is not a commit record ({exc}); "
                 "restore it from a backup, or move it out of the table to drop that commit"
@@ -312,7 +313,7 @@ class ParquetSink:
         for c in committables:
             try:
                 item = msgspec.msgpack.decode(c, type=_Committable)
-            except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+            except DECODE_FAILURES as exc:
                 raise CommitError(
                     f"table {self.path}: a committable does not decode ({exc}); the checkpoint "
                     "holding it is damaged"
@@ -491,7 +492,7 @@ class ParquetSink:
                 data = f.read()
             try:
                 record = msgspec.json.decode(data, type=_CommitRecord)
-            except (msgspec.DecodeError, ValueError, OverflowError, RecursionError) as exc:
+            except DECODE_FAILURES as exc:
                 raise CommitError(
                     f"table {self.path}: cannot roll back commit {i} of user {commit_user!r}: "
                     f"{records[i]} is not a commit record ({exc}); restore it from a backup, or "
