@@ -93,6 +93,7 @@ class RestorePlan(msgspec.Struct, frozen=True):
     dropped: tuple[str, ...] = ()
     rescaled: tuple[str, ...] = ()  # "vertex: 4 -> 2" for every vertex whose size changed
     reset: frozenset[str] = frozenset()  # vertices of the pipeline whose state was dropped
+    moved: tuple[str, ...] = ()  # exchange backlogs carried into a new layout or job root
 
 
 def place_splits(held: Mapping[int, Sequence[str]], parallelism: int) -> dict[str, int]:

@@ -143,7 +143,7 @@ def find_restore_point(
             "global until then"
         ),
         restore_base=base,
-        notes=(*plan.rescaled, *plan.dropped),
+        notes=(*plan.rescaled, *plan.dropped, *plan.moved),
     )
 
 
@@ -175,7 +175,7 @@ def _restore_given(
     )
     if claim:  # the job owns its copy: a checkpoint of its own, cleaned when subsumed
         storage.write_metadata(restored)
-    notes = (*plan.rescaled, *plan.dropped)
+    notes = (*plan.rescaled, *plan.dropped, *plan.moved)
     return RestorePoint(cid, restored, mode, next_id, source.location, notes=notes)
 
 
@@ -316,6 +316,7 @@ def rewrite_for_pipeline(
         notes.append(f"state redistributed for new parallelism ({', '.join(plan.rescaled)})")
     notes += plan.dropped
     notes += exchange_notes
+    plan = msgspec.structs.replace(plan, moved=tuple(exchange_notes))
     restored = msgspec.structs.replace(
         metadata,
         job_id=target.job_id,

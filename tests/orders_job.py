@@ -89,7 +89,9 @@ class InProcessDispatcher:
     def start(self) -> None:
         return None
 
-    def run(self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False) -> Dispatch:
+    def run(
+        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
+    ) -> Dispatch:
         return Dispatch(run_units(self.env, works))
 
 
