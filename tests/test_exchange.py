@@ -210,10 +210,21 @@ def test_exchange_api_errors_name_the_problem(tmp_path: Path) -> None:
 
 
 def _driver(
-    tmp_path: Path, p: Any, faults: Faults | None = None, ratio: float = 0.3, **kw: Any
+    tmp_path: Path,
+    p: Any,
+    faults: Faults | None = None,
+    ratio: float = 0.3,
+    retained: int = 3,
+    **kw: Any,
 ) -> JobDriver:
     root = str(tmp_path / "ckpt")
-    overrides = {"checkpointing": {"timeout": "30 s", "region": {"max-failure-ratio": ratio}}}
+    overrides = {
+        "checkpointing": {
+            "timeout": "30 s",
+            "num-retained": retained,
+            "region": {"max-failure-ratio": ratio},
+        }
+    }
     policy = load_policy(env={}, overrides=overrides).policy
     faults = faults or Faults()
     env = TaskEnv(root, "orders", p, unit_timeout=30, faults=faults.unit_faults())
@@ -324,3 +335,45 @@ def test_writer_and_reader_refuse_tampered_names(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"is not named n<N>-p<q>-c<checkpoint>-w<writer>"):
         writer._published("_staging/j/evil.staged")
     assert split_id(2, 1) == "n2-p1"
+
+
+# --- retention ------------------------------------------------------------------------------
+
+
+def test_the_cleaner_keeps_exactly_the_segments_the_kept_checkpoint_has_not_read(
+    tmp_path: Path,
+) -> None:
+    from cleaner.run import scan
+
+    driver = _driver(tmp_path, _orders(tmp_path), Faults(units={(3, 4): "fail"}), retained=1)
+    driver.run(max_checkpoints=4)  # checkpoint 4 is the only kept one
+    storage = JobStorage(str(tmp_path / "ckpt"), "orders")
+    md = storage.read_metadata(4)
+    cursors = {
+        s.index: Cursor.decode(s.split_states[0].position)
+        for s in md.subtasks
+        if s.vertex_id == "by-customer"
+    }
+    segments = [f.path for f in storage.list_files() if segment_of(f.path) is not None]
+    assert segments  # checkpoint 4's own commit published segments nobody read yet
+    for path in segments:  # the cleaner ran at every checkpoint: nothing consumed is left
+        file = segment_of(path)
+        assert file is not None and not cursors[file.partition].passed(file.segment), path
+
+    plan = scan(storage, num_retained=1)
+    decisions = {d.path: d for d in plan.files if d.path.startswith("exchange/")}
+    for path in segments:
+        assert (decisions[path].action, decisions[path].reason) == ("keep", "exchange-backlog")
+        assert decisions[path].detail == "exchange segment not yet read by kept checkpoint(s) 4"
+    # a segment every kept checkpoint's reader passed is planned for deletion, and says why
+    consumed = tmp_path / "ckpt" / "orders" / "exchange" / "by-customer" / "n4" / "p0"
+    (consumed / SegmentName(1, 0).file_name()).write_bytes(b"old")
+    plan = scan(storage, num_retained=1)
+    [gone] = [d for d in plan.deletions if d.path.startswith("exchange/")]
+    assert gone.path == "exchange/by-customer/n4/p0/00000000000000000001-00000.parquet"
+    assert (gone.reason, gone.detail) == (
+        "consumed",
+        "exchange segment every kept checkpoint's reader has read",
+    )
+    records = [d for d in plan.files if "/_commits/" in d.path]
+    assert records and {d.reason for d in records} == {"exchange"}
