@@ -1,4 +1,7 @@
-"""Where a durable keyed exchange keeps its segments, and how reader positions order them. Pure.
+"""Where a durable keyed exchange keeps its segments, and how reader positions order them.
+
+Pure, except `backlog_table` (the inspector's view), which lists the job root and reads the
+footers of the segments not read yet.
 
 A durable exchange (`regional.exchange`) joins an upstream stage to a downstream stage of
 `partitions` subtasks. Its files live in the job root, under the exchange's reader vertex:
@@ -35,17 +38,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
 
 from metadata.errors import MetadataError
 from metadata.model import CheckpointMetadata
 
+if TYPE_CHECKING:
+    from metadata.storage import JobStorage
+
 __all__ = [
+    "BACKLOG_SCHEMA",
     "EXCHANGE_DIR",
     "Cursor",
     "ExchangeFile",
     "ReaderView",
     "SegmentName",
+    "backlog_table",
     "kept_by",
     "reader_view",
     "segment_of",
@@ -209,3 +219,70 @@ def kept_by(file: ExchangeFile, views: Iterable[ReaderView]) -> list[int]:
         elif not view.cursors.get(file.partition, Cursor()).passed(file.segment):
             out.append(view.checkpoint_id)
     return out
+
+
+#: `regional inspect ROOT exchange`: one row per exchange partition of the newest checkpoint.
+BACKLOG_SCHEMA = pa.schema(
+    [
+        pa.field("exchange", pa.string(), nullable=False),
+        pa.field("partition", pa.int64(), nullable=False),
+        pa.field("partitions", pa.int64(), nullable=False),
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("cursor", pa.string(), nullable=False),
+        pa.field("segments", pa.int64(), nullable=False),
+        pa.field("records", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+    ]
+)
+
+
+def backlog_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
+    """Per partition of every exchange of checkpoint `md` (`BACKLOG_SCHEMA`): its reader's
+    cursor there and the committed segments, records and bytes after it, i.e. what a restore
+    from `md` would read. Lists `exchange/` and reads the footers of the backlog's segments."""
+    import pyarrow.parquet as pq  # on first use: the rest of this module is pure
+
+    by_partition: dict[tuple[str, int, int], list[tuple[SegmentName, str, int]]] = {}
+    for f in storage.list_files():
+        if (file := segment_of(f.path)) is not None:
+            key = (file.reader, file.layout, file.partition)
+            by_partition.setdefault(key, []).append((file.segment, f.path, f.size))
+    rows = []
+    for reader in sorted({r for r, _, _ in by_partition} | _readers(md)):
+        view = reader_view(md, reader)
+        if view.layout is None:
+            continue
+        for partition in range(view.layout):
+            cursor = view.cursors.get(partition, Cursor())
+            segments = records = size = 0
+            for segment, path, length in sorted(
+                by_partition.get((reader, view.layout, partition), [])
+            ):
+                if cursor.passed(segment):
+                    continue
+                data = storage.read_file(path) or b""
+                rows_in = pq.read_metadata(pa.BufferReader(data)).num_rows
+                records += rows_in - (cursor.row if segment == cursor[:2] else 0)
+                segments, size = segments + 1, size + length
+            rows.append(
+                {
+                    "exchange": reader,
+                    "partition": partition,
+                    "partitions": view.layout,
+                    "checkpoint_id": md.checkpoint_id,
+                    "cursor": cursor.encode().decode() or "start",
+                    "segments": segments,
+                    "records": records,
+                    "bytes": size,
+                }
+            )
+    return pa.Table.from_pylist(rows, schema=BACKLOG_SCHEMA)
+
+
+def _readers(md: CheckpointMetadata) -> set[str]:
+    """Vertices of `md` whose subtasks hold exchange splits."""
+    return {
+        s.vertex_id
+        for s in md.subtasks
+        if any(split_partition(x.split_id) is not None for x in s.split_states)
+    }

@@ -239,7 +239,7 @@ class ExchangeWriter(_Bound, ParquetSink):
             )
         records = [r for b in batches for r in b.to_pylist()]
         fs, base = self._fs()
-        out = []
+        out: list[bytes] = []
         staging = f"_staging/{job_id}"
         for partition, rows in self.partition(records, self.partitions).items():
             name = (

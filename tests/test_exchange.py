@@ -377,3 +377,34 @@ def test_the_cleaner_keeps_exactly_the_segments_the_kept_checkpoint_has_not_read
     )
     records = [d for d in plan.files if "/_commits/" in d.path]
     assert records and {d.reason for d in records} == {"exchange"}
+
+
+def test_inspect_shows_each_partitions_unread_backlog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regional.cli import main
+
+    _driver(tmp_path, _orders(tmp_path)).run(max_checkpoints=3)
+    assert main(["inspect", str(tmp_path / "ckpt"), "exchange", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["exchange"], r["partition"], r["partitions"], r["checkpoint_id"]) for r in rows] == [
+        ("by-customer", q, 4, 3) for q in range(4)
+    ]
+    # independently: read each partition from its cursor to the end with the reader itself
+    reader = ExchangeReader("by-customer", 4, bounded=True)
+    reader.bind(str(tmp_path / "ckpt" / "orders" / "exchange" / "by-customer"), None)
+    md = JobStorage(str(tmp_path / "ckpt"), "orders").read_metadata(3)
+    for row in rows:
+        [state] = [
+            s for s in md.subtasks if s.vertex_id == "by-customer" and s.index == row["partition"]
+        ]
+        position = state.split_states[0].position if state.split_states else b""
+        unread = reader.read(split_id(4, row["partition"]), position, 10**6)
+        assert row["records"] == sum(b.num_rows for b in unread.batches)
+        assert row["cursor"] == (position.decode() or "start")
+    assert sum(r["records"] for r in rows) > 0  # checkpoint 3's own segments are not read yet
+    assert main(["inspect", str(tmp_path / "ckpt"), "exchange"]) == 0
+    out = capsys.readouterr().out
+    records, size = sum(r["records"] for r in rows), sum(r["bytes"] for r in rows)
+    last = f"checkpoint 3: {records} record(s), {size} byte(s) committed and not read yet"
+    assert out.rstrip().endswith(last)

@@ -100,7 +100,7 @@ def drained_exchanges(
     exchange finished, the writer's commits are all done (`queued`: sink vertex -> checkpoint
     ids waiting to commit), and no partition holds records after its reader's cursor in the
     latest completed checkpoint. Listing the segments may fail: then not now."""
-    done = []
+    done: list[str] = []
     finished = coordinator.finished_sources
     if coordinator.latest_completed_id is None:
         return done
