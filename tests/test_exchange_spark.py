@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orders_job as job
 import pytest
 
-import orders_job as job
 from metadata.events import CheckpointEvent
 from regional.policy import load_policy
 from regional.runtime.spark import CRASH_STEPS, DriverCrash, Faults, SparkRuntime
