@@ -318,6 +318,35 @@ class ExchangeWriter(_Bound, ParquetSink):
         self._latest = {}
         return gone
 
+    def copy_backlog(
+        self,
+        target: ExchangeWriter,
+        layout: int,
+        cursors: Mapping[int, Cursor],
+        staged: Iterable[bytes],
+        checkpoint_id: int,
+    ) -> int:
+        """Copy into `target` (a savepoint's exchange directory) what a restore from checkpoint
+        `checkpoint_id` reads: per partition the published segments up to it after its cursor,
+        under their own names, and its `staged` committables under the names their commit
+        publishes them as. Returns the number of files copied."""
+        fs, base = self._fs()
+        out_fs, out_base = target._fs()
+        copies: list[tuple[str, str]] = []  # (source, relative target)
+        for partition in range(layout):
+            cursor = cursors.get(partition, Cursor())
+            for segment, info in self._segments(layout, partition):
+                if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
+                    copies.append((info.path, f"n{layout}/p{partition}/{segment.file_name()}"))
+        for item in self._files(staged):
+            published = self._published(item.file)
+            found = fs.get_file_info(f"{base}/{published}").type == pafs.FileType.File
+            copies.append((f"{base}/{published if found else item.file}", published))
+        for source, relative in copies:
+            out_fs.create_dir(posixpath.dirname(f"{out_base}/{relative}"), recursive=True)
+            pafs.copy_files(source, f"{out_base}/{relative}", fs, out_fs)
+        return len(copies)
+
     def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:
         """A copy of this writer bound to another directory (the exchange of another root)."""
         other = copy.copy(self)

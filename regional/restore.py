@@ -361,8 +361,8 @@ def _move_exchanges(
             raise RestoreError(
                 f"checkpoint {cid} of {source.describe('')} holds exchange {reader_id!r}, but "
                 f"its segments are not at {source.describe(f'exchange/{reader_id}')}; restore "
-                "a checkpoint of a job root that still holds them (a savepoint does not copy "
-                "an exchange's backlog)"
+                "a checkpoint of a job root that still holds them, or a savepoint (it carries "
+                "its exchanges' backlog)"
             )
         staged = [
             c

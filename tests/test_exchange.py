@@ -408,3 +408,53 @@ def test_inspect_shows_each_partitions_unread_backlog(
     records, size = sum(r["records"] for r in rows), sum(r["bytes"] for r in rows)
     last = f"checkpoint 3: {records} record(s), {size} byte(s) committed and not read yet"
     assert out.rstrip().endswith(last)
+
+
+# --- savepoints -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("partitions", [4, 3])
+def test_a_savepoint_carries_the_backlog_to_another_root(tmp_path: Path, partitions: int) -> None:
+    first = _driver(tmp_path, _orders(tmp_path), Faults(units={(2, 1): "fail"}))
+    summary = first.run(max_checkpoints=3, stop_with_savepoint=True)
+    assert summary.savepoint is not None and not summary.finished
+    sp = Path(summary.savepoint)
+    assert sorted(p.name for p in (sp / "exchange" / "by-customer").iterdir()) == ["n4"]
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    p = job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"), partitions=partitions)
+    env = TaskEnv(str(other / "ckpt"), "orders", p, unit_timeout=30)
+    policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
+    second = JobDriver(
+        p,
+        job.InProcessDispatcher(env),
+        storage=JobStorage(str(other / "ckpt"), "orders"),
+        policy=policy,
+        restore_from=summary.savepoint,
+    )
+    resumed = second.run()
+    assert resumed.finished and resumed.restored_from == summary.checkpoints[-1].checkpoint_id
+    assert any(f"moved from 4 to {partitions} partitions" in n for n in resumed.restore_notes)
+    assert job.rows(str(tmp_path / "table")) == job.expected_rows()
+
+
+def test_restoring_a_checkpoint_whose_exchange_is_gone_is_refused(tmp_path: Path) -> None:
+    import shutil
+
+    from regional.errors import RestoreError
+
+    _driver(tmp_path, _orders(tmp_path)).run(max_checkpoints=3)
+    shutil.rmtree(tmp_path / "ckpt" / "orders" / "exchange")
+    p = _orders(tmp_path)
+    env = TaskEnv(str(tmp_path / "new"), "orders", p, unit_timeout=30)
+    driver = JobDriver(
+        p,
+        job.InProcessDispatcher(env),
+        storage=JobStorage(str(tmp_path / "new"), "orders"),
+        restore_from=str(tmp_path / "ckpt" / "orders" / "chk-3"),
+    )
+    with pytest.raises(
+        RestoreError,
+        match=r"checkpoint 3 of .* holds exchange 'by-customer', but its segments are not at .*exchange/by-customer; restore a checkpoint of a job root that still holds them",
+    ):
+        driver.run()
