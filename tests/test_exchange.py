@@ -458,3 +458,53 @@ def test_restoring_a_checkpoint_whose_exchange_is_gone_is_refused(tmp_path: Path
         match=r"checkpoint 3 of .* holds exchange 'by-customer', but its segments are not at .*exchange/by-customer; restore a checkpoint of a job root that still holds them",
     ):
         driver.run()
+
+
+def test_restore_with_another_upstream_parallelism_keeps_counts_exact(tmp_path: Path) -> None:
+    _driver(tmp_path, _orders(tmp_path, upstream=3), Faults(units={(2, 0): "fail"})).run(
+        max_checkpoints=3
+    )
+    summary = _driver(tmp_path, _orders(tmp_path, upstream=2)).run()
+    assert summary.finished and summary.restored_from == 3
+    assert summary.restore_notes[0] == "files: 3 -> 2"
+    assert job.rows(str(tmp_path / "table")) == job.expected_rows()
+
+
+def test_dead_letters_on_both_sides_of_an_exchange(tmp_path: Path) -> None:
+    from regional.pipeline import Pipeline
+    from regional.sinks.parquet import ParquetSink, read_table
+    from regional.sources.files import FileSource
+
+    job.write_orders(str(tmp_path / "orders"))
+
+    def parse(record: dict) -> dict:
+        if record["order"] == 2005:
+            raise ValueError("bad order 2005")
+        return job.parse(record)
+
+    def count(ctx: Any, record: dict) -> Any:
+        if record["order"] == 3007:
+            raise ValueError("bad order 3007")
+        return job.running_count(ctx, record)
+
+    p = Pipeline(
+        "orders",
+        records_per_epoch=15,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(str(tmp_path / "dead")),
+    )
+    (
+        p.source(FileSource(str(tmp_path / "orders"), format="jsonl"), parallelism=3, name="files")
+        .map(parse, name="parse")
+        .key_by(job.customer, partitions=4, name="by-customer")
+        .process(lambda ctx, r: list(count(ctx, r)), name="totals")
+        .sink(ParquetSink(str(tmp_path / "table")), name="out")
+    )
+    assert p.regions().num_units == 7  # a dead-letter sink per stage: no units merged
+    assert _driver(tmp_path, p).run().finished
+    dead = read_table(str(tmp_path / "dead")).to_pylist()
+    assert sorted((d["operator"], d["error_message"]) for d in dead) == [
+        ("parse", "bad order 2005"),
+        ("totals", "bad order 3007"),
+    ]
+    assert sum(1 for _ in job.rows(str(tmp_path / "table"))) == len(job.expected_rows()) - 2
