@@ -58,6 +58,7 @@ __all__ = [
     "backlog_table",
     "kept_by",
     "reader_view",
+    "segment_name",
     "segment_of",
     "segment_path",
     "split_id",
@@ -120,6 +121,12 @@ class Cursor(NamedTuple):
             "the checkpoint holding it is damaged or was written by another tool: restore "
             "another one"
         )
+
+
+def segment_name(file_name: str) -> SegmentName | None:
+    """The segment a committed segment's file name names, or None for any other name."""
+    m = _SEGMENT.fullmatch(file_name)
+    return SegmentName(int(m[1]), int(m[2])) if m else None
 
 
 def split_id(layout: int, partition: int) -> str:

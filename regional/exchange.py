@@ -54,11 +54,12 @@ from metadata.exchange import (
     EXCHANGE_DIR,
     Cursor,
     SegmentName,
+    segment_name,
     split_id,
     split_partition,
 )
 from metadata.layout import name_problem
-from regional.errors import CommitError
+from regional.errors import CommitError, GraphError
 from regional.partitioning import partition_of
 from regional.sinks.parquet import ParquetSink, _Committable, _fsync, _name
 from regional.sources.base import ReadResult
@@ -66,7 +67,6 @@ from regional.sources.base import ReadResult
 __all__ = ["Backlog", "ExchangeReader", "ExchangeWriter", "exchange_path", "repartition"]
 
 _STAGED_NAME = re.compile(r"n(\d+)-p(\d+)-c(\d{20})-w(\d{5})-.*\.staged")
-_SEGMENT_NAME = re.compile(r"(\d{20})-(\d{5})\.parquet")
 
 
 def exchange_path(job_path: str, reader: str) -> str:
@@ -92,9 +92,9 @@ class _Bound:
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         if not getattr(self, "path", ""):
-            raise RuntimeError(
+            raise GraphError(
                 f"exchange {self.reader!r} is not bound to a job root; run the pipeline "
-                "through JobDriver (regional run), which binds it"
+                "through JobDriver (regional run), which binds it (Pipeline.bind)"
             )
         if self._filesystem is not None:
             return self._filesystem, self.path.rstrip("/")
@@ -108,9 +108,9 @@ class _Bound:
         selector = pafs.FileSelector(f"{base}/n{layout}/p{partition}", allow_not_found=True)
         out = []
         for info in fs.get_file_info(selector):
-            m = _SEGMENT_NAME.fullmatch(_name(info))
-            if m and info.type == pafs.FileType.File:
-                out.append((SegmentName(int(m[1]), int(m[2])), info))
+            segment = segment_name(_name(info))
+            if segment is not None and info.type == pafs.FileType.File:
+                out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
 
 
@@ -291,8 +291,8 @@ class ExchangeWriter(_Bound, ParquetSink):
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
                 for info in self._listing(f"{base}/{layout}/{partition}"):
-                    m = _SEGMENT_NAME.fullmatch(_name(info))
-                    if m and int(m[1]) > identifier:
+                    segment = segment_name(_name(info))
+                    if segment is not None and segment.checkpoint_id > identifier:
                         with contextlib.suppress(FileNotFoundError):
                             fs.delete_file(info.path)
         return undone
