@@ -95,6 +95,9 @@ class Reason(enum.StrEnum):
         "outside-root"  # a symbolic link out of the job root, or a checkpoint holding one
     )
     LINK = "symlink"  # a link to a directory inside the root (not followed), or its checkpoint
+    BACKLOG = "exchange-backlog"  # an exchange segment a kept checkpoint's reader has not read
+    CONSUMED = "consumed"  # an exchange segment every kept checkpoint's reader has passed
+    EXCHANGE = "exchange"  # an exchange's staged segment or commit record (its writer's)
 
 
 class PendingCheckpoint(msgspec.Struct, frozen=True):

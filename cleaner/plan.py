@@ -16,6 +16,11 @@ Rules, in the order they apply to a file (the first that matches decides):
    A physical file holding several segments stays while any kept segment remains; `shared/`
    files are reference-counted the same way.
 2. A file named by a pending checkpoint, or under its directory, is kept.
+2a. A committed segment of a keyed exchange (`exchange/<reader>/n<N>/p<q>/...`,
+   `metadata.exchange`) is kept while some kept checkpoint's reader has not read it
+   (`exchange-backlog`, naming those checkpoints) and deleted once every one has (`consumed`);
+   all of them are kept while a checkpoint's metadata is damaged or none is kept. Its staged
+   segments and commit records are the exchange writer's (`exchange`, kept).
 3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. The
    event log (`events/<id>-<ms>.json`, `metadata.events`) keeps its newest
    `num_retained_events` files; older ones are deleted as `expired-event`. `_lease/` records
@@ -95,7 +100,8 @@ from cleaner.decisions import (
     RetentionPlan,
     StoredFile,
 )
-from metadata.errors import StorageError
+from metadata.errors import MetadataError, StorageError
+from metadata.exchange import EXCHANGE_DIR, ReaderView, kept_by, reader_view, segment_of
 from metadata.layout import (
     DEFAULT_RETAINED_EVENTS,
     EVENTS_DIR,
@@ -446,6 +452,8 @@ class _Rules:
         self.kept_bytes: dict[int, int] = defaultdict(int)
         self.deleted_bytes: dict[int, int] = defaultdict(int)
         self.kept_files: dict[int, int] = defaultdict(int)
+        self.exchange_views: dict[str, list[ReaderView]] = {}  # reader -> kept checkpoints' view
+        self.exchange_damage: dict[str, str] = {}  # reader -> why its cursors cannot be read
         self.kept_total = 0
         self.deleted_total = 0
 
@@ -504,6 +512,16 @@ class _Rules:
                 kept += size
                 n_kept += 1
                 continue
+            if top == EXCHANGE_DIR:
+                reason, detail, phase, keepers = self._exchange_rule(path)
+                action = Action.KEEP if phase is None else Action.DELETE
+                append(FileDecision(path, size, action, reason, detail, cid, keepers, phase))
+                if phase is None:
+                    kept += size
+                    n_kept += 1
+                else:
+                    deleted += size
+                continue
             if top == EVENTS_DIR and path in self.expired_events:
                 kind = "expired-event"
             elif top == EVENTS_DIR and event_checkpoint_id(path) is not None:
@@ -541,6 +559,35 @@ class _Rules:
             self.kept_files[cid] += n_kept
             if f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
                 self.has_metadata.add(cid)
+
+    def _exchange_rule(self, path: str) -> tuple[Reason, str, int | None, tuple[int, ...]]:
+        """A file of a keyed exchange (rule 3a): a committed segment is deleted once every kept
+        checkpoint's reader has passed it (`metadata.exchange.kept_by`); staged segments and
+        commit records are the exchange writer's (it cleans them when its driver starts)."""
+        file = segment_of(path)
+        if file is None:
+            detail = "staged segment or commit record of an exchange: its writer cleans it"
+            return Reason.EXCHANGE, detail, None, ()
+        if self.damaged_ids or not self.kept_ids & self.by_id.keys():
+            detail = "no kept checkpoint with readable metadata says which segments were read"
+            return Reason.BACKLOG, detail, None, ()
+        views = self.exchange_views.get(file.reader)
+        if views is None:
+            kept = [self.by_id[k] for k in sorted(self.kept_ids) if k in self.by_id]
+            try:
+                views = [reader_view(md, file.reader) for md in kept]
+            except MetadataError as exc:
+                views = []
+                self.exchange_damage[file.reader] = str(exc)
+            self.exchange_views[file.reader] = views
+        if file.reader in self.exchange_damage:
+            return Reason.BACKLOG, f"kept: {self.exchange_damage[file.reader]}", None, ()
+        keepers = tuple(kept_by(file, views))
+        if keepers:
+            detail = f"exchange segment not yet read by kept checkpoint(s) {_ids(keepers)}"
+            return Reason.BACKLOG, detail, None, keepers
+        detail = "exchange segment every kept checkpoint's reader has read"
+        return Reason.CONSUMED, detail, 2, ()
 
     def _rule(
         self, top: str, cid: int | None, kind: str

@@ -23,8 +23,9 @@ from cleaner.decisions import RestoreBase
 from cleaner.run import execute, scan
 from metadata.errors import StorageError
 from metadata.events import Outcome
+from metadata.exchange import reader_view
 from metadata.lease import JobLease, LeaseLostError
-from metadata.model import SinkRetention
+from metadata.model import CheckpointMetadata, SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -42,6 +43,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import CommitError, JobFailedError, RegionalError
+from regional.exchange import ExchangeWriter, exchange_path
 from regional.operators import perform_commit, sink_retention
 from regional.pipeline import Pipeline
 from regional.policy import Policy
@@ -191,7 +193,9 @@ class DecisionHandlers:
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
             if d.savepoint is not None:
-                self._savepoints[cid] = write_savepoint(self.storage, d.savepoint)
+                self._savepoints[cid] = write_savepoint(
+                    self.storage, d.savepoint, before_metadata=self._exchange_backlog(d.savepoint)
+                )
             self.storage.write_metadata(md)
         except LeaseLostError:
             raise
@@ -267,6 +271,30 @@ class DecisionHandlers:
         except Exception as exc:
             log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
         return []
+
+    def _exchange_backlog(self, md: CheckpointMetadata) -> Callable[[JobStorage], None] | None:
+        """What copies the unread backlog of every keyed exchange into a savepoint, so that it
+        restores anywhere (`regional.exchange.ExchangeWriter.copy_backlog`)."""
+        exchanges = self.pipeline.exchanges
+        if not exchanges:
+            return None
+
+        def copy(target: JobStorage) -> None:
+            for reader_id, (writer_spec, _) in exchanges.items():
+                writer = writer_spec.sink
+                assert isinstance(writer, ExchangeWriter)
+                view = reader_view(md, reader_id)
+                if view.layout is None:
+                    continue
+                staged = [
+                    c for s in md.subtasks if s.vertex_id == writer_spec.id for c in s.committables
+                ]
+                there = writer.bound_to(
+                    exchange_path(target.job_path, reader_id), target.filesystem
+                )
+                writer.copy_backlog(there, view.layout, view.cursors, staged, md.checkpoint_id)
+
+        return copy
 
     def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
         self._clean_due = True

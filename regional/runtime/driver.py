@@ -64,10 +64,11 @@ from regional.restore import (
     clean_staged_sinks,
     find_restore_point,
     first_free_checkpoint_id,
+    reset_exchanges,
     roll_back_sinks,
 )
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
-from regional.runtime.epoch_plan import finished_sources, plan_works
+from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
@@ -211,9 +212,11 @@ class JobDriver(DecisionHandlers):
             bounded_sources=bounded,
             graph_fingerprint=graph.fingerprint(),
         )
+        pipeline.bind(storage.job_path, storage.filesystem)  # exchanges live in the job root
         self.enumerators = {
             v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
             for v, s in pipeline.sources.items()
+            if s.exchange_from is None  # an exchange reader's splits are fixed per subtask
         }
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.lease = JobLease(
@@ -364,6 +367,7 @@ class JobDriver(DecisionHandlers):
         )
         if point is None:
             self.coordinator.skip_to(first_free_checkpoint_id(self.storage))
+            self.restore_notes = reset_exchanges(self.pipeline)
             clean_staged_sinks(self.pipeline, self.committers, self.job_id, None)
             return
         decisions = self.coordinator.restore(
@@ -552,3 +556,7 @@ class JobDriver(DecisionHandlers):
             self.pipeline, self.layout, self.enumerators, self.coordinator
         ):
             self.coordinator.on_source_finished(vertex_id)
+        if self.pipeline.exchanges:
+            queued = {v: c.queued for v, c in self.committers.items()}
+            for reader in drained_exchanges(self.pipeline, self.layout, self.coordinator, queued):
+                self.coordinator.on_source_finished(reader)
