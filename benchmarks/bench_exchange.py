@@ -251,6 +251,9 @@ def measure(run: Run) -> dict[str, Any]:
         "completed": completed,
         "regional": sum(1 for e in run.events if e.kind == "regional"),
         "done": f"{completed}/{len(run.events)}",
+        "aborted_by_rule": dict(
+            collections.Counter(str(e.abort_rule) for e in run.events if e.kind == "aborted")
+        ),
         "seconds": round(run.seconds, 2),
         "epoch_s": round(run.seconds / max(1, len(run.events)), 3),
         "records_read": sum(hi - lo for rs in reads.ranges.values() for lo, hi, _ in rs),
