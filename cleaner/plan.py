@@ -122,6 +122,9 @@ __all__ = [
     "RetentionInputError",
     "RetentionPlan",
     "StoredFile",
+    "expired_event_verdict",
+    "file_kind",
+    "garbage_verdict",
     "plan_retention",
 ]
 
@@ -217,6 +220,39 @@ def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
                 seen.add(ref)
                 todo.append(ref)
     return seen
+
+
+def file_kind(name: str) -> str:
+    """The kind of a file in a checkpoint directory, by its name: `metadata`, `state` (a unit
+    attempt's `u<unit>-a<attempt>[-<run>].state`) or `other` (e.g. a staged sink file)."""
+    if name == METADATA_NAME:
+        return "metadata"
+    return "state" if _STATE_FILE.match(name) is not None else "other"
+
+
+def garbage_verdict(
+    cid: int, kind: str, *, has_metadata: bool, newest_completed: int
+) -> tuple[Reason, str, int]:
+    """(reason, detail, deletion phase) of a file of `kind` (`file_kind`) under `chk-<cid>/`
+    that no kept checkpoint references and no other rule keeps. `has_metadata`: checkpoint
+    `cid` completed and its metadata was given (a dropped checkpoint); `newest_completed`: the
+    newest completed checkpoint id. Shared by the full and the incremental plan."""
+    if has_metadata:
+        if kind == "metadata":
+            return Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0
+        return Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1
+    if kind == "other":
+        return Reason.STAGED, f"staged file of a failed attempt of checkpoint {cid}", 1
+    if cid > newest_completed:
+        return Reason.ABORTED, f"checkpoint {cid} never completed", 1
+    return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1
+
+
+def expired_event_verdict(num_retained_events: int) -> tuple[Reason, str, int]:
+    """(reason, detail, deletion phase) of an event file older than the newest
+    `num_retained_events`. Shared by the full and the incremental plan."""
+    detail = f"event older than the newest {num_retained_events} events"
+    return Reason.EXPIRED_EVENT, detail, 2
 
 
 def plan_retention(
@@ -508,12 +544,8 @@ class _Rules:
                 kind = "expired-event"
             elif top == EVENTS_DIR and event_checkpoint_id(path) is not None:
                 kind = "event"
-            elif name == METADATA_NAME:
-                kind = "metadata"
-            elif _STATE_FILE.match(name) is not None:
-                kind = "state"
             else:
-                kind = "other"
+                kind = file_kind(name)
             verdict = verdicts.get((top, kind))
             if verdict is None:
                 verdict = verdicts[top, kind] = self._rule(top, cid, kind)
@@ -556,8 +588,7 @@ class _Rules:
             if top == SHARED_DIR:
                 return Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2, ()
             if kind == "expired-event":
-                detail = f"event older than the newest {self.num_retained_events} events"
-                return Reason.EXPIRED_EVENT, detail, 2, ()
+                return (*expired_event_verdict(self.num_retained_events), ())
             if kind == "event":
                 detail = f"event log: within the newest {self.num_retained_events} events"
                 return Reason.EVENT_LOG, detail, None, ()
@@ -576,24 +607,18 @@ class _Rules:
         if cid not in self.by_id and f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
             detail = f"checkpoint {cid} has _metadata the planner was not given; kept"
             return Reason.UNKNOWN, detail, None, ()
-        kept = cid in self.kept_ids
-        if kind == "metadata":
-            if kept:
+        if cid in self.kept_ids:
+            if kind == "metadata":
                 return Reason.RETAINED, f"metadata of kept checkpoint {cid}", None, (cid,)
-            return Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0, ()
-        if kept:
             if kind == "state":
                 detail = f"unit attempt file that checkpoint {cid}'s metadata does not reference"
                 return Reason.STALE_ATTEMPT, detail, 1, ()
             detail = f"in kept checkpoint {cid}, not a state handle (may be named by committables)"
             return Reason.UNKNOWN, detail, None, (cid,)
-        if cid in self.by_id:
-            return Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1, ()
-        if kind == "other":
-            return Reason.STAGED, f"staged file of a failed attempt of checkpoint {cid}", 1, ()
-        if cid > self.newest_completed:
-            return Reason.ABORTED, f"checkpoint {cid} never completed", 1, ()
-        return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1, ()
+        reason, detail, phase = garbage_verdict(
+            cid, kind, has_metadata=cid in self.by_id, newest_completed=self.newest_completed
+        )
+        return reason, detail, phase, ()
 
     def checkpoint_verdict(
         self, cid: int, users: dict[int, set[int]]
