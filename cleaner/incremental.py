@@ -177,13 +177,13 @@ class IncrementalPlanner:
         for f in plan.files:
             if f.action is Action.DELETE:
                 continue
-            cid = f.checkpoint_id
-            if cid is not None and cid not in self._whole and _own_file(cid, f.path):
-                if f.path == metadata_path(cid):
-                    if cid in self._refs:
-                        self._metadata[cid] = f.size
+            owner = f.checkpoint_id
+            if owner is not None and owner not in self._whole and _own_file(owner, f.path):
+                if f.path == metadata_path(owner):
+                    if owner in self._refs:
+                        self._metadata[owner] = f.size
                 else:
-                    self._files.setdefault(cid, {})[f.path] = f.size
+                    self._files.setdefault(owner, {})[f.path] = f.size
             elif f.reason is Reason.EVENT_LOG:
                 self._events.append((f.path, f.size))
         self._events.sort()
