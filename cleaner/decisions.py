@@ -27,6 +27,7 @@ __all__ = [
     "RetentionInputError",
     "RetentionPlan",
     "StoredFile",
+    "deletion_order",
 ]
 
 
@@ -183,7 +184,7 @@ class RetentionPlan(msgspec.Struct, frozen=True):
     def deletions(self) -> tuple[FileDecision, ...]:
         """The files to delete, in deletion order (phase, then oldest checkpoint, then path)."""
         dels = [f for f in self.files if f.action is Action.DELETE]
-        dels.sort(key=lambda f: (f.phase, _order(f.checkpoint_id), f.path))
+        dels.sort(key=deletion_order)
         return tuple(dels)
 
     @property
@@ -209,5 +210,11 @@ class RetentionPlan(msgspec.Struct, frozen=True):
         raise KeyError(f"checkpoint {checkpoint_id} is not in the retention plan")
 
 
-def _order(checkpoint_id: int | None) -> float:
-    return float("inf") if checkpoint_id is None else checkpoint_id
+def deletion_order(f: FileDecision) -> tuple[int, float, str]:
+    """The sort key of deletions: phase, then oldest checkpoint (files outside `chk-<id>/`
+    last), then path. Every plan, full or incremental, deletes in this order."""
+    return (
+        f.phase if f.phase is not None else -1,
+        float("inf") if f.checkpoint_id is None else f.checkpoint_id,
+        f.path,
+    )

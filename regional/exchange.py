@@ -268,6 +268,12 @@ class ExchangeWriter(_Bound, ParquetSink):
         segment = SegmentName(int(m[3]), int(m[4]))
         return f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
 
+    def published_paths(self, committables: Iterable[bytes]) -> list[str]:
+        """Where a commit of `committables` publishes their segments, relative to the job
+        root (`exchange/<reader>/n<N>/p<q>/<checkpoint>-<writer>.parquet`)."""
+        prefix = f"{EXCHANGE_DIR}/{self.reader}"
+        return [f"{prefix}/{self._published(i.file)}" for i in self._files(committables)]
+
     def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
         fs.create_dir(posixpath.dirname(target), recursive=True)
         fs.move(staged, target)
