@@ -253,7 +253,7 @@ class ExchangeWriter(_Bound, ParquetSink):
                 _fsync(f"{base}/{name}")
             out.append(msgspec.msgpack.encode(_Committable(name, len(rows))))
         if out and isinstance(fs, pafs.LocalFileSystem):
-            _fsync(f"{base}/{staging}")
+            self._unsynced.add(f"{base}/{staging}")  # `sync_staged`, once per task
         return tuple(out)
 
     # --- committer side (on the driver) -----------------------------------------------------

@@ -496,5 +496,10 @@ class Pipeline:
         return analyse(self.job_graph())
 
     def topological_order(self) -> tuple[str, ...]:
-        """Vertex ids, producers first (the order a region task runs them in)."""
-        return self.job_graph().topological_order()
+        """Vertex ids, producers first (the order a region task runs them in). Computed once
+        per shape of the pipeline: every unit of every epoch asks for it."""
+        shape = tuple(self.vertices)
+        cached = self.__dict__.get("_order")
+        if cached is None or cached[0] != shape:
+            cached = self.__dict__["_order"] = (shape, self.job_graph().topological_order())
+        return cached[1]

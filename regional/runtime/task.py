@@ -359,10 +359,34 @@ def run_units(
                 reason = failure_line(exc, "upload failed: ")
                 answers.append(_decline(snap.work, reason, failure_trace(exc)))
             _discard_staged(env.pipeline, snap.states)
+    answers = _sync_staged(env.pipeline, answers)
     if on_answer is not None:
         for a in answers:
             on_answer(a)
     return answers
+
+
+def _sync_staged(pipeline: Pipeline, answers: list[Answer]) -> list[Answer]:
+    """Make the sinks' staging directories durable once per task (`sync_staged`), before any
+    ack naming a staged file leaves the task; if that fails, such acks become declines."""
+    try:
+        for spec in pipeline.sinks.values():
+            if (sync := getattr(spec.sink, "sync_staged", None)) is not None:
+                sync()
+    except OSError as exc:
+        reason = failure_line(exc, "staged sink files not durable: ")
+        return [
+            _decline_ack(a, reason) if isinstance(a, Ack) and _stages(a) else a for a in answers
+        ]
+    return answers
+
+
+def _stages(ack: Ack) -> bool:
+    return any(s.committables for s in ack.states)
+
+
+def _decline_ack(ack: Ack, reason: str) -> Decline:
+    return Decline(ack.checkpoint_id, ack.unit, ack.attempt, reason)
 
 
 def _discard_staged(pipeline: Pipeline, states: Sequence[SubtaskState]) -> None:

@@ -238,6 +238,7 @@ class ParquetSink:
         self.path = path
         self._filesystem = filesystem
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
+        self._unsynced: set[str] = set()  # local staging directories whose entries need fsync
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._filesystem is not None:
@@ -286,8 +287,15 @@ class ParquetSink:
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
         if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
             _fsync(f"{base}/{name}")
-            _fsync(f"{base}/{_STAGING}/{job_id}")
+            self._unsynced.add(f"{base}/{_STAGING}/{job_id}")  # `sync_staged`, once per task
         return (msgspec.msgpack.encode(_Committable(name, table.num_rows)),)
+
+    def sync_staged(self) -> None:
+        """Make the entries of the staging directories this writer wrote into durable (one
+        fsync per directory, not per file): the task calls it before it hands over the acks
+        naming those files. Nothing to do on object stores."""
+        while self._unsynced:
+            _fsync(self._unsynced.pop())
 
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
 
