@@ -471,6 +471,8 @@ class Simulation:
                 self.clock.sleep(self._interval)
             except _Crash:
                 r.crashes += 1
+                if driver is not None:  # its cleaning thread stops with it
+                    driver.cleaning.close()
                 self.dispatcher.late.clear()
                 self._redo(range(self.n))
                 driver = None
@@ -479,6 +481,7 @@ class Simulation:
             except JobFailedError as exc:
                 r.failed = str(exc)
         if driver is not None:
+            driver.cleaning.close()  # its deletions are done while it holds the lease
             driver.lease.release()  # a clean stop: the next driver may start at once
         r.finished = driver is not None and driver.finished
         r.committed_rows = self.sink.rows()
