@@ -71,6 +71,7 @@ from regional.decisions import (
 from regional.errors import JobFailedError
 from regional.operators.protocol import CommitQueue, OperatorCoordinator, RegionalCompletion
 from regional.policy import Policy, policy_fingerprint
+from regional.runtime.protocol import Ack, Decline
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -323,6 +324,88 @@ class CheckpointCoordinator:
         p.states[unit_id] = states  # PendingCheckpoint.ack, inlined
         p.outstanding -= 1
         return self._decide(p, now_ms) if p.outstanding == 0 else []
+
+    def on_answers(self, answers: Sequence[Ack | Decline], now_ms: int) -> list[Decision]:
+        """A batch of unit answers (what one dispatch returned), in arrival order: the decisions
+        `on_ack` and `on_decline` return for them one by one, in the same order.
+
+        The usual batch (first attempts of the pending checkpoint, each unit once, every ack
+        well-formed, no decline that aborts at once) is checked, then taken, in one pass
+        without a call per answer; any other batch is handed over answer by answer."""
+        p = self._pending
+        if p is not None and answers and self._take_batch(p, answers):
+            return self._decide(p, now_ms) if p.outstanding == 0 else []
+        out: list[Decision] = []
+        for a in answers:
+            if isinstance(a, Ack):
+                out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
+            else:
+                out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
+        return out
+
+    def _take_batch(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline]) -> bool:
+        """Record `answers` in `p` if none of them needs more than recording (see `on_answers`);
+        False, with `p` untouched, otherwise. The checks of `on_ack`, inlined: the hot path."""
+        if p.retries:
+            return False  # some unit runs another attempt than 1: answer by answer
+        cid = p.checkpoint_id
+        n = self._n
+        expected = self._expected
+        taken = p.states
+        declined = p.declined
+        acked: list[int] = []
+        acks: list[tuple[SubtaskState, ...]] = []
+        failed: list[int] = []
+        causes: list[str] = []
+        for a in answers:
+            kind = type(a)
+            unit_id = a.unit
+            if (
+                a.checkpoint_id != cid
+                or a.attempt != 1
+                or not 0 <= unit_id < n
+                or taken[unit_id] is not None
+                or unit_id in declined
+            ):
+                return False
+            if kind is Ack:
+                states = a.states  # type: ignore[union-attr]
+                want = expected[unit_id]
+                if type(states) is not tuple or len(states) != len(want):
+                    return False
+                k = 0
+                for s in states:
+                    vertex_id, index = want[k]
+                    k += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
+                    if (
+                        s.index != index
+                        or s.vertex_id != vertex_id
+                        or s.unit_id != unit_id
+                        or s.attempt != 1
+                        or s.ref_checkpoint_id is not None
+                    ):
+                        return False
+                acked.append(unit_id)
+                acks.append(states)
+            elif kind is Decline:
+                failed.append(unit_id)
+                causes.append(a.reason)  # type: ignore[union-attr]
+            else:
+                return False
+        if len(set(acked).union(failed)) != len(answers):
+            return False  # a unit answered twice
+        if failed and (
+            p.must_be_fresh_all
+            or not p.regional_allowed
+            or not p.must_be_fresh.isdisjoint(failed)
+        ):
+            return False  # a decline aborts at once: the answers after it are stale
+        for unit_id, states in zip(acked, acks, strict=True):
+            taken[unit_id] = states
+        for unit_id, cause in zip(failed, causes, strict=True):
+            declined[unit_id] = f"declined: {cause}"
+        p.outstanding -= len(answers)
+        return True
 
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
