@@ -33,7 +33,7 @@ durable, commit) share the per-unit owners, states and limits; the rule evaluati
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, filterfalse
+from itertools import chain, compress, filterfalse, islice, repeat
 from operator import attrgetter
 
 import msgspec
@@ -69,7 +69,12 @@ from regional.decisions import (
     WriteMetadata,
 )
 from regional.errors import JobFailedError
-from regional.operators.protocol import CommitQueue, OperatorCoordinator, RegionalCompletion
+from regional.operators.protocol import (
+    CommitQueue,
+    OperatorCoordinator,
+    RegionalCompletion,
+    SubtaskOwners,
+)
 from regional.policy import Policy, policy_fingerprint
 from regional.runtime.protocol import Ack, Decline
 
@@ -124,16 +129,15 @@ class CheckpointCoordinator:
         self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
         self._fresh_unit = [UnitState(u) for u in range(n)]
-        # per coordinated vertex: its subtask indices and their units, in unit order (the owner
-        # of every subtask of a vertex, for an abort, is then built in C)
-        placed: dict[str, tuple[list[int], list[int]]] = {v: ([], []) for v in self._coordinators}
+        # per coordinated vertex: its subtask indices in unit order, each with its place (the
+        # order of an abort's `SubtaskOwners`)
+        placed: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
         if placed:
-            for unit_id, subtasks in enumerate(self._expected):
+            for subtasks in self._expected:
                 for vertex_id, index in subtasks:
-                    if vertex_id in placed:
-                        placed[vertex_id][0].append(index)
-                        placed[vertex_id][1].append(unit_id)
-        self._placed = {v: (tuple(i), tuple(u)) for v, (i, u) in placed.items() if i}
+                    if (order := placed.get(vertex_id)) is not None:
+                        order[index] = len(order)
+        self._placed = placed
         self._source_units = {
             u: {v for v, _ in layout.units[u] if v in layout.bounded_sources} for u in range(n)
         }
@@ -142,6 +146,9 @@ class CheckpointCoordinator:
         self._latest_id: int | None = None
         self._unit_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._owner = [INITIAL_STATE_ID] * n
+        #: the units whose owner is not the latest completed checkpoint (INITIAL_STATE_ID before
+        #: the first), with their owner: the same as `_owner`, in O(units behind)
+        self._behind: dict[int, int] = {}
         #: per unit: `_fallback_states(unit)` once built (None: not built since it changed)
         self._restore_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
@@ -329,35 +336,45 @@ class CheckpointCoordinator:
         """A batch of unit answers (what one dispatch returned), in arrival order: the decisions
         `on_ack` and `on_decline` return for them one by one, in the same order.
 
-        The usual batch (first attempts of the pending checkpoint, each unit once, every ack
-        well-formed, no decline that aborts at once) is checked, then taken, in one pass
-        without a call per answer; any other batch is handed over answer by answer."""
-        p = self._pending
-        if p is not None and answers and self._take_batch(p, answers):
-            return self._decide(p, now_ms) if p.outstanding == 0 else []
+        Runs of usual answers (first attempts of the pending checkpoint, each unit once, acks
+        well-formed, declines that do not abort at once) are recorded in one pass without a call
+        per answer, and the answers after the checkpoint was decided are discarded together;
+        any other answer is handed to `on_ack` / `on_decline`."""
         out: list[Decision] = []
-        for a in answers:
+        i, n = 0, len(answers)
+        while i < n:
+            p = self._pending
+            if p is None:  # decided or aborted: the rest is stale
+                return out + self._stale_answers(answers, i, now_ms)
+            taken = self._take_answers(p, answers, i)
+            if taken > i:
+                i = taken
+                if p.outstanding == 0:
+                    out += self._decide(p, now_ms)
+                continue
+            a = answers[i]
+            i += 1
             if isinstance(a, Ack):
                 out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
             else:
                 out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
         return out
 
-    def _take_batch(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline]) -> bool:
-        """Record `answers` in `p` if none of them needs more than recording (see `on_answers`);
-        False, with `p` untouched, otherwise. The checks of `on_ack`, inlined: the hot path."""
+    def _take_answers(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline], i: int) -> int:
+        """Record `answers[i:k]` in `p` and return k, the first answer that needs more than
+        recording (see `on_answers`). The checks of `on_ack`, inlined: the hot path, once per
+        unit and checkpoint."""
         if p.retries:
-            return False  # some unit runs another attempt than 1: answer by answer
+            return i  # some unit runs another attempt than 1: answer by answer
         cid = p.checkpoint_id
         n = self._n
         expected = self._expected
         taken = p.states
         declined = p.declined
-        acked: list[int] = []
-        acks: list[tuple[SubtaskState, ...]] = []
-        failed: list[int] = []
-        causes: list[str] = []
-        for a in answers:
+        must_fresh = p.must_be_fresh
+        declines_stop = p.must_be_fresh_all or not p.regional_allowed
+        k = i
+        for a in islice(answers, i, None):
             kind = type(a)
             unit_id = a.unit
             if (
@@ -367,16 +384,16 @@ class CheckpointCoordinator:
                 or taken[unit_id] is not None
                 or unit_id in declined
             ):
-                return False
+                break
             if kind is Ack:
                 states = a.states  # type: ignore[union-attr]
                 want = expected[unit_id]
                 if type(states) is not tuple or len(states) != len(want):
-                    return False
-                k = 0
+                    break
+                j = 0  # indexing, not zip(): zip(strict=True) costs as much as the checks
                 for s in states:
-                    vertex_id, index = want[k]
-                    k += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
+                    vertex_id, index = want[j]
+                    j += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
                     if (
                         s.index != index
                         or s.vertex_id != vertex_id
@@ -384,29 +401,42 @@ class CheckpointCoordinator:
                         or s.attempt != 1
                         or s.ref_checkpoint_id is not None
                     ):
-                        return False
-                acked.append(unit_id)
-                acks.append(states)
-            elif kind is Decline:
-                failed.append(unit_id)
-                causes.append(a.reason)  # type: ignore[union-attr]
-            else:
-                return False
-        if len(set(acked).union(failed)) != len(answers):
-            return False  # a unit answered twice
-        if failed and (
-            p.must_be_fresh_all
-            or not p.regional_allowed
-            or not p.must_be_fresh.isdisjoint(failed)
-        ):
-            return False  # a decline aborts at once: the answers after it are stale
-        for unit_id, states in zip(acked, acks, strict=True):
-            taken[unit_id] = states
-        for unit_id, cause in zip(failed, causes, strict=True):
-            declined[unit_id] = f"declined: {cause}"
-        p.outstanding -= len(answers)
-        return True
+                        break
+                else:  # well-formed (once none is outstanding, the next answer stops the run)
+                    taken[unit_id] = states
+                    k += 1
+                    continue
+                break  # malformed
+            if kind is not Decline or declines_stop or unit_id in must_fresh:
+                break
+            declined[unit_id] = f"declined: {a.reason}"  # type: ignore[union-attr]
+            k += 1
+        p.outstanding -= k - i
+        return k
 
+    def _stale_answers(
+        self, answers: Sequence[Ack | Decline], i: int, now_ms: int
+    ) -> list[Decision]:
+        """`answers[i:]` when no checkpoint is pending: what `on_ack` (discard the attempt) and
+        `on_decline` (nothing) return for each, with the discards of attempts holding no files
+        and no committables built in C."""
+        rest = answers[i:]
+        acks: list[Ack] = [a for a in rest if type(a) is Ack]
+        every = [a.unit for a in rest]
+        if (
+            len(acks) + sum(type(a) is Decline for a in rest) != len(rest)
+            or not 0 <= min(every) <= max(every) < self._n
+            or any(s.handles or s.committables for a in acks for s in a.states)
+        ):
+            out: list[Decision] = []
+            for a in rest:  # one by one (also raises for a unit the job does not have)
+                if isinstance(a, Ack):
+                    out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
+                else:
+                    out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
+            return out
+        units = map(_unit_of, acks)
+        return list(map(DiscardAttempt, map(_checkpoint_of, acks), units, map(_attempt_of, acks)))
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
     ) -> list[Decision]:
@@ -453,6 +483,7 @@ class CheckpointCoordinator:
         self._owner = [checkpoint_id] * n
         for unit_id in fallback:
             self._owner[unit_id] = old_owner[unit_id]
+        self._behind = {u: old_owner[u] for u in fallback}
         self._unit_states = states
         self._restore_states = restore
         self._mismatch = {}
@@ -596,6 +627,7 @@ class CheckpointCoordinator:
             if vertex_id in self._coordinators:
                 self._coordinators[vertex_id].restore(data)
         fell_back = {u: o for u, o in enumerate(self._owner) if o != cid}
+        self._behind = dict(fell_back)
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
@@ -802,17 +834,18 @@ class CheckpointCoordinator:
         failed = tuple(sorted({*p.declined, *extra_failed}))
         causes = {u: p.declined[u] for u in failed if u in p.declined}
         out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
-        retried = p.retries  # without retries every attempt is 1: no lookup per unit
-        for unit_id, states in enumerate(p.states):
-            if states:
-                attempt = p.attempt_of(unit_id) if retried else 1
-                out.append(_discard(cid, unit_id, attempt, states, committables=True))
-        everyone = range(self._n)
-        owner = self._owner.__getitem__
-        for vertex_id, coordinator in self._coordinators.items():
-            indices, units = self._placed.get(vertex_id, ((), ()))
-            coordinator.notify_aborted(cid, dict(zip(indices, map(owner, units), strict=True)))
-        self._reopen_sources(everyone)
+        out += _discards(p)
+        if self._coordinators:
+            # every subtask restarts from its unit's owner: the latest completed checkpoint but
+            # for the units behind it
+            latest = INITIAL_STATE_ID if self._latest_id is None else self._latest_id
+            behind = self._per_vertex(self._behind)
+            for vertex_id, coordinator in self._coordinators.items():
+                reset = SubtaskOwners(
+                    self._placed[vertex_id], default=latest, others=behind.get(vertex_id, {})
+                )
+                coordinator.notify_aborted(cid, reset)
+        self._reopen_sources(range(self._n))
         self._pending = None
         self._completing = None
         self.metrics.aborted_by_rule[rule] += 1
@@ -927,7 +960,25 @@ def _discard(
     return DiscardAttempt(checkpoint_id, unit_id, attempt, files, staged)
 
 
+def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
+    """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
+    state holds files or committables, all are built in C."""
+    acked = list(compress(range(len(p.states)), p.states))
+    states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
+    attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
+    cid = p.checkpoint_id
+    if any(s.handles or s.committables for s in chain.from_iterable(states)):
+        return [
+            _discard(cid, unit_id, attempt, unit_states, committables=True)
+            for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
+        ]
+    return list(map(DiscardAttempt, repeat(cid), acked, attempts))
+
+
 _committables_of = attrgetter("committables")
+_checkpoint_of = attrgetter("checkpoint_id")
+_attempt_of = attrgetter("attempt")
+_unit_of = attrgetter("unit")
 
 
 def _committables(
