@@ -260,6 +260,25 @@ def test_an_abort_tells_every_subtask_its_units_owner() -> None:
     assert aborted == 3 and reset == [(u, owners[u]) for u in range(UNITS)]
 
 
+def test_after_a_restore_an_abort_tells_every_subtask_its_units_owner() -> None:
+    first = Side(Policy())
+    for cid, failed in ((1, {6}), (2, {2, 6})):
+        first.c.trigger(cid * 1000)
+        out = first.c.on_answers(
+            [answer(cid, u, "decline" if u in failed else "ack") for u in range(UNITS)], 1
+        )
+        [write] = [d for d in out if isinstance(d, WriteMetadata)]
+        first.c.on_metadata_durable(cid, 2)
+    side = Side(Policy())
+    side.c.restore(write.metadata)
+    owners = [side.c.unit_owner(u) for u in range(UNITS)]
+    assert owners == [2, 2, 1, 2, 2, 2, 0, 2]
+    side.c.trigger(3000)
+    side.c.on_answers([answer(3, u, "decline") for u in range(UNITS)], 3001)
+    [(_, aborted, reset)] = [call for call in side.sink.calls if call[0] == "aborted"]
+    assert aborted == 3 and reset == [(u, owners[u]) for u in range(UNITS)]
+
+
 history = st.lists(
     st.one_of(
         st.tuples(st.just("assign"), st.integers(0, 5)),

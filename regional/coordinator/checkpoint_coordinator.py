@@ -33,7 +33,7 @@ durable, commit) share the per-unit owners, states and limits; the rule evaluati
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, compress, filterfalse, islice, repeat
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter
 
 import msgspec
@@ -93,6 +93,7 @@ class _Completion(msgspec.Struct):
     fallback: dict[int, str]  # unit -> cause
     fallback_states: dict[int, tuple[SubtaskState, ...]]
     committables: dict[str, tuple[bytes, ...]]  # commit vertex -> its fresh committables
+    by_vertex: dict[str, dict[int, int]]  # `_per_vertex(fallback)`
 
 
 class CheckpointCoordinator:
@@ -149,6 +150,7 @@ class CheckpointCoordinator:
         #: the units whose owner is not the latest completed checkpoint (INITIAL_STATE_ID before
         #: the first), with their owner: the same as `_owner`, in O(units behind)
         self._behind: dict[int, int] = {}
+        self._behind_by_vertex: dict[str, dict[int, int]] = {}  # `_per_vertex(_behind)`
         #: per unit: `_fallback_states(unit)` once built (None: not built since it changed)
         self._restore_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
@@ -484,6 +486,7 @@ class CheckpointCoordinator:
         for unit_id in fallback:
             self._owner[unit_id] = old_owner[unit_id]
         self._behind = {u: old_owner[u] for u in fallback}
+        self._behind_by_vertex = per_vertex = done.by_vertex
         self._unit_states = states
         self._restore_states = restore
         self._mismatch = {}
@@ -503,7 +506,6 @@ class CheckpointCoordinator:
         owners = {self._owner[u] for u in fallback}
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
         self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
-        per_vertex = self._per_vertex(fallback)
         units_fallback = {u: self._owner[u] for u in sorted(fallback)}
         for vertex_id, coordinator in self._coordinators.items():
             if fallback:
@@ -513,7 +515,10 @@ class CheckpointCoordinator:
                 coordinator.notify_complete(checkpoint_id)
         self._reopen_sources(fallback)
         out: list[Decision] = []
-        healthy = tuple(filterfalse(fallback.__contains__, range(n)) if fallback else range(n))
+        fresh = [True] * n
+        for unit_id in fallback:
+            fresh[unit_id] = False
+        healthy = tuple(compress(range(n), fresh))
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
@@ -628,6 +633,7 @@ class CheckpointCoordinator:
                 self._coordinators[vertex_id].restore(data)
         fell_back = {u: o for u, o in enumerate(self._owner) if o != cid}
         self._behind = dict(fell_back)
+        self._behind_by_vertex = self._per_vertex(fell_back)
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
@@ -670,7 +676,13 @@ class CheckpointCoordinator:
         failed = p.declined
         if not failed:
             snapshots = {v: c.snapshot(cid) for v, c in self._coordinators.items()}
-            return self._complete(p, now_ms, {}, snapshots)
+            return self._complete(p, now_ms, {}, snapshots, {})
+        by_vertex: dict[str, dict[int, int]] = {}  # built only when rules 3 a-d pass
+
+        def fallback_snapshots() -> dict[str, bytes] | str:
+            by_vertex.update(self._per_vertex(failed))
+            return self._fallback_snapshots(cid, by_vertex)
+
         verdict: Verdict = evaluate(
             cid,
             failed,
@@ -684,11 +696,11 @@ class CheckpointCoordinator:
                 else None
             ),
             unusable=self._unusable,
-            fallback_snapshots=lambda: self._fallback_snapshots(cid, failed),
+            fallback_snapshots=fallback_snapshots,
         )
         if verdict.rule is not None:
             return self._abort(p, verdict.rule, verdict.message)
-        return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots))
+        return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots), by_vertex)
 
     def _unusable(self, unit_id: int) -> str | None:
         """Rule 3 d: why the unit's earlier state cannot be re-used now, or None."""
@@ -697,9 +709,10 @@ class CheckpointCoordinator:
             return None  # never checkpointed: its initial state is usable
         if self._global_until_success is not None:
             return self._global_until_success
-        for vertex_id, _ in self._expected[unit_id]:
-            if vertex_id in self._mismatch:
-                return self._mismatch[vertex_id]
+        if self._mismatch:
+            for vertex_id, _ in self._expected[unit_id]:
+                if vertex_id in self._mismatch:
+                    return self._mismatch[vertex_id]
         states = self._unit_states[unit_id]
         if states is None:
             return (
@@ -712,9 +725,11 @@ class CheckpointCoordinator:
                 return why
         return None
 
-    def _fallback_snapshots(self, cid: int, failed: Mapping[int, str]) -> dict[str, bytes] | str:
-        """Rule 3 e: every coordinator's snapshot of `cid` with the failed units fallen back."""
-        per_vertex = self._per_vertex(failed)
+    def _fallback_snapshots(
+        self, cid: int, per_vertex: Mapping[str, Mapping[int, int]]
+    ) -> dict[str, bytes] | str:
+        """Rule 3 e: every coordinator's snapshot of `cid` with the subtasks in `per_vertex`
+        (vertex -> index -> owner: those of the failed units) fallen back."""
         snapshots: dict[str, bytes] = {}
         for vertex_id, coordinator in self._coordinators.items():
             fallback = per_vertex.get(vertex_id)
@@ -732,14 +747,14 @@ class CheckpointCoordinator:
 
     def _per_vertex(self, units: Iterable[int]) -> dict[str, dict[int, int]]:
         """For the coordinated vertices: subtask index -> owner, over the subtasks of `units`."""
-        out: dict[str, dict[int, int]] = {}
-        if not self._coordinators:
-            return out
-        for unit_id in units:
-            owner = self._owner[unit_id]
-            for vertex_id, index in self._expected[unit_id]:
-                if vertex_id in self._coordinators:
-                    out.setdefault(vertex_id, {})[index] = owner
+        out: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
+        if out:
+            owners, expected = self._owner, self._expected
+            for unit_id in units:
+                owner = owners[unit_id]
+                for vertex_id, index in expected[unit_id]:
+                    if (of_vertex := out.get(vertex_id)) is not None:
+                        of_vertex[index] = owner
         return out
 
     def _complete(
@@ -748,6 +763,7 @@ class CheckpointCoordinator:
         now_ms: int,
         fallback: dict[int, str],
         snapshots: dict[str, bytes],
+        by_vertex: dict[str, dict[int, int]],
     ) -> list[Decision]:
         cid = p.checkpoint_id
         units = self._fresh_unit
@@ -806,7 +822,9 @@ class CheckpointCoordinator:
             )
         self._pending = None
         committables = _committables(p.states, self._committers.keys())
-        self._completing = _Completion(p, metadata, fallback, fallback_states, committables)
+        self._completing = _Completion(
+            p, metadata, fallback, fallback_states, committables, by_vertex
+        )
         return [WriteMetadata(metadata, savepoint)]
 
     def _fallback_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
@@ -839,11 +857,9 @@ class CheckpointCoordinator:
             # every subtask restarts from its unit's owner: the latest completed checkpoint but
             # for the units behind it
             latest = INITIAL_STATE_ID if self._latest_id is None else self._latest_id
-            behind = self._per_vertex(self._behind)
             for vertex_id, coordinator in self._coordinators.items():
-                reset = SubtaskOwners(
-                    self._placed[vertex_id], default=latest, others=behind.get(vertex_id, {})
-                )
+                behind = self._behind_by_vertex.get(vertex_id, {})
+                reset = SubtaskOwners(self._placed[vertex_id], default=latest, others=behind)
                 coordinator.notify_aborted(cid, reset)
         self._reopen_sources(range(self._n))
         self._pending = None
@@ -967,11 +983,12 @@ def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
-    if any(s.handles or s.committables for s in chain.from_iterable(states)):
-        return [
-            _discard(cid, unit_id, attempt, unit_states, committables=True)
-            for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
-        ]
+    for s in chain.from_iterable(states):
+        if s.handles or s.committables:
+            return [
+                _discard(cid, unit_id, attempt, unit_states, committables=True)
+                for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
+            ]
     return list(map(DiscardAttempt, repeat(cid), acked, attempts))
 
 

@@ -173,9 +173,11 @@ class SplitEnumerator:
         else:
             items = reset.items()
         out = []
-        epoch = self._assigned_in
+        epoch, by_subtask = self._assigned_in, self._by_subtask
         for index, owner in items:
-            out += [(s, index) for s in self._by_subtask.get(index, ()) if epoch[s] > owner]
+            for split in by_subtask.get(index, ()):
+                if epoch[split] > owner:
+                    out.append((split, index))
         return out
 
     def _reset(self, reset: Mapping[int, int]) -> None:
