@@ -1,6 +1,7 @@
 """The coordinator's batch paths decide exactly as the answer-by-answer ones: `on_answers`
-against `on_ack` / `on_decline` one by one, and an abort's `SubtaskOwners` against the plain
-mapping of every subtask's owner (the split enumerator reads it in O(units behind))."""
+against `on_ack` / `on_decline` one by one, a tick's timeouts against declining each expired
+unit in turn, and an abort's `SubtaskOwners` against the plain mapping of every subtask's owner
+(the split enumerator reads it in O(units behind))."""
 
 from __future__ import annotations
 
@@ -148,6 +149,21 @@ def one_by_one(side: Side, answers: list[Answer], now: int) -> list[Decision]:
     return out
 
 
+def tick_one_by_one(c: CheckpointCoordinator, now: int) -> list[Decision]:
+    """What a tick did before timeouts were recorded together: each expired unit declined
+    in turn until the checkpoint is decided (the reference for `on_tick`)."""
+    p = c._pending
+    if p is None:
+        return []
+    out: list[Decision] = []
+    for unit_id in p.expired(now):
+        cause = f"timeout: no answer after {(now - p.trigger_ms) / 1000:g} s"
+        out += c._record_decline(p, unit_id, cause, now)
+        if c._pending is not p:
+            break
+    return out
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     checkpoints=st.lists(checkpoint_answers, min_size=1, max_size=8),
@@ -184,7 +200,7 @@ def test_a_batch_decides_as_its_answers_one_by_one(
             assert batch.view() == single.view()
             assert durable(batch, by_batch, now + 2) == durable(single, by_batch, now + 2)
         ticked = batch.c.on_tick(trigger.deadline_ms)
-        assert ticked == single.c.on_tick(trigger.deadline_ms)
+        assert ticked == tick_one_by_one(single.c, trigger.deadline_ms)
         assert durable(batch, ticked, now + 3) == durable(single, ticked, now + 3)
         assert batch.view() == single.view()
 

@@ -459,12 +459,24 @@ class CheckpointCoordinator:
         p = self._pending
         if p is None:
             return []
+        expired = p.expired(now_ms)
+        if not expired:
+            return []
+        cause = f"timeout: no answer after {(now_ms - p.trigger_ms) / 1000:g} s"
+        if p.regional_allowed and not p.must_be_fresh_all:
+            # the timeouts before the first one that aborts (a unit that must be fresh) are
+            # only recorded, all at once
+            fresh = p.must_be_fresh
+            stop = next((k for k, u in enumerate(expired) if u in fresh), None) if fresh else None
+            quiet = expired if stop is None else expired[:stop]
+            p.declined.update(dict.fromkeys(quiet, cause))
+            p.outstanding -= len(quiet)
+            if stop is None:
+                return self._decide(p, now_ms) if p.outstanding == 0 else []
+            expired = expired[stop:]
         out: list[Decision] = []
-        for unit_id in p.expired(now_ms):
-            elapsed = (now_ms - p.trigger_ms) / 1000
-            out += self._record_decline(
-                p, unit_id, f"timeout: no answer after {elapsed:g} s", now_ms
-            )
+        for unit_id in expired:
+            out += self._record_decline(p, unit_id, cause, now_ms)
             if self._pending is not p:
                 break
         return out
