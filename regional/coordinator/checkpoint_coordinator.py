@@ -1,17 +1,20 @@
 """The checkpoint coordinator: regional completion as a pure state machine (DESIGN §4 rules 2–12).
 
-The runtime calls `trigger`, then `on_ack` / `on_decline` per unit attempt and `on_tick` with the
-time; it carries out the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`),
-`Commit` (then `on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`,
-`FinishJob`. One checkpoint is in flight at a time: the next trigger waits until the previous one
-is aborted or its metadata is durable.
+The runtime calls `trigger`, then `on_answers` with each dispatch's answers (or `on_ack` /
+`on_decline` per unit attempt: the same decisions) and `on_tick` with the time; it carries out
+the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`), `Commit` (then
+`on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`, `FinishJob`. One
+checkpoint is in flight at a time: the next trigger waits until the previous one is aborted or
+its metadata is durable.
 
-Cost: an ack is O(its subtasks), a decline O(1); a trigger, a completion and an abort are
-O(answers + fallback units) in Python, plus list and tuple copies over every unit done in C
-(`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop on the hot path. The states a
-unit restarts from (`unit_states`) are built once per change of the unit's state, not per call.
+Cost: an ack is O(its subtasks), a decline O(1), and a batch of them has no call per answer; a
+trigger, a tick, a completion and an abort are O(answers + fallback units) in Python (an abort
+tells the operator coordinators every subtask's owner as `SubtaskOwners`, O(units behind the
+latest checkpoint)), plus list and tuple copies and scans over every unit done in C
+(`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop over units that did not change.
+The states a unit restarts from (`unit_states`) are built once per change of the unit's state.
 
-About 870 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
+About 1,000 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
 (`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
 (`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
