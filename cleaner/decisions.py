@@ -27,6 +27,7 @@ __all__ = [
     "RetentionInputError",
     "RetentionPlan",
     "StoredFile",
+    "deletion_order",
 ]
 
 
@@ -95,6 +96,9 @@ class Reason(enum.StrEnum):
         "outside-root"  # a symbolic link out of the job root, or a checkpoint holding one
     )
     LINK = "symlink"  # a link to a directory inside the root (not followed), or its checkpoint
+    BACKLOG = "exchange-backlog"  # an exchange segment a kept checkpoint's reader has not read
+    CONSUMED = "consumed"  # an exchange segment every kept checkpoint's reader has passed
+    EXCHANGE = "exchange"  # an exchange's staged segment or commit record (its writer's)
 
 
 class PendingCheckpoint(msgspec.Struct, frozen=True):
@@ -180,7 +184,7 @@ class RetentionPlan(msgspec.Struct, frozen=True):
     def deletions(self) -> tuple[FileDecision, ...]:
         """The files to delete, in deletion order (phase, then oldest checkpoint, then path)."""
         dels = [f for f in self.files if f.action is Action.DELETE]
-        dels.sort(key=lambda f: (f.phase, _order(f.checkpoint_id), f.path))
+        dels.sort(key=deletion_order)
         return tuple(dels)
 
     @property
@@ -206,5 +210,11 @@ class RetentionPlan(msgspec.Struct, frozen=True):
         raise KeyError(f"checkpoint {checkpoint_id} is not in the retention plan")
 
 
-def _order(checkpoint_id: int | None) -> float:
-    return float("inf") if checkpoint_id is None else checkpoint_id
+def deletion_order(f: FileDecision) -> tuple[int, float, str]:
+    """The sort key of deletions: phase, then oldest checkpoint (files outside `chk-<id>/`
+    last), then path. Every plan, full or incremental, deletes in this order."""
+    return (
+        f.phase if f.phase is not None else -1,
+        float("inf") if f.checkpoint_id is None else f.checkpoint_id,
+        f.path,
+    )

@@ -16,6 +16,11 @@ Rules, in the order they apply to a file (the first that matches decides):
    A physical file holding several segments stays while any kept segment remains; `shared/`
    files are reference-counted the same way.
 2. A file named by a pending checkpoint, or under its directory, is kept.
+2a. A committed segment of a keyed exchange (`exchange/<reader>/n<N>/p<q>/...`,
+   `metadata.exchange`) is kept while some kept checkpoint's reader has not read it
+   (`exchange-backlog`, naming those checkpoints) and deleted once every one has (`consumed`);
+   all of them are kept while a checkpoint's metadata is damaged or none is kept. Its staged
+   segments and commit records are the exchange writer's (`exchange`, kept).
 3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. The
    event log (`events/<id>-<ms>.json`, `metadata.events`) keeps its newest
    `num_retained_events` files; older ones are deleted as `expired-event`. `_lease/` records
@@ -95,7 +100,15 @@ from cleaner.decisions import (
     RetentionPlan,
     StoredFile,
 )
-from metadata.errors import StorageError
+from metadata.errors import MetadataError, StorageError
+from metadata.exchange import (
+    EXCHANGE_DIR,
+    ExchangeFile,
+    ReaderView,
+    kept_by,
+    reader_view,
+    segment_of,
+)
 from metadata.layout import (
     DEFAULT_RETAINED_EVENTS,
     EVENTS_DIR,
@@ -122,7 +135,12 @@ __all__ = [
     "RetentionInputError",
     "RetentionPlan",
     "StoredFile",
+    "exchange_verdict",
+    "expired_event_verdict",
+    "file_kind",
+    "garbage_verdict",
     "plan_retention",
+    "reader_views",
 ]
 
 _STATE_FILE = re.compile(r"^u\d+-a\d+(?:-[A-Za-z0-9_.]+)?\.state$")
@@ -217,6 +235,69 @@ def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
                 seen.add(ref)
                 todo.append(ref)
     return seen
+
+
+def file_kind(name: str) -> str:
+    """The kind of a file in a checkpoint directory, by its name: `metadata`, `state` (a unit
+    attempt's `u<unit>-a<attempt>[-<run>].state`) or `other` (e.g. a staged sink file)."""
+    if name == METADATA_NAME:
+        return "metadata"
+    return "state" if _STATE_FILE.match(name) is not None else "other"
+
+
+def garbage_verdict(
+    cid: int, kind: str, *, has_metadata: bool, newest_completed: int
+) -> tuple[Reason, str, int]:
+    """(reason, detail, deletion phase) of a file of `kind` (`file_kind`) under `chk-<cid>/`
+    that no kept checkpoint references and no other rule keeps. `has_metadata`: checkpoint
+    `cid` completed and its metadata was given (a dropped checkpoint); `newest_completed`: the
+    newest completed checkpoint id. Shared by the full and the incremental plan."""
+    if has_metadata:
+        if kind == "metadata":
+            return Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0
+        return Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1
+    if kind == "other":
+        return Reason.STAGED, f"staged file of a failed attempt of checkpoint {cid}", 1
+    if cid > newest_completed:
+        return Reason.ABORTED, f"checkpoint {cid} never completed", 1
+    return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1
+
+
+def expired_event_verdict(num_retained_events: int) -> tuple[Reason, str, int]:
+    """(reason, detail, deletion phase) of an event file older than the newest
+    `num_retained_events`. Shared by the full and the incremental plan."""
+    detail = f"event older than the newest {num_retained_events} events"
+    return Reason.EXPIRED_EVENT, detail, 2
+
+
+#: Why every exchange segment is kept when some checkpoint's cursors cannot be read.
+BLIND_DETAIL = "no kept checkpoint with readable metadata says which segments were read"
+#: Why an exchange segment is deleted.
+CONSUMED_DETAIL = "exchange segment every kept checkpoint's reader has read"
+
+
+def reader_views(kept: Iterable[CheckpointMetadata], reader: str) -> list[ReaderView] | str:
+    """The kept checkpoints' views of exchange `reader` (`metadata.exchange.reader_view`), or
+    why they cannot be read (a position that is not a cursor: every segment is then kept)."""
+    try:
+        return [reader_view(md, reader) for md in kept]
+    except MetadataError as exc:
+        return f"kept: {exc}"
+
+
+def exchange_verdict(
+    file: ExchangeFile, views: list[ReaderView] | str
+) -> tuple[Reason, str, int | None, tuple[int, ...]]:
+    """(reason, detail, deletion phase or None to keep, kept_by) of committed exchange segment
+    `file` given the kept checkpoints' `reader_views` (rule 2a; the full and the incremental
+    plan share it)."""
+    if isinstance(views, str):
+        return Reason.BACKLOG, views, None, ()
+    keepers = tuple(kept_by(file, views))
+    if keepers:
+        detail = f"exchange segment not yet read by kept checkpoint(s) {_ids(keepers)}"
+        return Reason.BACKLOG, detail, None, keepers
+    return Reason.CONSUMED, CONSUMED_DETAIL, 2, ()
 
 
 def plan_retention(
@@ -446,6 +527,7 @@ class _Rules:
         self.kept_bytes: dict[int, int] = defaultdict(int)
         self.deleted_bytes: dict[int, int] = defaultdict(int)
         self.kept_files: dict[int, int] = defaultdict(int)
+        self.exchange_views: dict[str, list[ReaderView] | str] = {}  # reader -> `reader_views`
         self.kept_total = 0
         self.deleted_total = 0
 
@@ -504,16 +586,22 @@ class _Rules:
                 kept += size
                 n_kept += 1
                 continue
+            if top == EXCHANGE_DIR:
+                reason, detail, phase, keepers = self._exchange_rule(path)
+                action = Action.KEEP if phase is None else Action.DELETE
+                append(FileDecision(path, size, action, reason, detail, cid, keepers, phase))
+                if phase is None:
+                    kept += size
+                    n_kept += 1
+                else:
+                    deleted += size
+                continue
             if top == EVENTS_DIR and path in self.expired_events:
                 kind = "expired-event"
             elif top == EVENTS_DIR and event_checkpoint_id(path) is not None:
                 kind = "event"
-            elif name == METADATA_NAME:
-                kind = "metadata"
-            elif _STATE_FILE.match(name) is not None:
-                kind = "state"
             else:
-                kind = "other"
+                kind = file_kind(name)
             verdict = verdicts.get((top, kind))
             if verdict is None:
                 verdict = verdicts[top, kind] = self._rule(top, cid, kind)
@@ -523,9 +611,7 @@ class _Rules:
                 kept += size
                 n_kept += 1
             else:
-                append(
-                    FileDecision(path, size, Action.DELETE, reason, detail, cid, keepers, phase)
-                )
+                append(FileDecision(path, size, Action.DELETE, reason, detail, cid, keepers, phase))
                 deleted += size
         self._flush(cid, kept, deleted, n_kept)
         return out
@@ -542,6 +628,21 @@ class _Rules:
             if f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
                 self.has_metadata.add(cid)
 
+    def _exchange_rule(self, path: str) -> tuple[Reason, str, int | None, tuple[int, ...]]:
+        """A file of a keyed exchange (rule 2a, `exchange_verdict`); the kept checkpoints'
+        reader views are built once per reader."""
+        file = segment_of(path)
+        if file is None:
+            detail = "staged segment or commit record of an exchange: its writer cleans it"
+            return Reason.EXCHANGE, detail, None, ()
+        if self.damaged_ids or not self.kept_ids & self.by_id.keys():
+            return Reason.BACKLOG, BLIND_DETAIL, None, ()
+        views = self.exchange_views.get(file.reader)
+        if views is None:
+            kept = [self.by_id[k] for k in sorted(self.kept_ids) if k in self.by_id]
+            views = self.exchange_views[file.reader] = reader_views(kept, file.reader)
+        return exchange_verdict(file, views)
+
     def _rule(
         self, top: str, cid: int | None, kind: str
     ) -> tuple[Reason, str, int | None, tuple[int, ...]]:
@@ -556,8 +657,7 @@ class _Rules:
             if top == SHARED_DIR:
                 return Reason.ORPHAN, "shared file referenced by no kept checkpoint", 2, ()
             if kind == "expired-event":
-                detail = f"event older than the newest {self.num_retained_events} events"
-                return Reason.EXPIRED_EVENT, detail, 2, ()
+                return (*expired_event_verdict(self.num_retained_events), ())
             if kind == "event":
                 detail = f"event log: within the newest {self.num_retained_events} events"
                 return Reason.EVENT_LOG, detail, None, ()
@@ -576,24 +676,18 @@ class _Rules:
         if cid not in self.by_id and f"chk-{cid}/{METADATA_NAME}" in self.listed_paths:
             detail = f"checkpoint {cid} has _metadata the planner was not given; kept"
             return Reason.UNKNOWN, detail, None, ()
-        kept = cid in self.kept_ids
-        if kind == "metadata":
-            if kept:
+        if cid in self.kept_ids:
+            if kind == "metadata":
                 return Reason.RETAINED, f"metadata of kept checkpoint {cid}", None, (cid,)
-            return Reason.SUBSUMED, f"metadata of dropped checkpoint {cid}", 0, ()
-        if kept:
             if kind == "state":
                 detail = f"unit attempt file that checkpoint {cid}'s metadata does not reference"
                 return Reason.STALE_ATTEMPT, detail, 1, ()
             detail = f"in kept checkpoint {cid}, not a state handle (may be named by committables)"
             return Reason.UNKNOWN, detail, None, (cid,)
-        if cid in self.by_id:
-            return Reason.SUBSUMED, f"file of dropped checkpoint {cid}", 1, ()
-        if kind == "other":
-            return Reason.STAGED, f"staged file of a failed attempt of checkpoint {cid}", 1, ()
-        if cid > self.newest_completed:
-            return Reason.ABORTED, f"checkpoint {cid} never completed", 1, ()
-        return Reason.ORPHAN, f"checkpoint {cid} has no _metadata: left by a crash", 1, ()
+        reason, detail, phase = garbage_verdict(
+            cid, kind, has_metadata=cid in self.by_id, newest_completed=self.newest_completed
+        )
+        return reason, detail, phase, ()
 
     def checkpoint_verdict(
         self, cid: int, users: dict[int, set[int]]

@@ -47,9 +47,21 @@ __all__ = [
     "DeletionOutcome",
     "DeletionStatus",
     "JobReader",
+    "PlannedDeletions",
+    "RootListing",
     "execute",
+    "plan_root",
+    "read_root",
     "scan",
 ]
+
+
+class PlannedDeletions(Protocol):
+    """What `execute` carries out: a full `RetentionPlan`, or an incremental step
+    (`cleaner.incremental.CleaningStep`), with its deletions in deletion order."""
+
+    @property
+    def deletions(self) -> tuple[FileDecision, ...]: ...
 
 
 class Deleter(Protocol):
@@ -118,18 +130,19 @@ class CleanReport(msgspec.Struct, frozen=True):
         return sum(1 for o in self.outcomes if o.status is status)
 
 
-def scan(
-    storage: JobReader,
-    *,
-    num_retained: int,
-    pending: Sequence[PendingCheckpoint] = (),
-    restore_base: RestoreBase | None = None,
-    live_unknown: bool = False,
-    num_retained_events: int = DEFAULT_RETAINED_EVENTS,
-) -> RetentionPlan:
-    """Read every checkpoint's metadata (damaged ones are reported, never deleted), list the job
-    root, and plan retention (`cleaner.plan.plan_retention`). Pending checkpoints are not
-    read. Listing comes after reading, so a checkpoint completing in between is kept."""
+class RootListing(msgspec.Struct, frozen=True):
+    """What a full scan read: the metadata that decoded, the ids whose metadata did not
+    (`damaged`), and the listing of the job root."""
+
+    completed: tuple[CheckpointMetadata, ...]
+    damaged: tuple[int, ...]
+    files: tuple[StoredFile, ...]
+
+
+def read_root(storage: JobReader, *, pending: Sequence[PendingCheckpoint] = ()) -> RootListing:
+    """Read every checkpoint's metadata (pending ones are skipped, damaged ones reported), then
+    list the job root: a checkpoint completing in between shows up as an unknown `_metadata`
+    and is kept."""
     pending_ids = {p.checkpoint_id for p in pending}
     completed: list[CheckpointMetadata] = []
     damaged: list[int] = []
@@ -140,13 +153,48 @@ def scan(
             completed.append(storage.read_metadata(cid))
         except (MetadataError, OutsideRootError):  # a `_metadata` linked out of the root too
             damaged.append(cid)
-    files = storage.list_files()
-    return plan_retention(
-        completed,
-        files,
+    return RootListing(tuple(completed), tuple(damaged), tuple(storage.list_files()))
+
+
+def scan(
+    storage: JobReader,
+    *,
+    num_retained: int,
+    pending: Sequence[PendingCheckpoint] = (),
+    restore_base: RestoreBase | None = None,
+    live_unknown: bool = False,
+    num_retained_events: int = DEFAULT_RETAINED_EVENTS,
+) -> RetentionPlan:
+    """Read every checkpoint's metadata (damaged ones are reported, never deleted), list the job
+    root (`read_root`), and plan retention (`cleaner.plan.plan_retention`). Pending
+    checkpoints are not read. Listing comes after reading, so a checkpoint completing in
+    between is kept."""
+    return plan_root(
+        read_root(storage, pending=pending),
         num_retained=num_retained,
         pending=pending,
-        damaged=damaged,
+        restore_base=restore_base,
+        live_unknown=live_unknown,
+        num_retained_events=num_retained_events,
+    )
+
+
+def plan_root(
+    root: RootListing,
+    *,
+    num_retained: int,
+    pending: Sequence[PendingCheckpoint] = (),
+    restore_base: RestoreBase | None = None,
+    live_unknown: bool = False,
+    num_retained_events: int = DEFAULT_RETAINED_EVENTS,
+) -> RetentionPlan:
+    """`plan_retention` over what `read_root` read."""
+    return plan_retention(
+        root.completed,
+        root.files,
+        num_retained=num_retained,
+        pending=pending,
+        damaged=root.damaged,
         restore_base=restore_base,
         live_unknown=live_unknown,
         num_retained_events=num_retained_events,
@@ -190,7 +238,7 @@ def _delete_one(storage: Deleter, d: FileDecision) -> DeletionOutcome:
 
 
 def execute(
-    plan: RetentionPlan,
+    plan: PlannedDeletions,
     storage: Deleter,
     *,
     live: Callable[[], Iterable[PendingCheckpoint]] | None = None,

@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 
 import msgspec
 
@@ -68,9 +69,16 @@ def savepoint_storage(storage: JobStorage, savepoint_id: int) -> JobStorage:
     )
 
 
-def write_savepoint(storage: JobStorage, md: CheckpointMetadata) -> str:
+def write_savepoint(
+    storage: JobStorage,
+    md: CheckpointMetadata,
+    *,
+    before_metadata: Callable[[JobStorage], None] | None = None,
+) -> str:
     """Copy savepoint `md` (every subtask fresh, state under `chk-<id>/`) into
     `savepoints/sp-<id>/` with paths relative to it, metadata last; returns its location.
+    `before_metadata` copies what else the savepoint needs into its storage (the unread
+    backlog of keyed exchanges) before the metadata makes it restorable.
 
     Every segment is read back through its checksum before it is copied.
     """
@@ -101,6 +109,8 @@ def write_savepoint(storage: JobStorage, md: CheckpointMetadata) -> str:
     subtasks = tuple(
         msgspec.structs.replace(s, handles=tuple(moved[h] for h in s.handles)) for s in md.subtasks
     )
+    if before_metadata is not None:
+        before_metadata(target)
     target.write_metadata(msgspec.structs.replace(md, subtasks=subtasks), at=METADATA_NAME)
     return target.describe("")
 

@@ -49,7 +49,9 @@ __all__ = [
 
 Kind = Literal["source", "operator", "sink"]
 Partitioner = Literal["forward", "rescale", "rebalance", "hash", "broadcast", "global", "custom"]
-Exchange = Literal["pipelined", "pipelined_bounded", "blocking", "hybrid_full", "hybrid_selective"]
+Exchange = Literal[
+    "pipelined", "pipelined_bounded", "blocking", "hybrid_full", "hybrid_selective", "durable"
+]
 StateBackend = Literal["hashmap", "incremental", "changelog"]
 
 #: Partitioners whose consumer subtask reads a few producer subtasks (Flink's POINTWISE).
@@ -58,6 +60,9 @@ POINTWISE: frozenset[str] = frozenset({"forward", "rescale"})
 ALL_TO_ALL: frozenset[str] = frozenset({"rebalance", "hash", "broadcast", "global", "custom"})
 #: Exchanges whose results must be consumed while produced: they join regions.
 PIPELINED: frozenset[str] = frozenset({"pipelined", "pipelined_bounded"})
+#: The exchange whose results are committed with the producer's checkpoint and read back by
+#: the consumer from its own stored positions (`regional.exchange`): it splits fallback units.
+DURABLE = "durable"
 
 #: Flink's upper bound for max parallelism (number of key groups), 2**15.
 MAX_PARALLELISM_UPPER_BOUND = 32768
@@ -125,7 +130,9 @@ class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename={"fro
     """A data exchange from vertex `from_` (key ``from`` in files) to vertex `to`.
 
     The `partitioner` decides which consumer subtasks read which producer subtasks; the
-    `exchange` whether the data is consumed while produced (pipelined) or after (blocking, hybrid).
+    `exchange` whether the data is consumed while produced (pipelined), after (blocking,
+    hybrid: the two sides still fall back together), or read back from committed storage
+    (durable: the two sides are separate fallback units).
     """
 
     from_: str
@@ -142,6 +149,11 @@ class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename={"fro
     def pipelined(self) -> bool:
         """True for pipelined and pipelined_bounded exchanges (they join regions)."""
         return self.exchange in PIPELINED
+
+    @property
+    def durable(self) -> bool:
+        """True for a durable exchange: producer and consumer fall back on their own."""
+        return self.exchange == DURABLE
 
     def __str__(self) -> str:
         return f"{self.from_} -> {self.to} ({self.partitioner}, {self.exchange})"

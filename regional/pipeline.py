@@ -1,10 +1,17 @@
-"""The pipeline API: sources -> operators -> sinks, joined by forward edges.
+"""The pipeline API: sources -> operators -> sinks, joined by forward edges and keyed exchanges.
 
 Every operator runs with the parallelism of its input, and subtask `i` of an operator reads only
 subtask `i` of its inputs (a forward edge), so each chain of subtasks `(source#i, op#i, ...,
 sink#i)` is one region that can fall back on its own. Operators are record-wise (`map`,
-`flat_map`, `filter`), Arrow-batch-wise (`map_batches`) or stateful (`key_by(...).process(fn)`
-with split-scoped keyed state, see `regional.state`).
+`flat_map`, `filter`), Arrow-batch-wise (`map_batches`) or stateful (`key_by(...).process(fn)`).
+
+Keyed state comes in two scopes (`regional.state`):
+
+* **split-scoped** on a forward chain: `key_by(key).process(fn)` keeps state per (input split,
+  key), because subtask `i` only sees the splits its source subtask reads;
+* **key-scoped** after a durable keyed exchange: `key_by(key, partitions=N).process(fn)` ends
+  the stage (`regional.exchange`); what follows runs in N subtasks, each owning the keys that
+  hash to it, and keeps state per key, across every input split.
 
 >>> from regional.sources.generator import GeneratorSource
 >>> p = Pipeline("demo")
@@ -29,7 +36,7 @@ from regional.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
 from regional.errors import GraphError
 from regional.graph import Edge, JobGraph, Vertex
 from regional.sources.base import Source
-from regional.state import KeyedContext, OperatorState
+from regional.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.state_codec import PickledState, StateCodec
 
 if TYPE_CHECKING:
@@ -57,6 +64,7 @@ class Operator:
     fn: Callable[..., Any]
     key: Callable[[Any], Any] | None = None
     name: str = ""  # the vertex id, for errors (set when the operator is added)
+    scope: str = "split"  # keyed state per (split, key), or per "key" after an exchange
 
     @property
     def stateful(self) -> bool:
@@ -118,7 +126,9 @@ class Operator:
         if self.kind == "flat_map":
             return list(self.fn(record) or ())
         assert state is not None and self.key is not None  # process
-        ctx: KeyedContext = state.context(split, self.key(record))
+        ctx: KeyedContext = state.context(
+            split if self.scope == "split" else KEY_SCOPE, self.key(record)
+        )
         return list(self.fn(ctx, record) or ())
 
     def _batch_output(self, split: str, result: Any) -> list[Chunk]:
@@ -149,6 +159,7 @@ class VertexSpec:
     operator: Operator | None = None
     sink: Any = None
     dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
+    exchange_from: str | None = None  # an exchange reader: its writer vertex (a durable edge)
 
 
 class Stream:
@@ -185,9 +196,60 @@ class Stream:
         `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
         return self._then("map_batches", fn, name)
 
-    def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
-        """Key the records for a stateful `process`."""
-        return KeyedStream(self, key)
+    def key_by(
+        self,
+        key: Callable[[Any], Any],
+        *,
+        partitions: int | None = None,
+        name: str | None = None,
+    ) -> KeyedStream:
+        """Key the records for a stateful `process`. Without `partitions`, state is per
+        (input split, key) on this forward chain; with `partitions=N`, a durable keyed exchange
+        (`exchange`, named `name`) ends the stage first and state is per key, globally."""
+        if partitions is None:
+            if name is not None:
+                raise GraphError(
+                    f"key_by(name={name!r}) names an exchange; give partitions=N too, or drop "
+                    "the name"
+                )
+            return KeyedStream(self, key)
+        return self.exchange(key, partitions=partitions, name=name).key_by(key)
+
+    def exchange(
+        self, key: Callable[[Any], Any], *, partitions: int, name: str | None = None
+    ) -> Stream:
+        """End the stage with a durable keyed exchange (`regional.exchange`): the returned
+        stream runs in `partitions` subtasks, subtask q getting every record whose key hashes
+        to q (`regional.partitioning.partition_of`). The exchange's reader vertex is `name`
+        (default ``exchange-<n>``), its writer ``<name>-writer``."""
+        from regional.exchange import ExchangeReader, ExchangeWriter
+
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise GraphError(
+                f"exchange after {self.vertex_id!r}: partitions={partitions!r}; give a whole "
+                "number of downstream subtasks, at least 1"
+            )
+        if not callable(key):
+            raise GraphError(
+                f"exchange after {self.vertex_id!r}: the key {key!r} is not callable; give a "
+                "function of a record, e.g. lambda r: r['customer']"
+            )
+        pipeline = self.pipeline
+        reader = name or f"exchange-{len(pipeline.vertices)}"
+        writer = f"{reader}-writer"
+        bounded = pipeline._bounded_upstream(self.vertex_id)
+        pipeline._add(
+            "sink", writer, (self.vertex_id,), sink=ExchangeWriter(reader, key, partitions)
+        )
+        stream = pipeline._add(
+            "source",
+            reader,
+            (),
+            parallelism=partitions,
+            source=ExchangeReader(reader, partitions, bounded=bounded),
+            exchange_from=writer,
+        )
+        return stream
 
     def union(self, *others: Stream, name: str | None = None) -> Stream:
         """The records of this stream and `others` (same parallelism, forward edges)."""
@@ -213,8 +275,12 @@ class KeyedStream:
     def process(
         self, fn: Callable[[KeyedContext, Any], Iterable[Any] | None], *, name: str | None = None
     ) -> Stream:
-        """A stateful operator; `ctx` gives value/map state of (split, key) and list state."""
-        return self._stream._then("process", fn, name, self._key)
+        """A stateful operator; `ctx` gives value/map state of the key (per split on a forward
+        chain, per key after a keyed exchange) and list state."""
+        stream = self._stream
+        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
+        op = Operator("process", fn, self._key, scope=scope)
+        return stream.pipeline._add("process", name, (stream.vertex_id,), operator=op)
 
 
 class Pipeline:
@@ -340,6 +406,59 @@ class Pipeline:
                 dead_letter=True,
             )
 
+    def _ancestors(self, vertex_id: str) -> list[VertexSpec]:
+        """The sources `vertex_id` reads through forward edges (itself if it is one)."""
+        out: dict[str, VertexSpec] = {}
+        todo = [vertex_id]
+        while todo:
+            spec = self.vertices[todo.pop()]
+            if spec.kind == "source":
+                out[spec.id] = spec
+            todo += spec.inputs
+        return list(out.values())
+
+    def _bounded_upstream(self, vertex_id: str) -> bool:
+        return all(s.source is not None and s.source.bounded for s in self._ancestors(vertex_id))
+
+    def _key_scope(self, vertex_id: str, key: Callable[[Any], Any], name: str | None) -> str:
+        """ "key" when `vertex_id` reads keyed exchanges by `key` only, "split" when it reads
+        no exchange; `GraphError` for a process keyed otherwise after an exchange."""
+        from regional.exchange import ExchangeWriter
+
+        readers = [s for s in self._ancestors(vertex_id) if s.exchange_from is not None]
+        if not readers:
+            return "split"
+        keys = [self.vertices[s.exchange_from].sink for s in readers]  # type: ignore[index]
+        if all(isinstance(w, ExchangeWriter) and w.key is key for w in keys) and len(
+            readers
+        ) == len(self._ancestors(vertex_id)):
+            return "key"
+        raise GraphError(
+            f"process {name or '(unnamed)'!r} after exchange "
+            f"{', '.join(repr(s.id) for s in readers)} is keyed by another function than the "
+            "exchange (or also reads a source): its keys would not stay in one subtask. Key it "
+            "with the exchange's own key function: stream.key_by(key, partitions=N).process(fn)"
+        )
+
+    def bind(self, job_path: str, filesystem: Any = None) -> None:
+        """Point every exchange at its directory in job root `job_path` (the driver does this
+        before any task runs; `filesystem` is the job storage's)."""
+        from regional.exchange import ExchangeReader, ExchangeWriter, exchange_path
+
+        for spec in self.vertices.values():
+            for side in (spec.sink, spec.source):
+                if isinstance(side, ExchangeReader | ExchangeWriter):
+                    side.bind(exchange_path(job_path, side.reader), filesystem)
+
+    @property
+    def exchanges(self) -> dict[str, tuple[VertexSpec, VertexSpec]]:
+        """Reader vertex id -> (writer spec, reader spec) of every keyed exchange."""
+        return {
+            v.id: (self.vertices[v.exchange_from], v)
+            for v in self.vertices.values()
+            if v.exchange_from is not None
+        }
+
     @property
     def sources(self) -> dict[str, VertexSpec]:
         return {k: v for k, v in self.vertices.items() if v.kind == "source"}
@@ -363,6 +482,10 @@ class Pipeline:
         )
         edges = tuple(
             Edge(i, v.id, "forward", "pipelined") for v in self.vertices.values() for i in v.inputs
+        ) + tuple(
+            Edge(v.exchange_from, v.id, "hash", "durable")
+            for v in self.vertices.values()
+            if v.exchange_from is not None
         )
         return JobGraph(vertices, edges)
 
@@ -373,5 +496,10 @@ class Pipeline:
         return analyse(self.job_graph())
 
     def topological_order(self) -> tuple[str, ...]:
-        """Vertex ids, producers first (the order a region task runs them in)."""
-        return self.job_graph().topological_order()
+        """Vertex ids, producers first (the order a region task runs them in). Computed once
+        per shape of the pipeline: every unit of every epoch asks for it."""
+        shape = tuple(self.vertices)
+        cached = self.__dict__.get("_order")
+        if cached is None or cached[0] != shape:
+            cached = self.__dict__["_order"] = (shape, self.job_graph().topological_order())
+        return cached[1]

@@ -9,9 +9,12 @@ Regions are computed at subtask level exactly as Flink 2.3's scheduler does it:
    blocking/hybrid links inside it are merged (strongly connected components). Cycles through
    another logical region are not merged.
 
-A **fallback unit** is a connected component of the subtask graph over *all* edges: regions
-joined by a blocking/hybrid edge fall back together (with a warning). The same two steps compute
-units, with every edge treated as joining.
+A **fallback unit** is a connected component of the subtask graph over every edge but durable
+ones: regions joined by a blocking/hybrid edge fall back together (with a warning). The same two
+steps compute units, with every non-durable edge treated as joining. A **durable** exchange
+(`regional.exchange`: the producer commits what it sends with its checkpoint, the consumer reads
+it back from positions in its own state) joins nothing: each side falls back on its own, and the
+plan says so in `notes`.
 
 Nothing is materialised per all-to-all link. Vertices joined by identity links (forward, or
 rescale between equal parallelisms) share one id sequence (a `range` when every subtask has its
@@ -225,7 +228,8 @@ class RegionPlan:
     """Regions and fallback units of a job graph, and whether regional checkpoints may run.
 
     `reason` says why not (None when allowed); `warnings` has one line per DESIGN §4 rule 13
-    limitation found, naming the vertices or edges.
+    limitation found, naming the vertices or edges; `notes` one line per durable exchange
+    (why its two sides are separate fallback units).
     """
 
     graph: JobGraph
@@ -236,6 +240,7 @@ class RegionPlan:
     warnings: tuple[str, ...]
     _region_ids: Mapping[str, Sequence[int]] = dataclasses.field(repr=False)
     _unit_ids: Mapping[str, Sequence[int]] = dataclasses.field(repr=False)
+    notes: tuple[str, ...] = ()
 
     def _lookup(self, ids: Mapping[str, Sequence[int]], vertex_id: str, index: int) -> int:
         seq = ids.get(vertex_id)
@@ -311,7 +316,7 @@ def analyse(graph: JobGraph) -> RegionPlan:
     """Regions, fallback units, warnings and the regional verdict of `graph` (pure)."""
     order = graph.topological_order()
     regions, num_regions = _renumber(order, _partition(graph, _pipelined, merge_cycles=True))
-    units, num_units = _renumber(order, _partition(graph, _any, merge_cycles=False))
+    units, num_units = _renumber(order, _partition(graph, _joins_units, merge_cycles=False))
     warnings: list[str] = []
     rejected: list[str] = []
     for v in (graph.vertex(v) for v in order):
@@ -327,8 +332,15 @@ def analyse(graph: JobGraph) -> RegionPlan:
                 f"vertex {v.id!r} uses union list state, which regional checkpoints reject "
                 "(DESIGN §4 rule 13); use split or keyed state instead"
             )
+    notes = tuple(
+        f"edge {e} is a durable exchange: {e.from_!r} commits what it sends with its "
+        f"checkpoint and {e.to!r} reads it back from positions in its own state, so their "
+        "units fall back on their own"
+        for e in graph.edges
+        if e.durable
+    )
     for e in graph.edges:
-        if not e.pipelined and _crosses(graph, e, regions):
+        if not e.pipelined and not e.durable and _crosses(graph, e, regions):
             warnings.append(
                 f"edge {e} joins different pipelined regions through a {e.exchange} exchange, "
                 "so they fall back together as one unit; make the exchange pipelined for "
@@ -353,6 +365,7 @@ def analyse(graph: JobGraph) -> RegionPlan:
         warnings=tuple(warnings),
         _region_ids=regions,
         _unit_ids=units,
+        notes=notes,
     )
 
 
@@ -360,8 +373,8 @@ def _pipelined(e: Edge) -> bool:
     return e.pipelined
 
 
-def _any(e: Edge) -> bool:
-    return True
+def _joins_units(e: Edge) -> bool:
+    return not e.durable
 
 
 def _crosses(graph: JobGraph, e: Edge, regions: Mapping[str, Sequence[int]]) -> bool:

@@ -43,7 +43,8 @@ import msgspec
 
 from metadata.model import CheckpointMetadata, SplitState, SubtaskState
 from regional.errors import RestoreError
-from regional.state import OperatorState
+from regional.partitioning import partition_of
+from regional.state import KEY_SCOPE, OperatorState
 
 __all__ = [
     "RestorePlan",
@@ -52,6 +53,7 @@ __all__ = [
     "deal",
     "place_splits",
     "plan_restore",
+    "redistribute_keys",
     "redistribute_state",
 ]
 
@@ -91,6 +93,7 @@ class RestorePlan(msgspec.Struct, frozen=True):
     dropped: tuple[str, ...] = ()
     rescaled: tuple[str, ...] = ()  # "vertex: 4 -> 2" for every vertex whose size changed
     reset: frozenset[str] = frozenset()  # vertices of the pipeline whose state was dropped
+    moved: tuple[str, ...] = ()  # exchange backlogs carried into a new layout or job root
 
 
 def place_splits(held: Mapping[int, Sequence[str]], parallelism: int) -> dict[str, int]:
@@ -153,6 +156,34 @@ def redistribute_state(
                 )
             holder[split] = index
             new[assignment.get(split, index % parallelism)].keyed[split] = keyed
+    names = list(dict.fromkeys(name for state in old for name in state.lists))
+    for name in names:
+        entries = [e for state in old for e in state.lists.get(name, ())]
+        for index, part in enumerate(deal(entries, parallelism)):
+            new[index].lists[name] = part
+    return new
+
+
+def redistribute_keys(old: Sequence[OperatorState], parallelism: int) -> list[OperatorState]:
+    """The state of `parallelism` new subtasks of an operator after a keyed exchange: every
+    key's state goes to subtask `partition_of(key, parallelism)` (where the exchange now sends
+    the key's records); list state is dealt round-robin.
+
+    >>> old = [OperatorState({"": {k: {"n": k}}}) for k in ("a", "b", "d")]
+    >>> [sorted(s.keyed.get("", {})) for s in redistribute_keys(old, 2)]
+    [['d'], ['a', 'b']]
+    """
+    new = [OperatorState() for _ in range(parallelism)]
+    for index, state in enumerate(old):
+        for split, slots in state.keyed.items():
+            if split != KEY_SCOPE:
+                raise RestoreError(
+                    f"subtask {index} holds state of split {split!r} where only key-scoped state "
+                    "is expected (the operator reads a keyed exchange); the checkpoint was written "
+                    "by another pipeline: restore with the pipeline that wrote it"
+                )
+            for key, slot in slots.items():
+                new[partition_of(key, parallelism)].keyed.setdefault(KEY_SCOPE, {})[key] = slot
     names = list(dict.fromkeys(name for state in old for name in state.lists))
     for name in names:
         entries = [e for state in old for e in state.lists.get(name, ())]

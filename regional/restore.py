@@ -27,16 +27,25 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from cleaner.decisions import RestoreBase
+from metadata.exchange import Cursor, reader_view, split_id
 from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
-from metadata.model import CheckpointKind, CheckpointMetadata, SubtaskState, UnitState
+from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
 from regional.coordinator.layout import JobLayout
-from regional.errors import RestoreError
+from regional.errors import CommitError, RestoreError
+from regional.exchange import ExchangeWriter, exchange_path, repartition
 from regional.operators.commit import CommitCoordinator, TableRollback, TableStaging
 from regional.operators.split_enumerator import SplitEnumerator
 from regional.pipeline import Pipeline
-from regional.rescale import RestorePlan, VertexShape, plan_restore, redistribute_state
+from regional.rescale import (
+    RestorePlan,
+    SubtaskPlan,
+    VertexShape,
+    plan_restore,
+    redistribute_keys,
+    redistribute_state,
+)
 from regional.state import OperatorState
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,7 @@ __all__ = [
     "find_restore_point",
     "first_free_checkpoint_id",
     "open_restore_source",
+    "reset_exchanges",
     "rewrite_for_pipeline",
     "roll_back_sinks",
     "vertex_shapes",
@@ -133,7 +143,7 @@ def find_restore_point(
             "global until then"
         ),
         restore_base=base,
-        notes=(*plan.rescaled, *plan.dropped),
+        notes=(*plan.rescaled, *plan.dropped, *plan.moved),
     )
 
 
@@ -165,7 +175,7 @@ def _restore_given(
     )
     if claim:  # the job owns its copy: a checkpoint of its own, cleaned when subsumed
         storage.write_metadata(restored)
-    notes = (*plan.rescaled, *plan.dropped)
+    notes = (*plan.rescaled, *plan.dropped, *plan.moved)
     return RestorePoint(cid, restored, mode, next_id, source.location, notes=notes)
 
 
@@ -252,6 +262,7 @@ def rewrite_for_pipeline(
                     blobs[vertex_id, index] = blob(s)
         elif mode == "redistribute":
             codec = pipeline.state_codec
+            op = pipeline.vertices[vertex_id].operator
             then = [
                 OperatorState.from_bytes(
                     blob(states[i]),
@@ -261,11 +272,15 @@ def rewrite_for_pipeline(
                 )
                 for i in sorted(states)
             ]
-            now = redistribute_state(then, plan.assignment, sizes[vertex_id])
+            if op is not None and op.scope == "key":  # after a keyed exchange: by key hash
+                now = redistribute_keys(then, sizes[vertex_id])
+            else:
+                now = redistribute_state(then, plan.assignment, sizes[vertex_id])
             for index, state in enumerate(now):
                 blobs[vertex_id, index] = codec.encode(state.keyed, state.lists, operator=vertex_id)
 
     planned = {(p.vertex_id, p.index): p for p in plan.subtasks}
+    exchange_notes = _move_exchanges(source, metadata, pipeline, target, planned)
     subtasks: list[SubtaskState] = []
     for unit_id, keys in enumerate(layout.units):
         with_state = [k for k in keys if k in blobs]
@@ -300,6 +315,8 @@ def rewrite_for_pipeline(
     if plan.rescaled:
         notes.append(f"state redistributed for new parallelism ({', '.join(plan.rescaled)})")
     notes += plan.dropped
+    notes += exchange_notes
+    plan = msgspec.structs.replace(plan, moved=tuple(exchange_notes))
     restored = msgspec.structs.replace(
         metadata,
         job_id=target.job_id,
@@ -312,6 +329,72 @@ def rewrite_for_pipeline(
         subtasks=tuple(subtasks),
     )
     return restored, plan
+
+
+def _move_exchanges(
+    source: JobStorage,
+    metadata: CheckpointMetadata,
+    pipeline: Pipeline,
+    target: JobStorage,
+    planned: dict[tuple[str, int], SubtaskPlan],
+) -> list[str]:
+    """Carry every keyed exchange's backlog over when its reader's parallelism changed or the
+    checkpoint comes from another job root: what the checkpoint's readers had not read (and its
+    writers' segments not published yet) is repartitioned into the new layout in `target`
+    (`regional.exchange.repartition`), and each new reader subtask starts at the checkpoint's
+    id (`planned` is updated). Idempotent, so a restore that is retried writes the same."""
+    notes = []
+    cid = metadata.checkpoint_id
+    moved = source.job_path != target.job_path or type(source.filesystem) is not type(
+        target.filesystem
+    )
+    for reader_id, (writer_spec, reader_spec) in pipeline.exchanges.items():
+        view = reader_view(metadata, reader_id)
+        if view.layout is None:
+            continue  # the exchange is new in this pipeline: nothing to carry over
+        if view.layout == reader_spec.parallelism and not moved:
+            continue
+        writer = writer_spec.sink
+        assert isinstance(writer, ExchangeWriter)
+        origin = writer.bound_to(exchange_path(source.job_path, reader_id), source.filesystem)
+        if moved and not origin.exists():
+            raise RestoreError(
+                f"checkpoint {cid} of {source.describe('')} holds exchange {reader_id!r}, but "
+                f"its segments are not at {source.describe(f'exchange/{reader_id}')}; restore "
+                "a checkpoint of a job root that still holds them, or a savepoint (it carries "
+                "its exchanges' backlog)"
+            )
+        staged = [
+            c
+            for s in metadata.subtasks
+            if s.vertex_id == writer_spec.id and s.ref_checkpoint_id is None
+            for c in s.committables
+        ]
+        try:
+            records = repartition(
+                origin, writer, view.layout, view.cursors, staged, reader_spec.parallelism, cid
+            )
+        except (OSError, CommitError) as exc:
+            raise RestoreError(
+                f"cannot carry exchange {reader_id!r} of checkpoint {cid} over: {exc}"
+            ) from exc
+        start = (SplitState(split_id(reader_spec.parallelism, 0), Cursor(cid).encode()),)
+        for index in range(reader_spec.parallelism):
+            key = (reader_id, index)
+            split = split_id(reader_spec.parallelism, index)
+            planned[key] = msgspec.structs.replace(
+                planned[key], split_states=(msgspec.structs.replace(start[0], split_id=split),)
+            )
+        if moved:  # their segments were copied; the new root cannot publish the old staging
+            for index in range(writer_spec.parallelism):
+                planned[writer_spec.id, index] = msgspec.structs.replace(
+                    planned[writer_spec.id, index], committables=()
+                )
+        notes.append(
+            f"exchange {reader_id!r}: {records} record(s) not yet read moved from "
+            f"{view.layout} to {reader_spec.parallelism} partitions"
+        )
+    return notes
 
 
 def _describe(storage: JobStorage, state: SubtaskState, checkpoint_id: int) -> str:
@@ -363,6 +446,19 @@ def roll_back_sinks(
         done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
         log.warning("%s: %s (their output is written again)", what, done)
         notes.append(f"{what}: {done}, their output is written again")
+    return tuple(notes)
+
+
+def reset_exchanges(pipeline: Pipeline) -> tuple[str, ...]:
+    """A fresh start: no checkpoint holds a cursor into the exchanges' old segments (an earlier
+    run's), so they are deleted before the first epoch; a note per exchange that had some."""
+    notes = []
+    for reader_id, (writer_spec, _) in pipeline.exchanges.items():
+        writer = writer_spec.sink
+        assert isinstance(writer, ExchangeWriter)
+        if gone := writer.reset():
+            notes.append(f"exchange {reader_id!r}: deleted {gone} segment(s) of an earlier run")
+            log.warning("%s", notes[-1])
     return tuple(notes)
 
 

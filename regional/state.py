@@ -1,8 +1,11 @@
-"""Operator state: split-scoped keyed state (value, map) and subtask-level list state.
+"""Operator state: keyed state (value, map) and subtask-level list state.
 
-Keyed state is scoped by the *split* the record came from, then by key: a region restored with
-another parallelism moves each split's keyed state with the split (DESIGN §4 rule 12), and a
-split's state is a deterministic function of the records read from it (rule 13). List state
+On a forward chain keyed state is scoped by the *split* the record came from, then by key: a
+region restored with another parallelism moves each split's keyed state with the split (DESIGN
+§4 rule 12), and a split's state is a deterministic function of the records read from it (rule
+13). After a durable keyed exchange (`regional.exchange`) it is scoped by key alone (split id
+`KEY_SCOPE`): every record of a key reaches one subtask, and a restore with another parallelism
+moves each key to the subtask its hash names (`regional.rescale.redistribute_keys`). List state
 belongs to the subtask and is split evenly on rescale.
 
 State is encoded by `regional.state_codec.StateCodec` (msgpack; no pickle unless the pipeline
@@ -57,10 +60,21 @@ from typing import Any
 
 from regional.state_codec import HEADER_MSGPACK_TTL, INT_RANGE, StateCodec
 
-__all__ = ["TTL", "KeyedContext", "MapState", "OperatorState", "ValueState", "ttl_ms"]
+__all__ = [
+    "KEY_SCOPE",
+    "TTL",
+    "KeyedContext",
+    "MapState",
+    "OperatorState",
+    "ValueState",
+    "ttl_ms",
+]
 
 #: The second item of the slot key under which a TTL'd state keeps its update times.
 TTL = "ttl"
+#: The split id under which key-scoped state lives (an operator after a keyed exchange keeps
+#: state per key across every split: `keyed[KEY_SCOPE][key]`).
+KEY_SCOPE = ""
 
 _DEFAULT_CODEC = StateCodec()
 #: Values that need no check (int needs its range checked).

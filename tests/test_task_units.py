@@ -175,3 +175,28 @@ def test_upload_in_sync_phase_blocks_the_unit_for_its_injected_latency(env, monk
     assert all(
         a.snapshot_blocked_s >= 0.05 for a in answers if isinstance(a, Ack)
     )  # at least the injected sleep
+
+
+def test_staging_directory_synced_once_per_task_and_a_failed_sync_declines(env, monkeypatch):
+    synced: list[str] = []
+    monkeypatch.setattr("regional.sinks.parquet._fsync", synced.append)
+    works = [
+        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),)),
+        UnitWork(1, 1, 1, _initial(1), (("src", 0, "g1"),)),
+    ]
+    acks = run_units(env, works)
+    assert all(isinstance(a, Ack) for a in acks)
+    staging = [p for p in synced if p.endswith("/_staging/job")]
+    assert len(staging) == 1  # two staged files, their directory synced once
+    assert len(synced) == 3  # and each file once
+
+    def broken(path: str) -> None:
+        if path.endswith("/_staging/job"):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("regional.sinks.parquet._fsync", broken)
+    answers = run_units(env, [msgspec.structs.replace(w, checkpoint_id=2) for w in works])
+    assert [type(a) for a in answers] == [Decline, Decline]
+    assert answers[0].reason == (
+        "staged sink files not durable: OSError: [Errno 5] Input/output error"
+    )

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from cleaner.run import scan
 from metadata.events import events_table, read_events
+from metadata.exchange import backlog_table
 from metadata.inspect import Inspector
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
@@ -49,6 +50,7 @@ _VIEWS: dict[str, str] = {
     "retention": "what a clean would keep or delete, per checkpoint and file, with the reason",
     "events": "the event log: every checkpoint outcome with the coordinator's metrics",
     "report": "one self-contained HTML page: timeline, unit x checkpoint grid, lag, bytes, aborts",
+    "exchange": "per keyed-exchange partition: the newest checkpoint's cursor and what is unread",
 }
 
 
@@ -112,6 +114,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _retention(storage, args)
     if args.view == "report":
         return _report(storage, args)
+    if args.view == "exchange":
+        return _exchange(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -186,6 +190,30 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
         f"report of job {storage.job_id} written to {args.html} ({len(report.timeline)} "
         f"checkpoint attempts, {len(page.encode()) // 1024 + 1} KiB)"
     )
+    return 0
+
+
+def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The committed backlog of every exchange partition after the newest checkpoint's cursors
+    (`metadata.exchange.backlog_table`)."""
+    store = CompletedCheckpointStore.load(storage)
+    for d in store.damaged:
+        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+    newest = store.latest()
+    if newest is None:
+        print("no completed checkpoint: no reader cursors to measure a backlog from")
+        return 0
+    table = backlog_table(storage, newest)
+    print_table(table, as_json=args.json)
+    if not args.json:
+        if table.num_rows == 0:
+            print(f"checkpoint {newest.checkpoint_id} has no keyed exchange")
+        else:
+            records, size = sum(table["records"].to_pylist()), sum(table["bytes"].to_pylist())
+            print(
+                f"checkpoint {newest.checkpoint_id}: {records} record(s), {size} byte(s) "
+                "committed and not read yet"
+            )
     return 0
 
 

@@ -2,10 +2,12 @@
 
 GRAPH is our job-graph file (JSON or TOML) or a Flink plan JSON (REST ``/jobs/<id>/plan`` or
 ``getExecutionPlan()``), told apart by content. For people: a verdict line, the warnings, one row
-per vertex (when vertices have names) and one row per fallback unit (`--limit` rows of each).
+per vertex (when vertices have names) and one row per fallback unit (`--limit` rows of each); a
+note per durable exchange (`regional.exchange`) saying why its two sides fall back on their own.
 With `--json`: one object with `regional_allowed`, `reason`, `num_regions`, `num_units`, `units`
 and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each sorted by vertex id then index, in
-id order), `warnings` and `graph_fingerprint`. A bad graph exits with 2 and one line on stderr.
+id order), `warnings`, `notes` and `graph_fingerprint`. A bad graph exits with 2 and one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def show_regions(args: argparse.Namespace) -> int:
     )
     for warning in plan.warnings:
         print(f"warning: {warning}")
+    for note in plan.notes:
+        print(f"note: {note}")
     limit = args.limit if args.limit > 0 else None
     if any(v.name != v.id for v in graph.vertices):
         vertices = graph.topological_order()[:limit]
@@ -135,5 +139,6 @@ def plan_json(plan: RegionPlan) -> dict[str, object]:
         "units": _listing(plan.units),
         "regions": _listing(plan.regions),
         "warnings": list(plan.warnings),
+        "notes": list(plan.notes),
         "graph_fingerprint": plan.graph.fingerprint(),
     }

@@ -181,6 +181,11 @@ class CheckpointCoordinator:
         return self._latest_id
 
     @property
+    def finished_sources(self) -> frozenset[str]:
+        """The bounded sources known to have read everything (`on_source_finished`)."""
+        return frozenset(self._finished_sources)
+
+    @property
     def finished(self) -> bool:
         """True once `FinishJob` was returned."""
         return self._finished

@@ -2,11 +2,12 @@
 
 `DecisionHandlers` is the part of `regional.runtime.driver.JobDriver` that turns decisions into
 effects, in order: write metadata (and a savepoint's self-contained copy), commit to sinks,
-discard failed attempts, fail or finish the job, and clean when a checkpoint was subsumed. Each
-handler returns the coordinator's follow-up decisions. Every write checks the job root's lease
-first. Storage trouble never crashes the driver: a failed metadata write aborts the checkpoint,
-a commit that fails for another reason than the table's refusal is retried at the next epoch,
-and discards and cleaning are best effort (the cleaner finds what is left).
+discard failed attempts, fail or finish the job; then hand the deletions the epoch made due to
+the background cleaner (`regional.runtime.cleaning`). Each handler returns the coordinator's
+follow-up decisions. Every write checks the job root's lease first. Storage trouble never
+crashes the driver: a failed metadata write aborts the checkpoint, a commit that fails for
+another reason than the table's refusal is retried at the next epoch, and discards and
+cleaning are best effort (the next full scan finds what is left).
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
 from cleaner.decisions import RestoreBase
-from cleaner.run import execute, scan
-from metadata.errors import StorageError
 from metadata.events import Outcome
+from metadata.exchange import reader_view
 from metadata.lease import JobLease, LeaseLostError
-from metadata.model import SinkRetention
+from metadata.model import CheckpointMetadata, SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -42,11 +42,14 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.errors import CommitError, JobFailedError, RegionalError
+from regional.exchange import ExchangeWriter, exchange_path
 from regional.operators import perform_commit, sink_retention
 from regional.pipeline import Pipeline
 from regional.policy import Policy
+from regional.runtime.cleaning import JobCleaning
 from regional.runtime.faults import Faults
 from regional.runtime.protocol import Answer, Decline
+from regional.runtime.timing import EpochStopwatch
 
 __all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
 
@@ -94,7 +97,8 @@ class DecisionHandlers:
     _deferred: list[Decision]
     _outcomes: dict[int, EpochOutcome]
     _savepoints: dict[int, str]
-    _clean_due: bool
+    cleaning: JobCleaning
+    _stopwatch: EpochStopwatch
     _finished: bool
     _restore_base: RestoreBase | None
     #: records dead-lettered by completed checkpoints since the driver started
@@ -161,6 +165,13 @@ class DecisionHandlers:
             NotifyFallback: self._notified,
         }
 
+    #: the epoch part (`regional.runtime.timing.PARTS`) each decision type's handler counts as
+    _PARTS: ClassVar[dict[type, str]] = {
+        WriteMetadata: "metadata",
+        Commit: "commit",
+        DiscardAttempt: "discard",
+    }
+
     @functools.cached_property
     def _sink_retention(self) -> tuple[SinkRetention, ...]:
         """The sinks' table retention, read once per driver (`TableRetention`)."""
@@ -168,15 +179,19 @@ class DecisionHandlers:
 
     def _carry_out(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
-        already queued. Cleans once at the end when a checkpoint was subsumed."""
+        already queued. Then hands the deletions they made due to the cleaner."""
         self._deferred = []
         queue = list(decisions)
         while queue:
             d = queue.pop(0)
             self._seen(d)
-            queue += self._handlers[type(d)](d)
-        if self._clean_due:
-            self._clean_due = False
+            part = self._PARTS.get(type(d))
+            if part is None:
+                queue += self._handlers[type(d)](d)
+            else:
+                with self._stopwatch.part(part):
+                    queue += self._handlers[type(d)](d)
+        with self._stopwatch.part("clean"):
             self._clean()
 
     def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
@@ -191,13 +206,16 @@ class DecisionHandlers:
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
             if d.savepoint is not None:
-                self._savepoints[cid] = write_savepoint(self.storage, d.savepoint)
+                self._savepoints[cid] = write_savepoint(
+                    self.storage, d.savepoint, before_metadata=self._exchange_backlog(d.savepoint)
+                )
             self.storage.write_metadata(md)
         except LeaseLostError:
             raise
         except RegionalError as exc:
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
         self.faults.crash_point(cid, "after-metadata")
+        self.cleaning.completed(md)
         self._outcomes[cid] = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
@@ -242,6 +260,8 @@ class DecisionHandlers:
             )
             return []
         self._commit_failures.pop(key, None)
+        if isinstance(sink, ExchangeWriter):  # its segments are garbage once all are read
+            self.cleaning.segments_published(sink.published_paths(commit.committables))
         self.faults.crash_point(commit.checkpoint_id, "after-commit")
         return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
 
@@ -268,9 +288,32 @@ class DecisionHandlers:
             log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
         return []
 
+    def _exchange_backlog(self, md: CheckpointMetadata) -> Callable[[JobStorage], None] | None:
+        """What copies the unread backlog of every keyed exchange into a savepoint, so that it
+        restores anywhere (`regional.exchange.ExchangeWriter.copy_backlog`)."""
+        exchanges = self.pipeline.exchanges
+        if not exchanges:
+            return None
+
+        def copy(target: JobStorage) -> None:
+            for reader_id, (writer_spec, _) in exchanges.items():
+                writer = writer_spec.sink
+                assert isinstance(writer, ExchangeWriter)
+                view = reader_view(md, reader_id)
+                if view.layout is None:
+                    continue
+                staged = [
+                    c for s in md.subtasks if s.vertex_id == writer_spec.id for c in s.committables
+                ]
+                there = writer.bound_to(
+                    exchange_path(target.job_path, reader_id), target.filesystem
+                )
+                writer.copy_backlog(there, view.layout, view.cursors, staged, md.checkpoint_id)
+
+        return copy
+
     def _subsumed(self, d: NotifySubsumed) -> list[Decision]:
-        self._clean_due = True
-        return []
+        return []  # the cleaner applies the same retention rule to the metadata it is given
 
     def _fail(self, d: FailJob) -> list[Decision]:
         raise JobFailedError(d.message)
@@ -283,24 +326,14 @@ class DecisionHandlers:
         return []  # units restore from the coordinator's states every epoch
 
     def _clean(self) -> None:
-        """Delete what no retained checkpoint needs (the cleaner's plan and executor). When
-        storage or the lease is not there, the cleaning waits for the next subsumed one."""
-        try:
-            self.lease.check()
-            plan = scan(
-                self.storage,
-                num_retained=self.policy.checkpointing.num_retained,
-                restore_base=self._restore_base,
-            )
-        except LeaseLostError:
-            raise
-        except StorageError as exc:
-            log.warning("job %s: cleaning postponed: %s", self.job_id, exc)
-            self._clean_due = True
-            return
+        """Hand the deletions due to the background cleaner (the driver's first clean scans
+        the root in full). An injected `mid-clean` crash waits for the cleaner, so the driver
+        stops there, mid-way through the deletions, as a real one would."""
         latest = self.coordinator.latest_completed_id or 0
 
         def progress(_: object) -> None:
             self.faults.crash_point(latest, "mid-clean")
 
-        execute(plan, self.storage, progress=progress, max_workers=1)
+        self.cleaning.clean(self._restore_base, progress)
+        if self.faults.crash_at == (latest, "mid-clean"):
+            self.cleaning.drain()

@@ -12,7 +12,9 @@ Per epoch: trigger, plan one `UnitWork` per fallback unit (its restore states, n
 the enumerators), dispatch, feed the answers to the coordinator (`feed`), re-run units lost with
 a failed batch each on its own (a fenced new attempt), tick at the deadline, then carry out the
 decisions in order, one handler per decision type: write metadata, commit, discard, notify,
-fail or finish; clean when a checkpoint was subsumed. Every outcome becomes one
+fail or finish; hand the deletions they made due to the background cleaner
+(`runtime.cleaning`: a full scan at the driver's first clean, incremental plans after, drained
+when `run` or `savepoint` returns). Every outcome becomes one
 `metadata.events.CheckpointEvent`, handed to `progress`, kept in the `RunSummary` and written
 to the job's event log.
 
@@ -64,13 +66,16 @@ from regional.restore import (
     clean_staged_sinks,
     find_restore_point,
     first_free_checkpoint_id,
+    reset_exchanges,
     roll_back_sinks,
 )
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
-from regional.runtime.epoch_plan import finished_sources, plan_works
+from regional.runtime.cleaning import JobCleaning
+from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
+from regional.runtime.timing import EpochStopwatch, EpochTiming
 
 __all__ = ["Clock", "EpochWatch", "JobDriver", "RunSummary", "SystemClock", "feed"]
 
@@ -211,9 +216,11 @@ class JobDriver(DecisionHandlers):
             bounded_sources=bounded,
             graph_fingerprint=graph.fingerprint(),
         )
+        pipeline.bind(storage.job_path, storage.filesystem)  # exchanges live in the job root
         self.enumerators = {
             v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
             for v, s in pipeline.sources.items()
+            if s.exchange_from is None  # an exchange reader's splits are fixed per subtask
         }
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.lease = JobLease(
@@ -235,7 +242,11 @@ class JobDriver(DecisionHandlers):
         self._commit_failures: dict[tuple[str, int], int] = {}
         self._deferred: list[Decision] = []  # commits to retry at the next epoch
         self._outcomes: dict[int, EpochOutcome] = {}
-        self._clean_due = False
+        self.cleaning = JobCleaning(
+            storage, self.lease, num_retained=self.policy.checkpointing.num_retained
+        )
+        self._stopwatch = EpochStopwatch()
+        self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._finished = False
         self._started = False
         self._stop_requested = False
@@ -285,7 +296,9 @@ class JobDriver(DecisionHandlers):
             self._stop_requested = False  # a later run() runs again
             if stop_with_savepoint and not self._finished:
                 summary.savepoint = self._take_savepoint(summary)
+            self.cleaning.drain()
         finally:
+            self.cleaning.close()
             self.lease.release()
         summary.finished = self._finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
@@ -313,8 +326,11 @@ class JobDriver(DecisionHandlers):
         """
         try:
             self.start()
-            return self._take_savepoint(None)
+            location = self._take_savepoint(None)
+            self.cleaning.drain()
+            return location
         finally:
+            self.cleaning.close()
             self.lease.release()
 
     def _take_savepoint(self, summary: RunSummary | None) -> str:
@@ -364,6 +380,7 @@ class JobDriver(DecisionHandlers):
         )
         if point is None:
             self.coordinator.skip_to(first_free_checkpoint_id(self.storage))
+            self.restore_notes = reset_exchanges(self.pipeline)
             clean_staged_sinks(self.pipeline, self.committers, self.job_id, None)
             return
         decisions = self.coordinator.restore(
@@ -390,16 +407,20 @@ class JobDriver(DecisionHandlers):
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
         """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
         self._hold_lease()
+        self._stopwatch = watch = EpochStopwatch()
         trigger_ms = self.clock.now_ms()
         trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
         cid = trigger.checkpoint_id
         self._seen(trigger)
-        works = self._works(trigger)
+        with watch.part("plan"):
+            works = self._works(trigger)
         if self.watch is not None:
             self.watch.epoch_started(cid, [w.unit_id for w in works])
-        batch = self.dispatcher.run(works, trigger.deadline_ms)
+        with watch.part("dispatch"):
+            batch = self.dispatcher.run(works, trigger.deadline_ms)
         answers = list(batch.answers)
-        decisions = self._feed(answers)
+        with watch.part("feed"):
+            decisions = self._feed(answers)
         if batch.error is not None:  # units lost with a failed batch: each re-run alone, once
             answered = {a.unit for a in answers}
             lost = [w for w in works if w.unit_id not in answered]
@@ -498,9 +519,11 @@ class JobDriver(DecisionHandlers):
         self.records_in_total += records_in
         self.last_event = event
         try:
-            write_event(self.storage, event)
+            with self._stopwatch.part("event"):
+                self.cleaning.event_written(write_event(self.storage, event))
         except (RegionalError, OSError) as exc:
             log.warning("event of checkpoint %d not written: %s", cid, exc)
+        self.last_timing = self._stopwatch.timing(cid)
         if self.progress is not None:
             self.progress(event)
         return event
@@ -551,3 +574,7 @@ class JobDriver(DecisionHandlers):
             self.pipeline, self.layout, self.enumerators, self.coordinator
         ):
             self.coordinator.on_source_finished(vertex_id)
+        if self.pipeline.exchanges:
+            queued = {v: c.queued for v, c in self.committers.items()}
+            for reader in drained_exchanges(self.pipeline, self.layout, self.coordinator, queued):
+                self.coordinator.on_source_finished(reader)

@@ -5,14 +5,15 @@ goes on with the splits already known, and a finished source is recognised a lat
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from regional.coordinator import CheckpointCoordinator, JobLayout, TriggerCheckpoint
+from regional.exchange import ExchangeReader
 from regional.operators import SplitEnumerator
 from regional.pipeline import Pipeline
 from regional.runtime.protocol import UnitWork
 
-__all__ = ["discover_splits", "finished_sources", "plan_works"]
+__all__ = ["discover_splits", "drained_exchanges", "finished_sources", "plan_works"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ def finished_sources(
     split in the state of the latest completed checkpoint."""
     done = []
     for vertex_id in sorted(layout.bounded_sources):
-        enumerator = enumerators[vertex_id]
+        enumerator = enumerators.get(vertex_id)
+        if enumerator is None:
+            continue  # an exchange reader: `drained_exchanges`
         splits = discover_splits(pipeline, vertex_id)
         if splits is None:
             continue  # cannot tell now: maybe next epoch
@@ -84,4 +87,46 @@ def finished_sources(
         states = [s for u in units for s in coordinator.unit_states(u) if s.vertex_id == vertex_id]
         if not any(s.split_states for s in states):
             done.append(vertex_id)
+    return done
+
+
+def drained_exchanges(
+    pipeline: Pipeline,
+    layout: JobLayout,
+    coordinator: CheckpointCoordinator,
+    queued: Mapping[str, Sequence[int]],
+) -> list[str]:
+    """The bounded exchange readers that have read everything: every source upstream of the
+    exchange finished, the writer's commits are all done (`queued`: sink vertex -> checkpoint
+    ids waiting to commit), and no partition holds records after its reader's cursor in the
+    latest completed checkpoint. Listing the segments may fail: then not now."""
+    done: list[str] = []
+    finished = coordinator.finished_sources
+    if coordinator.latest_completed_id is None:
+        return done
+    for reader_id, (writer, reader) in sorted(pipeline.exchanges.items()):
+        source = reader.source
+        if reader_id in finished or not isinstance(source, ExchangeReader) or not source.bounded:
+            continue
+        if queued.get(writer.id) or not all(
+            s.id in finished for s in pipeline._ancestors(writer.id)
+        ):
+            continue
+        try:
+            left = 0
+            for index in range(reader.parallelism):
+                unit = layout.unit_of(reader_id, index)
+                for state in coordinator.unit_states(unit):
+                    if state.vertex_id != reader_id or state.index != index:
+                        continue
+                    positions = {s.split_id: s.position for s in state.split_states}
+                    positions.setdefault(source.split_of(index), b"")
+                    left += sum(source.backlog(k, p).records for k, p in positions.items())
+        except Exception as exc:
+            log.warning(
+                "exchange %r: cannot list its backlog: %s: %s", reader_id, type(exc).__name__, exc
+            )
+            continue
+        if left == 0:
+            done.append(reader_id)
     return done

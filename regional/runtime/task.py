@@ -41,6 +41,7 @@ from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
 from regional.dead_letters import DeadLetters
+from regional.exchange import ExchangeReader, ExchangeWriter
 from regional.failures import failure_line, failure_trace
 from regional.pipeline import Chunk, Pipeline
 from regional.runtime.faults import UnitFaults
@@ -157,6 +158,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         blob: bytes | None = None
         if spec.source is not None:
             positions = {s.split_id: s.position for s in old.split_states}
+            if isinstance(spec.source, ExchangeReader):  # reads its own partition, always
+                positions.setdefault(spec.source.split_of(index), b"")
             for v, i, split in work.new_splits:
                 if v == vertex_id and i == index:
                     positions.setdefault(split, b"")
@@ -194,8 +197,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
                     # keyed state of finished splits leaves with this snapshot, which is also
-                    # the first without the split in its source's state (DESIGN §4 rule 4)
-                    op_state.retain_splits(live_splits)
+                    # the first without the split in its source's state (DESIGN §4 rule 4);
+                    # key-scoped state (after an exchange) belongs to no split
+                    if spec.operator.scope == "split":
+                        op_state.retain_splits(live_splits)
                     blob = op_state.to_bytes()
             else:  # a sink, or the dead letters of this chain's operators
                 if spec.dead_letter:
@@ -207,7 +212,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
                         for _, d in inputs
                     ]
-                    records_out += sum(b.num_rows for b in batches)
+                    if not isinstance(spec.sink, ExchangeWriter):  # records leaving the job
+                        records_out += sum(b.num_rows for b in batches)
                 committables = spec.sink.write(
                     batches,
                     checkpoint_id=work.checkpoint_id,
@@ -353,10 +359,34 @@ def run_units(
                 reason = failure_line(exc, "upload failed: ")
                 answers.append(_decline(snap.work, reason, failure_trace(exc)))
             _discard_staged(env.pipeline, snap.states)
+    answers = _sync_staged(env.pipeline, answers)
     if on_answer is not None:
         for a in answers:
             on_answer(a)
     return answers
+
+
+def _sync_staged(pipeline: Pipeline, answers: list[Answer]) -> list[Answer]:
+    """Make the sinks' staging directories durable once per task (`sync_staged`), before any
+    ack naming a staged file leaves the task; if that fails, such acks become declines."""
+    try:
+        for spec in pipeline.sinks.values():
+            if (sync := getattr(spec.sink, "sync_staged", None)) is not None:
+                sync()
+    except OSError as exc:
+        reason = failure_line(exc, "staged sink files not durable: ")
+        return [
+            _decline_ack(a, reason) if isinstance(a, Ack) and _stages(a) else a for a in answers
+        ]
+    return answers
+
+
+def _stages(ack: Ack) -> bool:
+    return any(s.committables for s in ack.states)
+
+
+def _decline_ack(ack: Ack, reason: str) -> Decline:
+    return Decline(ack.checkpoint_id, ack.unit, ack.attempt, reason)
 
 
 def _discard_staged(pipeline: Pipeline, states: Sequence[SubtaskState]) -> None:

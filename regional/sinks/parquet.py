@@ -238,6 +238,7 @@ class ParquetSink:
         self.path = path
         self._filesystem = filesystem
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
+        self._unsynced: set[str] = set()  # local staging directories whose entries need fsync
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._filesystem is not None:
@@ -286,10 +287,25 @@ class ParquetSink:
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
         if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
             _fsync(f"{base}/{name}")
-            _fsync(f"{base}/{_STAGING}/{job_id}")
+            self._unsynced.add(f"{base}/{_STAGING}/{job_id}")  # `sync_staged`, once per task
         return (msgspec.msgpack.encode(_Committable(name, table.num_rows)),)
 
+    def sync_staged(self) -> None:
+        """Make the entries of the staging directories this writer wrote into durable (one
+        fsync per directory, not per file): the task calls it before it hands over the acks
+        naming those files. Nothing to do on object stores."""
+        while self._unsynced:
+            _fsync(self._unsynced.pop())
+
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+
+    def _published(self, staged: str) -> str:
+        """The name (relative to the table) a staged file is published under."""
+        return _published(staged)
+
+    def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
+        """Move a staged file to its published name (full paths)."""
+        fs.move(staged, target)
 
     def _record_path(self, base: str, commit_user: str, identifier: int) -> str:
         group = identifier // COMMIT_GROUP * COMMIT_GROUP
@@ -325,7 +341,9 @@ class ParquetSink:
     def _where(self, items: Sequence[_Committable]) -> list[tuple[bool, bool]]:
         """For each item: (its staged file exists, its published file exists); one call."""
         fs, base = self._open()
-        paths = [p for i in items for p in (f"{base}/{i.file}", f"{base}/{_published(i.file)}")]
+        paths = [
+            p for i in items for p in (f"{base}/{i.file}", f"{base}/{self._published(i.file)}")
+        ]
         infos = fs.get_file_info(paths) if paths else []
         found = [i.type == pafs.FileType.File for i in infos]
         return list(zip(found[::2], found[1::2], strict=True))
@@ -358,14 +376,16 @@ class ParquetSink:
         fs, base = self._open()
         local = isinstance(fs, pafs.LocalFileSystem)
         for item, (staged, _) in zip(items, where, strict=True):
-            if staged and item.file != _published(item.file):  # else published already
-                fs.move(f"{base}/{item.file}", f"{base}/{_published(item.file)}")
+            target = self._published(item.file)
+            if staged and item.file != target:  # else published already
+                self._publish(fs, f"{base}/{item.file}", f"{base}/{target}")
         if local and items:
-            _fsync(base)
+            for directory in sorted({posixpath.dirname(self._published(i.file)) for i in items}):
+                _fsync(f"{base}/{directory}".rstrip("/"))
         record = _CommitRecord(
             commit_user,
             identifier,
-            [_published(i.file) for i in items],
+            [self._published(i.file) for i in items],
             sum(i.rows for i in items),
             dict(fallback or {}),
         )

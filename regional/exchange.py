@@ -1,0 +1,408 @@
+"""A durable keyed exchange: per-key state across a shuffle; each side still falls back on its own.
+
+`stream.key_by(key, partitions=N)` (or `stream.exchange(key, partitions=N)`) ends a stage. The
+upstream stage's last vertex feeds an `ExchangeWriter` (a sink of its stage); the downstream
+stage starts with an `ExchangeReader` of N subtasks (a source of its stage), reader subtask `q`
+owning the keys with `partition_of(key, N) == q` (`regional.partitioning`, a stable hash).
+
+    upstream unit i:   source#i -> ... -> writer#i ──┐ segments, committed with checkpoint Y
+                                                     ├──> exchange/<reader>/n<N>/p<q>/...
+    downstream unit q: reader#q -> process#q -> sink#q  <──┘ read back from reader#q's cursor
+
+* **Write.** In epoch Y, writer subtask `w` stages its records as one Parquet segment per
+  partition (`exchange/<reader>/_staging/<job>/`); the segments are its committables. Once
+  checkpoint Y's metadata is durable, the commit coordinator publishes them as
+  `n<N>/p<q>/<Y>-<w>.parquet` (like `regional.sinks.parquet.ParquetSink`, whose commit log,
+  idempotent publish, rollback and staged-file cleaning this reuses). A writer unit that fails
+  Y commits nothing for Y: it falls back and writes the same records again later.
+* **Read.** Reader subtask `q` reads the published segments of `n<N>/p<q>/` after its cursor
+  (`metadata.exchange.Cursor`), kept in its split state: a reader that falls back re-reads from
+  its last good cursor, and a segment is read exactly once per completed checkpoint chain. Data
+  crosses the exchange one epoch after it was written (published at the end of epoch Y, read in
+  epoch Y+1).
+* **Regions.** Writer and reader are joined by a *durable* edge (`regional.graph`): the two
+  stages are separate fallback units. A failing upstream unit never stops downstream units from
+  checkpointing, and the other way round.
+* **Retention.** A segment is garbage once no kept checkpoint's cursor still needs it
+  (`metadata.exchange.kept_by`, applied by the cleaner).
+* **Rescale.** Restoring with another number of partitions repartitions the backlog the
+  restored checkpoint had not read yet into the new layout (`ExchangeWriter.repartition`, on the
+  driver, deterministic and idempotent), and keyed state moves by key hash.
+* **Fresh start.** A job root without a checkpoint to restore has no reader cursors, so its old
+  segments (of an earlier run) are deleted before the first epoch (`ExchangeWriter.reset`).
+
+Records crossing an exchange must be Arrow rows (dicts), like records written to a sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import posixpath
+import re
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from metadata.exchange import (
+    EXCHANGE_DIR,
+    Cursor,
+    SegmentName,
+    segment_name,
+    split_id,
+    split_partition,
+)
+from metadata.layout import name_problem
+from regional.errors import CommitError, GraphError
+from regional.partitioning import partition_of
+from regional.sinks.parquet import ParquetSink, _Committable, _fsync, _name
+from regional.sources.base import ReadResult
+
+__all__ = ["Backlog", "ExchangeReader", "ExchangeWriter", "exchange_path", "repartition"]
+
+_STAGED_NAME = re.compile(r"n(\d+)-p(\d+)-c(\d{20})-w(\d{5})-.*\.staged")
+
+
+def exchange_path(job_path: str, reader: str) -> str:
+    """The directory of exchange `reader` under a job root."""
+    return f"{job_path.rstrip('/')}/{EXCHANGE_DIR}/{reader}"
+
+
+class Backlog(NamedTuple):
+    """What a partition holds that its reader has not consumed: committed segments (the one
+    the cursor is inside counted whole), records and bytes."""
+
+    segments: int
+    records: int
+    bytes: int
+
+
+class _Bound:
+    """The exchange directory, set by the driver (`bind`) before any task runs."""
+
+    reader: str
+    path: str
+    _filesystem: pafs.FileSystem | None
+
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        if not getattr(self, "path", ""):
+            raise GraphError(
+                f"exchange {self.reader!r} is not bound to a job root; run the pipeline "
+                "through JobDriver (regional run), which binds it (Pipeline.bind)"
+            )
+        if self._filesystem is not None:
+            return self._filesystem, self.path.rstrip("/")
+        if "://" in self.path:
+            return pafs.FileSystem.from_uri(self.path)
+        return pafs.LocalFileSystem(), self.path.rstrip("/")
+
+    def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
+        """The published segments of one partition, in cursor order."""
+        fs, base = self._fs()
+        selector = pafs.FileSelector(f"{base}/n{layout}/p{partition}", allow_not_found=True)
+        out = []
+        for info in fs.get_file_info(selector):
+            segment = segment_name(_name(info))
+            if segment is not None and info.type == pafs.FileType.File:
+                out.append((segment, info))
+        return sorted(out, key=lambda t: t[0])
+
+
+class ExchangeReader(_Bound):
+    """The downstream side: a source whose subtask `q` reads partition `q` from its cursor.
+
+    Its splits are fixed (``n<partitions>-p<q>`` for subtask q, `metadata.exchange.split_id`)
+    and never finish: the driver decides when a bounded exchange is drained (`backlog`)."""
+
+    def __init__(self, reader: str, partitions: int, *, bounded: bool) -> None:
+        self.reader = reader
+        self.partitions = partitions
+        self._bounded = bounded
+        self.path = ""
+        self._filesystem = None
+
+    def bind(self, path: str, filesystem: pafs.FileSystem | None) -> None:
+        self.path = path
+        self._filesystem = filesystem
+
+    @property
+    def bounded(self) -> bool:
+        """True when every source upstream of the exchange is bounded."""
+        return self._bounded
+
+    def discover(self) -> list[str]:
+        return []  # splits are fixed per subtask (`split_of`), never handed out
+
+    def split_of(self, index: int) -> str:
+        """The split reader subtask `index` reads."""
+        return split_id(self.partitions, index)
+
+    def _split(self, split: str) -> tuple[int, int]:
+        parts = split_partition(split)
+        if parts is None:
+            raise CommitError(
+                f"exchange {self.reader!r}: split id {split!r} is not n<partitions>-p<partition>;"
+                " split ids are restored from checkpoints, so that one was tampered with: "
+                "restore another checkpoint"
+            )
+        return parts
+
+    def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
+        """Up to `max_records` records of the partition after `position`, and the cursor
+        after them (the split never finishes)."""
+        layout, partition = self._split(split_id)
+        cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
+        fs, _ = self._fs()
+        batches: list[pa.RecordBatch] = []
+        budget = max_records
+        for segment, info in self._segments(layout, partition):
+            if cursor.passed(segment) or budget <= 0:
+                continue
+            table = pq.read_table(info.path, filesystem=fs)
+            start = cursor.row if segment == cursor[:2] else 0
+            taken = min(budget, table.num_rows - start)
+            if taken > 0:
+                batches += table.slice(start, taken).to_batches()
+                budget -= taken
+            if start + taken >= table.num_rows:
+                cursor = Cursor(segment.checkpoint_id, segment.writer + 1, 0)
+            else:
+                cursor = Cursor(segment.checkpoint_id, segment.writer, start + taken)
+        return ReadResult([b for b in batches if b.num_rows], cursor.encode(), False)
+
+    def backlog(self, split_id: str, position: bytes) -> Backlog:
+        """What partition `split_id` holds after `position` (reads Parquet footers only)."""
+        layout, partition = self._split(split_id)
+        cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
+        fs, _ = self._fs()
+        segments = records = size = 0
+        for segment, info in self._segments(layout, partition):
+            if cursor.passed(segment):
+                continue
+            rows = pq.read_metadata(info.path, filesystem=fs).num_rows
+            rows -= cursor.row if segment == cursor[:2] else 0
+            segments, records, size = segments + 1, records + rows, size + (info.size or 0)
+        return Backlog(segments, records, size)
+
+
+class ExchangeWriter(_Bound, ParquetSink):
+    """The upstream side: a sink that stages one segment per partition per epoch and publishes
+    them with the checkpoint's commit (see the module docstring)."""
+
+    def __init__(self, reader: str, key: Callable[[Any], Any], partitions: int) -> None:
+        ParquetSink.__init__(self, "")
+        self.reader = reader
+        self.key = key
+        self.partitions = partitions
+
+    def bind(self, path: str, filesystem: pafs.FileSystem | None) -> None:
+        self.path = path
+        self._filesystem = filesystem
+        self._latest = {}
+
+    def _open(self) -> tuple[pafs.FileSystem, str]:
+        return self._fs()
+
+    # --- writer side (in tasks) -------------------------------------------------------------
+
+    def partition(self, records: Iterable[Any], partitions: int) -> dict[int, list[Any]]:
+        """Records grouped by the partition of their key (partition order, record order kept)."""
+        out: dict[int, list[Any]] = defaultdict(list)
+        key = self.key
+        for record in records:
+            out[partition_of(key(record), partitions)].append(record)
+        return dict(sorted(out.items()))
+
+    def write(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        checkpoint_id: int,
+        vertex_id: str,
+        index: int,
+        attempt: int,
+        job_id: str,
+        unit_id: int,
+        run_id: str,
+    ) -> tuple[bytes, ...]:
+        """Stage this epoch's records of writer subtask `index`, one file per partition that
+        gets records; their committables."""
+        if (problem := name_problem(job_id)) is not None:
+            raise CommitError(
+                f"exchange {self.reader!r}: job id {job_id!r} cannot name a directory ({problem})"
+            )
+        records = [r for b in batches for r in b.to_pylist()]
+        fs, base = self._fs()
+        out: list[bytes] = []
+        staging = f"_staging/{job_id}"
+        for partition, rows in self.partition(records, self.partitions).items():
+            name = (
+                f"{staging}/n{self.partitions}-p{partition}-c{checkpoint_id:020d}-w{index:05d}-"
+                f"{run_id or 'run'}-a{attempt}-{uuid.uuid4().hex[:8]}.staged"
+            )
+            if not out:
+                fs.create_dir(f"{base}/{staging}", recursive=True)
+            pq.write_table(pa.Table.from_pylist(rows), f"{base}/{name}", filesystem=fs)
+            if isinstance(fs, pafs.LocalFileSystem):
+                _fsync(f"{base}/{name}")
+            out.append(msgspec.msgpack.encode(_Committable(name, len(rows))))
+        if out and isinstance(fs, pafs.LocalFileSystem):
+            self._unsynced.add(f"{base}/{staging}")  # `sync_staged`, once per task
+        return tuple(out)
+
+    # --- committer side (on the driver) -----------------------------------------------------
+
+    def _published(self, staged: str) -> str:
+        m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
+        if m is None:
+            raise CommitError(
+                f"exchange {self.reader!r}: staged file {staged!r} is not named "
+                "n<N>-p<q>-c<checkpoint>-w<writer>-...staged; it was tampered with"
+            )
+        segment = SegmentName(int(m[3]), int(m[4]))
+        return f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
+
+    def published_paths(self, committables: Iterable[bytes]) -> list[str]:
+        """Where a commit of `committables` publishes their segments, relative to the job
+        root (`exchange/<reader>/n<N>/p<q>/<checkpoint>-<writer>.parquet`)."""
+        prefix = f"{EXCHANGE_DIR}/{self.reader}"
+        return [f"{prefix}/{self._published(i.file)}" for i in self._files(committables)]
+
+    def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
+        fs.create_dir(posixpath.dirname(target), recursive=True)
+        fs.move(staged, target)
+
+    def _files(self, committables: Iterable[bytes]) -> list[_Committable]:
+        """Decoded committables in publish order, by (checkpoint, writer): a reader never
+        passes a segment that an interrupted commit publishes later."""
+        items = ParquetSink._files(self, committables)
+        return sorted(items, key=lambda i: (self._order(i.file), i.file))
+
+    def _order(self, staged: str) -> tuple[int, int]:
+        m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
+        return (int(m[3]), int(m[4])) if m else (0, 0)
+
+    def rollback(self, commit_user: str, identifier: int) -> list[int]:
+        """Undo commits after `identifier` (`ParquetSink.rollback`), then delete every
+        published segment of a later checkpoint that no record names (an interrupted commit, a
+        repartitioned backlog): a restore from `identifier` must not read them."""
+        undone = ParquetSink.rollback(self, commit_user, identifier)
+        fs, base = self._fs()
+        for layout in self._children(base, "n"):
+            for partition in self._children(f"{base}/{layout}", "p"):
+                for info in self._listing(f"{base}/{layout}/{partition}"):
+                    segment = segment_name(_name(info))
+                    if segment is not None and segment.checkpoint_id > identifier:
+                        with contextlib.suppress(FileNotFoundError):
+                            fs.delete_file(info.path)
+        return undone
+
+    def _children(self, directory: str, prefix: str) -> list[str]:
+        return sorted(
+            _name(i)
+            for i in self._listing(directory)
+            if i.type == pafs.FileType.Directory and re.fullmatch(rf"{prefix}\d+", _name(i))
+        )
+
+    def reset(self) -> int:
+        """Delete every segment and commit record (a fresh start: no checkpoint holds a cursor
+        into them); returns how many segments went."""
+        fs, base = self._fs()
+        gone = 0
+        for layout in self._children(base, "n"):
+            for partition in self._children(f"{base}/{layout}", "p"):
+                gone += len(self._listing(f"{base}/{layout}/{partition}"))
+            fs.delete_dir(f"{base}/{layout}")
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(f"{base}/_commits")
+        self._latest = {}
+        return gone
+
+    def copy_backlog(
+        self,
+        target: ExchangeWriter,
+        layout: int,
+        cursors: Mapping[int, Cursor],
+        staged: Iterable[bytes],
+        checkpoint_id: int,
+    ) -> int:
+        """Copy into `target` (a savepoint's exchange directory) what a restore from checkpoint
+        `checkpoint_id` reads: per partition the published segments up to it after its cursor,
+        under their own names, and its `staged` committables under the names their commit
+        publishes them as. Returns the number of files copied."""
+        fs, base = self._fs()
+        out_fs, out_base = target._fs()
+        copies: list[tuple[str, str]] = []  # (source, relative target)
+        for partition in range(layout):
+            cursor = cursors.get(partition, Cursor())
+            for segment, info in self._segments(layout, partition):
+                if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
+                    copies.append((info.path, f"n{layout}/p{partition}/{segment.file_name()}"))
+        for item in self._files(staged):
+            published = self._published(item.file)
+            found = fs.get_file_info(f"{base}/{published}").type == pafs.FileType.File
+            copies.append((f"{base}/{published if found else item.file}", published))
+        for source, relative in copies:
+            out_fs.create_dir(posixpath.dirname(f"{out_base}/{relative}"), recursive=True)
+            pafs.copy_files(source, f"{out_base}/{relative}", fs, out_fs)
+        return len(copies)
+
+    def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:
+        """A copy of this writer bound to another directory (the exchange of another root)."""
+        other = copy.copy(self)
+        other.bind(path, filesystem)
+        return other
+
+    def exists(self) -> bool:
+        """True when the exchange directory exists."""
+        fs, base = self._fs()
+        return bool(fs.get_file_info(base).type == pafs.FileType.Directory)
+
+
+def repartition(
+    origin: ExchangeWriter,
+    target: ExchangeWriter,
+    old_layout: int,
+    cursors: Mapping[int, Cursor],
+    staged: Iterable[bytes],
+    new_layout: int,
+    checkpoint_id: int,
+) -> int:
+    """Move what the readers of checkpoint `checkpoint_id` had not read into `new_layout` of
+    `target`: for each partition of `old_layout` in `origin`, the published segments of
+    checkpoints up to `checkpoint_id` after its cursor (`cursors`, by partition), and the
+    segments of the checkpoint's `staged` committables not published yet, in segment order.
+    Writes one segment ``<checkpoint_id>-00000`` per new partition (replaced if it exists: a
+    retried restore writes the same files); new readers start at ``Cursor(checkpoint_id)``.
+    Returns the number of records moved."""
+    fs, base = origin._fs()
+    parts: list[tuple[SegmentName, int, str]] = []  # (segment, first row, full path)
+    for partition in range(old_layout):
+        cursor = cursors.get(partition, Cursor())
+        for segment, info in origin._segments(old_layout, partition):
+            if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
+                parts.append((segment, cursor.row if segment == cursor[:2] else 0, info.path))
+    for item in origin._files(staged):
+        published = f"{base}/{origin._published(item.file)}"
+        if fs.get_file_info(published).type != pafs.FileType.File:  # else listed above
+            parts.append((SegmentName(*origin._order(item.file)), 0, f"{base}/{item.file}"))
+    rows: list[Any] = []
+    for _, first, path in sorted(parts, key=lambda p: (p[0], p[2])):
+        rows += pq.read_table(path, filesystem=fs).slice(first).to_pylist()
+    grouped = target.partition(rows, new_layout)
+    out_fs, out_base = target._fs()
+    for partition in range(new_layout):
+        name = f"{out_base}/n{new_layout}/p{partition}/{SegmentName(checkpoint_id, 0).file_name()}"
+        out_fs.create_dir(posixpath.dirname(name), recursive=True)
+        if part := grouped.get(partition):
+            pq.write_table(pa.Table.from_pylist(part), name, filesystem=out_fs)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                out_fs.delete_file(name)
+    return len(rows)

@@ -1,0 +1,72 @@
+"""Where an epoch's wall time goes on the driver: `EpochTiming`, one per epoch
+(`JobDriver.last_timing`), added up by an `EpochStopwatch` while the epoch runs.
+
+>>> watch = EpochStopwatch()
+>>> with watch.part("metadata"):
+...     pass
+>>> t = watch.timing(7)
+>>> t.checkpoint_id, t.metadata_s >= 0, t.total_s >= t.metadata_s
+(7, True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import msgspec
+
+__all__ = ["PARTS", "EpochStopwatch", "EpochTiming"]
+
+#: The parts of an epoch, in the order they happen.
+PARTS = ("plan", "dispatch", "feed", "metadata", "commit", "discard", "clean", "event")
+
+
+class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds of one epoch on the driver: planning the units' work (`plan_s`: split discovery,
+    restore states), the dispatcher's run (`dispatch_s`: on Spark the whole job, i.e. task
+    start, restore, processing, snapshot and upload in the tasks), feeding the answers to the
+    coordinator (`feed_s`), writing metadata (`metadata_s`), committing to sinks
+    (`commit_s`), deleting failed attempts' files (`discard_s`), cleaning on the epoch's path
+    (`clean_s`: planning deletions and handing them to the background worker, or the full
+    scan of a driver's first clean), writing the event (`event_s`); `total_s` from the trigger
+    to the event (the rest is the coordinator's own work and bookkeeping)."""
+
+    checkpoint_id: int
+    plan_s: float = 0.0
+    dispatch_s: float = 0.0
+    feed_s: float = 0.0
+    metadata_s: float = 0.0
+    commit_s: float = 0.0
+    discard_s: float = 0.0
+    clean_s: float = 0.0
+    event_s: float = 0.0
+    total_s: float = 0.0
+
+
+class EpochStopwatch:
+    """Adds up seconds per part (`PARTS`) from its creation (the epoch's trigger) on."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self._seconds = dict.fromkeys(PARTS, 0.0)
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block as part `name` (one of `PARTS`; `KeyError` naming it otherwise)."""
+        if name not in self._seconds:
+            raise KeyError(f"epoch part {name!r} is not one of {', '.join(PARTS)}")
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[name] += time.perf_counter() - started
+
+    def timing(self, checkpoint_id: int) -> EpochTiming:
+        """The parts so far, and the total since the stopwatch started."""
+        return EpochTiming(
+            checkpoint_id=checkpoint_id,
+            total_s=time.perf_counter() - self._started,
+            **{f"{name}_s": s for name, s in self._seconds.items()},
+        )
