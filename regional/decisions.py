@@ -92,11 +92,12 @@ class AbortCheckpoint(msgspec.Struct, frozen=True):
     causes: dict[int, str] = {}
 
 
-class DiscardAttempt(msgspec.Struct, frozen=True):
+class DiscardAttempt(msgspec.Struct, frozen=True, gc=False):
     """The state `files` (paths relative to the job root, never shared files) of a unit attempt
     are garbage (an aborted checkpoint, a fenced or late attempt, a malformed ack); so are the
     staged sink files behind `committables` (sink vertex id -> that sink's committables, so each
-    sink only ever sees its own). DESIGN rules 8 and 9."""
+    sink only ever sees its own). DESIGN rules 8 and 9. An abort returns one per acked unit:
+    `gc=False` (it holds only strings and bytes) keeps so many from waking the cyclic GC."""
 
     checkpoint_id: int
     unit_id: int
@@ -117,9 +118,10 @@ class NotifyComplete(msgspec.Struct, frozen=True):
     units: tuple[int, ...]
 
 
-class NotifyFallback(msgspec.Struct, frozen=True):
+class NotifyFallback(msgspec.Struct, frozen=True, gc=False):
     """fallback(Y, owner) for a unit that fell back in Y: drop local leftovers of the Y attempt
-    and restart from the owner's state (`INITIAL_STATE_ID`: from no state)."""
+    and restart from the owner's state (`INITIAL_STATE_ID`: from no state). `gc=False`: ints
+    only, one per fallback unit."""
 
     checkpoint_id: int
     unit_id: int

@@ -80,6 +80,7 @@ _STEPS = frozenset(
         "restore",
         "retry_unit",
         "on_ack",
+        "on_answers",
         "on_decline",
         "on_tick",
         "on_metadata_durable",
@@ -145,7 +146,8 @@ class SimResult:
     lag_max: int = 0
     lag_samples: int = 0
     coordinator_seconds: float = 0.0
-    coordinator_calls: int = 0
+    coordinator_calls: int = 0  # events: each answer of a batch counts, as the crash schedule
+    coordinator_timed_calls: int = 0  # calls timed: a batch of answers is one
     coordinator_seconds_by_call: dict[str, float] = dataclasses.field(default_factory=dict)
     coordinator_epoch_seconds: list[float] = dataclasses.field(default_factory=list)
 
@@ -287,8 +289,13 @@ class _SimClock:
 
 
 class _CountedCoordinator:
-    """The driver's coordinator, with every event call counted (the crash schedule) and timed
-    (the simulation is single-threaded, so wall time inside the calls is their CPU time)."""
+    """The driver's coordinator, with every event counted (the crash schedule) and every call
+    timed (the simulation is single-threaded, so wall time inside the calls is their CPU time).
+
+    Each answer of a batch (`on_answers`) counts as one event, as when answers were handed
+    over one call each: a crash point inside a batch crashes before the batch (its answers
+    before that point would change nothing a new driver sees). The batch is one timed call;
+    its time is reported under `on_ack` and `on_decline` in proportion to their numbers."""
 
     def __init__(self, inner: Any, sim: Simulation) -> None:
         self._inner = inner
@@ -299,10 +306,16 @@ class _CountedCoordinator:
         if name not in _STEPS:
             return attr
         sim = self._sim
+        batch = name == "on_answers"
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            sim.step += 1
-            if sim.step in sim.crash_before:
+            events = len(args[0]) if batch else 1
+            first = sim.step + 1
+            sim.step += events
+            if events == 1:
+                if sim.step in sim.crash_before:
+                    raise _Crash
+            elif any(first <= k <= sim.step for k in sim.crash_before):
                 raise _Crash
             started = time.perf_counter()  # cheap (vDSO): the hot path is timed per call
             try:
@@ -311,9 +324,16 @@ class _CountedCoordinator:
                 took = time.perf_counter() - started
                 r = sim.result
                 r.coordinator_seconds += took
-                r.coordinator_calls += 1
+                r.coordinator_calls += events
+                r.coordinator_timed_calls += 1
                 by_call = r.coordinator_seconds_by_call
-                by_call[name] = by_call.get(name, 0) + took
+                if batch and events:
+                    acks = sum(isinstance(a, Ack) for a in args[0])
+                    for key, share in (("on_ack", acks), ("on_decline", events - acks)):
+                        if share:
+                            by_call[key] = by_call.get(key, 0) + took * share / events
+                else:
+                    by_call[name] = by_call.get(name, 0) + took
 
         return call
 

@@ -1,17 +1,20 @@
 """The checkpoint coordinator: regional completion as a pure state machine (DESIGN §4 rules 2–12).
 
-The runtime calls `trigger`, then `on_ack` / `on_decline` per unit attempt and `on_tick` with the
-time; it carries out the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`),
-`Commit` (then `on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`,
-`FinishJob`. One checkpoint is in flight at a time: the next trigger waits until the previous one
-is aborted or its metadata is durable.
+The runtime calls `trigger`, then `on_answers` with each dispatch's answers (or `on_ack` /
+`on_decline` per unit attempt: the same decisions) and `on_tick` with the time; it carries out
+the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`), `Commit` (then
+`on_commit_done` / `on_commit_failed`), notifications, discards, `FailJob`, `FinishJob`. One
+checkpoint is in flight at a time: the next trigger waits until the previous one is aborted or
+its metadata is durable.
 
-Cost: an ack is O(its subtasks), a decline O(1); a trigger, a completion and an abort are
-O(answers + fallback units) in Python, plus list and tuple copies over every unit done in C
-(`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop on the hot path. The states a
-unit restarts from (`unit_states`) are built once per change of the unit's state, not per call.
+Cost: an ack is O(its subtasks), a decline O(1), and a batch of them has no call per answer; a
+trigger, a tick, a completion and an abort are O(answers + fallback units) in Python (an abort
+tells the operator coordinators every subtask's owner as `SubtaskOwners`, O(units behind the
+latest checkpoint)), plus list and tuple copies and scans over every unit done in C
+(`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop over units that did not change.
+The states a unit restarts from (`unit_states`) are built once per change of the unit's state.
 
-About 870 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
+About 1,000 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
 (`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
 (`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
@@ -33,7 +36,7 @@ durable, commit) share the per-unit owners, states and limits; the rule evaluati
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, filterfalse
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter
 
 import msgspec
@@ -69,8 +72,14 @@ from regional.decisions import (
     WriteMetadata,
 )
 from regional.errors import JobFailedError
-from regional.operators.protocol import CommitQueue, OperatorCoordinator, RegionalCompletion
+from regional.operators.protocol import (
+    CommitQueue,
+    OperatorCoordinator,
+    RegionalCompletion,
+    SubtaskOwners,
+)
 from regional.policy import Policy, policy_fingerprint
+from regional.runtime.protocol import Ack, Decline
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -87,6 +96,7 @@ class _Completion(msgspec.Struct):
     fallback: dict[int, str]  # unit -> cause
     fallback_states: dict[int, tuple[SubtaskState, ...]]
     committables: dict[str, tuple[bytes, ...]]  # commit vertex -> its fresh committables
+    by_vertex: dict[str, dict[int, int]]  # `_per_vertex(fallback)`
 
 
 class CheckpointCoordinator:
@@ -123,16 +133,15 @@ class CheckpointCoordinator:
         self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
         self._fresh_unit = [UnitState(u) for u in range(n)]
-        # per coordinated vertex: its subtask indices and their units, in unit order (the owner
-        # of every subtask of a vertex, for an abort, is then built in C)
-        placed: dict[str, tuple[list[int], list[int]]] = {v: ([], []) for v in self._coordinators}
+        # per coordinated vertex: its subtask indices in unit order, each with its place (the
+        # order of an abort's `SubtaskOwners`)
+        placed: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
         if placed:
-            for unit_id, subtasks in enumerate(self._expected):
+            for subtasks in self._expected:
                 for vertex_id, index in subtasks:
-                    if vertex_id in placed:
-                        placed[vertex_id][0].append(index)
-                        placed[vertex_id][1].append(unit_id)
-        self._placed = {v: (tuple(i), tuple(u)) for v, (i, u) in placed.items() if i}
+                    if (order := placed.get(vertex_id)) is not None:
+                        order[index] = len(order)
+        self._placed = placed
         self._source_units = {
             u: {v for v, _ in layout.units[u] if v in layout.bounded_sources} for u in range(n)
         }
@@ -141,6 +150,10 @@ class CheckpointCoordinator:
         self._latest_id: int | None = None
         self._unit_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._owner = [INITIAL_STATE_ID] * n
+        #: the units whose owner is not the latest completed checkpoint (INITIAL_STATE_ID before
+        #: the first), with their owner: the same as `_owner`, in O(units behind)
+        self._behind: dict[int, int] = {}
+        self._behind_by_vertex: dict[str, dict[int, int]] = {}  # `_per_vertex(_behind)`
         #: per unit: `_fallback_states(unit)` once built (None: not built since it changed)
         self._restore_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
@@ -329,6 +342,111 @@ class CheckpointCoordinator:
         p.outstanding -= 1
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
+    def on_answers(self, answers: Sequence[Ack | Decline], now_ms: int) -> list[Decision]:
+        """A batch of unit answers (what one dispatch returned), in arrival order: the decisions
+        `on_ack` and `on_decline` return for them one by one, in the same order.
+
+        Runs of usual answers (first attempts of the pending checkpoint, each unit once, acks
+        well-formed, declines that do not abort at once) are recorded in one pass without a call
+        per answer, and the answers after the checkpoint was decided are discarded together;
+        any other answer is handed to `on_ack` / `on_decline`."""
+        out: list[Decision] = []
+        i, n = 0, len(answers)
+        while i < n:
+            p = self._pending
+            if p is None:  # decided or aborted: the rest is stale
+                return out + self._stale_answers(answers, i, now_ms)
+            taken = self._take_answers(p, answers, i)
+            if taken > i:
+                i = taken
+                if p.outstanding == 0:
+                    out += self._decide(p, now_ms)
+                continue
+            a = answers[i]
+            i += 1
+            if isinstance(a, Ack):
+                out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
+            else:
+                out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
+        return out
+
+    def _take_answers(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline], i: int) -> int:
+        """Record `answers[i:k]` in `p` and return k, the first answer that needs more than
+        recording (see `on_answers`). The checks of `on_ack`, inlined: the hot path, once per
+        unit and checkpoint."""
+        if p.retries:
+            return i  # some unit runs another attempt than 1: answer by answer
+        cid = p.checkpoint_id
+        n = self._n
+        expected = self._expected
+        taken = p.states
+        declined = p.declined
+        must_fresh = p.must_be_fresh
+        declines_stop = p.must_be_fresh_all or not p.regional_allowed
+        k = i
+        for a in islice(answers, i, None):
+            kind = type(a)
+            unit_id = a.unit
+            if (
+                a.checkpoint_id != cid
+                or a.attempt != 1
+                or not 0 <= unit_id < n
+                or taken[unit_id] is not None
+                or unit_id in declined
+            ):
+                break
+            if kind is Ack:
+                states = a.states  # type: ignore[union-attr]
+                want = expected[unit_id]
+                if type(states) is not tuple or len(states) != len(want):
+                    break
+                j = 0  # indexing, not zip(): zip(strict=True) costs as much as the checks
+                for s in states:
+                    vertex_id, index = want[j]
+                    j += 1  # noqa: SIM113 (enumerate allocates a tuple per subtask)
+                    if (
+                        s.index != index
+                        or s.vertex_id != vertex_id
+                        or s.unit_id != unit_id
+                        or s.attempt != 1
+                        or s.ref_checkpoint_id is not None
+                    ):
+                        break
+                else:  # well-formed (once none is outstanding, the next answer stops the run)
+                    taken[unit_id] = states
+                    k += 1
+                    continue
+                break  # malformed
+            if kind is not Decline or declines_stop or unit_id in must_fresh:
+                break
+            declined[unit_id] = f"declined: {a.reason}"  # type: ignore[union-attr]
+            k += 1
+        p.outstanding -= k - i
+        return k
+
+    def _stale_answers(
+        self, answers: Sequence[Ack | Decline], i: int, now_ms: int
+    ) -> list[Decision]:
+        """`answers[i:]` when no checkpoint is pending: what `on_ack` (discard the attempt) and
+        `on_decline` (nothing) return for each, with the discards of attempts holding no files
+        and no committables built in C."""
+        rest = answers[i:]
+        acks: list[Ack] = [a for a in rest if type(a) is Ack]
+        every = [a.unit for a in rest]
+        if (
+            len(acks) + sum(type(a) is Decline for a in rest) != len(rest)
+            or not 0 <= min(every) <= max(every) < self._n
+            or any(s.handles or s.committables for a in acks for s in a.states)
+        ):
+            out: list[Decision] = []
+            for a in rest:  # one by one (also raises for a unit the job does not have)
+                if isinstance(a, Ack):
+                    out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
+                else:
+                    out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
+            return out
+        units = map(_unit_of, acks)
+        return list(map(DiscardAttempt, map(_checkpoint_of, acks), units, map(_attempt_of, acks)))
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
     ) -> list[Decision]:
@@ -349,12 +467,24 @@ class CheckpointCoordinator:
         p = self._pending
         if p is None:
             return []
+        expired = p.expired(now_ms)
+        if not expired:
+            return []
+        cause = f"timeout: no answer after {(now_ms - p.trigger_ms) / 1000:g} s"
+        if p.regional_allowed and not p.must_be_fresh_all:
+            # the timeouts before the first one that aborts (a unit that must be fresh) are
+            # only recorded, all at once
+            fresh = p.must_be_fresh
+            stop = next((k for k, u in enumerate(expired) if u in fresh), None) if fresh else None
+            quiet = expired if stop is None else expired[:stop]
+            p.declined.update(dict.fromkeys(quiet, cause))
+            p.outstanding -= len(quiet)
+            if stop is None:
+                return self._decide(p, now_ms) if p.outstanding == 0 else []
+            expired = expired[stop:]
         out: list[Decision] = []
-        for unit_id in p.expired(now_ms):
-            elapsed = (now_ms - p.trigger_ms) / 1000
-            out += self._record_decline(
-                p, unit_id, f"timeout: no answer after {elapsed:g} s", now_ms
-            )
+        for unit_id in expired:
+            out += self._record_decline(p, unit_id, cause, now_ms)
             if self._pending is not p:
                 break
         return out
@@ -375,6 +505,8 @@ class CheckpointCoordinator:
         self._owner = [checkpoint_id] * n
         for unit_id in fallback:
             self._owner[unit_id] = old_owner[unit_id]
+        self._behind = {u: old_owner[u] for u in fallback}
+        self._behind_by_vertex = per_vertex = done.by_vertex
         self._unit_states = states
         self._restore_states = restore
         self._mismatch = {}
@@ -394,7 +526,6 @@ class CheckpointCoordinator:
         owners = {self._owner[u] for u in fallback}
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
         self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
-        per_vertex = self._per_vertex(fallback)
         units_fallback = {u: self._owner[u] for u in sorted(fallback)}
         for vertex_id, coordinator in self._coordinators.items():
             if fallback:
@@ -404,7 +535,10 @@ class CheckpointCoordinator:
                 coordinator.notify_complete(checkpoint_id)
         self._reopen_sources(fallback)
         out: list[Decision] = []
-        healthy = tuple(filterfalse(fallback.__contains__, range(n)) if fallback else range(n))
+        fresh = [True] * n
+        for unit_id in fallback:
+            fresh[unit_id] = False
+        healthy = tuple(compress(range(n), fresh))
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
@@ -518,6 +652,8 @@ class CheckpointCoordinator:
             if vertex_id in self._coordinators:
                 self._coordinators[vertex_id].restore(data)
         fell_back = {u: o for u, o in enumerate(self._owner) if o != cid}
+        self._behind = dict(fell_back)
+        self._behind_by_vertex = self._per_vertex(fell_back)
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
@@ -560,7 +696,13 @@ class CheckpointCoordinator:
         failed = p.declined
         if not failed:
             snapshots = {v: c.snapshot(cid) for v, c in self._coordinators.items()}
-            return self._complete(p, now_ms, {}, snapshots)
+            return self._complete(p, now_ms, {}, snapshots, {})
+        by_vertex: dict[str, dict[int, int]] = {}  # built only when rules 3 a-d pass
+
+        def fallback_snapshots() -> dict[str, bytes] | str:
+            by_vertex.update(self._per_vertex(failed))
+            return self._fallback_snapshots(cid, by_vertex)
+
         verdict: Verdict = evaluate(
             cid,
             failed,
@@ -574,11 +716,11 @@ class CheckpointCoordinator:
                 else None
             ),
             unusable=self._unusable,
-            fallback_snapshots=lambda: self._fallback_snapshots(cid, failed),
+            fallback_snapshots=fallback_snapshots,
         )
         if verdict.rule is not None:
             return self._abort(p, verdict.rule, verdict.message)
-        return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots))
+        return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots), by_vertex)
 
     def _unusable(self, unit_id: int) -> str | None:
         """Rule 3 d: why the unit's earlier state cannot be re-used now, or None."""
@@ -587,9 +729,10 @@ class CheckpointCoordinator:
             return None  # never checkpointed: its initial state is usable
         if self._global_until_success is not None:
             return self._global_until_success
-        for vertex_id, _ in self._expected[unit_id]:
-            if vertex_id in self._mismatch:
-                return self._mismatch[vertex_id]
+        if self._mismatch:
+            for vertex_id, _ in self._expected[unit_id]:
+                if vertex_id in self._mismatch:
+                    return self._mismatch[vertex_id]
         states = self._unit_states[unit_id]
         if states is None:
             return (
@@ -602,9 +745,11 @@ class CheckpointCoordinator:
                 return why
         return None
 
-    def _fallback_snapshots(self, cid: int, failed: Mapping[int, str]) -> dict[str, bytes] | str:
-        """Rule 3 e: every coordinator's snapshot of `cid` with the failed units fallen back."""
-        per_vertex = self._per_vertex(failed)
+    def _fallback_snapshots(
+        self, cid: int, per_vertex: Mapping[str, Mapping[int, int]]
+    ) -> dict[str, bytes] | str:
+        """Rule 3 e: every coordinator's snapshot of `cid` with the subtasks in `per_vertex`
+        (vertex -> index -> owner: those of the failed units) fallen back."""
         snapshots: dict[str, bytes] = {}
         for vertex_id, coordinator in self._coordinators.items():
             fallback = per_vertex.get(vertex_id)
@@ -622,14 +767,14 @@ class CheckpointCoordinator:
 
     def _per_vertex(self, units: Iterable[int]) -> dict[str, dict[int, int]]:
         """For the coordinated vertices: subtask index -> owner, over the subtasks of `units`."""
-        out: dict[str, dict[int, int]] = {}
-        if not self._coordinators:
-            return out
-        for unit_id in units:
-            owner = self._owner[unit_id]
-            for vertex_id, index in self._expected[unit_id]:
-                if vertex_id in self._coordinators:
-                    out.setdefault(vertex_id, {})[index] = owner
+        out: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
+        if out:
+            owners, expected = self._owner, self._expected
+            for unit_id in units:
+                owner = owners[unit_id]
+                for vertex_id, index in expected[unit_id]:
+                    if (of_vertex := out.get(vertex_id)) is not None:
+                        of_vertex[index] = owner
         return out
 
     def _complete(
@@ -638,6 +783,7 @@ class CheckpointCoordinator:
         now_ms: int,
         fallback: dict[int, str],
         snapshots: dict[str, bytes],
+        by_vertex: dict[str, dict[int, int]],
     ) -> list[Decision]:
         cid = p.checkpoint_id
         units = self._fresh_unit
@@ -696,7 +842,9 @@ class CheckpointCoordinator:
             )
         self._pending = None
         committables = _committables(p.states, self._committers.keys())
-        self._completing = _Completion(p, metadata, fallback, fallback_states, committables)
+        self._completing = _Completion(
+            p, metadata, fallback, fallback_states, committables, by_vertex
+        )
         return [WriteMetadata(metadata, savepoint)]
 
     def _fallback_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
@@ -724,17 +872,16 @@ class CheckpointCoordinator:
         failed = tuple(sorted({*p.declined, *extra_failed}))
         causes = {u: p.declined[u] for u in failed if u in p.declined}
         out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
-        retried = p.retries  # without retries every attempt is 1: no lookup per unit
-        for unit_id, states in enumerate(p.states):
-            if states:
-                attempt = p.attempt_of(unit_id) if retried else 1
-                out.append(_discard(cid, unit_id, attempt, states, committables=True))
-        everyone = range(self._n)
-        owner = self._owner.__getitem__
-        for vertex_id, coordinator in self._coordinators.items():
-            indices, units = self._placed.get(vertex_id, ((), ()))
-            coordinator.notify_aborted(cid, dict(zip(indices, map(owner, units), strict=True)))
-        self._reopen_sources(everyone)
+        out += _discards(p)
+        if self._coordinators:
+            # every subtask restarts from its unit's owner: the latest completed checkpoint but
+            # for the units behind it
+            latest = INITIAL_STATE_ID if self._latest_id is None else self._latest_id
+            for vertex_id, coordinator in self._coordinators.items():
+                behind = self._behind_by_vertex.get(vertex_id, {})
+                reset = SubtaskOwners(self._placed[vertex_id], default=latest, others=behind)
+                coordinator.notify_aborted(cid, reset)
+        self._reopen_sources(range(self._n))
         self._pending = None
         self._completing = None
         self.metrics.aborted_by_rule[rule] += 1
@@ -849,7 +996,26 @@ def _discard(
     return DiscardAttempt(checkpoint_id, unit_id, attempt, files, staged)
 
 
+def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
+    """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
+    state holds files or committables, all are built in C."""
+    acked = list(compress(range(len(p.states)), p.states))
+    states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
+    attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
+    cid = p.checkpoint_id
+    for s in chain.from_iterable(states):
+        if s.handles or s.committables:
+            return [
+                _discard(cid, unit_id, attempt, unit_states, committables=True)
+                for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
+            ]
+    return list(map(DiscardAttempt, repeat(cid), acked, attempts))
+
+
 _committables_of = attrgetter("committables")
+_checkpoint_of = attrgetter("checkpoint_id")
+_attempt_of = attrgetter("attempt")
+_unit_of = attrgetter("unit")
 
 
 def _committables(

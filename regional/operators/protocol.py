@@ -6,11 +6,19 @@ earlier state is usable (rule 3 d), once Y's metadata is durable `notify_complet
 every unit fresh) or `notify_regional_complete` (some units fell back, DESIGN §4 rule 6), and
 `notify_aborted` when Y is aborted. `fallback` / `reset` map a subtask index to the checkpoint
 whose state that subtask restarts from (its owner; 0 = its initial state).
+
+An abort's `reset` names every subtask of the vertex; the checkpoint coordinator hands it over as
+`SubtaskOwners`, which is built in O(subtasks not at the common owner), so a coordinator that
+knows the type can read it in that time too:
+
+>>> reset = SubtaskOwners({2: 0, 0: 1, 1: 2}, default=7, others={1: 3})
+>>> dict(reset), reset.default, dict(reset.others)
+({2: 7, 0: 7, 1: 3}, 7, {1: 3})
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -24,6 +32,7 @@ __all__ = [
     "FallbackUnsupportedError",
     "OperatorCoordinator",
     "RegionalCompletion",
+    "SubtaskOwners",
 ]
 
 
@@ -37,6 +46,36 @@ class RegionalCompletion(msgspec.Struct, frozen=True):
 
     fallback: Mapping[int, int]
     fallback_units: Mapping[int, int]
+
+
+class SubtaskOwners(Mapping[int, int]):
+    """Every subtask index of a vertex -> the checkpoint it restarts from: `default` for all but
+    `others` (index -> owner). `order` maps each index to its place in iteration order (the
+    order of the vertex's units); read-only, and O(1) to build from those three."""
+
+    __slots__ = ("default", "order", "others")
+
+    def __init__(self, order: Mapping[int, int], *, default: int, others: Mapping[int, int]):
+        self.order = order
+        self.default = default
+        self.others = others
+
+    def __getitem__(self, index: int) -> int:
+        if index not in self.order:
+            raise KeyError(index)
+        return self.others.get(index, self.default)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __repr__(self) -> str:
+        return (
+            f"SubtaskOwners({len(self.order)} subtasks, default={self.default}, "
+            f"others={dict(self.others)!r})"
+        )
 
 
 class FallbackUnsupportedError(CheckpointAbortedError):

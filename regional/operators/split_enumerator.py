@@ -27,7 +27,7 @@ import msgspec
 from metadata.errors import MetadataError
 from metadata.format import DECODE_FAILURES
 from metadata.model import SubtaskState
-from regional.operators.protocol import RegionalCompletion
+from regional.operators.protocol import RegionalCompletion, SubtaskOwners
 
 __all__ = ["SplitEnumerator"]
 
@@ -49,6 +49,11 @@ class SplitEnumerator:
         self._owner: dict[str, int] = {}  # split -> subtask index
         self._assigned_in: dict[str, int] = {}  # split -> epoch of its assignment
         self._by_subtask: dict[int, list[str]] = {}  # index -> splits, in assignment order
+        # the latest epoch in which each subtask holding splits got one, and the same by epoch:
+        # an abort's reset (`SubtaskOwners`) looks only at subtasks given splits after its
+        # default owner and at its other subtasks, not at every subtask
+        self._latest: dict[int, int] = {}
+        self._holders: dict[int, set[int]] = {}
         self.discover(splits)
 
     @property
@@ -75,6 +80,8 @@ class SplitEnumerator:
         self._owner[split] = index
         self._assigned_in[split] = self._epoch
         self._by_subtask.setdefault(index, []).append(split)
+        latest = self._latest.get(index)
+        self._hold(index, self._epoch if latest is None else max(latest, self._epoch))
         return split
 
     @property
@@ -128,6 +135,7 @@ class SplitEnumerator:
         self._by_subtask = {}
         for split, index in sorted(state.owner.items(), key=lambda kv: state.assigned_in[kv[0]]):
             self._by_subtask.setdefault(index, []).append(split)
+        self._index_holders()
 
     def reassign(self, owners: Mapping[str, int]) -> None:
         """Move splits to other subtasks (a restore with another parallelism): `owners` maps a
@@ -138,6 +146,7 @@ class SplitEnumerator:
         self._by_subtask = {}
         for split, index in sorted(self._owner.items(), key=lambda kv: self._assigned_in[kv[0]]):
             self._by_subtask.setdefault(index, []).append(split)
+        self._index_holders()
 
     def notify_complete(self, checkpoint_id: int) -> None:
         return None
@@ -151,11 +160,24 @@ class SplitEnumerator:
     # --- internals --------------------------------------------------------------------------
 
     def _returned(self, reset: Mapping[int, int]) -> list[tuple[str, int]]:
-        """(split, index) given to a resetting subtask after its owner, in assignment order."""
+        """(split, index) given to a resetting subtask after its owner: subtasks in the order of
+        `reset`, each one's splits in assignment order. A `SubtaskOwners` reset is read in
+        O(its other subtasks + subtasks given splits after its default owner)."""
+        items: Iterable[tuple[int, int]]
+        if isinstance(reset, SubtaskOwners):
+            default, others, order = reset.default, reset.others, reset.order
+            late = [held for epoch, held in self._holders.items() if epoch > default]
+            candidates = set(others).union(*late)
+            chosen = sorted(filter(order.__contains__, candidates), key=order.__getitem__)
+            items = [(index, others.get(index, default)) for index in chosen]
+        else:
+            items = reset.items()
         out = []
-        for index, owner in reset.items():
-            epoch = self._assigned_in
-            out += [(s, index) for s in self._by_subtask.get(index, ()) if epoch[s] > owner]
+        epoch, by_subtask = self._assigned_in, self._by_subtask
+        for index, owner in items:
+            for split in by_subtask.get(index, ()):
+                if epoch[split] > owner:
+                    out.append((split, index))
         return out
 
     def _reset(self, reset: Mapping[int, int]) -> None:
@@ -164,7 +186,36 @@ class SplitEnumerator:
             del self._owner[split]
             del self._assigned_in[split]
             self._by_subtask[index].remove(split)
+        for index in {index for _, index in returned}:
+            held = self._by_subtask[index]
+            self._hold(index, max(map(self._assigned_in.__getitem__, held)) if held else None)
         self._unassigned.extendleft(reversed([s for s, _ in returned]))
+
+    def _hold(self, index: int, latest: int | None) -> None:
+        """Subtask `index`'s latest assignment epoch is now `latest` (None: it holds none)."""
+        before = self._latest.get(index)
+        if before == latest:
+            return
+        if before is not None:
+            bucket = self._holders[before]
+            bucket.discard(index)
+            if not bucket:
+                del self._holders[before]
+        if latest is None:
+            del self._latest[index]
+        else:
+            self._latest[index] = latest
+            self._holders.setdefault(latest, set()).add(index)
+
+    def _index_holders(self) -> None:
+        """Rebuild `_latest` and `_holders` from `_by_subtask` (after a restore or reassign)."""
+        epoch = self._assigned_in
+        self._latest = {
+            i: max(map(epoch.__getitem__, held)) for i, held in self._by_subtask.items() if held
+        }
+        self._holders = {}
+        for index, latest in self._latest.items():
+            self._holders.setdefault(latest, set()).add(index)
 
     def _encode(self, fallback: Mapping[int, int]) -> bytes:
         returned = [s for s, _ in self._returned(fallback)]

@@ -541,13 +541,12 @@ class JobDriver(DecisionHandlers):
         return plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
 
     def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
-        decisions: list[Decision] = []
+        """Hand a dispatch's answers to the coordinator as one batch (`on_answers`)."""
         self._note_answers(answers)
-        for a in answers:
-            if self.watch is not None:
+        if self.watch is not None:
+            for a in answers:
                 self.watch.unit_answered(a)
-            decisions += feed(self.coordinator, a, self.clock.now_ms())
-        return decisions
+        return self.coordinator.on_answers(answers, self.clock.now_ms())
 
     def _retry_alone(
         self, trigger: TriggerCheckpoint, lost: list[UnitWork], attempts: dict[int, int]
