@@ -113,7 +113,7 @@ def test_clean_never_deletes_through_a_link_and_says_why(
         "file 4 chk-4/_metadata keep outside-root - - 235 0 checkpoint 4 holds a symbolic link "
         f"chk-4/u0-a0.state -> {secret} (outside the job root); kept whole -",
         "file 3 chk-3/u0-a0.state delete subsumed - - 0 7 file of dropped checkpoint 3 deleted",
-        "deleted: 2 files, 180 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
+        "deleted: 2 files, 242 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
         "failed: 0",
     ):
         assert expected in lines, "\n".join(lines)
