@@ -237,6 +237,10 @@ def _largest(values: pa.Array | int) -> int:
     return pc.max(values).as_py() if len(values) else 0
 
 
+def _uint64(values: pa.Array | int) -> pa.Array | pa.Scalar:
+    return pa.scalar(values, pa.uint64()) if isinstance(values, int) else values.cast(pa.uint64())
+
+
 def _check_columns(table: SubtaskTable, source: str) -> None:
     """Refuse subtask columns that do not fit together (indexes past their lists, lists with
     entries no row uses, handle counts that do not add up, counts beyond 64-bit signed), before
@@ -250,7 +254,11 @@ def _check_columns(table: SubtaskTable, source: str) -> None:
             f"{source} does not decode (subtask column {what}); the file is damaged"
         )
 
-    for names, rows in ((SUBTASK_COLUMNS, c.count), (HANDLE_COLUMNS, c.handle_count)):
+    per_row: tuple[tuple[tuple[str, ...], int], ...] = (
+        (SUBTASK_COLUMNS, c.count),
+        (HANDLE_COLUMNS, c.handle_count),
+    )
+    for names, rows in per_row:
         for name in names:
             if (top := _largest(table.arrow(name))) > _INT64_MAX and rows:
                 raise damaged(f"`{name}` holds {top}, more than a 64-bit count")
@@ -295,15 +303,8 @@ def _values_plausible(md: CheckpointMetadata) -> bool:
         if offset + length > size:
             return False
     else:
-        ends = pc.add(
-            *(
-                pa.scalar(v, pa.uint64()) if isinstance(v, int) else v.cast(pa.uint64())
-                for v in (offset, length)
-            )
-        )
-        if pc.any(
-            pc.greater(ends, size if not isinstance(size, int) else pa.scalar(size, pa.uint64()))
-        ).as_py():
+        ends = pc.add(_uint64(offset), _uint64(length))  # each fits 63 bits: no overflow
+        if pc.any(pc.greater(ends, _uint64(size))).as_py():
             return False
     return _SAFE_PATHS.fullmatch("\n".join(c.paths) + "\n") is not None
 

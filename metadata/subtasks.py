@@ -37,7 +37,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, chain, compress, repeat
 from operator import attrgetter, eq, sub
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import msgspec
 import pyarrow as pa
@@ -145,10 +145,10 @@ HANDLE_COLUMNS = ("path", "offset", "length", "size", "shared")
 
 _LITTLE = sys.byteorder == "little"
 #: The `array` type code of each packed width.
-_CODES = {
+_CODES: dict[int, Literal["B", "H", "I", "L", "Q"]] = {
     1: "B",
     2: "H",
-    4: next(c for c in "IL" if array(c).itemsize == 4),
+    4: "I" if array("I").itemsize == 4 else "L",
     8: "Q",
 }
 _U64 = 2**64 - 1
