@@ -187,7 +187,7 @@ def _pack(values: tuple[int, ...], name: str) -> IntColumn:
         return 0
     first = values[0]
     if values.count(first) == n and 0 <= first <= _INT64_MAX:
-        return first
+        return int(first)  # a bool column holds 0 or 1
     try:
         wide = array(_CODES[8], values)  # refuses negative and wider than 64-bit values
     except OverflowError:
@@ -266,7 +266,7 @@ def _columns_of(rows: tuple[SubtaskState, ...]) -> SubtaskColumns:
         offset=_pack(field("offset", flat), "offset"),
         length=_pack(field("length", flat), "length"),
         size=_pack(field("size", flat), "size"),
-        shared=_pack(tuple(map(int, field("shared", flat))), "shared"),
+        shared=_pack(field("shared", flat), "shared"),  # bools pack as 0 and 1
         checksums=b"".join(checksum)
         if widths.count(widths[0] if widths else 0) == len(widths)
         else checksum,
@@ -409,15 +409,25 @@ class SubtaskTable(Sequence[SubtaskState]):
         return sum(self.column("length"))
 
     def unit_ids(self, *, fallback: bool | None = None) -> frozenset[int]:
-        """The units of the subtasks (only those with fallback or only with fresh state when
-        `fallback` is given)."""
+        """The units of the subtasks (only those with fallback or only those with fresh state
+        when `fallback` is given)."""
+        if self._columns is None:
+            return frozenset(
+                s.unit_id for s in self.rows() if fallback is None or s.is_fallback is fallback
+            )
         units = self.column("unit_id")
         if fallback is None:
             return frozenset(units)
         refs = self.column("ref")
-        return frozenset(
-            compress(units, refs) if fallback else compress(units, map(eq, refs, repeat(0)))
-        )
+        if fallback:
+            return frozenset(compress(units, refs))
+        return frozenset(compress(units, map(eq, refs, repeat(0))))
+
+    def fallback_count(self) -> int:
+        """How many subtasks re-use an earlier checkpoint's state."""
+        if self._columns is None:
+            return sum(s.is_fallback for s in self.rows())
+        return sum(map(bool, self.column("ref")))
 
     def of_vertex(self, vertex_id: str) -> tuple[SubtaskState, ...]:
         """The subtasks of vertex `vertex_id`, in table order."""

@@ -311,6 +311,11 @@ def test_the_columns_answer_what_the_rows_do(md: CheckpointMetadata) -> None:
     assert table.unit_ids() == {s.unit_id for s in rows}
     assert table.unit_ids(fallback=True) == {s.unit_id for s in rows if s.is_fallback}
     assert table.unit_ids(fallback=False) == {s.unit_id for s in rows if not s.is_fallback}
+    assert table.fallback_count() == sum(s.is_fallback for s in rows)
+    made = md.subtask_table  # made from rows in code: the same answers without columns
+    assert made.unit_ids(fallback=True) == table.unit_ids(fallback=True)
+    assert made.fallback_count() == table.fallback_count()
+    assert made.handle_paths() == back.handle_paths
     assert pickle.loads(pickle.dumps(back)) == md  # Spark ships metadata pickled
 
 
