@@ -32,11 +32,12 @@ subtasks that have any.
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, chain, compress, repeat
-from operator import attrgetter, eq, sub
+from operator import attrgetter, eq, itemgetter, sub
 from typing import Any, Literal, overload
 
 import msgspec
@@ -468,9 +469,9 @@ class SubtaskTable(Sequence[SubtaskState]):
         width = len(sums) // nh if nh else 0
         if not width:
             return (b"",) * (nh if chosen is None else len(chosen))
-        starts = range(0, len(sums), width) if chosen is None else [j * width for j in chosen]
-        stops = map(width.__add__, starts)
-        return tuple(map(sums.__getitem__, map(slice, starts, stops)))
+        if chosen is None:
+            return tuple(map(itemgetter(0), struct.iter_unpack(f"{width}s", sums)))
+        return tuple(sums[j * width : (j + 1) * width] for j in chosen)
 
     def _build(self, chosen: Sequence[int]) -> tuple[SubtaskState, ...]:
         """The subtasks at rows `chosen` (ascending), built column by column in C-level
