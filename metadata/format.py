@@ -231,10 +231,49 @@ _refs = attrgetter("ref_checkpoint_id")
 _handles = attrgetter("handles")
 
 
-def _largest(values: pa.Array | int) -> int:
-    if isinstance(values, int):
-        return values
-    return pc.max(values).as_py() if len(values) else 0
+#: Below this many rows a column is checked in Python: Arrow's per-call cost (tens of µs)
+#: would outweigh the work, and most checkpoints are small.
+_ARROW_FROM_ROWS = 4096
+
+
+def _rows_of(table: SubtaskTable, name: str) -> int:
+    c = table.columns()
+    return c.handle_count if name in HANDLE_COLUMNS else c.count
+
+
+def _largest(table: SubtaskTable, name: str) -> int:
+    """The largest value of integer column `name` (0 for no rows)."""
+    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+        return max(table.column(name), default=0)
+    values = table.arrow(name)
+    return values if isinstance(values, int) else pc.max(values).as_py()
+
+
+def _total(table: SubtaskTable, name: str) -> int:
+    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+        return sum(table.column(name))
+    values = table.arrow(name)
+    return values * _rows_of(table, name) if isinstance(values, int) else pc.sum(values).as_py()
+
+
+def _distinct(table: SubtaskTable, name: str) -> int:
+    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+        return len(set(table.column(name)))
+    values = table.arrow(name)
+    return 1 if isinstance(values, int) else pc.count_distinct(values).as_py()
+
+
+def _segments_fit(table: SubtaskTable) -> bool:
+    """Every handle's offset + length is within its file's size."""
+    names = ("offset", "length", "size")
+    if table.columns().handle_count < _ARROW_FROM_ROWS:
+        offset, length, size = map(table.column, names)
+        return not any(map(gt, map(add, offset, length), size))
+    start, span, whole = map(table.arrow, names)
+    if isinstance(start, int) and isinstance(span, int) and isinstance(whole, int):
+        return start + span <= whole
+    ends = pc.add(_uint64(start), _uint64(span))  # each fits 63 bits: no overflow
+    return not pc.any(pc.greater(ends, _uint64(whole))).as_py()
 
 
 def _uint64(values: pa.Array | int) -> pa.Array | pa.Scalar:
@@ -254,26 +293,18 @@ def _check_columns(table: SubtaskTable, source: str) -> None:
             f"{source} does not decode (subtask column {what}); the file is damaged"
         )
 
-    per_row: tuple[tuple[tuple[str, ...], int], ...] = (
-        (SUBTASK_COLUMNS, c.count),
-        (HANDLE_COLUMNS, c.handle_count),
-    )
-    for names, rows in per_row:
-        for name in names:
-            if (top := _largest(table.arrow(name))) > _INT64_MAX and rows:
-                raise damaged(f"`{name}` holds {top}, more than a 64-bit count")
-    handles = table.arrow("handles")
-    total = handles * c.count if isinstance(handles, int) else pc.sum(handles).as_py() or 0
-    if total != c.handle_count:
+    for name in (*SUBTASK_COLUMNS, *HANDLE_COLUMNS):
+        if (top := _largest(table, name)) > _INT64_MAX:
+            raise damaged(f"`{name}` holds {top}, more than a 64-bit count")
+    if (total := _total(table, "handles")) != c.handle_count:
         raise damaged(f"`handles` counts {total} handles, `handle_count` {c.handle_count}")
     for index, names, rows, what in (
         ("vertex", c.vertex_ids, c.count, "vertex ids"),
         ("path", c.paths, c.handle_count, "paths"),
     ):
-        values = table.arrow(index)
-        used = (1 if rows else 0) if isinstance(values, int) else pc.count_distinct(values).as_py()
-        if rows and _largest(values) >= len(names):
-            raise damaged(f"`{index}` holds {_largest(values)}, past its {len(names)} {what}")
+        if rows and (top := _largest(table, index)) >= len(names):
+            raise damaged(f"`{index}` holds {top}, past its {len(names)} {what}")
+        used = _distinct(table, index) if rows else 0
         if len(set(names)) != len(names) or used != len(names):
             raise damaged(f"`{index}` uses {used} of {len(names)} {what}, each listed once")
 
@@ -290,22 +321,15 @@ def _values_plausible(md: CheckpointMetadata) -> bool:
     refs = set(map(_refs, md.units)) - {None}
     if refs and not (min(refs) >= 0 and max(refs) < cid):
         return False
-    c = table.columns()
-    if _largest(table.arrow("ref")) > cid:  # `ref` is the owner's id + 1
+    if _largest(table, "ref") > cid:  # `ref` is the owner's id + 1
         return False
+    c = table.columns()
     if not c.handle_count:
         return True
-    nh = c.handle_count
-    offset, length, size = (table.arrow(n) for n in ("offset", "length", "size"))
-    if _largest(length) * nh > _MAX_BYTES:  # beyond a 64-bit count: the walk adds exactly
+    if _largest(table, "length") * c.handle_count > _MAX_BYTES:  # the walk adds exactly
         return False
-    if isinstance(offset, int) and isinstance(length, int) and isinstance(size, int):
-        if offset + length > size:
-            return False
-    else:
-        ends = pc.add(_uint64(offset), _uint64(length))  # each fits 63 bits: no overflow
-        if pc.any(pc.greater(ends, _uint64(size))).as_py():
-            return False
+    if not _segments_fit(table):
+        return False
     return _SAFE_PATHS.fullmatch("\n".join(c.paths) + "\n") is not None
 
 

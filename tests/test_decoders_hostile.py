@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import metadata.format
 from metadata.errors import MetadataError
 from metadata.events import CheckpointEvent, Outcome, decode_event, encode_event, events_table
 from metadata.format import FORMAT_MINOR, FORMAT_VERSION, MAGIC, decode_metadata, encode_metadata
@@ -240,6 +241,14 @@ def test_deeply_nested_metadata_body_is_damaged_not_a_crash() -> None:
 # -- the subtask columns of format 1.5 ---------------------------------------------------
 
 
+@pytest.fixture(params=["python", "arrow"])
+def column_checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the columns are checked: in Python (small files) and in Arrow (large ones)."""
+    if request.param == "arrow":
+        monkeypatch.setattr(metadata.format, "_ARROW_FROM_ROWS", 0)
+    return request.param
+
+
 def valid_columns() -> dict:
     """`valid_fields()` as format 1.5 writes it: the subtasks as columns (a msgpack map)."""
     md = decode_metadata(envelope(msgspec.msgpack.encode(valid_fields())), source="x")
@@ -296,7 +305,7 @@ def valid_columns() -> dict:
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )
 def test_subtask_columns_that_do_not_fit_are_damaged_naming_the_column(
-    columns: dict, problem: str
+    columns: dict, problem: str, column_checks: str
 ) -> None:
     tree = valid_columns()
     tree["subtasks"].update(columns)
@@ -323,7 +332,7 @@ def test_subtask_columns_that_do_not_fit_are_damaged_naming_the_column(
     ],
 )
 def test_damaged_values_in_columns_name_the_first_subtask_that_holds_one(
-    columns: dict, what: str
+    columns: dict, what: str, column_checks: str
 ) -> None:
     tree = valid_columns()
     tree["subtasks"].update(columns)
@@ -332,9 +341,9 @@ def test_damaged_values_in_columns_name_the_first_subtask_that_holds_one(
     assert str(exc.value) == (f"chk-5/_metadata: {what}; the metadata of checkpoint 5 is damaged")
 
 
-@FUZZ
-@given(st.lists(_mutations(), min_size=1, max_size=4))
-def test_fuzz_mutated_columns_with_valid_checksums(mutations: list) -> None:
+@settings(FUZZ, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(_mutations(), min_size=1, max_size=4))
+def test_fuzz_mutated_columns_with_valid_checksums(mutations: list, column_checks: str) -> None:
     tree = valid_columns()
     for pick, value, how in mutations:
         _mutate(tree["subtasks"], pick, value, how)
