@@ -55,6 +55,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metadata import subtasks
 from metadata.errors import MetadataError
 from metadata.layout import path_problem
 from metadata.model import CheckpointMetadata
@@ -231,11 +232,6 @@ _refs = attrgetter("ref_checkpoint_id")
 _handles = attrgetter("handles")
 
 
-#: Below this many rows a column is checked in Python: Arrow's per-call cost (tens of µs)
-#: would outweigh the work, and most checkpoints are small.
-_ARROW_FROM_ROWS = 4096
-
-
 def _rows_of(table: SubtaskTable, name: str) -> int:
     c = table.columns()
     return c.handle_count if name in HANDLE_COLUMNS else c.count
@@ -243,21 +239,21 @@ def _rows_of(table: SubtaskTable, name: str) -> int:
 
 def _largest(table: SubtaskTable, name: str) -> int:
     """The largest value of integer column `name` (0 for no rows)."""
-    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+    if _rows_of(table, name) < subtasks.ARROW_FROM_ROWS:
         return max(table.column(name), default=0)
     values = table.arrow(name)
     return values if isinstance(values, int) else pc.max(values).as_py()
 
 
 def _total(table: SubtaskTable, name: str) -> int:
-    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+    if _rows_of(table, name) < subtasks.ARROW_FROM_ROWS:
         return sum(table.column(name))
     values = table.arrow(name)
     return values * _rows_of(table, name) if isinstance(values, int) else pc.sum(values).as_py()
 
 
 def _distinct(table: SubtaskTable, name: str) -> int:
-    if _rows_of(table, name) < _ARROW_FROM_ROWS:
+    if _rows_of(table, name) < subtasks.ARROW_FROM_ROWS:
         return len(set(table.column(name)))
     values = table.arrow(name)
     return 1 if isinstance(values, int) else pc.count_distinct(values).as_py()
@@ -266,7 +262,7 @@ def _distinct(table: SubtaskTable, name: str) -> int:
 def _segments_fit(table: SubtaskTable) -> bool:
     """Every handle's offset + length is within its file's size."""
     names = ("offset", "length", "size")
-    if table.columns().handle_count < _ARROW_FROM_ROWS:
+    if table.columns().handle_count < subtasks.ARROW_FROM_ROWS:
         offset, length, size = map(table.column, names)
         return not any(map(gt, map(add, offset, length), size))
     start, span, whole = map(table.arrow, names)

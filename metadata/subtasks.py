@@ -153,6 +153,9 @@ _CODES: dict[int, Literal["B", "H", "I", "L", "Q"]] = {
     8: "Q",
 }
 _U64 = 2**64 - 1
+#: Below this many rows a column is packed and checked in Python: Arrow's per-call cost (tens of
+#: µs) would outweigh the work, and most checkpoints are small.
+ARROW_FROM_ROWS = 4096
 #: The Arrow type of each packed width.
 ARROW_TYPES = {1: pa.uint8(), 2: pa.uint16(), 4: pa.uint32(), 8: pa.uint64()}
 _INT64_MAX = 2**63 - 1
@@ -197,15 +200,21 @@ def _pack(values: tuple[int, ...], name: str) -> IntColumn:
             f"subtask column `{name}` cannot hold {wrong}: a checkpoint records no negative or "
             "wider than 64-bit counts, ids or sizes; fix the writer"
         ) from None
-    column = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(wide)])
-    hi = pc.max(column).as_py()
-    width = next(w for w in _CODES if hi >> (8 * w) == 0 or w == 8)
-    packed = column.cast(ARROW_TYPES[width]).buffers()[1].to_pybytes()[: n * width]
-    if _LITTLE:
-        return packed
-    swapped = array(_CODES[width], packed)
-    swapped.byteswap()
-    return swapped.tobytes()
+    if n < ARROW_FROM_ROWS:  # a few calls into Arrow would cost more than the work
+        width = _width_of(max(wide))
+        packed = array(_CODES[width], values)
+    else:
+        column = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(wide)])
+        width = _width_of(pc.max(column).as_py())
+        narrow = column.cast(ARROW_TYPES[width]).buffers()[1].to_pybytes()[: n * width]
+        packed = array(_CODES[width], narrow)
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _width_of(largest: int) -> int:
+    return next(w for w in _CODES if largest >> (8 * w) == 0 or w == 8)
 
 
 def _unpack(column: IntColumn, rows: int, name: str) -> Sequence[int]:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import metadata.format
+import metadata.subtasks
 from metadata.errors import MetadataError
 from metadata.events import CheckpointEvent, Outcome, decode_event, encode_event, events_table
 from metadata.format import FORMAT_MINOR, FORMAT_VERSION, MAGIC, decode_metadata, encode_metadata
@@ -245,7 +245,7 @@ def test_deeply_nested_metadata_body_is_damaged_not_a_crash() -> None:
 def column_checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways the columns are checked: in Python (small files) and in Arrow (large ones)."""
     if request.param == "arrow":
-        monkeypatch.setattr(metadata.format, "_ARROW_FROM_ROWS", 0)
+        monkeypatch.setattr(metadata.subtasks, "ARROW_FROM_ROWS", 0)
     return request.param
 
 
