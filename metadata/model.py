@@ -6,7 +6,9 @@ values, so they can never be part of a reference cycle, and a job of 100,000 uni
 hundreds of thousands of them alive that the garbage collector then never walks.
 
 The format is additive: new fields go at the **end** of a struct, with a default, so that files
-written by an older version still decode (see `metadata.format`).
+written by an older version still decode (see `metadata.format`). The per-subtask structs and
+the table of them (`SubtaskTable`, stored as columns since format 1.5) live in
+`metadata.subtasks` and are re-exported here; the integer ranges in `metadata.ranges`.
 
 Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
 Integers carry their ranges (`Count`, `Int64`, `EpochMs`) as msgspec constraints, checked when
