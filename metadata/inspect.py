@@ -158,14 +158,12 @@ def owner_of(md: CheckpointMetadata, subtask: SubtaskState) -> int:
 
 def unit_ids(md: CheckpointMetadata) -> set[int]:
     """Every unit of `md` (from its unit records and its subtasks)."""
-    return {u.unit_id for u in md.units} | {s.unit_id for s in md.subtasks}
+    return {u.unit_id for u in md.units} | md.subtask_table.unit_ids()
 
 
 def fallback_unit_ids(md: CheckpointMetadata) -> set[int]:
     """The units of `md` that fell back (from its unit records and its subtasks)."""
-    return {u.unit_id for u in md.fallback_units} | {
-        s.unit_id for s in md.subtasks if s.is_fallback
-    }
+    return {u.unit_id for u in md.fallback_units} | md.subtask_table.unit_ids(fallback=True)
 
 
 #: The reason the coordinator records when regional checkpoints are off: global by
@@ -247,7 +245,7 @@ def checkpoints_table(
                 "num_units": len(unit_ids(md)),
                 "num_fallback_units": len(fallback_unit_ids(md)),
                 "num_subtasks": len(md.subtasks),
-                "num_fallback_subtasks": sum(s.is_fallback for s in md.subtasks),
+                "num_fallback_subtasks": md.subtask_table.fallback_count(),
                 "oldest_ref_checkpoint_id": md.oldest_ref_checkpoint_id,
                 "state_bytes": md.state_bytes,
                 "retained": md.checkpoint_id in retained,

@@ -6,7 +6,9 @@ values, so they can never be part of a reference cycle, and a job of 100,000 uni
 hundreds of thousands of them alive that the garbage collector then never walks.
 
 The format is additive: new fields go at the **end** of a struct, with a default, so that files
-written by an older version still decode (see `metadata.format`).
+written by an older version still decode (see `metadata.format`). The per-subtask structs and
+the table of them (`SubtaskTable`, stored as columns since format 1.5) live in
+`metadata.subtasks` and are re-exported here; the integer ranges in `metadata.ranges`.
 
 Paths in `StateHandle` are relative to the job root (`<root>/<job-id>/`), never absolute.
 Integers carry their ranges (`Count`, `Int64`, `EpochMs`) as msgspec constraints, checked when
@@ -28,9 +30,12 @@ True
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from collections.abc import Sequence
 
 import msgspec
+
+from metadata.ranges import Count, EpochMs, Int64
+from metadata.subtasks import SplitState, StateHandle, SubtaskState, SubtaskTable
 
 __all__ = [
     "CheckpointKind",
@@ -43,19 +48,10 @@ __all__ = [
     "SplitState",
     "StateHandle",
     "SubtaskState",
+    "SubtaskTable",
     "UnitState",
     "VertexInfo",
 ]
-
-
-#: An integer a 64-bit signed column (Arrow `int64`, the inspector's views) can hold: a decoded
-#: file with a bigger one is damaged, not a checkpoint (msgspec checks it while decoding).
-Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-#: A count, size, offset or id: not negative, and fits `Int64`.
-Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-#: Epoch milliseconds up to the end of year 9999 (what `datetime` and the views can show);
-#: a later timestamp is no real one.
-EpochMs = Annotated[int, msgspec.Meta(ge=0, le=253_402_300_799_999)]
 
 
 class CheckpointKind(enum.StrEnum):
@@ -98,59 +94,6 @@ setting='delta.setTransactionRetentionDuration', retention_ms=86400000)
     retention_ms: Count | None = None
 
 
-class StateHandle(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
-    """One segment of a state file.
-
-    `path` is relative to the job root. Several handles may name the same physical file at
-    different offsets (one file per unit attempt, one segment per subtask); `size` is the size of
-    the whole physical file, `length` the size of this segment. `checksum` is the BLAKE2b-128
-    digest of the segment's bytes. `shared` marks files under `shared/` that several checkpoints
-    may reference (incremental state).
-    """
-
-    path: str
-    offset: Count
-    length: Count
-    size: Count
-    checksum: bytes
-    shared: bool = False
-
-
-class SplitState(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A source split owned by a subtask and its position (opaque to the metadata layer)."""
-
-    split_id: str
-    position: bytes
-
-
-class SubtaskState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
-    """The state of one subtask `(vertex_id, index)` in a checkpoint.
-
-    `ref_checkpoint_id` is `None` when the state is fresh, else the owner checkpoint's id.
-    `attempt` is the attempt number of the region task that wrote the state (DESIGN §4 rule 9).
-    `committables` are sink committables kept in writer state (PIP-30), opaque bytes.
-    """
-
-    vertex_id: str
-    index: Count
-    unit_id: Count
-    ref_checkpoint_id: Int64 | None = None
-    handles: tuple[StateHandle, ...] = ()
-    split_states: tuple[SplitState, ...] = ()
-    committables: tuple[bytes, ...] = ()
-    attempt: Count = 0
-
-    @property
-    def is_fallback(self) -> bool:
-        """True when this state was re-used from an earlier (owner) checkpoint."""
-        return self.ref_checkpoint_id is not None
-
-    @property
-    def state_bytes(self) -> int:
-        """Bytes of state this subtask holds (sum of its segment lengths)."""
-        return sum(h.length for h in self.handles)
-
-
 class UnitState(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """Per fallback unit: fresh (`ref_checkpoint_id` None) or fallback to its owner checkpoint,
     and why it fell back (`reason`, e.g. ``"declined: ValueError: bad record"``, ``"timeout"``)."""
@@ -181,6 +124,11 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     global one), so a restore keeps the job-level limit's count (format 1.3; None before).
     `sinks` records each sink's table retention (format 1.4; empty before, and for sinks that
     report none), so `validate` can warn without the pipeline.
+
+    `subtasks` is always a `SubtaskTable` (any sequence given is wrapped in one): a decoded
+    table builds its `SubtaskState`s on first access, and the whole-table questions below
+    (`handle_paths`, `referenced_checkpoint_ids`, `state_bytes`, `subtasks_of`) read its
+    columns without building them.
     """
 
     checkpoint_id: Int64
@@ -194,11 +142,31 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     vertices: tuple[VertexInfo, ...] = ()
     units: tuple[UnitState, ...] = ()
     coordinators: dict[str, bytes] = {}
-    subtasks: tuple[SubtaskState, ...] = ()
+    subtasks: Sequence[SubtaskState] = ()
     num_retained: Int64 | None = None
     forced_global: tuple[ForcedGlobal, ...] = ()
     consecutive_regional: Count | None = None
     sinks: tuple[SinkRetention, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.subtasks) is not SubtaskTable:
+            msgspec.structs.force_setattr(self, "subtasks", SubtaskTable(self.subtasks))
+
+    @property
+    def subtask_table(self) -> SubtaskTable:
+        """`subtasks`, typed as the `SubtaskTable` it always is."""
+        table = self.subtasks
+        assert isinstance(table, SubtaskTable)
+        return table
+
+    @property
+    def handle_paths(self) -> frozenset[str]:
+        """The state file paths this checkpoint's handles name (fresh and fallback)."""
+        return self.subtask_table.handle_paths()
+
+    def subtasks_of(self, vertex_id: str) -> tuple[SubtaskState, ...]:
+        """The subtasks of vertex `vertex_id`, in table order."""
+        return self.subtask_table.of_vertex(vertex_id)
 
     @property
     def fallback_units(self) -> tuple[UnitState, ...]:
@@ -208,9 +176,7 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def referenced_checkpoint_ids(self) -> frozenset[int]:
         """Ids of the owner checkpoints this checkpoint's fallback state points at."""
-        return frozenset(
-            s.ref_checkpoint_id for s in self.subtasks if s.ref_checkpoint_id is not None
-        )
+        return self.subtask_table.referenced_checkpoint_ids()
 
     @property
     def oldest_ref_checkpoint_id(self) -> int | None:
@@ -221,4 +187,4 @@ class CheckpointMetadata(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def state_bytes(self) -> int:
         """Bytes of state referenced by this checkpoint (fresh and fallback)."""
-        return sum(s.state_bytes for s in self.subtasks)
+        return self.subtask_table.state_bytes()

@@ -231,7 +231,7 @@ def _num_units(completed: Sequence[CheckpointMetadata], events: Sequence[Checkpo
         newest_md is None or newest_ev.checkpoint_id > newest_md.checkpoint_id
     )
     if newest_md is not None and not newer_event:
-        return len({u.unit_id for u in newest_md.units} | {s.unit_id for s in newest_md.subtasks})
+        return len({u.unit_id for u in newest_md.units} | newest_md.subtask_table.unit_ids())
     if newest_ev is not None:
         return newest_ev.fresh_units + len(newest_ev.fallback_units)
     return 0

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import msgspec
 import pytest
 
+from metadata.format import decode_metadata, encode_metadata
 from metadata.model import (
     CheckpointKind,
     CheckpointMetadata,
@@ -578,7 +579,7 @@ def test_ref_checkpoint_id_survives_encoding_and_restore() -> None:
     job = Job(units=5)
     job.run()
     md = metadata_of(job.run(failed={3}))
-    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(md), type=CheckpointMetadata)
+    decoded = decode_metadata(encode_metadata(md), source="chk-2/_metadata")
     fresh = Job(units=5)
     fresh.c.restore(decoded)
     assert fresh.c.unit_owner(3) == 1 and fresh.c.unit_owner(0) == 2

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import metadata.subtasks
 from metadata.errors import MetadataError
 from metadata.events import CheckpointEvent, Outcome, decode_event, encode_event, events_table
 from metadata.format import FORMAT_MINOR, FORMAT_VERSION, MAGIC, decode_metadata, encode_metadata
@@ -235,6 +236,137 @@ def test_deeply_nested_metadata_body_is_damaged_not_a_crash() -> None:
     body = b"\x91" * 100_000 + b"\x00"  # an array of an array of ... 100k deep
     with pytest.raises(MetadataError, match=r"^chk-5/_metadata does not decode"):
         decode_metadata(envelope(body), source="chk-5/_metadata")
+
+
+# -- the subtask columns of format 1.5 ---------------------------------------------------
+
+
+@pytest.fixture(params=["python", "arrow"])
+def column_checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the columns are checked: in Python (small files) and in Arrow (large ones)."""
+    if request.param == "arrow":
+        monkeypatch.setattr(metadata.subtasks, "ARROW_FROM_ROWS", 0)
+    return request.param
+
+
+def valid_columns() -> dict:
+    """`valid_fields()` as format 1.5 writes it: the subtasks as columns (a msgpack map)."""
+    md = decode_metadata(envelope(msgspec.msgpack.encode(valid_fields())), source="x")
+    tree = msgspec.msgpack.decode(encode_metadata(md)[16:-16])
+    assert tree["subtasks"]["count"] == 2 and tree["subtasks"]["paths"] == [
+        "chk-5/u0-a0.state",
+        "chk-3/u1-a0.state",
+    ]
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("columns", "problem"),
+    [
+        (
+            {"index": b"\x00\x01\x02"},
+            "subtask column `index` holds 3 bytes for 2 rows, not 1, 2, 4 or 8 bytes each",
+        ),
+        (
+            {"unit_id": b"\x00\x00\x00\x00\x00\x01"},
+            "subtask column `unit_id` holds 6 bytes for 2 rows, not 1, 2, 4 or 8 bytes each",
+        ),
+        (
+            {"handle_count": 3},
+            "subtask column `path` holds 2 bytes for 3 rows, not 1, 2, 4 or 8 bytes each",
+        ),
+        ({"handles": 2}, "subtask column `handles` counts 4 handles, `handle_count` 2"),
+        (
+            {"checksums": b"\x00" * 31},
+            "subtask column `checksums` holds 31 bytes for 2 handles, not one length each",
+        ),
+        ({"checksums": [b"\x00"]}, "subtask column `checksums` holds 1 of 2 handles"),
+        (
+            {"split_states": {7: [["s", b""]]}},
+            "subtask column `split_states` names row 7 of 2 subtasks",
+        ),
+        ({"committables": {2: [b"c"]}}, "subtask column `committables` names row 2 of 2 subtasks"),
+        ({"vertex": b"\x00\x05"}, "subtask column `vertex` holds 5, past its 1 vertex ids"),
+        ({"vertex": 1}, "subtask column `vertex` holds 1, past its 1 vertex ids"),
+        ({"path": b"\x00\x00"}, "subtask column `path` uses 1 of 2 paths, each listed once"),
+        (
+            {"paths": ["chk-5/u0-a0.state", "chk-5/u0-a0.state"]},
+            "subtask column `path` uses 2 of 2 paths, each listed once",
+        ),
+        (
+            {"offset": b"\xff" * 16},
+            "subtask column `offset` holds 18446744073709551615, more than a 64-bit count",
+        ),
+        ({"index": "0"}, "Expected `int | bytes`, got `str` - at `$.subtasks.index`"),
+        ({"index": -1}, "Expected `int` >= 0 - at `$.subtasks.index`"),
+        ({"paths": [1, 2]}, "Expected `str`, got `int` - at `$.subtasks.paths[0]`"),
+        ({"count": "2"}, "Expected `int`, got `str` - at `$.subtasks.count`"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_subtask_columns_that_do_not_fit_are_damaged_naming_the_column(
+    columns: dict, problem: str, column_checks: str
+) -> None:
+    tree = valid_columns()
+    tree["subtasks"].update(columns)
+    with pytest.raises(MetadataError) as exc:
+        decode_metadata(envelope(msgspec.msgpack.encode(tree)), source="chk-5/_metadata")
+    assert str(exc.value) == f"chk-5/_metadata does not decode ({problem}); the file is damaged"
+
+
+@pytest.mark.parametrize(
+    ("columns", "what"),
+    [
+        ({"ref": b"\x00\x06"}, "subtask map[1] refers to checkpoint 5"),
+        ({"ref": 7}, "subtask map[0] refers to checkpoint 6"),
+        (
+            {"paths": ["chk-5/u0-a0.state", "../../x"]},
+            "subtask map[1] has state handle path '../../x' ('..' is not allowed); state paths "
+            "are relative to the job root and never leave it",
+        ),
+        (
+            {"offset": b"\x00\x01"},
+            "subtask map[1] has segment 1+2 outside file 'chk-3/u1-a0.state' of 2 bytes",
+        ),
+        ({"size": 3}, "subtask map[0] has segment 0+4 outside file 'chk-5/u0-a0.state' of 3 bytes"),
+    ],
+)
+def test_damaged_values_in_columns_name_the_first_subtask_that_holds_one(
+    columns: dict, what: str, column_checks: str
+) -> None:
+    tree = valid_columns()
+    tree["subtasks"].update(columns)
+    with pytest.raises(MetadataError) as exc:
+        decode_metadata(envelope(msgspec.msgpack.encode(tree)), source="chk-5/_metadata")
+    assert str(exc.value) == (f"chk-5/_metadata: {what}; the metadata of checkpoint 5 is damaged")
+
+
+@settings(FUZZ, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(_mutations(), min_size=1, max_size=4))
+def test_fuzz_mutated_columns_with_valid_checksums(mutations: list, column_checks: str) -> None:
+    tree = valid_columns()
+    for pick, value, how in mutations:
+        _mutate(tree["subtasks"], pick, value, how)
+    try:
+        body = msgspec.msgpack.encode(tree)
+    except (OverflowError, ValueError):
+        return  # not representable in msgpack: nothing to decode
+    md = decodes_or_refuses(envelope(body))
+    if md is not None:  # it decoded: every row builds, and the views can show it
+        assert len(tuple(md.subtasks)) == len(md.subtasks)
+        assert decode_metadata(encode_metadata(md), source="again") == md
+        Inspector(CompletedCheckpointStore([md])).checkpoints()
+
+
+@FUZZ
+@given(st.binary(min_size=1, max_size=8), st.integers(min_value=0, max_value=400))
+def test_fuzz_raw_byte_splices_in_the_columns_with_valid_checksums(junk: bytes, at: int) -> None:
+    body = msgspec.msgpack.encode(valid_columns())
+    start = body.index(b"subtasks")
+    at = start + at % (len(body) - start)
+    md = decodes_or_refuses(envelope(body[:at] + junk + body[at + len(junk) :]))
+    if md is not None:
+        assert len(tuple(md.subtasks)) == len(md.subtasks)
 
 
 # -- events ----------------------------------------------------------------------------------

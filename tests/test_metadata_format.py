@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import struct
 from pathlib import Path
 
@@ -34,8 +35,8 @@ from metadata.model import (
 FIXTURES = Path(__file__).parent / "fixtures" / "metadata"
 
 
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_v1", FIXTURES / "make_v1.py")
+def _fixture_module(name: str = "make_v1"):
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -290,3 +291,91 @@ def checkpoints(draw) -> CheckpointMetadata:
 @given(checkpoints())
 def test_any_checkpoint_round_trips(md: CheckpointMetadata) -> None:
     assert decode_metadata(encode_metadata(md), source="x") == md
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(checkpoints())
+def test_the_columns_answer_what_the_rows_do(md: CheckpointMetadata) -> None:
+    data = encode_metadata(md)
+    rows = tuple(md.subtasks)
+    one_by_one = decode_metadata(data, source="x")  # rows read singly, none built before
+    assert [one_by_one.subtasks[i] for i in range(len(rows))] == list(rows)
+    for vertex_id in {s.vertex_id for s in rows} | {"absent"}:
+        wanted = tuple(s for s in rows if s.vertex_id == vertex_id)
+        assert decode_metadata(data, source="x").subtasks_of(vertex_id) == wanted
+    back = decode_metadata(data, source="x")
+    assert back.handle_paths == {h.path for s in rows for h in s.handles}
+    assert back.referenced_checkpoint_ids == {s.ref_checkpoint_id for s in rows} - {None}
+    assert back.state_bytes == sum(h.length for s in rows for h in s.handles)
+    table = back.subtask_table
+    assert table.unit_ids() == {s.unit_id for s in rows}
+    assert table.unit_ids(fallback=True) == {s.unit_id for s in rows if s.is_fallback}
+    assert table.unit_ids(fallback=False) == {s.unit_id for s in rows if not s.is_fallback}
+    assert table.fallback_count() == sum(s.is_fallback for s in rows)
+    made = md.subtask_table  # made from rows in code: the same answers without columns
+    assert made.unit_ids(fallback=True) == table.unit_ids(fallback=True)
+    assert made.fallback_count() == table.fallback_count()
+    assert made.handle_paths() == back.handle_paths
+    assert pickle.loads(pickle.dumps(back)) == md  # Spark ships metadata pickled
+
+
+V1_4 = _fixture_module("make_v1_4").expected()
+
+
+def test_reads_the_committed_version_1_4_fixture_in_the_row_layout() -> None:
+    data = (FIXTURES / "v1.4-regional.bin").read_bytes()
+    assert struct.unpack(">HH", data[4:8]) == (1, 4)
+    md = decode_metadata(data, source="v1.4-regional.bin")
+    assert md == V1_4
+    assert md.subtasks[1].handles == V1_4.subtasks[1].handles  # two segments, one shared
+    assert md.sinks == V1_4.sinks and md.consecutive_regional == 2 and md.num_retained == 3
+    assert md.handle_paths == {"chk-8/u0-a1.state", "shared/sst-000042", "chk-6/u1-a0.state"}
+    assert md.referenced_checkpoint_ids == {6} and md.state_bytes == 46
+    assert [s.committables for s in md.subtasks_of("sink")] == [(b"c-8-0",), (b"c-6-1", b"c-6-2")]
+
+
+def test_the_writer_writes_1_5_with_the_subtasks_as_columns_which_a_1_4_reader_refuses() -> None:
+    data = encode_metadata(V1_4)
+    assert struct.unpack(">HH", data[4:8]) == (1, 5)
+    columns = msgspec.msgpack.decode(data[16:-16])["subtasks"]
+    assert columns["vertex_ids"] == ["source", "sink"]
+    assert columns["paths"] == ["chk-8/u0-a1.state", "shared/sst-000042", "chk-6/u1-a0.state"]
+    assert (columns["count"], columns["handle_count"], columns["handles"]) == (4, 5, b"\1\2\1\1")
+    assert columns["ref"] == b"\0\0\7\7"  # the owner's id + 1
+    assert decode_metadata(data, source="x") == V1_4
+    # what 1.4 did with the body: its subtasks are an array of `SubtaskState` arrays
+    with pytest.raises(msgspec.ValidationError, match=r"Expected `array`, got `object`"):
+        msgspec.convert(columns, tuple[SubtaskState, ...])
+
+
+def test_a_checkpoint_without_subtasks_keeps_the_row_layout_any_1_x_reader_reads() -> None:
+    md = msgspec.structs.replace(V1_4, subtasks=())
+    body = msgspec.msgpack.decode(encode_metadata(md)[16:-16])
+    assert "subtasks" not in body
+    assert decode_metadata(encode_metadata(md), source="x") == md
+
+
+def test_one_width_of_column_each_from_one_value_to_64_bits() -> None:
+    big = 2**63 - 1
+    handles = [StateHandle("chk-9/a", big - n, n, big, bytes(n % 17)) for n in (0, 1, 300, 70_000)]
+    subtasks = tuple(SubtaskState("v", n, 2**32 + n, handles=(h,)) for n, h in enumerate(handles))
+    md = CheckpointMetadata(
+        checkpoint_id=9, job_id="j", kind="global", trigger_time_ms=1, completion_time_ms=2,
+        subtasks=subtasks,
+    )  # fmt: skip
+    columns = msgspec.msgpack.decode(encode_metadata(md)[16:-16])["subtasks"]
+    assert columns["size"] == big  # one value every row holds
+    assert len(columns["index"]) == 4 and len(columns["unit_id"]) == 32  # 1 and 8 bytes each
+    assert len(columns["length"]) == 16  # 4 bytes each
+    assert isinstance(columns["checksums"], list)  # four lengths: one per handle
+    assert decode_metadata(encode_metadata(md), source="x") == md
+
+
+def test_a_writer_bug_that_would_store_a_negative_count_is_named() -> None:
+    md = msgspec.structs.replace(V1_4, subtasks=(SubtaskState("v", 0, 0), SubtaskState("v", -3, 0)))
+    with pytest.raises(MetadataError) as exc:
+        encode_metadata(md)
+    assert str(exc.value) == (
+        "subtask column `index` cannot hold -3: a checkpoint records no negative or wider than "
+        "64-bit counts, ids or sizes; fix the writer"
+    )

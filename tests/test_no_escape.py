@@ -103,17 +103,17 @@ def test_clean_never_deletes_through_a_link_and_says_why(
     for expected in (
         f"checkpoint 2 chk-2/ keep outside-root - - 0 0 holds a symbolic link chk-2 -> {outside} "
         "(outside the job root); nothing under it is deleted: inspect it, remove the link -",
-        f"checkpoint 4 chk-4/ keep outside-root - - 173 0 holds a symbolic link chk-4/u0-a0.state "
+        f"checkpoint 4 chk-4/ keep outside-root - - 235 0 holds a symbolic link chk-4/u0-a0.state "
         f"-> {secret} (outside the job root); nothing under it is deleted: inspect it, remove "
         "the link -",
         f"file 2 chk-2 keep outside-root - - 0 0 a symbolic link chk-2 -> {outside} (outside "
         "the job root): never followed nor deleted; remove it by hand -",
         f"file 4 chk-4/u0-a0.state keep outside-root - - 0 0 a symbolic link chk-4/u0-a0.state "
         f"-> {secret} (outside the job root): never followed nor deleted; remove it by hand -",
-        "file 4 chk-4/_metadata keep outside-root - - 173 0 checkpoint 4 holds a symbolic link "
+        "file 4 chk-4/_metadata keep outside-root - - 235 0 checkpoint 4 holds a symbolic link "
         f"chk-4/u0-a0.state -> {secret} (outside the job root); kept whole -",
         "file 3 chk-3/u0-a0.state delete subsumed - - 0 7 file of dropped checkpoint 3 deleted",
-        "deleted: 2 files, 180 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
+        "deleted: 2 files, 242 bytes; already gone: 0; skipped (in progress): 0; refused: 0; "
         "failed: 0",
     ):
         assert expected in lines, "\n".join(lines)

@@ -66,7 +66,7 @@ def test_clean_keeps_the_num_retained_the_job_recorded(tmp_path, capsys) -> None
     assert totals(lines)[:3] == [
         "num-retained 10 (recorded in checkpoint 12)",
         "retained checkpoints: 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
-        "kept: 20 files, 1993 bytes; planned for deletion: 4 files, 398 bytes",
+        "kept: 20 files, 2613 bytes; planned for deletion: 4 files, 522 bytes",
     ]
     assert checkpoint_dirs(storage) == list(range(3, 13))
 
