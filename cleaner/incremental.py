@@ -341,7 +341,7 @@ class IncrementalPlanner:
     # --- internals --------------------------------------------------------------------------
 
     def _keep(self, cid: int, md: CheckpointMetadata) -> None:
-        paths = frozenset(h.path for s in md.subtasks for h in s.handles)
+        paths = md.handle_paths  # from the columns: no subtask built
         self._refs[cid] = paths
         self._kept_md[cid] = md  # its exchange readers' cursors keep segments
         for path in paths:

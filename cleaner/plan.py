@@ -198,7 +198,7 @@ class _References:
         safe = set(listed)  # a copy: it grows
         for md in completed:
             cid = md.checkpoint_id
-            raw = {h.path for s in md.subtasks for h in s.handles}
+            raw = set(md.handle_paths)  # from the columns: no subtask built
             odd = [p for p in raw - safe if _SAFE_PATH.fullmatch(p) is None]
             safe |= raw.difference(odd)
             if odd:

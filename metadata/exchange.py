@@ -183,9 +183,7 @@ def reader_view(md: CheckpointMetadata, reader: str) -> ReaderView:
     if info is None:
         return ReaderView(md.checkpoint_id, None, {})
     cursors: dict[int, Cursor] = {}
-    for s in md.subtasks:
-        if s.vertex_id != reader:
-            continue
+    for s in md.subtasks_of(reader):
         wanted = split_id(info.parallelism, s.index)
         for split in s.split_states:
             if split.split_id == wanted:
