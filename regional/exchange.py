@@ -61,7 +61,7 @@ from metadata.exchange import (
 from metadata.layout import name_problem
 from regional.errors import CommitError, GraphError
 from regional.partitioning import partition_of
-from regional.sinks.parquet import ParquetSink, _Committable, _fsync, _name
+from regional.sinks.parquet import ParquetSink, _Committable, _name
 from regional.sources.base import ReadResult
 
 __all__ = ["Backlog", "ExchangeReader", "ExchangeWriter", "exchange_path", "repartition"]
@@ -250,10 +250,10 @@ class ExchangeWriter(_Bound, ParquetSink):
                 fs.create_dir(f"{base}/{staging}", recursive=True)
             pq.write_table(pa.Table.from_pylist(rows), f"{base}/{name}", filesystem=fs)
             if isinstance(fs, pafs.LocalFileSystem):
-                _fsync(f"{base}/{name}")
+                self._unsynced.add(f"{base}/{name}")  # `sync_staged`, before the task answers
             out.append(msgspec.msgpack.encode(_Committable(name, len(rows))))
         if out and isinstance(fs, pafs.LocalFileSystem):
-            self._unsynced.add(f"{base}/{staging}")  # `sync_staged`, once per task
+            self._unsynced_dirs.add(f"{base}/{staging}")
         return tuple(out)
 
     # --- committer side (on the driver) -----------------------------------------------------

@@ -187,11 +187,11 @@ def test_staging_directory_synced_once_per_task_and_a_failed_sync_declines(env, 
     acks = run_units(env, works)
     assert all(isinstance(a, Ack) for a in acks)
     staging = [p for p in synced if p.endswith("/_staging/job")]
-    assert len(staging) == 1  # two staged files, their directory synced once
-    assert len(synced) == 3  # and each file once
+    assert len(staging) == 1 and synced[-1] == staging[0]  # the directory once, last
+    assert len(synced) == 3  # and each of the two staged files once, before it
 
     def broken(path: str) -> None:
-        if path.endswith("/_staging/job"):
+        if path.endswith(".staged"):  # a staged file's data does not reach the disk
             raise OSError(5, "Input/output error")
 
     monkeypatch.setattr("regional.sinks.parquet._fsync", broken)

@@ -59,6 +59,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pyarrow as pa
@@ -238,7 +239,8 @@ class ParquetSink:
         self.path = path
         self._filesystem = filesystem
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
-        self._unsynced: set[str] = set()  # local staging directories whose entries need fsync
+        self._unsynced: set[str] = set()  # local staged files not synced yet
+        self._unsynced_dirs: set[str] = set()  # local staging directories, likewise
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._filesystem is not None:
@@ -285,17 +287,24 @@ class ParquetSink:
         fs, base = self._open()
         fs.create_dir(f"{base}/{_STAGING}/{job_id}", recursive=True)
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
-        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
-            _fsync(f"{base}/{name}")
-            self._unsynced.add(f"{base}/{_STAGING}/{job_id}")  # `sync_staged`, once per task
+        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged:
+            self._unsynced.add(f"{base}/{name}")  # `sync_staged`, before the task answers
+            self._unsynced_dirs.add(f"{base}/{_STAGING}/{job_id}")
         return (msgspec.msgpack.encode(_Committable(name, table.num_rows)),)
 
     def sync_staged(self) -> None:
-        """Make the entries of the staging directories this writer wrote into durable (one
-        fsync per directory, not per file): the task calls it before it hands over the acks
-        naming those files. Nothing to do on object stores."""
-        while self._unsynced:
-            _fsync(self._unsynced.pop())
+        """Make the files this writer staged, then their directories' entries, durable: the
+        task calls it once, before it hands over the acks naming those files. The files are
+        synced together (a few threads: the file system merges their journal commits) and
+        each directory once, not once per file. Nothing to do on object stores."""
+        files, self._unsynced = sorted(self._unsynced), set()
+        if len(files) > 1:
+            with ThreadPoolExecutor(min(8, len(files)), thread_name_prefix="fsync") as pool:
+                list(pool.map(_fsync, files))  # re-raises the first failure
+        elif files:
+            _fsync(files[0])
+        while self._unsynced_dirs:
+            _fsync(self._unsynced_dirs.pop())
 
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
 
