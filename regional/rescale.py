@@ -156,11 +156,7 @@ def redistribute_state(
                 )
             holder[split] = index
             new[assignment.get(split, index % parallelism)].keyed[split] = keyed
-    names = list(dict.fromkeys(name for state in old for name in state.lists))
-    for name in names:
-        entries = [e for state in old for e in state.lists.get(name, ())]
-        for index, part in enumerate(deal(entries, parallelism)):
-            new[index].lists[name] = part
+    _deal_lists(old, new)
     return new
 
 
@@ -184,12 +180,17 @@ def redistribute_keys(old: Sequence[OperatorState], parallelism: int) -> list[Op
                 )
             for key, slot in slots.items():
                 new[partition_of(key, parallelism)].keyed.setdefault(KEY_SCOPE, {})[key] = slot
+    _deal_lists(old, new)
+    return new
+
+
+def _deal_lists(old: Sequence[OperatorState], new: Sequence[OperatorState]) -> None:
+    """Subtask list state of `old`, dealt round-robin over `new`, list by list."""
     names = list(dict.fromkeys(name for state in old for name in state.lists))
     for name in names:
         entries = [e for state in old for e in state.lists.get(name, ())]
-        for index, part in enumerate(deal(entries, parallelism)):
+        for index, part in enumerate(deal(entries, len(new))):
             new[index].lists[name] = part
-    return new
 
 
 def plan_restore(
