@@ -7,7 +7,10 @@ reads its sources from their positions, runs the operators, stages sink files, a
 * **sync phase** (under the unit's timeout): operator state is serialised to a local file;
 * **async phase** (FLINK-37375): a small thread pool uploads the file to checkpoint storage while
   the task already runs its next unit; the upload is read back and every segment's checksum
-  verified before the ack is produced (DESIGN §4 rule 10).
+  verified before the ack is produced (DESIGN §4 rule 10). A unit with no state to upload is
+  acked at once, without a thread hop;
+* **before the task answers**: the sinks' staged files and staging directories are made durable
+  together (`sync_staged`), so no ack names a file a power loss could take back.
 
 Two knobs exist for the slow-storage benchmark, both off by default: `TaskEnv.upload_latency`
 (an injected, seeded, heavy-tailed upload delay) and `TaskEnv.upload_in_sync_phase` (upload
@@ -330,18 +333,21 @@ def run_units(
             try:
                 with _timeout(env.unit_timeout):
                     snap = _process(env, storage, work)
+                    inline = env.upload_in_sync_phase or snap.local_file is None
                     if env.upload_in_sync_phase:  # the unit blocks until its upload is verified
                         upload_started = time.monotonic()
                         answer = _upload(env, storage, snap)
                         blocked = answer.snapshot_blocked_s + time.monotonic() - upload_started
                         answer = msgspec.structs.replace(answer, snapshot_blocked_s=blocked)
+                    elif inline:  # no state to upload: the ack needs no upload thread
+                        answer = _upload(env, storage, snap)
             except UnitTimeout:
                 answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
             except Exception as exc:
                 prefix = "upload failed: " if snap is not None else ""
                 answers.append(_decline(work, failure_line(exc, prefix), failure_trace(exc)))
             else:
-                if env.upload_in_sync_phase:
+                if inline:
                     answers.append(answer)
                 else:
                     pending.append((snap, pool.submit(_upload, env, storage, snap), started))
