@@ -67,7 +67,7 @@ from benchmarks.bench_partial_failures import (
     INJECTED,
     TOLERABLE,
     FirstReads,
-    log_read,
+    LoggedGenerator,
     percentile,
     schedule,
 )
@@ -79,7 +79,6 @@ from regional.runtime.faults import Faults
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.sinks.parquet import ParquetSink
-from regional.sources.base import ReadResult
 from regional.sources.generator import GeneratorSource
 
 SCHEMA = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("key", pa.int64())])
@@ -106,29 +105,6 @@ class OriginRecords:
         return {"split": split, "n": n, "key": (n * 7919 + split) % self.keys}
 
 
-class LoggedKeyedGenerator:
-    """`GeneratorSource` of `OriginRecords`, `per_epoch` records per split and read, logging
-    every read (`log_read`)."""
-
-    def __init__(self, splits: int, per_epoch: int, keys: int, log: str) -> None:
-        self.inner = GeneratorSource(
-            splits, OriginRecords(keys), max_per_read=per_epoch, schema=SCHEMA
-        )
-        self.log = log
-
-    @property
-    def bounded(self) -> bool:
-        return False
-
-    def discover(self) -> list[str]:
-        return self.inner.discover()
-
-    def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
-        result = self.inner.read(split_id, position, max_records)
-        log_read(self.log, int(split_id[1:]), int(position or b"0"), int(result.position))
-        return result
-
-
 def record_key(record: dict[str, int]) -> int:
     return record["key"]
 
@@ -142,7 +118,10 @@ def count_per_key(ctx: Any, record: dict[str, int]) -> Any:
 
 def keyed_job(name: str, args: argparse.Namespace, log: str, table: str) -> Pipeline:
     pipeline = Pipeline(name, records_per_epoch=args.records * args.headroom)
-    src = LoggedKeyedGenerator(args.upstream, args.records, args.keys, log)
+    inner = GeneratorSource(
+        args.upstream, OriginRecords(args.keys), max_per_read=args.records, schema=SCHEMA
+    )
+    src = LoggedGenerator(args.upstream, log, inner=inner)
     (
         pipeline.source(src, parallelism=args.upstream, name="gen")
         .key_by(record_key, partitions=args.partitions, name="by-key")

@@ -107,10 +107,11 @@ def log_read(log: str, split: int, start: int, end: int) -> None:
 
 
 class LoggedGenerator:
-    """`GeneratorSource` that logs every read (our runtime's source)."""
+    """`GeneratorSource` that logs every read (our runtime's source); `inner` replaces the
+    default generator of `make_record` (its split ids must be ``g<split>``)."""
 
-    def __init__(self, splits: int, log: str) -> None:
-        self.inner = GeneratorSource(splits, make_record, schema=SCHEMA)
+    def __init__(self, splits: int, log: str, *, inner: GeneratorSource | None = None) -> None:
+        self.inner = inner or GeneratorSource(splits, make_record, schema=SCHEMA)
         self.log = log
 
     @property
