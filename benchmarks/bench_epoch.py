@@ -13,8 +13,9 @@ per core):
 
 Prints the median epoch time of each, the ratio regional / plain Spark (target <= 1.15) and
 the split of the regional epoch on the driver (`regional.runtime.timing.EpochTiming`: plan,
-dispatch = the Spark job with restore, processing, snapshot and upload inside the tasks,
-feed, metadata, commit, discard, clean, event). Then the same regional job with a full scan
+dispatch = the Spark job, feed, metadata, commit, discard, clean, event) and, inside the
+dispatch, the units' task seconds per phase summed over units (restore, process, snapshot,
+upload; from the acks). Then the same regional job with a full scan
 of the job root at every epoch (how the driver cleaned before incremental cleaning): the
 cleaning time on the epoch's path, and what the background worker deleted.
 
@@ -39,7 +40,7 @@ from benchmarks.report import RESULTS, print_table, write_results
 from regional.pipeline import Pipeline
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
-from regional.runtime.timing import PARTS, EpochTiming
+from regional.runtime.timing import PARTS, TASK_PARTS, EpochTiming
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
 
@@ -175,6 +176,18 @@ def main() -> None:
     shown = [{k: v if k == "part" else f"{v:.1f}" for k, v in r.items()} for r in split]
     print_table([("part", "part", "<9"), ("incremental", "incremental cleaning", ">20"),
                  ("full", "full scan every epoch", ">22")], shown)  # fmt: skip
+    phases = [
+        {"part": part, "ms": _median(regional, f"task_{part}_s") * 1000} for part in TASK_PARTS
+    ]
+    print(
+        f"\ninside the dispatch: task ms per phase, summed over the {args.regions} units "
+        f"(median; {tasks} tasks run in parallel)"
+    )
+    print_table(
+        [("part", "phase", "<9"), ("ms", "task ms", ">9")],
+        [{"part": t["part"], "ms": f"{t['ms']:.1f}"} for t in phases],
+    )
+    split += [{"part": f"task-{t['part']}", "incremental": t["ms"], "full": None} for t in phases]
     totals = {"incremental": incremental.cleaning.totals, "full-scan": full_scan.cleaning.totals}
     print("\nbackground cleaning worker (whole run)")
     for name, t in totals.items():

@@ -200,3 +200,20 @@ def test_staging_directory_synced_once_per_task_and_a_failed_sync_declines(env, 
     assert answers[0].reason == (
         "staged sink files not durable: OSError: [Errno 5] Input/output error"
     )
+
+
+def test_acks_say_where_the_units_task_time_went_and_the_epoch_adds_it_up(env):
+    from regional.runtime.timing import EpochStopwatch
+
+    [first] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g1"),))])
+    owned = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in _states(first))
+    [second] = run_units(env, [UnitWork(2, 1, 0, owned)])
+    assert isinstance(second, Ack)
+    assert second.restore_s > 0.0  # the second epoch reads the first one's state
+    for ack in (first, second):
+        assert ack.process_s > 0.0 and ack.snapshot_s > 0.0 and ack.upload_s > 0.0
+    watch = EpochStopwatch()
+    watch.add_tasks([first, second, Decline(2, 1, 1, "no")])
+    timing = watch.timing(2)
+    assert timing.task_upload_s == first.upload_s + second.upload_s
+    assert timing.task_restore_s == pytest.approx(first.restore_s + second.restore_s)

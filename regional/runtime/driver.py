@@ -436,6 +436,7 @@ class JobDriver(DecisionHandlers):
                     decisions += self.coordinator.on_decline(
                         cid, work.unit_id, attempts[work.unit_id], batch.error, self.clock.now_ms()
                     )
+        watch.add_tasks(answers)
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(self.clock.now_ms(), trigger.deadline_ms))
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))

@@ -42,7 +42,10 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     """Unit `unit` snapshotted checkpoint `checkpoint_id` as attempt `attempt`: `states` are its
     fresh subtask states (uploaded and verified), in layout order. `snapshot_blocked_s` is how
     long the unit was blocked in the synchronous part of its snapshot; `records_dead_lettered`
-    how many records its dead-letter sink staged (`on_error="dead-letter"`)."""
+    how many records its dead-letter sink staged (`on_error="dead-letter"`). The task's seconds
+    per phase of the unit: `restore_s` (reading and decoding its operator state), `process_s`
+    (sources, operators, staging sink files), `snapshot_s` (encoding the state and writing the
+    local file), `upload_s` (uploading it, reading it back, verifying)."""
 
     checkpoint_id: int
     unit: int
@@ -52,6 +55,10 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     records_out: int = 0
     snapshot_blocked_s: float = 0.0
     records_dead_lettered: int = 0
+    restore_s: float = 0.0
+    process_s: float = 0.0
+    snapshot_s: float = 0.0
+    upload_s: float = 0.0
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -108,6 +108,9 @@ class _Snapshot(msgspec.Struct):
     records_out: int
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
     records_dead_lettered: int = 0
+    restore_s: float = 0.0  # reading and decoding operator state
+    process_s: float = 0.0  # sources, operators, sink staging
+    encode_s: float = 0.0  # encoding operator state (to_bytes)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -139,6 +142,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     faults = env.faults
     if faults is not None:
         faults.before_unit(work)
+    started = time.perf_counter()
+    restore_s = encode_s = 0.0
     restore = {(s.vertex_id, s.index): s for s in work.restore}
     order = [v for v in pipeline.topological_order() if any(k[0] == v for k in restore)]
     outputs: dict[str, list[Chunk]] = {}
@@ -191,12 +196,14 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             if spec.operator is not None:
                 op_state = None
                 if spec.operator.stateful:
+                    restore_started = time.perf_counter()
                     op_state = OperatorState.from_bytes(
                         b"".join(storage.read_segment(h) for h in old.handles),
                         operator=vertex_id,
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
+                    restore_s += time.perf_counter() - restore_started
                 outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
                     # keyed state of finished splits leaves with this snapshot, which is also
@@ -204,7 +211,9 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     # key-scoped state (after an exchange) belongs to no split
                     if spec.operator.scope == "split":
                         op_state.retain_splits(live_splits)
+                    encode_started = time.perf_counter()
                     blob = op_state.to_bytes()
+                    encode_s += time.perf_counter() - encode_started
             else:  # a sink, or the dead letters of this chain's operators
                 if spec.dead_letter:
                     assert dead is not None
@@ -247,6 +256,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     seg_keys = [(s.vertex_id, s.index) for s in ordered if (s.vertex_id, s.index) in blobs]
     local = None
     serialise_started = time.monotonic()
+    processed = time.perf_counter()
     if seg_keys:
         fd, local = tempfile.mkstemp(prefix=f"regional-u{work.unit_id}-", suffix=".state")
         with os.fdopen(fd, "wb") as f:
@@ -262,12 +272,16 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         records_out,
         time.monotonic() - serialise_started,
         dead_lettered,
+        restore_s,
+        processed - started - restore_s - encode_s,
+        encode_s,
     )
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
     """Async phase: upload the local snapshot, read it back, verify, build the ack."""
     work = snap.work
+    started = time.perf_counter()
     handles: dict[tuple[str, int], StateHandle] = {}
     if snap.local_file is not None:
         try:
@@ -303,6 +317,10 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         records_out=snap.records_out,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
+        restore_s=snap.restore_s,
+        process_s=snap.process_s,
+        snapshot_s=snap.encode_s + snap.serialise_s,
+        upload_s=time.perf_counter() - started,
     )
 
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
-__all__ = ["PARTS", "EpochStopwatch", "EpochTiming"]
+__all__ = ["PARTS", "TASK_PARTS", "EpochStopwatch", "EpochTiming"]
 
 #: The parts of an epoch, in the order they happen.
 PARTS = ("plan", "dispatch", "feed", "metadata", "commit", "discard", "clean", "event")
+#: The phases of a unit inside the dispatch (task seconds, from the acks).
+TASK_PARTS = ("restore", "process", "snapshot", "upload")
 
 
 class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,7 +33,11 @@ class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
     (`commit_s`), deleting failed attempts' files (`discard_s`), cleaning on the epoch's path
     (`clean_s`: planning deletions and handing them to the background worker, or the full
     scan of a driver's first clean), writing the event (`event_s`); `total_s` from the trigger
-    to the event (the rest is the coordinator's own work and bookkeeping)."""
+    to the event (the rest is the coordinator's own work and bookkeeping).
+
+    Inside the dispatch, the acked units' task seconds per phase, summed over units (tasks run
+    in parallel, so the sums may exceed `dispatch_s`; `regional.runtime.protocol.Ack`):
+    `task_restore_s`, `task_process_s`, `task_snapshot_s`, `task_upload_s`."""
 
     checkpoint_id: int
     plan_s: float = 0.0
@@ -43,6 +49,10 @@ class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
     clean_s: float = 0.0
     event_s: float = 0.0
     total_s: float = 0.0
+    task_restore_s: float = 0.0
+    task_process_s: float = 0.0
+    task_snapshot_s: float = 0.0
+    task_upload_s: float = 0.0
 
 
 class EpochStopwatch:
@@ -51,6 +61,13 @@ class EpochStopwatch:
     def __init__(self) -> None:
         self._started = time.perf_counter()
         self._seconds = dict.fromkeys(PARTS, 0.0)
+        self._tasks = dict.fromkeys(TASK_PARTS, 0.0)
+
+    def add_tasks(self, answers: Iterable[object]) -> None:
+        """Add the task seconds per phase of the acks among `answers`."""
+        for a in answers:
+            for name in TASK_PARTS:
+                self._tasks[name] += getattr(a, f"{name}_s", 0.0)
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -69,4 +86,5 @@ class EpochStopwatch:
             checkpoint_id=checkpoint_id,
             total_s=time.perf_counter() - self._started,
             **{f"{name}_s": s for name, s in self._seconds.items()},
+            **{f"task_{name}_s": s for name, s in self._tasks.items()},
         )
