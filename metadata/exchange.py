@@ -104,6 +104,10 @@ class Cursor(NamedTuple):
         """True when every row of `segment` is consumed (it sorts before the cursor)."""
         return (segment.checkpoint_id, segment.writer) < (self.checkpoint_id, self.writer)
 
+    def first_row(self, segment: SegmentName) -> int:
+        """The first row of `segment` not read yet (0 unless the cursor is inside it)."""
+        return self.row if (segment.checkpoint_id, segment.writer) == self[:2] else 0
+
     def encode(self) -> bytes:
         return b"" if self == Cursor() else f"{self[0]}:{self[1]}:{self[2]}".encode()
 
@@ -267,7 +271,7 @@ def backlog_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
                     continue
                 data = storage.read_file(path) or b""
                 rows_in = pq.read_metadata(pa.BufferReader(data)).num_rows
-                records += rows_in - (cursor.row if segment == cursor[:2] else 0)
+                records += rows_in - cursor.first_row(segment)
                 segments, size = segments + 1, size + length
             rows.append(
                 {

@@ -83,6 +83,16 @@ class Backlog(NamedTuple):
     bytes: int
 
 
+class _Unread(NamedTuple):
+    """A segment a restore reads: from `first_row` of the file at `path` (full), published
+    as `published` (relative to the exchange directory)."""
+
+    segment: SegmentName
+    first_row: int
+    path: str
+    published: str
+
+
 class _Bound:
     """The exchange directory, set by the driver (`bind`) before any task runs."""
 
@@ -165,7 +175,7 @@ class ExchangeReader(_Bound):
             if cursor.passed(segment) or budget <= 0:
                 continue
             table = pq.read_table(info.path, filesystem=fs)
-            start = cursor.row if segment == cursor[:2] else 0
+            start = cursor.first_row(segment)
             taken = min(budget, table.num_rows - start)
             if taken > 0:
                 batches += table.slice(start, taken).to_batches()
@@ -186,7 +196,7 @@ class ExchangeReader(_Bound):
             if cursor.passed(segment):
                 continue
             rows = pq.read_metadata(info.path, filesystem=fs).num_rows
-            rows -= cursor.row if segment == cursor[:2] else 0
+            rows -= cursor.first_row(segment)
             segments, records, size = segments + 1, records + rows, size + (info.size or 0)
         return Backlog(segments, records, size)
 
@@ -336,22 +346,38 @@ class ExchangeWriter(_Bound, ParquetSink):
         `checkpoint_id` reads: per partition the published segments up to it after its cursor,
         under their own names, and its `staged` committables under the names their commit
         publishes them as. Returns the number of files copied."""
-        fs, base = self._fs()
+        fs, _ = self._fs()
         out_fs, out_base = target._fs()
-        copies: list[tuple[str, str]] = []  # (source, relative target)
+        unread = self._unread(layout, cursors, staged, checkpoint_id)
+        for u in unread:
+            out_fs.create_dir(posixpath.dirname(f"{out_base}/{u.published}"), recursive=True)
+            pafs.copy_files(u.path, f"{out_base}/{u.published}", fs, out_fs)
+        return len(unread)
+
+    def _unread(
+        self,
+        layout: int,
+        cursors: Mapping[int, Cursor],
+        staged: Iterable[bytes],
+        checkpoint_id: int,
+    ) -> list[_Unread]:
+        """What a restore from checkpoint `checkpoint_id` reads, in segment order: per partition
+        of `layout` the published segments up to it after its cursor, and the segments of its
+        `staged` committables that no commit published yet."""
+        fs, base = self._fs()
+        out = []
         for partition in range(layout):
             cursor = cursors.get(partition, Cursor())
             for segment, info in self._segments(layout, partition):
                 if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
-                    copies.append((info.path, f"n{layout}/p{partition}/{segment.file_name()}"))
+                    relative = f"n{layout}/p{partition}/{segment.file_name()}"
+                    out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
         for item in self._files(staged):
             published = self._published(item.file)
-            found = fs.get_file_info(f"{base}/{published}").type == pafs.FileType.File
-            copies.append((f"{base}/{published if found else item.file}", published))
-        for source, relative in copies:
-            out_fs.create_dir(posixpath.dirname(f"{out_base}/{relative}"), recursive=True)
-            pafs.copy_files(source, f"{out_base}/{relative}", fs, out_fs)
-        return len(copies)
+            if fs.get_file_info(f"{base}/{published}").type != pafs.FileType.File:
+                segment = SegmentName(*self._order(item.file))  # else listed above
+                out.append(_Unread(segment, 0, f"{base}/{item.file}", published))
+        return sorted(out, key=lambda u: (u.segment, u.path))
 
     def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:
         """A copy of this writer bound to another directory (the exchange of another root)."""
@@ -381,20 +407,10 @@ def repartition(
     Writes one segment ``<checkpoint_id>-00000`` per new partition (replaced if it exists: a
     retried restore writes the same files); new readers start at ``Cursor(checkpoint_id)``.
     Returns the number of records moved."""
-    fs, base = origin._fs()
-    parts: list[tuple[SegmentName, int, str]] = []  # (segment, first row, full path)
-    for partition in range(old_layout):
-        cursor = cursors.get(partition, Cursor())
-        for segment, info in origin._segments(old_layout, partition):
-            if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
-                parts.append((segment, cursor.row if segment == cursor[:2] else 0, info.path))
-    for item in origin._files(staged):
-        published = f"{base}/{origin._published(item.file)}"
-        if fs.get_file_info(published).type != pafs.FileType.File:  # else listed above
-            parts.append((SegmentName(*origin._order(item.file)), 0, f"{base}/{item.file}"))
+    fs, _ = origin._fs()
     rows: list[Any] = []
-    for _, first, path in sorted(parts, key=lambda p: (p[0], p[2])):
-        rows += pq.read_table(path, filesystem=fs).slice(first).to_pylist()
+    for u in origin._unread(old_layout, cursors, staged, checkpoint_id):
+        rows += pq.read_table(u.path, filesystem=fs).slice(u.first_row).to_pylist()
     grouped = target.partition(rows, new_layout)
     out_fs, out_base = target._fs()
     for partition in range(new_layout):

@@ -425,13 +425,14 @@ class Pipeline:
         no exchange; `GraphError` for a process keyed otherwise after an exchange."""
         from regional.exchange import ExchangeWriter
 
-        readers = [s for s in self._ancestors(vertex_id) if s.exchange_from is not None]
+        sources = self._ancestors(vertex_id)
+        readers = [s for s in sources if s.exchange_from is not None]
         if not readers:
             return "split"
-        keys = [self.vertices[s.exchange_from].sink for s in readers]  # type: ignore[index]
-        if all(isinstance(w, ExchangeWriter) and w.key is key for w in keys) and len(
-            readers
-        ) == len(self._ancestors(vertex_id)):
+        writers = [self.vertices[s.exchange_from].sink for s in readers]  # type: ignore[index]
+        if len(readers) == len(sources) and all(
+            isinstance(w, ExchangeWriter) and w.key is key for w in writers
+        ):
             return "key"
         raise GraphError(
             f"process {name or '(unnamed)'!r} after exchange "
