@@ -256,14 +256,15 @@ class ExchangeWriter(_Bound, ParquetSink):
                 f"{staging}/n{self.partitions}-p{partition}-c{checkpoint_id:020d}-w{index:05d}-"
                 f"{run_id or 'run'}-a{attempt}-{uuid.uuid4().hex[:8]}.staged"
             )
+            local = isinstance(fs, pafs.LocalFileSystem)
             if not out:
                 fs.create_dir(f"{base}/{staging}", recursive=True)
+                if local:  # `sync_staged`, before the task answers
+                    self._staged.directory(f"{base}/{staging}")
             pq.write_table(pa.Table.from_pylist(rows), f"{base}/{name}", filesystem=fs)
-            if isinstance(fs, pafs.LocalFileSystem):
-                self._unsynced.add(f"{base}/{name}")  # `sync_staged`, before the task answers
+            if local:
+                self._staged.file(f"{base}/{name}")
             out.append(msgspec.msgpack.encode(_Committable(name, len(rows))))
-        if out and isinstance(fs, pafs.LocalFileSystem):
-            self._unsynced_dirs.add(f"{base}/{staging}")
         return tuple(out)
 
     # --- committer side (on the driver) -----------------------------------------------------

@@ -177,14 +177,49 @@ def test_upload_in_sync_phase_blocks_the_unit_for_its_injected_latency(env, monk
     )  # at least the injected sleep
 
 
-def test_staging_directory_synced_once_per_task_and_a_failed_sync_declines(env, monkeypatch):
-    synced: list[str] = []
-    monkeypatch.setattr("regional.sinks.parquet._fsync", synced.append)
-    works = [
-        UnitWork(1, 1, 0, _initial(0), (("src", 0, "g0"),)),
-        UnitWork(1, 1, 1, _initial(1), (("src", 0, "g1"),)),
+def _two_staging_units(checkpoint_id: int = 1) -> list[UnitWork]:
+    return [
+        UnitWork(checkpoint_id, 1, 0, _initial(0), (("src", 0, "g0"),)),
+        UnitWork(checkpoint_id, 1, 1, _initial(1), (("src", 0, "g1"),)),
     ]
-    acks = run_units(env, works)
+
+
+def test_staged_files_made_durable_by_one_syncfs_per_task_and_a_failed_one_declines(
+    env, monkeypatch
+):
+    import ctypes
+
+    synced: list[int] = []
+
+    def syncfs(fd: int) -> int:
+        synced.append(fd)
+        return 0
+
+    monkeypatch.setattr("regional.durability._syncfs", lambda: syncfs)
+    monkeypatch.setattr("regional.durability.fsync_path", pytest.fail)  # not one fsync
+    acks = run_units(env, _two_staging_units())
+    assert all(isinstance(a, Ack) for a in acks)
+    assert len(synced) == 1  # the two units' staged files: one call for the task
+
+    def broken(fd: int) -> int:  # the file system lost a write-back since the task began
+        ctypes.set_errno(5)
+        return -1
+
+    monkeypatch.setattr("regional.durability._syncfs", lambda: broken)
+    answers = run_units(env, _two_staging_units(2))
+    assert [type(a) for a in answers] == [Decline, Decline]
+    staging = f"{env.pipeline.vertices['out'].sink.path}/_staging/job"
+    assert answers[0].reason == (
+        "staged sink files not durable: OSError: [Errno 5] Input/output error "
+        f"(syncfs of {staging})"
+    )
+
+
+def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(env, monkeypatch):
+    synced: list[str] = []
+    monkeypatch.setattr("regional.durability._syncfs", lambda: None)  # another system
+    monkeypatch.setattr("regional.durability.fsync_path", synced.append)
+    acks = run_units(env, _two_staging_units())
     assert all(isinstance(a, Ack) for a in acks)
     staging = [p for p in synced if p.endswith("/_staging/job")]
     assert len(staging) == 1 and synced[-1] == staging[0]  # the directory once, last
@@ -194,8 +229,8 @@ def test_staging_directory_synced_once_per_task_and_a_failed_sync_declines(env, 
         if path.endswith(".staged"):  # a staged file's data does not reach the disk
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("regional.sinks.parquet._fsync", broken)
-    answers = run_units(env, [msgspec.structs.replace(w, checkpoint_id=2) for w in works])
+    monkeypatch.setattr("regional.durability.fsync_path", broken)
+    answers = run_units(env, _two_staging_units(2))
     assert [type(a) for a in answers] == [Decline, Decline]
     assert answers[0].reason == (
         "staged sink files not durable: OSError: [Errno 5] Input/output error"

@@ -118,15 +118,25 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _timeout(seconds: float) -> Iterator[None]:
-    """SIGALRM after `seconds`, when running on the main thread (PySpark workers do)."""
+def _alarms(seconds: float) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
+    """For one task: installs the SIGALRM handler once (when on the main thread, as PySpark
+    workers are) and yields `timeout()`, a context that raises `UnitTimeout` inside it after
+    `seconds` (it only arms and disarms the timer: a unit pays two system calls)."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
+        yield contextlib.nullcontext
         return
+
+    @contextlib.contextmanager
+    def timeout() -> Iterator[None]:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        yield timeout
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -344,12 +354,15 @@ def run_units(
     storage = JobStorage(env.root, env.job_id)
     answers: list[Answer] = []
     pending: list[tuple[_Snapshot, Future[Ack], float]] = []
-    with ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool:
+    with (
+        ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
+        _alarms(env.unit_timeout) as timeout,
+    ):
         for work in works:
             started = time.monotonic()
             snap: _Snapshot | None = None
             try:
-                with _timeout(env.unit_timeout):
+                with timeout():
                     snap = _process(env, storage, work)
                     inline = env.upload_in_sync_phase or snap.local_file is None
                     if env.upload_in_sync_phase:  # the unit blocks until its upload is verified

@@ -54,12 +54,10 @@ deleted outside the table.
 from __future__ import annotations
 
 import contextlib
-import os
 import posixpath
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pyarrow as pa
@@ -69,6 +67,8 @@ from pyarrow import fs as pafs
 from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem, path_problem
 from metadata.model import SinkRetention
+from regional.durability import StagedFiles
+from regional.durability import fsync_path as _fsync
 from regional.errors import CommitError
 
 __all__ = ["COMMIT_GROUP", "ParquetSink", "committed_files", "read_table"]
@@ -95,19 +95,14 @@ class _CommitRecord(msgspec.Struct, frozen=True):
     fallback: dict[int, int] = {}  # unit -> owner checkpoint, for units that fell back
 
 
+#: The local file system (stateless: one for every table; a writer opens it once per file).
+_LOCAL = pafs.LocalFileSystem()
+
+
 def _open(path: str) -> tuple[pafs.FileSystem, str]:
     if "://" in path:
         return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), path.rstrip("/")
-
-
-def _fsync(path: str) -> None:
-    """Make a local file (or a directory's entries) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return _LOCAL, path.rstrip("/")
 
 
 def _staged_file(table: str, file: str, where: str) -> str:
@@ -239,8 +234,7 @@ class ParquetSink:
         self.path = path
         self._filesystem = filesystem
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
-        self._unsynced: set[str] = set()  # local staged files not synced yet
-        self._unsynced_dirs: set[str] = set()  # local staging directories, likewise
+        self._staged = StagedFiles()  # local staged files not durable yet (`sync_staged`)
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._filesystem is not None:
@@ -285,26 +279,22 @@ class ParquetSink:
         )
         name = f"{_STAGING}/{job_id}/{stem}{_STAGED}"
         fs, base = self._open()
-        fs.create_dir(f"{base}/{_STAGING}/{job_id}", recursive=True)
+        staging = f"{base}/{_STAGING}/{job_id}"
+        fs.create_dir(staging, recursive=True)
+        local = isinstance(fs, pafs.LocalFileSystem)
+        if local:  # durable before it is acknowledged: `sync_staged`, before the task answers
+            self._staged.directory(staging)
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
-        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged:
-            self._unsynced.add(f"{base}/{name}")  # `sync_staged`, before the task answers
-            self._unsynced_dirs.add(f"{base}/{_STAGING}/{job_id}")
+        if local:
+            self._staged.file(f"{base}/{name}")
         return (msgspec.msgpack.encode(_Committable(name, table.num_rows)),)
 
     def sync_staged(self) -> None:
-        """Make the files this writer staged, then their directories' entries, durable: the
-        task calls it once, before it hands over the acks naming those files. The files are
-        synced together (a few threads: the file system merges their journal commits) and
-        each directory once, not once per file. Nothing to do on object stores."""
-        files, self._unsynced = sorted(self._unsynced), set()
-        if len(files) > 1:
-            with ThreadPoolExecutor(min(8, len(files)), thread_name_prefix="fsync") as pool:
-                list(pool.map(_fsync, files))  # re-raises the first failure
-        elif files:
-            _fsync(files[0])
-        while self._unsynced_dirs:
-            _fsync(self._unsynced_dirs.pop())
+        """Make the files this writer staged, and their directories' entries, durable: the
+        task calls it once, before it hands over the acks naming those files
+        (`regional.durability.StagedFiles`: one `syncfs` per file system on Linux, else an
+        fsync per file). Nothing to do on object stores."""
+        self._staged.sync()
 
     # --- committer side (on the driver): regional.operators.TableCommitter -------------------
 
@@ -348,14 +338,26 @@ class ParquetSink:
         return items
 
     def _where(self, items: Sequence[_Committable]) -> list[tuple[bool, bool]]:
-        """For each item: (its staged file exists, its published file exists); one call."""
+        """For each item: (its staged file exists, its published file exists). One call for
+        the staged files; the published name is looked up only where the staged file is gone
+        (a commit retried after a crash), so a usual commit asks once per file."""
         fs, base = self._open()
-        paths = [
-            p for i in items for p in (f"{base}/{i.file}", f"{base}/{self._published(i.file)}")
+        if not items:
+            return []
+        infos = fs.get_file_info([f"{base}/{i.file}" for i in items])
+        staged = [i.type == pafs.FileType.File for i in infos]
+        gone = [i for i, here in zip(items, staged, strict=True) if not here]
+        published: set[str] = set()
+        if gone:
+            names = [f"{base}/{self._published(i.file)}" for i in gone]
+            infos = fs.get_file_info(names)
+            published = {
+                n for n, i in zip(names, infos, strict=True) if i.type == pafs.FileType.File
+            }
+        return [
+            (here, not here and f"{base}/{self._published(i.file)}" in published)
+            for i, here in zip(items, staged, strict=True)
         ]
-        infos = fs.get_file_info(paths) if paths else []
-        found = [i.type == pafs.FileType.File for i in infos]
-        return list(zip(found[::2], found[1::2], strict=True))
 
     def commit(
         self,
@@ -384,17 +386,17 @@ class ParquetSink:
             )
         fs, base = self._open()
         local = isinstance(fs, pafs.LocalFileSystem)
-        for item, (staged, _) in zip(items, where, strict=True):
-            target = self._published(item.file)
+        targets = [self._published(i.file) for i in items]
+        for item, target, (staged, _) in zip(items, targets, where, strict=True):
             if staged and item.file != target:  # else published already
                 self._publish(fs, f"{base}/{item.file}", f"{base}/{target}")
         if local and items:
-            for directory in sorted({posixpath.dirname(self._published(i.file)) for i in items}):
+            for directory in sorted({posixpath.dirname(t) for t in targets}):
                 _fsync(f"{base}/{directory}".rstrip("/"))
         record = _CommitRecord(
             commit_user,
             identifier,
-            [self._published(i.file) for i in items],
+            targets,
             sum(i.rows for i in items),
             dict(fallback or {}),
         )
