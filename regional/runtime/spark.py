@@ -5,10 +5,12 @@ Everything that touches Spark is here; the driver loop itself is `regional.runti
 packed into one task per core (research/spark.md §1: the cost is per Python task); units lost
 with a failed task are re-run each as their own one-task job (`isolated`). Each task runs
 `regional.runtime.task.run_units`, so user exceptions and unit timeouts come back as declines.
-Answers reach the driver through `collect()`, or, when the job had to be cancelled at the epoch
-deadline (a hang SIGALRM could not break) or failed, through a dict accumulator that holds every
-finished task's answers; while a job runs the dispatcher reads that accumulator every
-`ANSWER_POLL_S` and reports new answers to `on_answer` (a live progress view).
+A task's answers travel as one msgpack blob (`msgspec`; pickling a thousand answers one by
+one, and unpickling them on the driver, cost about 20 ms of every epoch at 1,024 units). They
+reach the driver through `collect()`, or, when the job had to be cancelled at the epoch deadline
+(a hang SIGALRM could not break) or failed, through a dict accumulator that holds every finished
+task's blob; while a job runs the dispatcher reads that accumulator every `ANSWER_POLL_S` and
+reports new answers to `on_answer` (a live progress view).
 
 User code reaches the workers two ways. Modules imported from `code_dir` (the folder of a
 pipeline file run by `regional run`) are shipped as files (`SparkContext.addPyFile`), so the
@@ -26,8 +28,10 @@ import sysconfig
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from metadata.events import CheckpointEvent
 from metadata.storage import JobStorage
@@ -50,7 +54,7 @@ ANSWER_POLL_S = 0.25
 
 
 class _DictParam:
-    """Accumulator that merges dicts (one entry per unit answer)."""
+    """Accumulator that merges dicts (one entry per task attempt: its answers, encoded)."""
 
     def zero(self, value: dict[Any, Any]) -> dict[Any, Any]:
         return {}
@@ -121,6 +125,10 @@ def _warm_up(it: Any) -> Any:
     return iter([sum(1 for _ in it)])
 
 
+#: Decodes a task's answers (one msgpack blob per task: ~10x cheaper than pickling each).
+_ANSWERS = msgspec.msgpack.Decoder(list[Answer])
+
+
 def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
     def run(it: Any) -> Any:
         from pyspark import TaskContext
@@ -129,10 +137,22 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
         answers = run_units(env, works, spark_attempt=attempt)
-        acc.add({(a.checkpoint_id, a.unit, a.attempt): a for a in answers})
-        return iter(answers)
+        blob = msgspec.msgpack.encode(answers)
+        if works:  # one entry per task attempt: a retried task's answers come after
+            acc.add({(works[0].checkpoint_id, works[0].unit_id, attempt): blob})
+        return iter([blob])
 
     return run
+
+
+def _answers(blobs: Iterable[bytes]) -> list[Answer]:
+    """The answers in the tasks' blobs; of two answers of one unit attempt (a task Spark ran
+    again) the later one."""
+    latest: dict[tuple[int, int, int], Answer] = {}
+    for blob in blobs:
+        for a in _ANSWERS.decode(blob):
+            latest[a.checkpoint_id, a.unit, a.attempt] = a
+    return list(latest.values())
 
 
 class SparkDispatcher:
@@ -212,8 +232,8 @@ class SparkDispatcher:
             sc.cancelJobGroup(group)
             thread.join()
         if "answers" in box:
-            return Dispatch(list(box["answers"]))
-        answers = list(dict(acc.value).values())
+            return Dispatch(_answers(box["answers"]))
+        answers = _answers(dict(acc.value).values())
         if "error" in box and not cancelled:
             first = str(box["error"]).strip().splitlines()
             why = first[0][:300] if first else repr(box["error"])
@@ -225,10 +245,11 @@ class SparkDispatcher:
         accumulator is merged on the driver as each task ends)."""
         if self.on_answer is None:
             return
-        for key, answer in list(dict(acc.value).items()):  # a copy: tasks merge into it
+        for key, blob in list(dict(acc.value).items()):  # a copy: tasks merge into it
             if key not in reported:
                 reported.add(key)
-                self.on_answer(answer)
+                for answer in _ANSWERS.decode(blob):
+                    self.on_answer(answer)
 
 
 class SparkRuntime(JobDriver):
