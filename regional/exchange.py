@@ -285,6 +285,9 @@ class ExchangeWriter(_Bound, ParquetSink):
         prefix = f"{EXCHANGE_DIR}/{self.reader}"
         return [f"{prefix}/{self._published(i.file)}" for i in self._files(committables)]
 
+    #: One at a time, in `_files` order: a reader never passes a segment published later.
+    publish_threads = 1
+
     def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
         fs.create_dir(posixpath.dirname(target), recursive=True)
         fs.move(staged, target)

@@ -154,8 +154,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         faults.before_unit(work)
     started = time.perf_counter()
     restore_s = encode_s = 0.0
-    restore = {(s.vertex_id, s.index): s for s in work.restore}
-    order = [v for v in pipeline.topological_order() if any(k[0] == v for k in restore)]
+    restore = {s.vertex_id: s for s in work.restore}  # a unit has one subtask per vertex
+    order = [v for v in pipeline.topological_order() if v in restore]
     outputs: dict[str, list[Chunk]] = {}
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
@@ -169,8 +169,8 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     )
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
-        index = next(i for v, i in restore if v == vertex_id)
-        old = restore[vertex_id, index]
+        old = restore[vertex_id]
+        index = old.index
         committables: tuple[bytes, ...] = ()
         split_states: tuple[SplitState, ...] = ()
         blob: bytes | None = None

@@ -58,6 +58,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pyarrow as pa
@@ -230,6 +231,12 @@ class ParquetSink:
 
     `filesystem` overrides the file system `path` implies (then `path` is a path in it)."""
 
+    #: Files a commit publishes at once on an object store (a copy + delete each: a round
+    #: trip); a local disk renames one at a time (renames across directories take one lock of
+    #: the file system: threads only slowed a 1,024-file commit, 17 -> 60 ms). Readers of the
+    #: bare path see a commit's files in any order anyway.
+    publish_threads = 8
+
     def __init__(self, path: str, *, filesystem: pafs.FileSystem | None = None) -> None:
         self.path = path
         self._filesystem = filesystem
@@ -387,9 +394,18 @@ class ParquetSink:
         fs, base = self._open()
         local = isinstance(fs, pafs.LocalFileSystem)
         targets = [self._published(i.file) for i in items]
-        for item, target, (staged, _) in zip(items, targets, where, strict=True):
-            if staged and item.file != target:  # else published already
-                self._publish(fs, f"{base}/{item.file}", f"{base}/{target}")
+        moves = [
+            (f"{base}/{item.file}", f"{base}/{target}")
+            for item, target, (staged, _) in zip(items, targets, where, strict=True)
+            if staged and item.file != target  # else published already
+        ]
+        if self.publish_threads > 1 and len(moves) > 1 and not local:
+            threads = min(self.publish_threads, len(moves))
+            with ThreadPoolExecutor(threads, thread_name_prefix="publish") as pool:
+                list(pool.map(lambda move: self._publish(fs, *move), moves))  # re-raises
+        else:
+            for staged_path, target_path in moves:
+                self._publish(fs, staged_path, target_path)
         if local and items:
             for directory in sorted({posixpath.dirname(t) for t in targets}):
                 _fsync(f"{base}/{directory}".rstrip("/"))
