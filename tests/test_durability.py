@@ -11,6 +11,12 @@ from regional import durability
 from regional.durability import StagedFiles
 
 
+@pytest.fixture(autouse=True)
+def _little_dirty_data(monkeypatch):
+    """The machine's dirty page cache as if nothing else were writing (syncfs allowed)."""
+    monkeypatch.setattr("regional.durability._dirty_bytes", lambda: 0)
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -81,3 +87,24 @@ def test_pickled_empty_as_shipped_to_a_task(tmp_path, monkeypatch):
     copy = pickle.loads(pickle.dumps(staged))
     assert copy.pending == 0 and copy.use_syncfs
     staged.sync()
+
+
+def test_with_much_dirty_data_elsewhere_every_file_is_fsynced_instead(tmp_path, monkeypatch):
+    synced: list[str] = []
+    monkeypatch.setattr("regional.durability._syncfs", lambda: pytest.fail)  # never called
+    monkeypatch.setattr("regional.durability.fsync_path", synced.append)
+    monkeypatch.setattr(
+        "regional.durability._dirty_bytes", lambda: durability.SYNCFS_MAX_DIRTY + 1
+    )
+    before = _open_fds()
+    staged = StagedFiles()
+    _stage(staged, str(tmp_path), ["a.staged", "b.staged"])
+    staged.sync()
+    assert sorted(synced) == [str(tmp_path), str(tmp_path / "a.staged"), str(tmp_path / "b.staged")]
+    assert synced[-1] == str(tmp_path) and _open_fds() == before
+
+
+def test_the_dirty_page_cache_is_read_from_proc_meminfo(monkeypatch):
+    monkeypatch.undo()  # the real reading
+    dirty = durability._dirty_bytes()
+    assert dirty is None or dirty >= 0
