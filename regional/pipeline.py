@@ -35,7 +35,7 @@ import pyarrow as pa
 from regional.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
 from regional.errors import GraphError
 from regional.graph import Edge, JobGraph, Vertex
-from regional.sources.base import Source
+from regional.sources.base import Batch, Source
 from regional.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.state_codec import PickledState, StateCodec
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Chunk", "Operator", "Pipeline", "Stream", "VertexSpec"]
 
 #: Data flowing between operators: the split the records came from, and the records.
-Chunk = tuple[str, pa.RecordBatch | list[Any]]
+Chunk = tuple[str, Batch]
 
 
 def _records(data: pa.RecordBatch | list[Any]) -> list[Any]:

@@ -16,7 +16,7 @@ def _read_all(src, split, step):
     rows, pos, done = [], b"", False
     while not done:
         r = src.read(split, pos, step)
-        rows += [x for b in r.batches for x in b.to_pylist()]
+        rows += [x for b in r.batches for x in (b if isinstance(b, list) else b.to_pylist())]
         pos, done = r.position, r.finished
     return rows, pos
 
@@ -51,8 +51,11 @@ def test_unknown_format_is_refused(tmp_path):
 def test_generator_is_deterministic_bounded_and_rate_limited():
     src = GeneratorSource(3, lambda s, n: {"v": s * 100 + n}, records_per_split=5, max_per_read=2)
     first = src.read("g2", b"", 10)
-    assert first.batches[0].to_pylist() == [{"v": 200}, {"v": 201}] and not first.finished
+    assert first.batches == [[{"v": 200}, {"v": 201}]] and not first.finished  # as made
     rows, pos = _read_all(src, "g2", 10)
     assert [r["v"] for r in rows] == [200, 201, 202, 203, 204] and pos == b"5"
+    typed = GeneratorSource(1, lambda s, n: {"v": n}, schema=pa.schema([("v", pa.int8())]))
+    [batch] = typed.read("g0", b"", 2).batches  # with a schema: Arrow of that schema
+    assert batch.schema.field("v").type == pa.int8() and batch.to_pylist() == [{"v": 0}, {"v": 1}]
     unbounded = GeneratorSource(1, lambda s, n: {"n": n})
     assert not unbounded.bounded and not unbounded.read("g0", b"1000", 3).finished

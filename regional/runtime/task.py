@@ -49,6 +49,7 @@ from regional.failures import failure_line, failure_trace
 from regional.pipeline import Chunk, Pipeline
 from regional.runtime.faults import UnitFaults
 from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
+from regional.sources.base import num_records
 from regional.state import OperatorState
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
@@ -190,8 +191,9 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     result = spec.source.read(split, position, budget)
                     for b in result.batches:
                         chunks.append((split, b))
-                        budget -= b.num_rows
-                        records_in += b.num_rows
+                        n = num_records(b)
+                        budget -= n
+                        records_in += n
                     position = result.position
                     if result.finished:
                         continue

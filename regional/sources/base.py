@@ -7,17 +7,27 @@ Reads are deterministic: the same split and position always give the same record
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["ReadResult", "Source"]
+__all__ = ["Batch", "ReadResult", "Source", "num_records"]
+
+#: Records read or passed on together: an Arrow record batch, or a list of Python records (a
+#: source that makes Python objects hands them on as they are; the engine converts them to
+#: Arrow only where Arrow is needed, at a sink or a `map_batches`).
+Batch: TypeAlias = pa.RecordBatch | list[Any]
+
+
+def num_records(batch: Batch) -> int:
+    """How many records `batch` holds."""
+    return batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
 
 
 class ReadResult(NamedTuple):
     """Batches read from a split, the position after them, and whether the split is done."""
 
-    batches: list[pa.RecordBatch]
+    batches: list[Batch]
     position: bytes
     finished: bool
 

@@ -4,12 +4,17 @@ Split `g<i>` yields records ``make(i, n)`` for ``n = 0, 1, ...``; the position i
 Bounded with `records_per_split`, unbounded without. `max_per_read` limits how many records one
 epoch reads from a split (a rate limit counted in epochs, so runs stay deterministic).
 
+The records are handed on as `make` returned them (a list per read): operators get those very
+objects, and a sink converts them to Arrow once. With `schema`, a read is an Arrow record batch
+of that schema instead. (Going through Arrow and back cost a record-wise operator about 1.3 µs
+per record in `to_pylist`, more than the rest of a small unit's work.)
+
 >>> src = GeneratorSource(2, lambda split, n: {"split": split, "n": n}, records_per_split=3)
 >>> src.discover()
 ['g0', 'g1']
 >>> r = src.read("g1", b"", 2)
->>> r.batches[0].to_pylist(), r.finished
-([{'split': 1, 'n': 0}, {'split': 1, 'n': 1}], False)
+>>> r.batches, r.finished
+([[{'split': 1, 'n': 0}, {'split': 1, 'n': 1}]], False)
 >>> src.read("g1", r.position, 2).finished
 True
 """
@@ -21,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from regional.sources.base import ReadResult
+from regional.sources.base import Batch, ReadResult
 
 __all__ = ["GeneratorSource"]
 
@@ -65,6 +70,12 @@ class GeneratorSource:
         if self.records_per_split is not None:
             end = min(end, self.records_per_split)
         rows = [self.make(index, n) for n in range(start, end)]
-        batches = [pa.RecordBatch.from_pylist(rows, schema=self.schema)] if rows else []
+        batches: list[Batch] = []
+        if rows:
+            batches.append(
+                rows
+                if self.schema is None
+                else pa.RecordBatch.from_pylist(rows, schema=self.schema)
+            )
         finished = self.records_per_split is not None and end >= self.records_per_split
         return ReadResult(batches, str(end).encode(), finished)
