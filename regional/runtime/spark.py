@@ -5,12 +5,12 @@ Everything that touches Spark is here; the driver loop itself is `regional.runti
 packed into one task per core (research/spark.md §1: the cost is per Python task); units lost
 with a failed task are re-run each as their own one-task job (`isolated`). Each task runs
 `regional.runtime.task.run_units`, so user exceptions and unit timeouts come back as declines.
-A task's answers travel as one msgpack blob (`msgspec`; pickling a thousand answers one by
-one, and unpickling them on the driver, cost about 20 ms of every epoch at 1,024 units). They
-reach the driver through `collect()`, or, when the job had to be cancelled at the epoch deadline
-(a hang SIGALRM could not break) or failed, through a dict accumulator that holds every finished
-task's blob; while a job runs the dispatcher reads that accumulator every `ANSWER_POLL_S` and
-reports new answers to `on_answer` (a live progress view).
+A task's work and its answers travel as one msgpack blob each (`msgspec`; pickling a thousand
+answers one by one, and unpickling them on the driver, cost about 20 ms of every epoch at
+1,024 units). Answers reach the driver through `collect()`, or, when the job had to be
+cancelled at the epoch deadline (a hang SIGALRM could not break) or failed, through a dict
+accumulator that holds every finished task's blob; while a job runs the dispatcher reads that
+accumulator every `ANSWER_POLL_S` and reports new answers to `on_answer` (a live progress view).
 
 User code reaches the workers two ways. Modules imported from `code_dir` (the folder of a
 pipeline file run by `regional run`) are shipped as files (`SparkContext.addPyFile`), so the
@@ -125,15 +125,33 @@ def _warm_up(it: Any) -> Any:
     return iter([sum(1 for _ in it)])
 
 
-#: Decodes a task's answers (one msgpack blob per task: ~10x cheaper than pickling each).
+#: Decode a task's work and answers: one msgpack blob each way per task (~10x cheaper than
+#: pickling a thousand Structs one by one).
+_WORKS = msgspec.msgpack.Decoder(list[UnitWork])
 _ANSWERS = msgspec.msgpack.Decoder(list[Answer])
+
+
+def _packed(works: list[UnitWork], tasks: int) -> list[bytes]:
+    """`works` in `tasks` contiguous slices of near-equal size (as `parallelize` slices a
+    list), each encoded as one blob."""
+    n = len(works)
+    return [
+        msgspec.msgpack.encode(works[i * n // tasks : (i + 1) * n // tasks]) for i in range(tasks)
+    ]
+
+
+def _unpacked(blob: bytes) -> list[UnitWork]:
+    """A task's work from its blob (a module function: the task's closure, pickled by value,
+    refers to it by name; a Decoder itself does not pickle)."""
+    return _WORKS.decode(blob)
 
 
 def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
     def run(it: Any) -> Any:
         from pyspark import TaskContext
 
-        works = list(it)  # drain the input, or the worker is not reused
+        # drain the input, or the worker is not reused
+        works = [w for blob in it for w in _unpacked(blob)]
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
         answers = run_units(env, works, spark_attempt=attempt)
@@ -217,7 +235,8 @@ class SparkDispatcher:
         def job() -> None:
             sc.setJobGroup(group, description, interruptOnCancel=True)
             try:
-                box["answers"] = sc.parallelize(works, parts).mapPartitions(fn).collect()
+                packed = _packed(works, parts)
+                box["answers"] = sc.parallelize(packed, parts).mapPartitions(fn).collect()
             except Exception as exc:
                 box["error"] = exc
 
