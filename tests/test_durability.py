@@ -93,9 +93,7 @@ def test_with_much_dirty_data_elsewhere_every_file_is_fsynced_instead(tmp_path, 
     synced: list[str] = []
     monkeypatch.setattr("regional.durability._syncfs", lambda: pytest.fail)  # never called
     monkeypatch.setattr("regional.durability.fsync_path", synced.append)
-    monkeypatch.setattr(
-        "regional.durability._dirty_bytes", lambda: durability.SYNCFS_MAX_DIRTY + 1
-    )
+    monkeypatch.setattr("regional.durability._dirty_bytes", lambda: durability.SYNCFS_MAX_DIRTY + 1)
     before = _open_fds()
     staged = StagedFiles()
     _stage(staged, str(tmp_path), ["a.staged", "b.staged"])
