@@ -436,7 +436,7 @@ class CheckpointCoordinator:
         if (
             len(acks) + sum(type(a) is Decline for a in rest) != len(rest)
             or not 0 <= min(every) <= max(every) < self._n
-            or any(s.handles or s.committables for a in acks for s in a.states)
+            or _any_files(chain.from_iterable(map(_states_of, acks)))
         ):
             out: list[Decision] = []
             for a in rest:  # one by one (also raises for a unit the job does not have)
@@ -1003,19 +1003,26 @@ def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
-    for s in chain.from_iterable(states):
-        if s.handles or s.committables:
-            return [
-                _discard(cid, unit_id, attempt, unit_states, committables=True)
-                for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
-            ]
+    if _any_files(chain.from_iterable(states)):
+        return [
+            _discard(cid, unit_id, attempt, unit_states, committables=True)
+            for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
+        ]
     return list(map(DiscardAttempt, repeat(cid), acked, attempts))
 
 
 _committables_of = attrgetter("committables")
+_handles_of = attrgetter("handles")
+_states_of = attrgetter("states")
 _checkpoint_of = attrgetter("checkpoint_id")
 _attempt_of = attrgetter("attempt")
 _unit_of = attrgetter("unit")
+
+
+def _any_files(states: Iterable[SubtaskState]) -> bool:
+    """Whether any of `states` holds a state file or a committable (two scans in C)."""
+    every = states if isinstance(states, list) else list(states)
+    return any(map(_handles_of, every)) or any(map(_committables_of, every))
 
 
 def _committables(
