@@ -79,7 +79,7 @@ from regional.operators.protocol import (
     SubtaskOwners,
 )
 from regional.policy import Policy, policy_fingerprint
-from regional.runtime.protocol import Ack, Decline
+from regional.runtime.protocol import Ack, AckBatch, Decline, answers_of, well_formed_shape
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -132,6 +132,8 @@ class CheckpointCoordinator:
         n = layout.num_units
         self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
+        #: per unit: the `ack_shape` of its well-formed ack of attempt 1 (`AckBatch` checks)
+        self._shape = list(map(well_formed_shape, range(n), repeat(1), self._expected))
         self._fresh_unit = [UnitState(u) for u in range(n)]
         # per coordinated vertex: its subtask indices in unit order, each with its place (the
         # order of an abort's `SubtaskOwners`)
@@ -342,27 +344,39 @@ class CheckpointCoordinator:
         p.outstanding -= 1
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
-    def on_answers(self, answers: Sequence[Ack | Decline], now_ms: int) -> list[Decision]:
-        """A batch of unit answers (what one dispatch returned), in arrival order: the decisions
-        `on_ack` and `on_decline` return for them one by one, in the same order.
+    def on_answers(
+        self, answers: Sequence[Ack | Decline | AckBatch], now_ms: int
+    ) -> list[Decision]:
+        """A batch of unit answers (what one dispatch returned, `Dispatch.arrived`), in arrival
+        order: the decisions `on_ack` and `on_decline` return for them one by one, in the same
+        order (an `AckBatch` stands for its acks).
 
-        Runs of usual answers (first attempts of the pending checkpoint, each unit once, acks
-        well-formed, declines that do not abort at once) are recorded in one pass without a call
-        per answer, and the answers after the checkpoint was decided are discarded together;
-        any other answer is handed to `on_ack` / `on_decline`."""
+        An `AckBatch` of usual acks (first attempts of the pending checkpoint, each unit once,
+        well-formed by its `shape`) is recorded with no call per ack; runs of usual answers
+        (those acks and declines that do not abort at once) in one pass without a call per
+        answer; the answers after the checkpoint was decided are discarded together; any other
+        answer is handed to `on_ack` / `on_decline`."""
         out: list[Decision] = []
         i, n = 0, len(answers)
         while i < n:
             p = self._pending
             if p is None:  # decided or aborted: the rest is stale
                 return out + self._stale_answers(answers, i, now_ms)
+            a = answers[i]
+            if isinstance(a, AckBatch):
+                i += 1
+                if self._take_batch(p, a):
+                    if p.outstanding == 0:
+                        out += self._decide(p, now_ms)
+                else:  # its acks one by one
+                    out += self.on_answers(a.acks, now_ms)
+                continue
             taken = self._take_answers(p, answers, i)
             if taken > i:
                 i = taken
                 if p.outstanding == 0:
                     out += self._decide(p, now_ms)
                 continue
-            a = answers[i]
             i += 1
             if isinstance(a, Ack):
                 out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
@@ -370,7 +384,38 @@ class CheckpointCoordinator:
                 out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
         return out
 
-    def _take_answers(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline], i: int) -> int:
+    def _take_batch(self, p: PendingCheckpoint, batch: AckBatch) -> bool:
+        """Record the acks of `batch` in `p` if every one of them is usual (see `on_answers`),
+        with no call per ack: the batch's `shape` compared with the layout's, a set and a scan
+        in C, and one loop that stores each ack's states unless its unit already answered;
+        False, with nothing recorded, otherwise."""
+        acks = batch.acks
+        if p.retries or batch.checkpoint_id != p.checkpoint_id or not acks:
+            return False
+        units = list(map(_unit_of, acks))
+        try:  # a unit the job lacks: IndexError, or (negative) the shape of another unit
+            if b"".join(map(self._shape.__getitem__, units)) != batch.shape:
+                return False
+        except (IndexError, TypeError):
+            return False
+        declined = p.declined
+        if declined and not declined.keys().isdisjoint(units):
+            return False
+        taken = p.states
+        stored = 0
+        for a in acks:
+            if taken[a.unit] is not None:  # answered before, or twice in the batch
+                for undo in islice(units, stored):
+                    taken[undo] = None
+                return False
+            taken[a.unit] = a.states
+            stored += 1
+        p.outstanding -= stored
+        return True
+
+    def _take_answers(
+        self, p: PendingCheckpoint, answers: Sequence[Ack | Decline | AckBatch], i: int
+    ) -> int:
         """Record `answers[i:k]` in `p` and return k, the first answer that needs more than
         recording (see `on_answers`). The checks of `on_ack`, inlined: the hot path, once per
         unit and checkpoint."""
@@ -386,10 +431,12 @@ class CheckpointCoordinator:
         k = i
         for a in islice(answers, i, None):
             kind = type(a)
-            unit_id = a.unit
+            if kind is AckBatch:
+                break
+            unit_id = a.unit  # type: ignore[union-attr]
             if (
                 a.checkpoint_id != cid
-                or a.attempt != 1
+                or a.attempt != 1  # type: ignore[union-attr]
                 or not 0 <= unit_id < n
                 or taken[unit_id] is not None
                 or unit_id in declined
@@ -425,12 +472,12 @@ class CheckpointCoordinator:
         return k
 
     def _stale_answers(
-        self, answers: Sequence[Ack | Decline], i: int, now_ms: int
+        self, answers: Sequence[Ack | Decline | AckBatch], i: int, now_ms: int
     ) -> list[Decision]:
-        """`answers[i:]` when no checkpoint is pending: what `on_ack` (discard the attempt) and
-        `on_decline` (nothing) return for each, with the discards of attempts holding no files
-        and no committables built in C."""
-        rest = answers[i:]
+        """`answers[i:]` (batches as their acks) when no checkpoint is pending: what `on_ack`
+        (discard the attempt) and `on_decline` (nothing) return for each, with the discards of
+        attempts holding no files and no committables built in C."""
+        rest = answers_of(answers[i:])
         acks: list[Ack] = [a for a in rest if type(a) is Ack]
         every = [a.unit for a in rest]
         if (
@@ -447,6 +494,7 @@ class CheckpointCoordinator:
             return out
         units = map(_unit_of, acks)
         return list(map(DiscardAttempt, map(_checkpoint_of, acks), units, map(_attempt_of, acks)))
+
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
     ) -> list[Decision]:
@@ -657,9 +705,7 @@ class CheckpointCoordinator:
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
-                committer.checkpoint_complete(
-                    cid, committables, recommit=True, fallback=fell_back
-                )
+                committer.checkpoint_complete(cid, committables, recommit=True, fallback=fell_back)
         return self._pump()
 
     # --- deciding ----------------------------------------------------------------------------

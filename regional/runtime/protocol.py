@@ -17,13 +17,24 @@ imports Spark.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Protocol
 
 import msgspec
 
 from metadata.model import SubtaskState
 
-__all__ = ["Ack", "Answer", "Dispatch", "TaskDispatcher", "UnitWork"]
+__all__ = [
+    "Ack",
+    "AckBatch",
+    "Answer",
+    "Dispatch",
+    "TaskDispatcher",
+    "UnitWork",
+    "ack_shape",
+    "answers_of",
+    "well_formed_shape",
+]
 
 
 class UnitWork(msgspec.Struct, frozen=True):
@@ -74,13 +85,87 @@ class Decline(msgspec.Struct, frozen=True, tag="decline"):
 
 Answer = Ack | Decline
 
+_encode = msgspec.msgpack.Encoder().encode
+_state_shape = attrgetter("vertex_id", "index", "unit_id", "attempt", "ref_checkpoint_id")
+
+
+def ack_shape(ack: Ack) -> bytes:
+    """What the checkpoint coordinator checks of `ack`, as msgpack: `[unit, attempt, states]`,
+    `states` one `[vertex_id, index, unit_id, attempt, ref_checkpoint_id]` per subtask state
+    (nil when `states` is not a tuple).
+
+    >>> ack_shape(Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1),)))
+    b'\\x93\\x00\\x01\\x91\\x95\\xa3src\\x00\\x00\\x01\\xc0'
+    """
+    states = ack.states
+    return _encode(
+        (ack.unit, ack.attempt, list(map(_state_shape, states)) if type(states) is tuple else None)
+    )
+
+
+def well_formed_shape(unit: int, attempt: int, subtasks: Sequence[tuple[str, int]]) -> bytes:
+    """The `ack_shape` of a well-formed ack of `unit`'s attempt `attempt` whose subtasks are
+    `subtasks` (vertex id, index), in layout order: fresh states, each of that unit and attempt.
+
+    >>> state = SubtaskState("src", 0, 0, attempt=1)
+    >>> well_formed_shape(0, 1, [("src", 0)]) == ack_shape(Ack(3, 0, 1, (state,)))
+    True
+    """
+    return _encode((unit, attempt, [(v, i, unit, attempt, None) for v, i in subtasks]))
+
+
+class AckBatch(msgspec.Struct, frozen=True, tag="ack-batch"):
+    """Acks of checkpoint `checkpoint_id`, made by `AckBatch.of` where they were made (a Spark
+    task's partition of units, the simulated dispatcher): `shape` is their `ack_shape`s joined,
+    so the checkpoint coordinator checks the whole batch against its layout by comparing bytes
+    instead of reading every subtask state (an ack whose shape differs is checked on its own).
+    Build it with `of` only: the coordinator trusts `shape` to describe `acks`."""
+
+    checkpoint_id: int
+    acks: tuple[Ack, ...]
+    shape: bytes
+
+    @classmethod
+    def of(cls, acks: Sequence[Ack]) -> AckBatch:
+        """The batch of `acks` (at least one, all of one checkpoint; `ValueError` otherwise).
+
+        >>> b = AckBatch.of([Ack(3, 0, 1, ()), Ack(3, 1, 1, ())])
+        >>> b.checkpoint_id, b.shape == ack_shape(b.acks[0]) + ack_shape(b.acks[1])
+        (3, True)
+        """
+        batch = tuple(acks)
+        if not batch:
+            raise ValueError("an ack batch holds at least one ack")
+        cid = batch[0].checkpoint_id
+        if {type(a) for a in batch} != {Ack} or {a.checkpoint_id for a in batch} != {cid}:
+            raise ValueError("an ack batch holds acks (type Ack) of one checkpoint only")
+        return cls(cid, batch, b"".join(map(ack_shape, batch)))
+
+
+def answers_of(items: Sequence[Answer | AckBatch]) -> list[Answer]:
+    """`items` with every batch replaced by its acks, in order."""
+    out: list[Answer] = []
+    for item in items:
+        if type(item) is AckBatch:
+            out += item.acks
+        else:
+            out.append(item)  # type: ignore[arg-type]  # Ack or Decline
+    return out
+
 
 class Dispatch(msgspec.Struct, frozen=True):
     """What a dispatcher got back: the answers that arrived, and `error` when the batch itself
-    failed (a lost worker took units with it; units without an answer were lost)."""
+    failed (a lost worker took units with it; units without an answer were lost). `batches`:
+    acks that arrived packed (`AckBatch`, e.g. one per Spark task); they count as arriving
+    before `answers`."""
 
     answers: list[Answer]
     error: str | None = None
+    batches: list[AckBatch] = msgspec.field(default_factory=list)
+
+    def arrived(self) -> list[Answer | AckBatch]:
+        """What the coordinator is handed (`CheckpointCoordinator.on_answers`), in order."""
+        return [*self.batches, *self.answers]
 
 
 class TaskDispatcher(Protocol):
