@@ -342,6 +342,8 @@ class CheckpointCoordinator:
             return out + self._record_decline(p, unit_id, problem, now_ms)
         p.states[unit_id] = states  # PendingCheckpoint.ack, inlined
         p.outstanding -= 1
+        if p.files is False:
+            p.files = None
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
     def on_answers(
@@ -411,6 +413,8 @@ class CheckpointCoordinator:
             taken[a.unit] = a.states
             stored += 1
         p.outstanding -= stored
+        if batch.files:
+            p.files = True
         return True
 
     def _take_answers(
@@ -429,6 +433,7 @@ class CheckpointCoordinator:
         must_fresh = p.must_be_fresh
         declines_stop = p.must_be_fresh_all or not p.regional_allowed
         k = i
+        acked = False
         for a in islice(answers, i, None):
             kind = type(a)
             if kind is AckBatch:
@@ -462,6 +467,7 @@ class CheckpointCoordinator:
                 else:  # well-formed (once none is outstanding, the next answer stops the run)
                     taken[unit_id] = states
                     k += 1
+                    acked = True
                     continue
                 break  # malformed
             if kind is not Decline or declines_stop or unit_id in must_fresh:
@@ -469,6 +475,8 @@ class CheckpointCoordinator:
             declined[unit_id] = f"declined: {a.reason}"  # type: ignore[union-attr]
             k += 1
         p.outstanding -= k - i
+        if acked and p.files is False:
+            p.files = None
         return k
 
     def _stale_answers(
@@ -887,7 +895,11 @@ class CheckpointCoordinator:
                 ),
             )
         self._pending = None
-        committables = _committables(p.states, self._committers.keys())
+        committables: dict[str, tuple[bytes, ...]] = (
+            _committables(p.states, self._committers.keys())
+            if p.files is not False
+            else dict.fromkeys(self._committers, ())
+        )
         self._completing = _Completion(
             p, metadata, fallback, fallback_states, committables, by_vertex
         )
@@ -1044,12 +1056,12 @@ def _discard(
 
 def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
-    state holds files or committables, all are built in C."""
+    state holds files or committables (`p.files`, else a scan in C), all are built in C."""
     acked = list(compress(range(len(p.states)), p.states))
     states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
-    if _any_files(chain.from_iterable(states)):
+    if p.files or (p.files is None and _any_files(chain.from_iterable(states))):
         return [
             _discard(cid, unit_id, attempt, unit_states, committables=True)
             for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)

@@ -31,6 +31,7 @@ class PendingCheckpoint:
         "_earliest",
         "checkpoint_id",
         "declined",
+        "files",
         "final",
         "forced",
         "kind",
@@ -76,6 +77,9 @@ class PendingCheckpoint:
         #: unit -> cause, for declined units
         self.declined: dict[int, str] = {}
         self.outstanding = num_units
+        #: whether an acked state holds a state file or committables: False (none does), True,
+        #: or None (not known: acks taken one by one are not looked at here)
+        self.files: bool | None = False
         self._deadline = deadline_ms
         #: unit -> (attempt, deadline) for retried units; every other unit runs attempt 1
         self.retries: dict[int, tuple[int, int]] = {}
@@ -97,6 +101,8 @@ class PendingCheckpoint:
     def ack(self, unit_id: int, states: tuple[SubtaskState, ...]) -> None:
         self.states[unit_id] = states
         self.outstanding -= 1
+        if self.files is False:
+            self.files = None
 
     def decline(self, unit_id: int, cause: str) -> None:
         self.declined[unit_id] = cause

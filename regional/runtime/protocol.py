@@ -17,6 +17,7 @@ imports Spark.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import Protocol
 
@@ -86,6 +87,9 @@ class Decline(msgspec.Struct, frozen=True, tag="decline"):
 Answer = Ack | Decline
 
 _encode = msgspec.msgpack.Encoder().encode
+_states_of = attrgetter("states")
+_handles_of = attrgetter("handles")
+_committables_of = attrgetter("committables")
 _state_shape = attrgetter("vertex_id", "index", "unit_id", "attempt", "ref_checkpoint_id")
 
 
@@ -119,11 +123,12 @@ class AckBatch(msgspec.Struct, frozen=True, tag="ack-batch"):
     task's partition of units, the simulated dispatcher): `shape` is their `ack_shape`s joined,
     so the checkpoint coordinator checks the whole batch against its layout by comparing bytes
     instead of reading every subtask state (an ack whose shape differs is checked on its own).
-    Build it with `of` only: the coordinator trusts `shape` to describe `acks`."""
+    Build it with `of` only: the coordinator trusts `shape` and `files` to describe `acks`."""
 
     checkpoint_id: int
     acks: tuple[Ack, ...]
     shape: bytes
+    files: bool  # whether a state of `acks` holds a state file or committables
 
     @classmethod
     def of(cls, acks: Sequence[Ack]) -> AckBatch:
@@ -139,7 +144,9 @@ class AckBatch(msgspec.Struct, frozen=True, tag="ack-batch"):
         cid = batch[0].checkpoint_id
         if {type(a) for a in batch} != {Ack} or {a.checkpoint_id for a in batch} != {cid}:
             raise ValueError("an ack batch holds acks (type Ack) of one checkpoint only")
-        return cls(cid, batch, b"".join(map(ack_shape, batch)))
+        states = list(chain.from_iterable(map(_states_of, batch)))
+        files = any(map(_handles_of, states)) or any(map(_committables_of, states))
+        return cls(cid, batch, b"".join(map(ack_shape, batch)), files)
 
 
 def answers_of(items: Sequence[Answer | AckBatch]) -> list[Answer]:
