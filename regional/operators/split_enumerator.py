@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import compress, repeat
+from operator import gt
 
 import msgspec
 
@@ -162,7 +164,8 @@ class SplitEnumerator:
     def _returned(self, reset: Mapping[int, int]) -> list[tuple[str, int]]:
         """(split, index) given to a resetting subtask after its owner: subtasks in the order of
         `reset`, each one's splits in assignment order. A `SubtaskOwners` reset is read in
-        O(its other subtasks + subtasks given splits after its default owner)."""
+        O(its other subtasks + subtasks given splits after its default owner); any other, in
+        one scan in C for the subtasks whose latest split came after their owner."""
         items: Iterable[tuple[int, int]]
         if isinstance(reset, SubtaskOwners):
             default, others, order = reset.default, reset.others, reset.order
@@ -170,8 +173,9 @@ class SplitEnumerator:
             candidates = set(others).union(*late)
             chosen = sorted(filter(order.__contains__, candidates), key=order.__getitem__)
             items = [(index, others.get(index, default)) for index in chosen]
-        else:
-            items = reset.items()
+        else:  # only subtasks given a split after their owner return any (a scan in C)
+            later = map(gt, map(self._latest.get, reset.keys(), repeat(0)), reset.values())
+            items = compress(reset.items(), later)
         out = []
         epoch, by_subtask = self._assigned_in, self._by_subtask
         for index, owner in items:
