@@ -1058,15 +1058,17 @@ def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
     state holds files or committables (`p.files`, else a scan in C), all are built in C."""
     acked = list(compress(range(len(p.states)), p.states))
-    states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
-    if p.files or (p.files is None and _any_files(chain.from_iterable(states))):
-        return [
-            _discard(cid, unit_id, attempt, unit_states, committables=True)
-            for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
-        ]
-    return list(map(DiscardAttempt, repeat(cid), acked, attempts))
+    if p.files is not False:
+        states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
+        if p.files or _any_files(chain.from_iterable(states)):
+            return [
+                _discard(cid, unit_id, attempt, unit_states, committables=True)
+                for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
+            ]
+    # one empty `committables` for all: an allocation per decision costs more than the rest
+    return list(map(DiscardAttempt, repeat(cid), acked, attempts, repeat(()), repeat({})))
 
 
 _committables_of = attrgetter("committables")
