@@ -388,34 +388,36 @@ class CheckpointCoordinator:
 
     def _take_batch(self, p: PendingCheckpoint, batch: AckBatch) -> bool:
         """Record the acks of `batch` in `p` if every one of them is usual (see `on_answers`),
-        with no call per ack: the batch's `shape` compared with the layout's, a set and a scan
-        in C, and one loop that stores each ack's states unless its unit already answered;
-        False, with nothing recorded, otherwise."""
+        with no call per ack: one loop stores each ack's states unless its unit answered
+        before (or twice in the batch) and gathers the layout's shape of it, then the batch's
+        `shape` is compared with that; False, with nothing recorded, otherwise."""
         acks = batch.acks
         if p.retries or batch.checkpoint_id != p.checkpoint_id or not acks:
             return False
-        units = list(map(_unit_of, acks))
-        try:  # a unit the job lacks: IndexError, or (negative) the shape of another unit
-            if b"".join(map(self._shape.__getitem__, units)) != batch.shape:
-                return False
-        except (IndexError, TypeError):
-            return False
-        declined = p.declined
-        if declined and not declined.keys().isdisjoint(units):
-            return False
-        taken = p.states
-        stored = 0
-        for a in acks:
-            if taken[a.unit] is not None:  # answered before, or twice in the batch
-                for undo in islice(units, stored):
-                    taken[undo] = None
-                return False
-            taken[a.unit] = a.states
-            stored += 1
-        p.outstanding -= stored
-        if batch.files:
-            p.files = True
-        return True
+        shape, taken = self._shape, p.states
+        parts: list[bytes] = []
+        add = parts.append
+        try:
+            for a in acks:
+                unit_id = a.unit
+                if taken[unit_id] is not None:
+                    break
+                taken[unit_id] = a.states
+                add(shape[unit_id])  # a negative unit id finds another unit's shape
+            else:
+                declined = p.declined
+                if b"".join(parts) == batch.shape and not (
+                    declined and not declined.keys().isdisjoint(map(_unit_of, acks))
+                ):
+                    p.outstanding -= len(acks)
+                    if batch.files:
+                        p.files = True
+                    return True
+        except (IndexError, TypeError):  # a unit the job lacks
+            pass
+        for a in islice(acks, len(parts)):  # undo
+            taken[a.unit] = None
+        return False
 
     def _take_answers(
         self, p: PendingCheckpoint, answers: Sequence[Ack | Decline | AckBatch], i: int
