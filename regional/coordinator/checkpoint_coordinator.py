@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import attrgetter
+from operator import attrgetter, sub
 
 import msgspec
 
@@ -559,11 +559,13 @@ class CheckpointCoordinator:
         restore: list[tuple[SubtaskState, ...] | None] = [None] * n
         for unit_id, fb in done.fallback_states.items():
             states[unit_id] = restore[unit_id] = fb
-        old_owner = self._owner
-        self._owner = [checkpoint_id] * n
-        for unit_id in fallback:
-            self._owner[unit_id] = old_owner[unit_id]
-        self._behind = {u: old_owner[u] for u in fallback}
+        # the fallen-back units, ascending, with their owners (kept): lists built in C
+        behind_units = sorted(fallback)
+        behind_owners = list(map(self._owner.__getitem__, behind_units))
+        owner = self._owner = [checkpoint_id] * n
+        for unit_id, unit_owner in zip(behind_units, behind_owners, strict=True):
+            owner[unit_id] = unit_owner
+        self._behind = dict(zip(behind_units, behind_owners, strict=True))
         self._behind_by_vertex = per_vertex = done.by_vertex
         self._unit_states = states
         self._restore_states = restore
@@ -581,10 +583,11 @@ class CheckpointCoordinator:
         else:
             self.metrics.global_checkpoint_count += 1
             self._global_until_success = None
-        owners = {self._owner[u] for u in fallback}
+        owners = set(behind_owners)
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
-        self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
-        units_fallback = {u: self._owner[u] for u in sorted(fallback)}
+        lags = map(sub, repeat(checkpoint_id), behind_owners)
+        self.metrics.unit_lag = dict(zip(behind_units, lags, strict=True))
+        units_fallback = dict(self._behind)
         for vertex_id, coordinator in self._coordinators.items():
             if fallback:
                 info = RegionalCompletion(per_vertex.get(vertex_id, {}), units_fallback)
@@ -594,11 +597,11 @@ class CheckpointCoordinator:
         self._reopen_sources(fallback)
         out: list[Decision] = []
         fresh = [True] * n
-        for unit_id in fallback:
+        for unit_id in behind_units:
             fresh[unit_id] = False
         healthy = tuple(compress(range(n), fresh))
         out.append(NotifyComplete(checkpoint_id, healthy))
-        out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
+        out += map(NotifyFallback, repeat(checkpoint_id), behind_units, behind_owners)
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
         out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
         for vertex_id, committer in self._committers.items():
