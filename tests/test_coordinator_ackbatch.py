@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_coordinator_batch import KINDS, LAYOUT, UNITS, Side, answer, durable, one_by_one
 
-from metadata.model import SubtaskState
+from metadata.model import SplitState, SubtaskState
 from regional.coordinator import CoordinatorStateError, WriteMetadata
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
 from regional.runtime.protocol import Ack, AckBatch, Answer, Dispatch, ack_shape, answers_of
@@ -164,3 +164,70 @@ def test_a_batch_with_an_answered_or_retried_unit_decides_as_its_acks_one_by_one
     left = {"decline": UNITS - 3, "ack": UNITS - 3, "retried": UNITS - 2}[first]
     for side in (batch, single):
         assert side.c._pending is not None and side.c._pending.outstanding == left
+
+
+def slow_first_unusable(side: Side, units: list[int]) -> tuple[int, str] | None:
+    """Rule 3 d unit by unit (the reference for `_first_unusable`)."""
+    for unit in units:
+        if (why := side.c._unusable(unit)) is not None:
+            return unit, why
+    return None
+
+
+def ack_with_splits(side: Side, cid: int, unit: int, foreign: bool) -> Ack:
+    """An ack whose source state holds the unit's splits (or, `foreign`, another's)."""
+    owner = (unit + 1) % UNITS if foreign else unit
+    splits = tuple(
+        SplitState(split, b"1") for split, index in side.splits.owners.items() if index == owner
+    )
+    states = tuple(
+        SubtaskState(v, i, unit, split_states=splits if v == "src" else (), attempt=1)
+        for v, i in LAYOUT.units[unit]
+    )
+    return Ack(cid, unit, 1, states)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    checkpoints=st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from(("ack", "splits", "foreign", "decline", None)),
+                min_size=UNITS,
+                max_size=UNITS,
+            ),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    subsets=st.lists(st.sets(st.integers(0, UNITS - 1)), min_size=1, max_size=4),
+)
+def test_rule_3d_over_units_finds_what_unit_by_unit_finds(
+    checkpoints: list[tuple[list[str | None], bool]], subsets: list[set[int]]
+) -> None:
+    policy = Policy(
+        checkpointing=CheckpointingPolicy(
+            region=RegionPolicy(max_unit_fallbacks=3, max_failure_ratio=1.0),
+            tolerable_failed_checkpoints=100,
+        )
+    )
+    side = Side(policy)
+    now = 0
+    for kinds, savepoint in checkpoints:
+        now += 1000
+        side.assign()
+        trigger = side.c.trigger(now, savepoint=savepoint)
+        cid = trigger.checkpoint_id
+        got: list[Answer] = []
+        for unit, kind in enumerate(kinds):
+            if kind in ("splits", "foreign"):
+                got.append(ack_with_splits(side, cid, unit, kind == "foreign"))
+            elif kind is not None:
+                got.append(answer(cid, unit, kind))
+        out = side.c.on_answers(got, now + 1)
+        durable(side, out, now + 2)
+        durable(side, side.c.on_tick(trigger.deadline_ms), now + 3)
+        for subset in subsets:
+            units = sorted(subset)
+            assert side.c._first_unusable(units) == slow_first_unusable(side, units)
