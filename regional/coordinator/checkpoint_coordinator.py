@@ -135,6 +135,7 @@ class CheckpointCoordinator:
         #: per unit: the `ack_shape` of its well-formed ack of attempt 1 (`AckBatch` checks)
         self._shape = list(map(well_formed_shape, range(n), repeat(1), self._expected))
         self._fresh_unit = [UnitState(u) for u in range(n)]
+        self._unit_ids = tuple(range(n))  # shared: scans over units allocate no int per unit
         # per coordinated vertex: its subtask indices in unit order, each with its place (the
         # order of an abort's `SubtaskOwners`)
         placed: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
@@ -276,6 +277,7 @@ class CheckpointCoordinator:
             final=final,
             reasons=tuple(reasons),
             forced=tuple(forced),
+            unit_ids=self._unit_ids,
         )
         return TriggerCheckpoint(
             checkpoint_id, kind, 1, deadline, must_fresh, tuple(reasons), final, tuple(forced)
@@ -599,7 +601,7 @@ class CheckpointCoordinator:
         fresh = [True] * n
         for unit_id in behind_units:
             fresh[unit_id] = False
-        healthy = tuple(compress(range(n), fresh))
+        healthy = tuple(compress(self._unit_ids, fresh))
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += map(NotifyFallback, repeat(checkpoint_id), behind_units, behind_owners)
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
@@ -1087,7 +1089,7 @@ def _discard(
 def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
     state holds files or committables (`p.files`, else a scan in C), all are built in C."""
-    acked = list(compress(range(len(p.states)), p.states))
+    acked = list(compress(p.unit_ids, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
     if p.files is not False:
