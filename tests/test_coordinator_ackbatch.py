@@ -12,9 +12,17 @@ from hypothesis import strategies as st
 from test_coordinator_batch import KINDS, LAYOUT, UNITS, Side, answer, durable, one_by_one
 
 from metadata.model import SplitState, SubtaskState
-from regional.coordinator import CoordinatorStateError, WriteMetadata
+from regional.coordinator import CoordinatorStateError, Decision, WriteMetadata
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
-from regional.runtime.protocol import Ack, AckBatch, Answer, Dispatch, ack_shape, answers_of
+from regional.runtime.protocol import (
+    Ack,
+    AckBatch,
+    Answer,
+    Dispatch,
+    ack_shape,
+    answers_of,
+    packed,
+)
 
 #: more than `test_coordinator_batch.KINDS`: a retried unit's attempt 2, an ack whose states
 #: are a list (well-formed once made a tuple), one with a state of another unit
@@ -28,7 +36,7 @@ def answer_of(cid: int, unit: int, kind: str) -> Answer:
     if kind == "listy":
         a = answer(cid, unit, "ack")
         assert isinstance(a, Ack)
-        return msgspec.structs.replace(a, states=list(a.states))  # type: ignore[arg-type]
+        return msgspec.structs.replace(a, states=list(a.states))
     if kind == "foreign":
         other = (unit + 1) % UNITS
         states = tuple(SubtaskState(v, i, other, attempt=1) for v, i in LAYOUT.units[unit])
@@ -114,10 +122,15 @@ def test_an_ack_batch_decides_as_its_acks_one_by_one(
 def test_a_whole_checkpoint_in_one_batch_is_taken_without_a_call_per_ack() -> None:
     side = Side(Policy())
     cid = side.c.trigger(0).checkpoint_id
-    acks = [answer(cid, u, "ack") for u in range(UNITS)]
+    acks = [a for u in range(UNITS) if isinstance(a := answer(cid, u, "ack"), Ack)]
     calls: list[int] = []
-    side.c.on_ack = lambda *args: calls.append(args[1]) or []  # type: ignore[method-assign]
-    [write] = side.c.on_answers([AckBatch.of(acks)], 1)  # type: ignore[list-item]
+
+    def on_ack(*args: object) -> list[Decision]:
+        calls.append(args[1])  # type: ignore[arg-type]
+        return []
+
+    side.c.on_ack = on_ack  # type: ignore[method-assign,assignment]
+    [write] = side.c.on_answers([AckBatch.of(acks)], 1)
     assert isinstance(write, WriteMetadata) and write.metadata.kind.value == "global"
     assert calls == []
 
@@ -231,3 +244,15 @@ def test_rule_3d_over_units_finds_what_unit_by_unit_finds(
         for subset in subsets:
             units = sorted(subset)
             assert side.c._first_unusable(units) == slow_first_unusable(side, units)
+
+
+@given(kinds=st.lists(st.sampled_from(MORE), max_size=UNITS))
+def test_packed_answers_are_the_acks_then_the_rest(kinds: list[str]) -> None:
+    answers = [answer_of(1 + (unit % 2), unit, kind) for unit, kind in enumerate(kinds)]
+    items = packed(answers)
+    acks = [a for a in answers if isinstance(a, Ack)]
+    assert sorted(answers_of(items), key=answers.index) == answers
+    checkpoints = list(dict.fromkeys(a.checkpoint_id for a in acks))  # first seen first
+    by_checkpoint = sorted(acks, key=lambda a: checkpoints.index(a.checkpoint_id))  # stable
+    assert [a for a in answers_of(items) if isinstance(a, Ack)] == by_checkpoint
+    assert all(isinstance(i, AckBatch) for i in items[: len({a.checkpoint_id for a in acks})])

@@ -3,8 +3,10 @@
 The driver (`regional.runtime.driver.JobDriver`) hands a `TaskDispatcher` one `UnitWork` per
 fallback unit and epoch; every unit answers with an `Ack` (its subtask states, in layout order)
 or a `Decline` (why it failed). Both are tagged msgspec Structs, so they pickle through Spark,
-encode as msgpack or JSON for logs, and can never be mistaken for each other. Nothing here
-imports Spark.
+encode as msgpack or JSON for logs, and can never be mistaken for each other. Where many acks
+are made together (a Spark task's partition of units), `AckBatch.of` packs them with their
+shape, which the checkpoint coordinator checks against the layout in one comparison
+(`Dispatch.batches`). Nothing here imports Spark.
 
 >>> from metadata.model import SubtaskState
 >>> ack = Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1),), records_in=5)
@@ -34,6 +36,7 @@ __all__ = [
     "UnitWork",
     "ack_shape",
     "answers_of",
+    "packed",
     "well_formed_shape",
 ]
 
@@ -147,6 +150,24 @@ class AckBatch(msgspec.Struct, frozen=True, tag="ack-batch"):
         states = list(chain.from_iterable(map(_states_of, batch)))
         files = any(map(_handles_of, states)) or any(map(_committables_of, states))
         return cls(cid, batch, b"".join(map(ack_shape, batch)), files)
+
+
+def packed(answers: Sequence[Answer]) -> list[Answer | AckBatch]:
+    """`answers` as a task that ran several units returns them: the acks of each checkpoint
+    packed into one `AckBatch` (in their order), then the other answers.
+
+    >>> [type(a).__name__ for a in packed([Ack(3, 0, 1, ()), Decline(3, 1, 1, "x"),
+    ...     Ack(3, 2, 1, ())])]
+    ['AckBatch', 'Decline']
+    """
+    acks: dict[int, list[Ack]] = {}
+    rest: list[Answer | AckBatch] = []
+    for a in answers:
+        if type(a) is Ack:
+            acks.setdefault(a.checkpoint_id, []).append(a)
+        else:
+            rest.append(a)
+    return [*map(AckBatch.of, acks.values()), *rest]
 
 
 def answers_of(items: Sequence[Answer | AckBatch]) -> list[Answer]:
