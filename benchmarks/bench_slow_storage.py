@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.keyed_job import count_per_key_job
 from benchmarks.report import RESULTS, print_table, write_results
-from regional.runtime.protocol import Ack, Answer
+from regional.runtime.protocol import Ack, AckBatch, Answer
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.runtime.task import UploadLatency
@@ -48,9 +48,11 @@ class AnswerLog(SparkRuntime):
 
     answers: list[Answer]
 
-    def _feed(self, answers: Sequence[Answer]) -> Any:
+    def _feed(
+        self, answers: Sequence[Answer], arrived: Sequence[Answer | AckBatch] | None = None
+    ) -> Any:
         self.answers.extend(answers)
-        return super()._feed(answers)
+        return super()._feed(answers, arrived)
 
 
 def run_mode(

@@ -97,7 +97,8 @@ class DiscardAttempt(msgspec.Struct, frozen=True, gc=False):
     are garbage (an aborted checkpoint, a fenced or late attempt, a malformed ack); so are the
     staged sink files behind `committables` (sink vertex id -> that sink's committables, so each
     sink only ever sees its own). DESIGN rules 8 and 9. An abort returns one per acked unit:
-    `gc=False` (it holds only strings and bytes) keeps so many from waking the cyclic GC."""
+    `gc=False` (it holds only strings and bytes) keeps so many from waking the cyclic GC, and
+    those without files may share one empty `committables` (read-only, as every field)."""
 
     checkpoint_id: int
     unit_id: int

@@ -55,7 +55,15 @@ from regional.operators.memory_sink import InMemoryTableSink
 from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.driver import JobDriver
-from regional.runtime.protocol import Ack, Answer, Decline, Dispatch, UnitWork
+from regional.runtime.protocol import (
+    Ack,
+    AckBatch,
+    Answer,
+    Decline,
+    Dispatch,
+    UnitWork,
+    answers_of,
+)
 from regional.sources.base import ReadResult
 
 __all__ = [
@@ -212,6 +220,8 @@ class _SimDispatcher:
     ) -> Dispatch:
         sim = self.sim
         answers: list[Answer] = []
+        acks: list[Ack] = []  # packed into batches
+        size = 0 if isolated else sim.ack_batch
         hung = False
         for work in works:
             fault = sim.fault(work.checkpoint_id, work.unit_id)
@@ -223,11 +233,13 @@ class _SimDispatcher:
             if fault == "hang":
                 continue
             ack = self._epoch(work)
-            (self.late if fault == "late_ack" else answers).append(ack)
+            (self.late if fault == "late_ack" else acks if size else answers).append(ack)
         if sim.rng is not None:
             sim.rng.shuffle(answers)
+            sim.rng.shuffle(acks)
         sim.clock.now = deadline_ms if hung else sim.clock.now + 10
-        return Dispatch(answers)
+        batches = [AckBatch.of(acks[k : k + size]) for k in range(0, len(acks), size or 1)]
+        return Dispatch(answers, batches=batches)
 
     def _epoch(self, work: UnitWork) -> Ack:
         """Read the unit's splits from its restored positions, stage the records, snapshot."""
@@ -309,7 +321,8 @@ class _CountedCoordinator:
         batch = name == "on_answers"
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            events = len(args[0]) if batch else 1
+            answers = answers_of(args[0]) if batch else ()
+            events = len(answers) if batch else 1
             first = sim.step + 1
             sim.step += events
             if events == 1:
@@ -328,7 +341,7 @@ class _CountedCoordinator:
                 r.coordinator_timed_calls += 1
                 by_call = r.coordinator_seconds_by_call
                 if batch and events:
-                    acks = sum(isinstance(a, Ack) for a in args[0])
+                    acks = sum(isinstance(a, Ack) for a in answers)
                     for key, share in (("on_ack", acks), ("on_decline", events - acks)):
                         if share:
                             by_call[key] = by_call.get(key, 0) + took * share / events
@@ -348,7 +361,10 @@ class Simulation:
     which the driver crashes; a new driver then restores the latest restorable checkpoint in
     `restore_mode`. `interval_ms`: simulated time between epochs. `shuffle_seed`: deliver
     answers in a random order. `fail_commits`: the sink fails that many commits first.
-    `stage_output=False` stages no sink files (benchmarks: keeps memory flat).
+    `stage_output=False` stages no sink files (benchmarks: keeps memory flat). `ack_batch`:
+    the dispatcher packs the acks of each dispatch (not of units re-run alone) into `AckBatch`es
+    of this many, as a Spark task packs its partition's, handed over before the declines; 0:
+    every answer on its own, in unit order.
     Above 32,768 units the job has several chains (`chain_vertices`); `source` is the first
     chain's, `sources` all of them (the splits of chain c follow those of chain c - 1).
     """
@@ -369,6 +385,7 @@ class Simulation:
         shuffle_seed: int | None = None,
         fail_commits: int = 0,
         stage_output: bool = True,
+        ack_batch: int = 1024,
         job_id: str = "sim",
     ) -> None:
         self.n = num_units
@@ -385,6 +402,7 @@ class Simulation:
         self.crash_before = frozenset(crash_before)
         self.records_per_epoch = records_per_epoch
         self.stage_output = stage_output
+        self.ack_batch = ack_batch
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._interval = interval_ms / 1000
         self._bounded = bounded

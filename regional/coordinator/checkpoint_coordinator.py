@@ -7,14 +7,16 @@ the returned decisions in order: `WriteMetadata` (then `on_metadata_durable`), `
 checkpoint is in flight at a time: the next trigger waits until the previous one is aborted or
 its metadata is durable.
 
-Cost: an ack is O(its subtasks), a decline O(1), and a batch of them has no call per answer; a
+Cost: an ack is O(its subtasks), a decline O(1), and a batch of them has no call per answer; an
+`AckBatch` of usual acks is one loop step per ack and one comparison of its shape with the
+layout's, with no check per subtask state (its maker described them: `AckBatch.of`); a
 trigger, a tick, a completion and an abort are O(answers + fallback units) in Python (an abort
 tells the operator coordinators every subtask's owner as `SubtaskOwners`, O(units behind the
 latest checkpoint)), plus list and tuple copies and scans over every unit done in C
 (`[x] * n`, `tuple(...)`, `itertools`): no per-unit Python loop over units that did not change.
 The states a unit restarts from (`unit_states`) are built once per change of the unit's state.
 
-About 1,000 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
+About 1,100 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
 (`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
 (`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import attrgetter
+from operator import attrgetter, sub
 
 import msgspec
 
@@ -79,7 +81,7 @@ from regional.operators.protocol import (
     SubtaskOwners,
 )
 from regional.policy import Policy, policy_fingerprint
-from regional.runtime.protocol import Ack, Decline
+from regional.runtime.protocol import Ack, AckBatch, Decline, answers_of, well_formed_shape
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -132,7 +134,10 @@ class CheckpointCoordinator:
         n = layout.num_units
         self._n = n
         self._expected = [tuple(subtasks) for subtasks in layout.units]
+        #: per unit: the `ack_shape` of its well-formed ack of attempt 1 (`AckBatch` checks)
+        self._shape = list(map(well_formed_shape, range(n), repeat(1), self._expected))
         self._fresh_unit = [UnitState(u) for u in range(n)]
+        self._unit_ids = tuple(range(n))  # shared: scans over units allocate no int per unit
         # per coordinated vertex: its subtask indices in unit order, each with its place (the
         # order of an abort's `SubtaskOwners`)
         placed: dict[str, dict[int, int]] = {v: {} for v in self._coordinators}
@@ -274,6 +279,7 @@ class CheckpointCoordinator:
             final=final,
             reasons=tuple(reasons),
             forced=tuple(forced),
+            unit_ids=self._unit_ids,
         )
         return TriggerCheckpoint(
             checkpoint_id, kind, 1, deadline, must_fresh, tuple(reasons), final, tuple(forced)
@@ -340,29 +346,43 @@ class CheckpointCoordinator:
             return out + self._record_decline(p, unit_id, problem, now_ms)
         p.states[unit_id] = states  # PendingCheckpoint.ack, inlined
         p.outstanding -= 1
+        if p.files is False:
+            p.files = None
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
-    def on_answers(self, answers: Sequence[Ack | Decline], now_ms: int) -> list[Decision]:
-        """A batch of unit answers (what one dispatch returned), in arrival order: the decisions
-        `on_ack` and `on_decline` return for them one by one, in the same order.
+    def on_answers(
+        self, answers: Sequence[Ack | Decline | AckBatch], now_ms: int
+    ) -> list[Decision]:
+        """A batch of unit answers (what one dispatch returned, `Dispatch.arrived`), in arrival
+        order: the decisions `on_ack` and `on_decline` return for them one by one, in the same
+        order (an `AckBatch` stands for its acks).
 
-        Runs of usual answers (first attempts of the pending checkpoint, each unit once, acks
-        well-formed, declines that do not abort at once) are recorded in one pass without a call
-        per answer, and the answers after the checkpoint was decided are discarded together;
-        any other answer is handed to `on_ack` / `on_decline`."""
+        An `AckBatch` of usual acks (first attempts of the pending checkpoint, each unit once,
+        well-formed by its `shape`) is recorded with no call per ack; runs of usual answers
+        (those acks and declines that do not abort at once) in one pass without a call per
+        answer; the answers after the checkpoint was decided are discarded together; any other
+        answer is handed to `on_ack` / `on_decline`."""
         out: list[Decision] = []
         i, n = 0, len(answers)
         while i < n:
             p = self._pending
             if p is None:  # decided or aborted: the rest is stale
                 return out + self._stale_answers(answers, i, now_ms)
+            a = answers[i]
+            if isinstance(a, AckBatch):
+                i += 1
+                if self._take_batch(p, a):
+                    if p.outstanding == 0:
+                        out += self._decide(p, now_ms)
+                else:  # its acks one by one
+                    out += self.on_answers(a.acks, now_ms)
+                continue
             taken = self._take_answers(p, answers, i)
             if taken > i:
                 i = taken
                 if p.outstanding == 0:
                     out += self._decide(p, now_ms)
                 continue
-            a = answers[i]
             i += 1
             if isinstance(a, Ack):
                 out += self.on_ack(a.checkpoint_id, a.unit, a.attempt, a.states, now_ms)
@@ -370,7 +390,42 @@ class CheckpointCoordinator:
                 out += self.on_decline(a.checkpoint_id, a.unit, a.attempt, a.reason, now_ms)
         return out
 
-    def _take_answers(self, p: PendingCheckpoint, answers: Sequence[Ack | Decline], i: int) -> int:
+    def _take_batch(self, p: PendingCheckpoint, batch: AckBatch) -> bool:
+        """Record the acks of `batch` in `p` if every one of them is usual (see `on_answers`),
+        with no call per ack: one loop stores each ack's states unless its unit answered
+        before (or twice in the batch) and gathers the layout's shape of it, then the batch's
+        `shape` is compared with that; False, with nothing recorded, otherwise."""
+        acks = batch.acks
+        if p.retries or batch.checkpoint_id != p.checkpoint_id or not acks:
+            return False
+        shape, taken = self._shape, p.states
+        parts: list[bytes] = []
+        add = parts.append
+        try:
+            for a in acks:
+                unit_id = a.unit
+                if taken[unit_id] is not None:
+                    break
+                taken[unit_id] = a.states
+                add(shape[unit_id])  # a negative unit id finds another unit's shape
+            else:
+                declined = p.declined
+                if b"".join(parts) == batch.shape and not (
+                    declined and not declined.keys().isdisjoint(map(_unit_of, acks))
+                ):
+                    p.outstanding -= len(acks)
+                    if batch.files:
+                        p.files = True
+                    return True
+        except (IndexError, TypeError):  # a unit the job lacks
+            pass
+        for a in islice(acks, len(parts)):  # undo
+            taken[a.unit] = None
+        return False
+
+    def _take_answers(
+        self, p: PendingCheckpoint, answers: Sequence[Ack | Decline | AckBatch], i: int
+    ) -> int:
         """Record `answers[i:k]` in `p` and return k, the first answer that needs more than
         recording (see `on_answers`). The checks of `on_ack`, inlined: the hot path, once per
         unit and checkpoint."""
@@ -384,12 +439,15 @@ class CheckpointCoordinator:
         must_fresh = p.must_be_fresh
         declines_stop = p.must_be_fresh_all or not p.regional_allowed
         k = i
+        acked = False
         for a in islice(answers, i, None):
             kind = type(a)
-            unit_id = a.unit
+            if kind is AckBatch:
+                break
+            unit_id = a.unit  # type: ignore[union-attr]
             if (
                 a.checkpoint_id != cid
-                or a.attempt != 1
+                or a.attempt != 1  # type: ignore[union-attr]
                 or not 0 <= unit_id < n
                 or taken[unit_id] is not None
                 or unit_id in declined
@@ -415,6 +473,7 @@ class CheckpointCoordinator:
                 else:  # well-formed (once none is outstanding, the next answer stops the run)
                     taken[unit_id] = states
                     k += 1
+                    acked = True
                     continue
                 break  # malformed
             if kind is not Decline or declines_stop or unit_id in must_fresh:
@@ -422,21 +481,23 @@ class CheckpointCoordinator:
             declined[unit_id] = f"declined: {a.reason}"  # type: ignore[union-attr]
             k += 1
         p.outstanding -= k - i
+        if acked and p.files is False:
+            p.files = None
         return k
 
     def _stale_answers(
-        self, answers: Sequence[Ack | Decline], i: int, now_ms: int
+        self, answers: Sequence[Ack | Decline | AckBatch], i: int, now_ms: int
     ) -> list[Decision]:
-        """`answers[i:]` when no checkpoint is pending: what `on_ack` (discard the attempt) and
-        `on_decline` (nothing) return for each, with the discards of attempts holding no files
-        and no committables built in C."""
-        rest = answers[i:]
+        """`answers[i:]` (batches as their acks) when no checkpoint is pending: what `on_ack`
+        (discard the attempt) and `on_decline` (nothing) return for each, with the discards of
+        attempts holding no files and no committables built in C."""
+        rest = answers_of(answers[i:])
         acks: list[Ack] = [a for a in rest if type(a) is Ack]
         every = [a.unit for a in rest]
         if (
             len(acks) + sum(type(a) is Decline for a in rest) != len(rest)
             or not 0 <= min(every) <= max(every) < self._n
-            or any(s.handles or s.committables for a in acks for s in a.states)
+            or _any_files(chain.from_iterable(map(_states_of, acks)))
         ):
             out: list[Decision] = []
             for a in rest:  # one by one (also raises for a unit the job does not have)
@@ -447,6 +508,7 @@ class CheckpointCoordinator:
             return out
         units = map(_unit_of, acks)
         return list(map(DiscardAttempt, map(_checkpoint_of, acks), units, map(_attempt_of, acks)))
+
     def on_decline(
         self, checkpoint_id: int, unit_id: int, attempt: int, cause: str, now_ms: int
     ) -> list[Decision]:
@@ -501,11 +563,13 @@ class CheckpointCoordinator:
         restore: list[tuple[SubtaskState, ...] | None] = [None] * n
         for unit_id, fb in done.fallback_states.items():
             states[unit_id] = restore[unit_id] = fb
-        old_owner = self._owner
-        self._owner = [checkpoint_id] * n
-        for unit_id in fallback:
-            self._owner[unit_id] = old_owner[unit_id]
-        self._behind = {u: old_owner[u] for u in fallback}
+        # the fallen-back units, ascending, with their owners (kept): lists built in C
+        behind_units = sorted(fallback)
+        behind_owners = list(map(self._owner.__getitem__, behind_units))
+        owner = self._owner = [checkpoint_id] * n
+        for unit_id, unit_owner in zip(behind_units, behind_owners, strict=True):
+            owner[unit_id] = unit_owner
+        self._behind = dict(zip(behind_units, behind_owners, strict=True))
         self._behind_by_vertex = per_vertex = done.by_vertex
         self._unit_states = states
         self._restore_states = restore
@@ -523,10 +587,11 @@ class CheckpointCoordinator:
         else:
             self.metrics.global_checkpoint_count += 1
             self._global_until_success = None
-        owners = {self._owner[u] for u in fallback}
+        owners = set(behind_owners)
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
-        self.metrics.unit_lag = {u: checkpoint_id - self._owner[u] for u in fallback}
-        units_fallback = {u: self._owner[u] for u in sorted(fallback)}
+        lags = map(sub, repeat(checkpoint_id), behind_owners)
+        self.metrics.unit_lag = dict(zip(behind_units, lags, strict=True))
+        units_fallback = dict(self._behind)
         for vertex_id, coordinator in self._coordinators.items():
             if fallback:
                 info = RegionalCompletion(per_vertex.get(vertex_id, {}), units_fallback)
@@ -536,11 +601,11 @@ class CheckpointCoordinator:
         self._reopen_sources(fallback)
         out: list[Decision] = []
         fresh = [True] * n
-        for unit_id in fallback:
+        for unit_id in behind_units:
             fresh[unit_id] = False
-        healthy = tuple(compress(range(n), fresh))
+        healthy = tuple(compress(self._unit_ids, fresh))
         out.append(NotifyComplete(checkpoint_id, healthy))
-        out += [NotifyFallback(checkpoint_id, u, self._owner[u]) for u in sorted(fallback)]
+        out += map(NotifyFallback, repeat(checkpoint_id), behind_units, behind_owners)
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
         out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
         for vertex_id, committer in self._committers.items():
@@ -657,9 +722,7 @@ class CheckpointCoordinator:
         for vertex_id, committer in self._committers.items():
             committables = _fresh_committables(metadata, vertex_id)
             if not committer.queued or committer.queued[-1] < cid:
-                committer.checkpoint_complete(
-                    cid, committables, recommit=True, fallback=fell_back
-                )
+                committer.checkpoint_complete(cid, committables, recommit=True, fallback=fell_back)
         return self._pump()
 
     # --- deciding ----------------------------------------------------------------------------
@@ -715,12 +778,35 @@ class CheckpointCoordinator:
                 if u in p.must_be_fresh
                 else None
             ),
-            unusable=self._unusable,
+            unusable=self._first_unusable,
             fallback_snapshots=fallback_snapshots,
         )
         if verdict.rule is not None:
             return self._abort(p, verdict.rule, verdict.message)
         return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots), by_vertex)
+
+    def _first_unusable(self, units: Sequence[int]) -> tuple[int, str] | None:
+        """Rule 3 d over `units`, in order: the first whose earlier state cannot be re-used now,
+        with why (`_unusable`), or None; one loop with the usual case inlined."""
+        if self._global_until_success is not None or self._mismatch:
+            for unit_id in units:
+                if (why := self._unusable(unit_id)) is not None:
+                    return unit_id, why
+            return None
+        owners, states_of, initial = self._owner, self._unit_states, INITIAL_STATE_ID
+        checks = {v: c.check_fallback for v, c in self._coordinators.items()}
+        for unit_id in units:
+            owner = owners[unit_id]
+            if owner == initial:
+                continue  # never checkpointed: its initial state is usable
+            states = states_of[unit_id]
+            if states is None:
+                return unit_id, self._unusable(unit_id) or ""
+            for s in states:
+                check = checks.get(s.vertex_id)
+                if check is not None and (why := check(s, owner)):
+                    return unit_id, why
+        return None
 
     def _unusable(self, unit_id: int) -> str | None:
         """Rule 3 d: why the unit's earlier state cannot be re-used now, or None."""
@@ -791,9 +877,11 @@ class CheckpointCoordinator:
         reasons = p.reasons
         if fallback:
             units = list(units)
-            for unit_id, cause in fallback.items():
-                units[unit_id] = UnitState(unit_id, self._owner[unit_id], cause)
-                fallback_states[unit_id] = self.unit_states(unit_id)
+            ids = list(fallback)
+            fell_back = map(UnitState, ids, map(self._owner.__getitem__, ids), fallback.values())
+            for unit_id, unit in zip(ids, fell_back, strict=True):
+                units[unit_id] = unit
+            fallback_states = dict(zip(ids, map(self.unit_states, ids), strict=True))
             reasons = (
                 *reasons,
                 f"{name_units(fallback)} fell back ({len(fallback)} of "
@@ -841,7 +929,11 @@ class CheckpointCoordinator:
                 ),
             )
         self._pending = None
-        committables = _committables(p.states, self._committers.keys())
+        committables: dict[str, tuple[bytes, ...]] = (
+            _committables(p.states, self._committers.keys())
+            if p.files is not False
+            else dict.fromkeys(self._committers, ())
+        )
         self._completing = _Completion(
             p, metadata, fallback, fallback_states, committables, by_vertex
         )
@@ -998,24 +1090,33 @@ def _discard(
 
 def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
     """`_discard` of every acked unit attempt of aborted `p`, in unit order; when no acked
-    state holds files or committables, all are built in C."""
-    acked = list(compress(range(len(p.states)), p.states))
-    states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
+    state holds files or committables (`p.files`, else a scan in C), all are built in C."""
+    acked = list(compress(p.unit_ids, p.states))
     attempts: Iterable[int] = map(p.attempt_of, acked) if p.retries else repeat(1)
     cid = p.checkpoint_id
-    for s in chain.from_iterable(states):
-        if s.handles or s.committables:
+    if p.files is not False:
+        states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
+        if p.files or _any_files(chain.from_iterable(states)):
             return [
                 _discard(cid, unit_id, attempt, unit_states, committables=True)
                 for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
             ]
-    return list(map(DiscardAttempt, repeat(cid), acked, attempts))
+    # one empty `committables` for all: an allocation per decision costs more than the rest
+    return list(map(DiscardAttempt, repeat(cid), acked, attempts, repeat(()), repeat({})))
 
 
 _committables_of = attrgetter("committables")
+_handles_of = attrgetter("handles")
+_states_of = attrgetter("states")
 _checkpoint_of = attrgetter("checkpoint_id")
 _attempt_of = attrgetter("attempt")
 _unit_of = attrgetter("unit")
+
+
+def _any_files(states: Iterable[SubtaskState]) -> bool:
+    """Whether any of `states` holds a state file or a committable (two scans in C)."""
+    every = states if isinstance(states, list) else list(states)
+    return any(map(_handles_of, every)) or any(map(_committables_of, every))
 
 
 def _committables(

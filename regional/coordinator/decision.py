@@ -7,19 +7,19 @@ checks come in as functions.
 
 >>> from fractions import Fraction
 >>> v = evaluate(7, {3: "timeout"}, num_units=10, max_failure_ratio=Fraction("0.3"),
-...     must_be_fresh=lambda u: None, unusable=lambda u: None, fallback_snapshots=lambda: {})
+...     must_be_fresh=lambda u: None, unusable=lambda us: None, fallback_snapshots=lambda: {})
 >>> v.rule is None, v.snapshots
 (True, {})
 >>> evaluate(7, {1: "x", 2: "y", 3: "z", 4: "w"}, num_units=10,
 ...     max_failure_ratio=Fraction("0.3"), must_be_fresh=lambda u: None,
-...     unusable=lambda u: None, fallback_snapshots=lambda: {}).rule
+...     unusable=lambda us: None, fallback_snapshots=lambda: {}).rule
 <Rule.FAILURE_RATIO: '3c-failure-ratio'>
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 
 from regional.decisions import Rule
@@ -64,17 +64,19 @@ def evaluate(
     num_units: int,
     max_failure_ratio: Fraction,
     must_be_fresh: Callable[[int], str | None],
-    unusable: Callable[[int], str | None],
+    unusable: Callable[[Sequence[int]], tuple[int, str] | None],
     fallback_snapshots: Callable[[], Mapping[str, bytes] | str],
 ) -> Verdict:
     """Rule 3 for checkpoint `checkpoint_id` whose `failed` units (unit -> cause) did not ack.
 
-    `must_be_fresh(u)` says why unit u had to be fresh (or None); `unusable(u)` why its earlier
-    state cannot be used (or None); `fallback_snapshots()` returns the coordinators' snapshots or
-    a message saying which coordinator could not produce one.
+    `must_be_fresh(u)` says why unit u had to be fresh (or None); `unusable(units)` returns the
+    first of `units` (ascending) whose earlier state cannot be used, with why (or None);
+    `fallback_snapshots()` returns the coordinators' snapshots or a message saying which
+    coordinator could not produce one.
     """
     prefix = f"checkpoint {checkpoint_id} aborted"
-    for unit in sorted(failed):
+    units = sorted(failed)
+    for unit in units:
         if (why := must_be_fresh(unit)) is not None:
             return Verdict(
                 Rule.MUST_BE_FRESH,
@@ -96,13 +98,13 @@ def evaluate(
             f"{_causes(failed)}; fix the failing units or raise "
             "checkpointing.region.max-failure-ratio",
         )
-    for unit in sorted(failed):
-        if (why := unusable(unit)) is not None:
-            return Verdict(
-                Rule.NO_USABLE_STATE,
-                f"{prefix} (rule 3d): unit {unit} failed ({failed[unit]}) and has no usable "
-                f"earlier state: {why}",
-            )
+    if (found := unusable(units)) is not None:
+        unit, why = found
+        return Verdict(
+            Rule.NO_USABLE_STATE,
+            f"{prefix} (rule 3d): unit {unit} failed ({failed[unit]}) and has no usable "
+            f"earlier state: {why}",
+        )
     snapshots = fallback_snapshots()
     if isinstance(snapshots, str):
         return Verdict(Rule.COORDINATOR_FALLBACK, f"{prefix} (rule 3e): {snapshots}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import repeat
+from operator import add
 
 from regional.coordinator.decision import name_units
 from regional.policy import RegionPolicy
@@ -64,7 +66,8 @@ class Limits:
     def completed(self, fallback_units: Iterable[int], *, savepoint: bool = False) -> None:
         """A checkpoint completed (regional when `fallback_units` is not empty)."""
         fallback = list(fallback_units)
-        self.streak = {u: self.streak.get(u, 0) + 1 for u in fallback}
+        streaks = map(add, map(self.streak.get, fallback, repeat(0)), repeat(1))  # in C
+        self.streak = dict(zip(fallback, streaks, strict=True))
         if not savepoint:
             self.consecutive_regional = self.consecutive_regional + 1 if fallback else 0
         self.consecutive_aborts = 0

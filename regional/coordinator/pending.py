@@ -14,6 +14,7 @@ units past their deadline is O(1) until the earliest deadline passes, then a sca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress, filterfalse
 from operator import not_
 
@@ -31,6 +32,7 @@ class PendingCheckpoint:
         "_earliest",
         "checkpoint_id",
         "declined",
+        "files",
         "final",
         "forced",
         "kind",
@@ -43,6 +45,7 @@ class PendingCheckpoint:
         "states",
         "tier1",
         "trigger_ms",
+        "unit_ids",
     )
 
     def __init__(
@@ -60,6 +63,7 @@ class PendingCheckpoint:
         final: bool = False,
         reasons: tuple[str, ...] = (),
         forced: tuple[ForcedGlobal, ...] = (),
+        unit_ids: Sequence[int] | None = None,
     ) -> None:
         self.checkpoint_id = checkpoint_id
         self.trigger_ms = trigger_ms
@@ -76,6 +80,11 @@ class PendingCheckpoint:
         #: unit -> cause, for declined units
         self.declined: dict[int, str] = {}
         self.outstanding = num_units
+        #: 0..num_units-1 (a caller's shared tuple: scans then allocate no int per unit)
+        self.unit_ids: Sequence[int] = range(num_units) if unit_ids is None else unit_ids
+        #: whether an acked state holds a state file or committables: False (none does), True,
+        #: or None (not known: acks taken one by one are not looked at here)
+        self.files: bool | None = False
         self._deadline = deadline_ms
         #: unit -> (attempt, deadline) for retried units; every other unit runs attempt 1
         self.retries: dict[int, tuple[int, int]] = {}
@@ -97,6 +106,8 @@ class PendingCheckpoint:
     def ack(self, unit_id: int, states: tuple[SubtaskState, ...]) -> None:
         self.states[unit_id] = states
         self.outstanding -= 1
+        if self.files is False:
+            self.files = None
 
     def decline(self, unit_id: int, cause: str) -> None:
         self.declined[unit_id] = cause
@@ -126,5 +137,5 @@ class PendingCheckpoint:
         """Units that neither acked nor declined, ascending (acked states are never empty)."""
         if self.outstanding == 0:
             return []
-        silent = compress(range(len(self.states)), map(not_, self.states))
+        silent = compress(self.unit_ids, map(not_, self.states))
         return list(filterfalse(self.declined.__contains__, silent))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import compress, repeat
+from operator import gt
 
 import msgspec
 
@@ -162,16 +164,21 @@ class SplitEnumerator:
     def _returned(self, reset: Mapping[int, int]) -> list[tuple[str, int]]:
         """(split, index) given to a resetting subtask after its owner: subtasks in the order of
         `reset`, each one's splits in assignment order. A `SubtaskOwners` reset is read in
-        O(its other subtasks + subtasks given splits after its default owner)."""
-        items: Iterable[tuple[int, int]]
+        O(its other subtasks + subtasks given splits after its default owner), any other in a
+        scan in C; only the subtasks whose latest split came after their owner are looked at."""
+        indices: Iterable[int]
+        owners: Iterable[int]
         if isinstance(reset, SubtaskOwners):
             default, others, order = reset.default, reset.others, reset.order
             late = [held for epoch, held in self._holders.items() if epoch > default]
             candidates = set(others).union(*late)
-            chosen = sorted(filter(order.__contains__, candidates), key=order.__getitem__)
-            items = [(index, others.get(index, default)) for index in chosen]
+            indices = sorted(filter(order.__contains__, candidates), key=order.__getitem__)
+            owners = list(map(others.get, indices, repeat(default)))
         else:
-            items = reset.items()
+            indices, owners = reset.keys(), reset.values()
+        # only subtasks given a split after their owner return any (a scan in C)
+        later = map(gt, map(self._latest.get, indices, repeat(0)), owners)
+        items = compress(zip(indices, owners, strict=True), later)
         out = []
         epoch, by_subtask = self._assigned_in, self._by_subtask
         for index, owner in items:

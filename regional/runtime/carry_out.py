@@ -120,20 +120,29 @@ class DecisionHandlers:
     def _note_answers(self, answers: Sequence[Answer]) -> None:
         """Keep the tracebacks of declines and the dead-letter counts of acks for the
         checkpoint's event (the coordinator only sees each decline's one-line reason)."""
+        answered = self._answered
+        cid: int | None = None
+        tracebacks: dict[int, str] = {}
+        dead_lettered: dict[int, int] = {}
         for a in answers:
-            for old in [c for c in self._answered if c < a.checkpoint_id]:
-                del self._answered[old]  # a checkpoint that ended without an outcome
-            seen = self._answered.setdefault(a.checkpoint_id, _Answered())
+            if a.checkpoint_id != cid:  # once per run of answers of one checkpoint
+                cid = a.checkpoint_id
+                for old in [c for c in answered if c < cid]:
+                    del answered[old]  # a checkpoint that ended without an outcome
+                seen = answered.setdefault(cid, _Answered())
+                tracebacks, dead_lettered = seen.tracebacks, seen.dead_lettered
             if isinstance(a, Decline):
-                seen.dead_lettered.pop(a.unit, None)
+                if dead_lettered:
+                    dead_lettered.pop(a.unit, None)
                 if a.trace:
-                    seen.tracebacks[a.unit] = a.trace
+                    tracebacks[a.unit] = a.trace
             else:
-                seen.tracebacks.pop(a.unit, None)
+                if tracebacks:
+                    tracebacks.pop(a.unit, None)
                 if a.records_dead_lettered:
-                    seen.dead_lettered[a.unit] = a.records_dead_lettered
-                else:  # only units that dead-lettered are kept (100,000 acks per epoch)
-                    seen.dead_lettered.pop(a.unit, None)
+                    dead_lettered[a.unit] = a.records_dead_lettered
+                elif dead_lettered:  # only units that dead-lettered are kept
+                    dead_lettered.pop(a.unit, None)
 
     def _outcome_of(
         self, outcome: Outcome, fallback_units: tuple[int, ...], message: str, **kw: Any

@@ -74,7 +74,7 @@ from regional.runtime.cleaning import JobCleaning
 from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
-from regional.runtime.protocol import Ack, Answer, TaskDispatcher, UnitWork
+from regional.runtime.protocol import Ack, AckBatch, Answer, TaskDispatcher, UnitWork, answers_of
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
 __all__ = ["Clock", "EpochWatch", "JobDriver", "RunSummary", "SystemClock", "feed"]
@@ -418,9 +418,10 @@ class JobDriver(DecisionHandlers):
             self.watch.epoch_started(cid, [w.unit_id for w in works])
         with watch.part("dispatch"):
             batch = self.dispatcher.run(works, trigger.deadline_ms)
-        answers = list(batch.answers)
+        arrived = batch.arrived()
+        answers = answers_of(arrived) if batch.batches else list(batch.answers)
         with watch.part("feed"):
-            decisions = self._feed(answers)
+            decisions = self._feed(answers, arrived)
         if batch.error is not None:  # units lost with a failed batch: each re-run alone, once
             answered = {a.unit for a in answers}
             lost = [w for w in works if w.unit_id not in answered]
@@ -541,13 +542,19 @@ class JobDriver(DecisionHandlers):
     def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
         return plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
 
-    def _feed(self, answers: Sequence[Answer]) -> list[Decision]:
-        """Hand a dispatch's answers to the coordinator as one batch (`on_answers`)."""
+    def _feed(
+        self, answers: Sequence[Answer], arrived: Sequence[Answer | AckBatch] | None = None
+    ) -> list[Decision]:
+        """Hand a dispatch's answers to the coordinator as one batch (`on_answers`): `arrived`
+        as the dispatcher returned them (`Dispatch.arrived`, default `answers`), `answers` the
+        same with every `AckBatch` replaced by its acks."""
         self._note_answers(answers)
         if self.watch is not None:
             for a in answers:
                 self.watch.unit_answered(a)
-        return self.coordinator.on_answers(answers, self.clock.now_ms())
+        return self.coordinator.on_answers(
+            answers if arrived is None else arrived, self.clock.now_ms()
+        )
 
     def _retry_alone(
         self, trigger: TriggerCheckpoint, lost: list[UnitWork], attempts: dict[int, int]
@@ -567,7 +574,7 @@ class JobDriver(DecisionHandlers):
             for w in lost
         ]
         attempts.update((w.unit_id, w.attempt) for w in works)
-        return self.dispatcher.run(works, trigger.deadline_ms, isolated=True).answers
+        return answers_of(self.dispatcher.run(works, trigger.deadline_ms, isolated=True).arrived())
 
     def _check_sources_finished(self) -> None:
         """Tell the coordinator which bounded sources have read everything."""

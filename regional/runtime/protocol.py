@@ -3,8 +3,10 @@
 The driver (`regional.runtime.driver.JobDriver`) hands a `TaskDispatcher` one `UnitWork` per
 fallback unit and epoch; every unit answers with an `Ack` (its subtask states, in layout order)
 or a `Decline` (why it failed). Both are tagged msgspec Structs, so they pickle through Spark,
-encode as msgpack or JSON for logs, and can never be mistaken for each other. Nothing here
-imports Spark.
+encode as msgpack or JSON for logs, and can never be mistaken for each other. Where many acks
+are made together (a Spark task's partition of units), `AckBatch.of` packs them with their
+shape, which the checkpoint coordinator checks against the layout in one comparison
+(`Dispatch.batches`). Nothing here imports Spark.
 
 >>> from metadata.model import SubtaskState
 >>> ack = Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1),), records_in=5)
@@ -17,13 +19,26 @@ imports Spark.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Protocol
 
 import msgspec
 
 from metadata.model import SubtaskState
 
-__all__ = ["Ack", "Answer", "Dispatch", "TaskDispatcher", "UnitWork"]
+__all__ = [
+    "Ack",
+    "AckBatch",
+    "Answer",
+    "Dispatch",
+    "TaskDispatcher",
+    "UnitWork",
+    "ack_shape",
+    "answers_of",
+    "packed",
+    "well_formed_shape",
+]
 
 
 class UnitWork(msgspec.Struct, frozen=True):
@@ -74,13 +89,111 @@ class Decline(msgspec.Struct, frozen=True, tag="decline"):
 
 Answer = Ack | Decline
 
+_encode = msgspec.msgpack.Encoder().encode
+_states_of = attrgetter("states")
+_handles_of = attrgetter("handles")
+_committables_of = attrgetter("committables")
+_state_shape = attrgetter("vertex_id", "index", "unit_id", "attempt", "ref_checkpoint_id")
+
+
+def ack_shape(ack: Ack) -> bytes:
+    """What the checkpoint coordinator checks of `ack`, as msgpack: `[unit, attempt, states]`,
+    `states` one `[vertex_id, index, unit_id, attempt, ref_checkpoint_id]` per subtask state
+    (nil when `states` is not a tuple).
+
+    >>> ack_shape(Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1),)))
+    b'\\x93\\x00\\x01\\x91\\x95\\xa3src\\x00\\x00\\x01\\xc0'
+    """
+    states = ack.states
+    return _encode(
+        (ack.unit, ack.attempt, list(map(_state_shape, states)) if type(states) is tuple else None)
+    )
+
+
+def well_formed_shape(unit: int, attempt: int, subtasks: Sequence[tuple[str, int]]) -> bytes:
+    """The `ack_shape` of a well-formed ack of `unit`'s attempt `attempt` whose subtasks are
+    `subtasks` (vertex id, index), in layout order: fresh states, each of that unit and attempt.
+
+    >>> state = SubtaskState("src", 0, 0, attempt=1)
+    >>> well_formed_shape(0, 1, [("src", 0)]) == ack_shape(Ack(3, 0, 1, (state,)))
+    True
+    """
+    return _encode((unit, attempt, [(v, i, unit, attempt, None) for v, i in subtasks]))
+
+
+class AckBatch(msgspec.Struct, frozen=True, tag="ack-batch"):
+    """Acks of checkpoint `checkpoint_id`, made by `AckBatch.of` where they were made (a Spark
+    task's partition of units, the simulated dispatcher): `shape` is their `ack_shape`s joined,
+    so the checkpoint coordinator checks the whole batch against its layout by comparing bytes
+    instead of reading every subtask state (an ack whose shape differs is checked on its own).
+    Build it with `of` only: the coordinator trusts `shape` and `files` to describe `acks`."""
+
+    checkpoint_id: int
+    acks: tuple[Ack, ...]
+    shape: bytes
+    files: bool  # whether a state of `acks` holds a state file or committables
+
+    @classmethod
+    def of(cls, acks: Sequence[Ack]) -> AckBatch:
+        """The batch of `acks` (at least one, all of one checkpoint; `ValueError` otherwise).
+
+        >>> b = AckBatch.of([Ack(3, 0, 1, ()), Ack(3, 1, 1, ())])
+        >>> b.checkpoint_id, b.shape == ack_shape(b.acks[0]) + ack_shape(b.acks[1])
+        (3, True)
+        """
+        batch = tuple(acks)
+        if not batch:
+            raise ValueError("an ack batch holds at least one ack")
+        cid = batch[0].checkpoint_id
+        if {type(a) for a in batch} != {Ack} or {a.checkpoint_id for a in batch} != {cid}:
+            raise ValueError("an ack batch holds acks (type Ack) of one checkpoint only")
+        states = list(chain.from_iterable(map(_states_of, batch)))
+        files = any(map(_handles_of, states)) or any(map(_committables_of, states))
+        return cls(cid, batch, b"".join(map(ack_shape, batch)), files)
+
+
+def packed(answers: Sequence[Answer]) -> list[Answer | AckBatch]:
+    """`answers` as a task that ran several units returns them: the acks of each checkpoint
+    packed into one `AckBatch` (in their order), then the other answers.
+
+    >>> [type(a).__name__ for a in packed([Ack(3, 0, 1, ()), Decline(3, 1, 1, "x"),
+    ...     Ack(3, 2, 1, ())])]
+    ['AckBatch', 'Decline']
+    """
+    acks: dict[int, list[Ack]] = {}
+    rest: list[Answer | AckBatch] = []
+    for a in answers:
+        if type(a) is Ack:
+            acks.setdefault(a.checkpoint_id, []).append(a)
+        else:
+            rest.append(a)
+    return [*map(AckBatch.of, acks.values()), *rest]
+
+
+def answers_of(items: Sequence[Answer | AckBatch]) -> list[Answer]:
+    """`items` with every batch replaced by its acks, in order."""
+    out: list[Answer] = []
+    for item in items:
+        if type(item) is AckBatch:
+            out += item.acks
+        else:
+            out.append(item)  # type: ignore[arg-type]  # Ack or Decline
+    return out
+
 
 class Dispatch(msgspec.Struct, frozen=True):
     """What a dispatcher got back: the answers that arrived, and `error` when the batch itself
-    failed (a lost worker took units with it; units without an answer were lost)."""
+    failed (a lost worker took units with it; units without an answer were lost). `batches`:
+    acks that arrived packed (`AckBatch`, e.g. one per Spark task); they count as arriving
+    before `answers`."""
 
     answers: list[Answer]
     error: str | None = None
+    batches: list[AckBatch] = msgspec.field(default_factory=list)
+
+    def arrived(self) -> list[Answer | AckBatch]:
+        """What the coordinator is handed (`CheckpointCoordinator.on_answers`), in order."""
+        return [*self.batches, *self.answers]
 
 
 class TaskDispatcher(Protocol):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 
 import msgspec
 
@@ -23,6 +24,7 @@ __all__ = ["PARTS", "TASK_PARTS", "EpochStopwatch", "EpochTiming"]
 PARTS = ("plan", "dispatch", "feed", "metadata", "commit", "discard", "clean", "event")
 #: The phases of a unit inside the dispatch (task seconds, from the acks).
 TASK_PARTS = ("restore", "process", "snapshot", "upload")
+_TASK_SECONDS = tuple(attrgetter(f"{name}_s") for name in TASK_PARTS)
 
 
 class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,10 +66,11 @@ class EpochStopwatch:
         self._tasks = dict.fromkeys(TASK_PARTS, 0.0)
 
     def add_tasks(self, answers: Iterable[object]) -> None:
-        """Add the task seconds per phase of the acks among `answers`."""
-        for a in answers:
-            for name in TASK_PARTS:
-                self._tasks[name] += getattr(a, f"{name}_s", 0.0)
+        """Add the task seconds per phase of the acks among `answers` (the answers that have
+        them), in answer order."""
+        timed = [a for a in answers if hasattr(a, "restore_s")]
+        for name, seconds in zip(TASK_PARTS, _TASK_SECONDS, strict=True):
+            self._tasks[name] = sum(map(seconds, timed), self._tasks[name])
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
