@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metadata.model import SplitState, StateHandle, SubtaskState
-from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
+from regional.runtime.protocol import Ack, AckBatch, Answer, Decline, UnitWork, answers_of, packed
 from regional.runtime.spark import _answers, _packed, _unpacked
 
 
@@ -35,13 +35,16 @@ def test_work_is_sliced_as_parallelize_slices_and_decodes_to_the_same_structs(un
 
 
 def test_answers_decode_and_a_task_spark_ran_again_wins_per_unit_attempt():
-    ack = Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1, committables=(b"\x00f",)),))
-    first = msgspec.msgpack.encode([ack, Decline(3, 1, 1, "ValueError: bad", "Traceback ...")])
-    again = msgspec.msgpack.encode(  # Spark re-ran the task: its units decline
-        [Decline(3, 0, 1, "spark task attempt 1 refused: units run once per attempt")]
-    )
-    got: list[Answer] = _answers([first, again])
-    assert [type(a).__name__ for a in got] == ["Decline", "Decline"]
-    assert got[0].unit == 0 and got[0].reason.startswith("spark task attempt 1")
-    assert got[1] == Decline(3, 1, 1, "ValueError: bad", "Traceback ...")
-    assert _answers([first]) == [ack, Decline(3, 1, 1, "ValueError: bad", "Traceback ...")]
+    ack0 = Ack(3, 0, 1, (SubtaskState("src", 0, 0, attempt=1, committables=(b"\x00f",)),))
+    ack2 = Ack(3, 2, 1, (SubtaskState("src", 2, 2, attempt=1),))
+    bad = Decline(3, 1, 1, "ValueError: bad", "Traceback ...")
+    first = msgspec.msgpack.encode(packed([ack0, bad, ack2]))
+    got = _answers([first])
+    assert got.batches == [AckBatch.of([ack0, ack2])] and got.answers == [bad]  # kept whole
+    refused = "spark task attempt 1 refused: units run once per attempt"
+    again = msgspec.msgpack.encode(packed([Decline(3, 0, 1, refused)]))  # Spark re-ran unit 0
+    got = _answers([first, again], "spark job failed: lost executor")
+    assert got.batches == [] and got.error == "spark job failed: lost executor"
+    assert got.answers == [ack2, bad, Decline(3, 0, 1, refused)]  # the batch's kept ack alone
+    arrived: list[Answer] = answers_of(got.arrived())
+    assert sorted(a.unit for a in arrived) == [0, 1, 2]

@@ -7,7 +7,8 @@ with a failed task are re-run each as their own one-task job (`isolated`). Each 
 `regional.runtime.task.run_units`, so user exceptions and unit timeouts come back as declines.
 A task's work and its answers travel as one msgpack blob each (`msgspec`; pickling a thousand
 answers one by one, and unpickling them on the driver, cost about 20 ms of every epoch at
-1,024 units). Answers reach the driver through `collect()`, or, when the job had to be
+1,024 units); its acks as one `AckBatch`, whose shape the coordinator checks against the
+layout in one comparison. Answers reach the driver through `collect()`, or, when the job had to be
 cancelled at the epoch deadline (a hang SIGALRM could not break) or failed, through a dict
 accumulator that holds every finished task's blob; while a job runs the dispatcher reads that
 accumulator every `ANSWER_POLL_S` and reports new answers to `on_answer` (a live progress view).
@@ -39,7 +40,7 @@ from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.driver import EpochWatch, JobDriver, RunSummary
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
-from regional.runtime.protocol import Answer, Dispatch, UnitWork
+from regional.runtime.protocol import AckBatch, Answer, Dispatch, UnitWork, answers_of, packed
 from regional.runtime.task import TaskEnv, run_units
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def _warm_up(it: Any) -> Any:
 #: Decode a task's work and answers: one msgpack blob each way per task (~10x cheaper than
 #: pickling a thousand Structs one by one).
 _WORKS = msgspec.msgpack.Decoder(list[UnitWork])
-_ANSWERS = msgspec.msgpack.Decoder(list[Answer])
+_ANSWERS = msgspec.msgpack.Decoder(list[Answer | AckBatch])
 
 
 def _packed(works: list[UnitWork], tasks: int) -> list[bytes]:
@@ -155,7 +156,7 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
         answers = run_units(env, works, spark_attempt=attempt)
-        blob = msgspec.msgpack.encode(answers)
+        blob = msgspec.msgpack.encode(packed(answers))  # the acks as one AckBatch
         if works:  # one entry per task attempt: a retried task's answers come after
             acc.add({(works[0].checkpoint_id, works[0].unit_id, attempt): blob})
         return iter([blob])
@@ -163,14 +164,28 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
     return run
 
 
-def _answers(blobs: Iterable[bytes]) -> list[Answer]:
-    """The answers in the tasks' blobs; of two answers of one unit attempt (a task Spark ran
-    again) the later one."""
+def _answers(blobs: Iterable[bytes], error: str | None = None) -> Dispatch:
+    """The answers in the tasks' blobs, as a `Dispatch`: of two answers of one unit attempt (a
+    task Spark ran again) the later one; a task's `AckBatch` stays whole when every ack of it
+    is kept (the coordinator checks it in one comparison), else its kept acks go one by one."""
+    tasks = [_ANSWERS.decode(blob) for blob in blobs]
     latest: dict[tuple[int, int, int], Answer] = {}
-    for blob in blobs:
-        for a in _ANSWERS.decode(blob):
+    for items in tasks:
+        for a in answers_of(items):
             latest[a.checkpoint_id, a.unit, a.attempt] = a
-    return list(latest.values())
+    kept: set[int] = set(map(id, latest.values()))
+    batches: list[AckBatch] = []
+    answers: list[Answer] = []
+    for items in tasks:
+        for item in items:
+            if type(item) is AckBatch:
+                if all(id(a) in kept for a in item.acks):
+                    batches.append(item)
+                else:
+                    answers += [a for a in item.acks if id(a) in kept]
+            elif id(item) in kept:
+                answers.append(item)  # type: ignore[arg-type]  # an Ack or a Decline
+    return Dispatch(answers, error, batches)
 
 
 class SparkDispatcher:
@@ -210,9 +225,8 @@ class SparkDispatcher:
 
         def alone(w: UnitWork) -> None:  # a failed job loses only this unit
             name = f"{group}-u{w.unit_id}-a{w.attempt}"
-            out.extend(
-                self._submit(name, f"checkpoint {cid} unit {w.unit_id}", [w], deadline_ms).answers
-            )
+            got = self._submit(name, f"checkpoint {cid} unit {w.unit_id}", [w], deadline_ms)
+            out.extend(answers_of(got.arrived()))
 
         threads = [threading.Thread(target=alone, args=(w,), daemon=True) for w in works]
         for t in threads:
@@ -251,13 +265,13 @@ class SparkDispatcher:
             sc.cancelJobGroup(group)
             thread.join()
         if "answers" in box:
-            return Dispatch(_answers(box["answers"]))
-        answers = _answers(dict(acc.value).values())
+            return _answers(box["answers"])
+        blobs = dict(acc.value).values()
         if "error" in box and not cancelled:
             first = str(box["error"]).strip().splitlines()
             why = first[0][:300] if first else repr(box["error"])
-            return Dispatch(answers, f"spark job failed: {why}")
-        return Dispatch(answers)
+            return _answers(blobs, f"spark job failed: {why}")
+        return _answers(blobs)
 
     def _report_live(self, acc: Any, reported: set[Any]) -> None:
         """Tell `on_answer` the answers of tasks that ended since the last look (the
@@ -267,7 +281,7 @@ class SparkDispatcher:
         for key, blob in list(dict(acc.value).items()):  # a copy: tasks merge into it
             if key not in reported:
                 reported.add(key)
-                for answer in _ANSWERS.decode(blob):
+                for answer in answers_of(_ANSWERS.decode(blob)):
                     self.on_answer(answer)
 
 
