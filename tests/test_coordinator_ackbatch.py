@@ -9,7 +9,16 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_coordinator_batch import KINDS, LAYOUT, UNITS, Side, answer, durable, one_by_one
+from test_coordinator_batch import (
+    KINDS,
+    LAYOUT,
+    UNITS,
+    Side,
+    answer,
+    durable,
+    lenient_policy,
+    one_by_one,
+)
 
 from metadata.model import SplitState, SubtaskState
 from regional.coordinator import CoordinatorStateError, Decision, WriteMetadata
@@ -85,14 +94,7 @@ def test_an_ack_batch_decides_as_its_acks_one_by_one(
     enabled: bool,
     max_unit_fallbacks: int,
 ) -> None:
-    policy = Policy(
-        checkpointing=CheckpointingPolicy(
-            region=RegionPolicy(
-                enabled=enabled, max_unit_fallbacks=max_unit_fallbacks, max_failure_ratio=1.0
-            ),
-            tolerable_failed_checkpoints=100,
-        )
-    )
+    policy = lenient_policy(enabled, max_unit_fallbacks)
     batch, single = Side(policy), Side(policy)
     now = 0
     for kinds, order, split, extra, joins, retried in checkpoints:

@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from metadata.model import SinkRetention
+from regional.durability import fsync_path as _fsync
 from regional.errors import CommitError, SinkError
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
@@ -120,14 +121,6 @@ def _require_deltalake() -> Any:
 def _location(path: str) -> str:
     """`path` as the sink keeps it: URIs as given, local paths absolute without a trailing /."""
     return path.rstrip("/") if "://" in path else os.path.abspath(path)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DeltaSink:
