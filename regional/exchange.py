@@ -251,12 +251,12 @@ class ExchangeWriter(_Bound, ParquetSink):
         fs, base = self._fs()
         out: list[bytes] = []
         staging = f"_staging/{job_id}"
+        local = isinstance(fs, pafs.LocalFileSystem)
         for partition, rows in self.partition(records, self.partitions).items():
             name = (
                 f"{staging}/n{self.partitions}-p{partition}-c{checkpoint_id:020d}-w{index:05d}-"
                 f"{run_id or 'run'}-a{attempt}-{uuid.uuid4().hex[:8]}.staged"
             )
-            local = isinstance(fs, pafs.LocalFileSystem)
             if not out:
                 fs.create_dir(f"{base}/{staging}", recursive=True)
                 if local:  # `sync_staged`, before the task answers

@@ -347,7 +347,6 @@ def test_sink_on_s3(s3_server):
     assert ds.dataset(base, filesystem=fs, format="parquet").to_table().num_rows == 3
 
 
-
 def test_a_commit_on_s3_publishes_every_file_once(s3_server):
     uri = s3_server.uri(s3_server.new_bucket(), "table")
     sink = ParquetSink(uri)
@@ -358,6 +357,7 @@ def test_a_commit_on_s3_publishes_every_file_once(s3_server):
     bare = ds.dataset(base, filesystem=fs, format="parquet").to_table()
     assert sorted(bare.column("v").to_pylist()) == list(range(20))
     assert sink.clean_staged("job", keep=[]) == []  # nothing left staged
+
 
 # --- on Spark: exactly-once for every reader across unit faults and hard driver crashes ---------
 

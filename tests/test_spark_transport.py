@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from metadata.model import SplitState, StateHandle, SubtaskState
 from regional.runtime.protocol import Ack, AckBatch, Answer, Decline, UnitWork, answers_of, packed
-from regional.runtime.spark import _answers, _packed, _unpacked
+from regional.runtime.spark import _answers, _work_blobs, _work_of
 
 
 def _work(unit: int) -> UnitWork:
@@ -28,8 +28,8 @@ def _work(unit: int) -> UnitWork:
 @given(units=st.integers(0, 40), tasks=st.integers(1, 8))
 def test_work_is_sliced_as_parallelize_slices_and_decodes_to_the_same_structs(units, tasks):
     works = [_work(u) for u in range(units)]
-    blobs = _packed(works, tasks)
-    slices = [_unpacked(b) for b in blobs]
+    blobs = _work_blobs(works, tasks)
+    slices = [_work_of(b) for b in blobs]
     assert len(blobs) == tasks and [w for s in slices for w in s] == works
     assert max(map(len, slices)) - min(map(len, slices)) <= 1  # near-equal, contiguous
 

@@ -132,7 +132,7 @@ _WORKS = msgspec.msgpack.Decoder(list[UnitWork])
 _ANSWERS = msgspec.msgpack.Decoder(list[Answer | AckBatch])
 
 
-def _packed(works: list[UnitWork], tasks: int) -> list[bytes]:
+def _work_blobs(works: list[UnitWork], tasks: int) -> list[bytes]:
     """`works` in `tasks` contiguous slices of near-equal size (as `parallelize` slices a
     list), each encoded as one blob."""
     n = len(works)
@@ -141,7 +141,7 @@ def _packed(works: list[UnitWork], tasks: int) -> list[bytes]:
     ]
 
 
-def _unpacked(blob: bytes) -> list[UnitWork]:
+def _work_of(blob: bytes) -> list[UnitWork]:
     """A task's work from its blob (a module function: the task's closure, pickled by value,
     refers to it by name; a Decoder itself does not pickle)."""
     return _WORKS.decode(blob)
@@ -152,7 +152,7 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
         from pyspark import TaskContext
 
         # drain the input, or the worker is not reused
-        works = [w for blob in it for w in _unpacked(blob)]
+        works = [w for blob in it for w in _work_of(blob)]
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
         answers = run_units(env, works, spark_attempt=attempt)
@@ -249,8 +249,8 @@ class SparkDispatcher:
         def job() -> None:
             sc.setJobGroup(group, description, interruptOnCancel=True)
             try:
-                packed = _packed(works, parts)
-                box["answers"] = sc.parallelize(packed, parts).mapPartitions(fn).collect()
+                blobs = _work_blobs(works, parts)
+                box["answers"] = sc.parallelize(blobs, parts).mapPartitions(fn).collect()
             except Exception as exc:
                 box["error"] = exc
 

@@ -353,18 +353,10 @@ class ParquetSink:
             return []
         infos = fs.get_file_info([f"{base}/{i.file}" for i in items])
         staged = [i.type == pafs.FileType.File for i in infos]
-        gone = [i for i, here in zip(items, staged, strict=True) if not here]
-        published: set[str] = set()
-        if gone:
-            names = [f"{base}/{self._published(i.file)}" for i in gone]
-            infos = fs.get_file_info(names)
-            published = {
-                n for n, i in zip(names, infos, strict=True) if i.type == pafs.FileType.File
-            }
-        return [
-            (here, not here and f"{base}/{self._published(i.file)}" in published)
-            for i, here in zip(items, staged, strict=True)
-        ]
+        gone = [i.file for i, here in zip(items, staged, strict=True) if not here]
+        infos = fs.get_file_info([f"{base}/{self._published(f)}" for f in gone]) if gone else []
+        published = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
+        return [(here, i.file in published) for i, here in zip(items, staged, strict=True)]
 
     def commit(
         self,
