@@ -25,8 +25,8 @@ import time
 
 import pyarrow as pa
 
-from regional.decisions import Commit
-from regional.operators import perform_commit
+from regional.coordinator.commit import perform_commit
+from regional.coordinator.decisions import Commit
 from regional.sinks.parquet import ParquetSink
 
 __all__ = ["main", "measure"]

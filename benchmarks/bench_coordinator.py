@@ -38,7 +38,7 @@ from pathlib import Path
 import msgspec
 
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
-from regional.sim import RandomFaults, Simulation, timing_floor
+from regional.runtime.sim import RandomFaults, Simulation, timing_floor
 
 PROBABILITIES = (0.0001, 0.001, 0.01, 0.05)
 # tolerable-failed-checkpoints is raised so that every run goes the full length instead of

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.report import RESULTS, print_table, write_results
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.runtime.timing import PARTS, TASK_PARTS, EpochTiming

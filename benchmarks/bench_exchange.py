@@ -73,7 +73,7 @@ from benchmarks.bench_partial_failures import (
 )
 from benchmarks.report import RESULTS, print_table, write_results
 from metadata.events import CheckpointEvent
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.faults import Faults
 from regional.runtime.session import spark_session

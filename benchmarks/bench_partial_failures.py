@@ -56,7 +56,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from benchmarks.report import RESULTS, print_table, write_results
 from metadata.events import CheckpointEvent
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy, load_policy
 from regional.runtime.session import spark_session
 from regional.runtime.spark import Faults, SparkRuntime

@@ -1,4 +1,4 @@
-"""Region analysis at scale: time and peak memory of `regional.regions.analyse`.
+"""Region analysis at scale: time and peak memory of `regional.graph.regions.analyse`.
 
 Cases: (a) a 1,000-vertex forward chain at parallelism 1,000 (one million subtasks), (b) 200
 vertices at parallelism 500 joined by hash edges, (c) a random DAG of 5,000 vertices (seeded;
@@ -22,8 +22,8 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from regional.graph import Edge, Exchange, JobGraph, Partitioner, Vertex
-from regional.regions import analyse
+from regional.graph.job_graph import Edge, Exchange, JobGraph, Partitioner, Vertex
+from regional.graph.regions import analyse
 
 PARTITIONERS: tuple[Partitioner, ...] = (
     "forward",

@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.keyed_job import count_per_key_job
 from benchmarks.report import RESULTS, print_table, write_results
-from regional.runtime.protocol import Ack, AckBatch, Answer
+from regional.coordinator.messages import Ack, AckBatch, Answer
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.runtime.task import UploadLatency

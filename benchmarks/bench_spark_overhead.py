@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.sinks.parquet import ParquetSink, read_table

@@ -1,4 +1,5 @@
-"""Operator state: pickle vs the msgpack codec (`regional.state_codec`), and the update check.
+"""Operator state: pickle vs the msgpack codec (`regional.dataflow.state_codec`), and the update
+check.
 
 A realistic subtask state: 100,000 keys over 4 splits, each with a value state (an int) and a
 map state (a small dict of str -> int). Encode + decode both ways, best of 5, printed side by
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from regional.state import OperatorState
+from regional.dataflow.state import OperatorState
 
 __all__ = ["main"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
 

@@ -39,7 +39,7 @@ from typing import cast
 
 import msgspec
 
-from cleaner.decisions import RetentionInputError
+from cleaner.model import RetentionInputError
 from cleaner.run import CleanProgress, Deleter, DeletionStatus, PlannedDeletions, execute
 
 __all__ = ["BackgroundDeleter", "DeleterTotals"]

@@ -57,7 +57,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from cleaner.decisions import (
+from cleaner.model import (
     Action,
     FileDecision,
     Reason,

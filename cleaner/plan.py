@@ -3,7 +3,7 @@
 Pure (no I/O, no clock): it takes what storage holds and returns a `RetentionPlan` that an
 executor (`cleaner.run`) carries out and an inspector view (`cleaner.views`) renders. About 650
 lines, on purpose: the rules below, their explanations and the one pass that applies them to
-every listed file read best together; the decisions themselves are `cleaner.decisions`. DESIGN §4
+every listed file read best together; the decisions themselves are `cleaner.model`. DESIGN §4
 rule 11, `flink_regional.md` §2.6, §4 and §10 items 22–25.
 
 Rules, in the order they apply to a file (the first that matches decides):
@@ -86,13 +86,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
-from cleaner.decisions import (
+from cleaner.model import (
     Action,
     CheckpointDecision,
     FileDecision,
     ListedFile,
     MissingFile,
-    PendingCheckpoint,
+    PendingFiles,
     Reason,
     RefusedPath,
     RestoreBase,
@@ -128,7 +128,7 @@ __all__ = [
     "FileDecision",
     "ListedFile",
     "MissingFile",
-    "PendingCheckpoint",
+    "PendingFiles",
     "Reason",
     "RefusedPath",
     "RestoreBase",
@@ -305,7 +305,7 @@ def plan_retention(
     files: Iterable[StoredFile],
     *,
     num_retained: int,
-    pending: Sequence[PendingCheckpoint] = (),
+    pending: Sequence[PendingFiles] = (),
     damaged: Iterable[int] = (),
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,

@@ -29,7 +29,7 @@ import msgspec
 
 from cleaner.plan import (
     FileDecision,
-    PendingCheckpoint,
+    PendingFiles,
     RestoreBase,
     RetentionInputError,
     RetentionPlan,
@@ -139,7 +139,7 @@ class RootListing(msgspec.Struct, frozen=True):
     files: tuple[StoredFile, ...]
 
 
-def read_root(storage: JobReader, *, pending: Sequence[PendingCheckpoint] = ()) -> RootListing:
+def read_root(storage: JobReader, *, pending: Sequence[PendingFiles] = ()) -> RootListing:
     """Read every checkpoint's metadata (pending ones are skipped, damaged ones reported), then
     list the job root: a checkpoint completing in between shows up as an unknown `_metadata`
     and is kept."""
@@ -160,7 +160,7 @@ def scan(
     storage: JobReader,
     *,
     num_retained: int,
-    pending: Sequence[PendingCheckpoint] = (),
+    pending: Sequence[PendingFiles] = (),
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
     num_retained_events: int = DEFAULT_RETAINED_EVENTS,
@@ -183,7 +183,7 @@ def plan_root(
     root: RootListing,
     *,
     num_retained: int,
-    pending: Sequence[PendingCheckpoint] = (),
+    pending: Sequence[PendingFiles] = (),
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
     num_retained_events: int = DEFAULT_RETAINED_EVENTS,
@@ -201,7 +201,7 @@ def plan_root(
     )
 
 
-def _live_guard(live: Iterable[PendingCheckpoint]) -> Callable[[str], str | None]:
+def _live_guard(live: Iterable[PendingFiles]) -> Callable[[str], str | None]:
     snapshot = tuple(live)
     ids = {p.checkpoint_id for p in snapshot}
     files = {f for p in snapshot for f in p.files}
@@ -241,7 +241,7 @@ def execute(
     plan: PlannedDeletions,
     storage: Deleter,
     *,
-    live: Callable[[], Iterable[PendingCheckpoint]] | None = None,
+    live: Callable[[], Iterable[PendingFiles]] | None = None,
     max_workers: int = 8,
     progress: Callable[[CleanProgress], None] | None = None,
 ) -> CleanReport:

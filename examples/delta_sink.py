@@ -24,7 +24,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.faults import Faults
 from regional.sinks.delta import DeltaSink
 from regional.sources.generator import GeneratorSource

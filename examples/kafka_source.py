@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.sinks.parquet import ParquetSink
 from regional.sources.kafka import KafkaSource
 

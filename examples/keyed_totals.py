@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Any
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.faults import Faults
 from regional.sinks.parquet import ParquetSink
 from regional.sources.files import FileSource

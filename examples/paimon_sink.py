@@ -23,7 +23,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.faults import Faults
 from regional.sinks.paimon import PaimonSink
 from regional.sources.generator import GeneratorSource

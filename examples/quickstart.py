@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.faults import Faults
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource

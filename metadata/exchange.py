@@ -3,7 +3,7 @@
 Pure, except `backlog_table` (the inspector's view), which lists the job root and reads the
 footers of the segments not read yet.
 
-A durable exchange (`regional.exchange`) joins an upstream stage to a downstream stage of
+A durable exchange (`regional.dataflow.exchange`) joins an upstream stage to a downstream stage of
 `partitions` subtasks. Its files live in the job root, under the exchange's reader vertex:
 
 ```

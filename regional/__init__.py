@@ -27,22 +27,21 @@ from regional.errors import (
 )
 
 if TYPE_CHECKING:
-    from regional.graph import Edge, JobGraph, Vertex
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
+    from regional.graph.job_graph import Edge, JobGraph, Vertex
+    from regional.graph.regions import analyse
     from regional.policy import Policy, load_policy
-    from regional.regions import analyse
     from regional.runtime.faults import Faults
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
     from regional.sinks.delta import DeltaSink
     from regional.sinks.iceberg import IcebergSink
     from regional.sinks.paimon import PaimonSink
-    from regional.sinks.parquet import ParquetSink
+    from regional.sinks.parquet import ParquetSink, read_table
     from regional.sources.files import FileSource
     from regional.sources.generator import GeneratorSource
     from regional.sources.kafka import KafkaSource
     from regional.sources.log import LogSource
-    from regional.table import read_table
 
 #: The release; pyproject.toml reads it from here.
 __version__ = "0.1.0"
@@ -50,7 +49,7 @@ __version__ = "0.1.0"
 #: Public names imported on first use (`regional.Pipeline`, `regional.read_table`, ...), so that
 #: `import regional` stays light and never imports pyspark.
 _LAZY = {
-    "Pipeline": "regional.pipeline",
+    "Pipeline": "regional.dataflow.pipeline",
     "FileSource": "regional.sources.files",
     "GeneratorSource": "regional.sources.generator",
     "LogSource": "regional.sources.log",
@@ -59,16 +58,16 @@ _LAZY = {
     "PaimonSink": "regional.sinks.paimon",
     "DeltaSink": "regional.sinks.delta",
     "IcebergSink": "regional.sinks.iceberg",
-    "read_table": "regional.table",
+    "read_table": "regional.sinks.parquet",
     "SparkRuntime": "regional.runtime.spark",
     "Faults": "regional.runtime.faults",
     "spark_session": "regional.runtime.session",
     "Policy": "regional.policy",
     "load_policy": "regional.policy",
-    "JobGraph": "regional.graph",
-    "Vertex": "regional.graph",
-    "Edge": "regional.graph",
-    "analyse": "regional.regions",
+    "JobGraph": "regional.graph.job_graph",
+    "Vertex": "regional.graph.job_graph",
+    "Edge": "regional.graph.job_graph",
+    "analyse": "regional.graph.regions",
 }
 
 __all__ = [

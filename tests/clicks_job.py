@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy, load_policy
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from regional.pipeline import Pipeline
-from regional.runtime.protocol import Dispatch, UnitWork
+from regional.coordinator.messages import UnitWork
+from regional.dataflow.pipeline import Pipeline
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource

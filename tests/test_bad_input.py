@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from regional.cli import main
 from regional.errors import CommitError, GraphError, PolicyError, RegionalError
-from regional.graph_files import parse_graph
+from regional.graph.files import parse_graph
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy, RestorePolicy, load_policy
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
 

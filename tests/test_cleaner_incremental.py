@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleaner.decisions import (
+from cleaner.incremental import IncrementalPlanner
+from cleaner.model import (
     Action,
     ListedFile,
     Reason,
@@ -23,7 +24,6 @@ from cleaner.decisions import (
     RetentionInputError,
     deletion_order,
 )
-from cleaner.incremental import IncrementalPlanner
 from cleaner.plan import plan_retention
 from metadata.layout import event_path, metadata_path
 from metadata.model import CheckpointMetadata, StateHandle, SubtaskState, UnitState

@@ -8,7 +8,7 @@ import pytest
 from cleaner.plan import (
     Action,
     ListedFile,
-    PendingCheckpoint,
+    PendingFiles,
     Reason,
     RestoreBase,
     RetentionInputError,
@@ -297,7 +297,7 @@ def test_orphans_aborted_attempts_stale_attempts_and_unknown_files() -> None:
     st.files["chk-11/_metadata"] = 7  # completed after the scan
     st.files["savepoints/sp-3/_metadata"] = 8
     st.files["README.txt"] = 9
-    plan = st.plan(num_retained=1, pending=[PendingCheckpoint(10)])
+    plan = st.plan(num_retained=1, pending=[PendingFiles(10)])
     assert deleted(plan) == [
         ("chk-6/_metadata", "subsumed"),
         ("chk-6/u0-a0.state", "subsumed"),
@@ -327,7 +327,7 @@ def test_files_named_by_a_pending_checkpoint_are_kept() -> None:
     st = Store()
     st.checkpoint(1, {0: None, 1: None})
     st.checkpoint(2, {0: None, 1: None})
-    plan = st.plan(num_retained=1, pending=[PendingCheckpoint(3, files=("chk-1/u1-a0.state",))])
+    plan = st.plan(num_retained=1, pending=[PendingFiles(3, files=("chk-1/u1-a0.state",))])
     assert kept(plan)["chk-1/u1-a0.state"] == ("pending", ())
     assert (
         plan.checkpoint(1).detail

@@ -14,7 +14,7 @@ from pyarrow import fs as pafs
 from cleaner.plan import (
     Action,
     FileDecision,
-    PendingCheckpoint,
+    PendingFiles,
     Reason,
     RetentionInputError,
     RetentionPlan,
@@ -159,7 +159,7 @@ def test_the_live_set_at_run_time_protects_a_checkpoint_that_started_after_plann
     three_deep(local)
     plan = scan(local, num_retained=1)  # planned while 5 looked aborted
     assert ("chk-5/u1-a0.state", Reason.ABORTED) in [(d.path, d.reason) for d in plan.deletions]
-    report = execute(plan, local, live=lambda: [PendingCheckpoint(5)])
+    report = execute(plan, local, live=lambda: [PendingFiles(5)])
     skipped = [o for o in report.outcomes if o.status is DeletionStatus.SKIPPED_LIVE]
     assert [(o.path, o.detail) for o in skipped] == [
         ("chk-5/u1-a0.state", "checkpoint 5 is in progress; not deleted")

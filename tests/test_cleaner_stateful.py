@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cleaner.plan import PendingCheckpoint, RestoreBase
+from cleaner.plan import PendingFiles, RestoreBase
 from cleaner.run import execute, scan
 from metadata.format import segment_checksum
 from metadata.layout import metadata_path
@@ -86,10 +86,10 @@ class CleanerMachine(RuleBasedStateMachine):
         present = self.files()
         return sorted(c for c in self.refs if metadata_path(c) in present)
 
-    def live(self) -> list[PendingCheckpoint]:
+    def live(self) -> list[PendingFiles]:
         if self.pending is None:
             return []
-        return [PendingCheckpoint(self.pending, files=tuple(self.owner_paths.values()))]
+        return [PendingFiles(self.pending, files=tuple(self.owner_paths.values()))]
 
     @rule()
     def trigger(self) -> None:

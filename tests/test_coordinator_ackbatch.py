@@ -22,16 +22,9 @@ from test_coordinator_batch import (
 
 from metadata.model import SplitState, SubtaskState
 from regional.coordinator import CoordinatorStateError, Decision, WriteMetadata
+from regional.coordinator.messages import Ack, AckBatch, Answer, ack_shape, answers_of, packed
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
-from regional.runtime.protocol import (
-    Ack,
-    AckBatch,
-    Answer,
-    Dispatch,
-    ack_shape,
-    answers_of,
-    packed,
-)
+from regional.runtime.dispatch import Dispatch
 
 #: more than `test_coordinator_batch.KINDS`: a retried unit's attempt 2, an ack whose states
 #: are a list (well-formed once made a tuple), one with a state of another unit

@@ -25,10 +25,10 @@ from regional.coordinator import (
     Rule,
     WriteMetadata,
 )
-from regional.operators import SplitEnumerator
-from regional.operators.protocol import RegionalCompletion, SubtaskOwners
+from regional.coordinator.messages import Ack, Answer, Decline
+from regional.coordinator.operator_coordinator import RegionalCompletion, SubtaskOwners
+from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
-from regional.runtime.protocol import Ack, Answer, Decline
 
 UNITS = 8
 LAYOUT = JobLayout(

@@ -8,8 +8,8 @@ import pytest
 
 from metadata.model import SplitState, SubtaskState, VertexInfo
 from regional.coordinator import CheckpointCoordinator, JobLayout, Rule, WriteMetadata
+from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.errors import GraphError
-from regional.operators import SplitEnumerator
 from regional.policy import Policy
 
 VERTICES = (VertexInfo("src", 2, 128), VertexInfo("map", 2, 128))

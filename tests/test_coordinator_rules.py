@@ -30,8 +30,8 @@ from regional.coordinator import (
     Rule,
     WriteMetadata,
 )
+from regional.coordinator.operator_coordinator import RegionalCompletion
 from regional.errors import JobFailedError
-from regional.operators.protocol import RegionalCompletion
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
 
 
@@ -468,7 +468,7 @@ def test_tier_2_abort_with_tolerance_zero_fails_the_job() -> None:
 
 
 def test_final_checkpoint_is_global_and_the_job_ends_after_it() -> None:
-    from regional.operators import CommitCoordinator
+    from regional.coordinator.commit import CommitCoordinator
 
     lay = JobLayout(
         units=tuple((("src", u), ("sink", u)) for u in range(4)),
@@ -513,7 +513,7 @@ def test_final_checkpoint_is_global_and_the_job_ends_after_it() -> None:
 
 
 def test_commit_of_a_regional_checkpoint_names_the_fallback_units_also_after_restore() -> None:
-    from regional.operators import CommitCoordinator
+    from regional.coordinator.commit import CommitCoordinator
 
     lay = JobLayout(
         units=tuple((("src", u), ("sink", u)) for u in range(4)),

@@ -30,9 +30,10 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from regional.coordinator.commit import CommitCoordinator, perform_commit
 from regional.errors import CommitError
-from regional.operators import CommitCoordinator, InMemoryTableSink, perform_commit
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
+from regional.sinks.memory import InMemoryTableSink
 
 UNITS = 5
 MAX_UNIT_FALLBACKS = 2

@@ -10,7 +10,7 @@ import pytest
 
 from regional.errors import RestoreError
 from regional.policy import Policy
-from regional.sim import Simulation
+from regional.runtime.sim import Simulation
 
 
 def _expected(sim: Simulation) -> list[tuple[str, int]]:

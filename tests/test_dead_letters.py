@@ -14,17 +14,17 @@ import pytest
 
 from metadata.events import read_events
 from metadata.storage import JobStorage
-from regional.dead_letters import DEAD_LETTER_SCHEMA, DeadLetters
+from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DeadLetters
+from regional.dataflow.pipeline import Operator, Pipeline
+from regional.dataflow.state import OperatorState
 from regional.errors import GraphError, JobFailedError
-from regional.pipeline import Operator, Pipeline
 from regional.policy import load_policy
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import DriverCrash, Faults
-from regional.runtime.protocol import Dispatch
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
-from regional.state import OperatorState
 
 
 class InProcess:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime.faults import DriverCrash
 from regional.runtime.spark import Faults, SparkRuntime
 from regional.sinks.parquet import ParquetSink, read_table

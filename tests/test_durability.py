@@ -1,4 +1,5 @@
-"""`regional.durability.StagedFiles`: one syncfs per file system, the fsync fallback, no leaks."""
+"""`regional.sinks.durability.StagedFiles`: one syncfs per file system, the fsync fallback, no
+leaks."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import pickle
 
 import pytest
 
-from regional import durability
-from regional.durability import StagedFiles
+from regional.sinks import durability
+from regional.sinks.durability import StagedFiles
 
 
 @pytest.fixture(autouse=True)
 def _little_dirty_data(monkeypatch):
     """The machine's dirty page cache as if nothing else were writing (syncfs allowed)."""
-    monkeypatch.setattr("regional.durability._dirty_bytes", lambda: 0)
+    monkeypatch.setattr("regional.sinks.durability._dirty_bytes", lambda: 0)
 
 
 def _open_fds() -> int:
@@ -42,7 +43,9 @@ def test_real_syncfs_syncs_and_closes_what_it_opened(tmp_path):
 
 def test_one_syncfs_per_file_system_however_many_directories(tmp_path, monkeypatch):
     calls: list[int] = []
-    monkeypatch.setattr("regional.durability._syncfs", lambda: lambda fd: calls.append(fd) or 0)
+    monkeypatch.setattr(
+        "regional.sinks.durability._syncfs", lambda: lambda fd: calls.append(fd) or 0
+    )
     staged = StagedFiles()
     for sub in ("x", "y", "z"):
         (tmp_path / sub).mkdir()
@@ -55,7 +58,7 @@ def test_one_syncfs_per_file_system_however_many_directories(tmp_path, monkeypat
 
 def test_fallback_fsyncs_every_file_then_each_directory(tmp_path, monkeypatch):
     synced: list[str] = []
-    monkeypatch.setattr("regional.durability.fsync_path", synced.append)
+    monkeypatch.setattr("regional.sinks.durability.fsync_path", synced.append)
     staged = StagedFiles(use_syncfs=False)
     _stage(staged, str(tmp_path), ["a.staged", "b.staged", "c.staged"])
     staged.sync()
@@ -70,7 +73,7 @@ def test_a_failed_sync_is_not_retried_silently(tmp_path, monkeypatch):
         ctypes.set_errno(28)
         return -1
 
-    monkeypatch.setattr("regional.durability._syncfs", lambda: broken)
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: broken)
     before = _open_fds()
     staged = StagedFiles()
     _stage(staged, str(tmp_path), ["a.staged"])
@@ -81,7 +84,7 @@ def test_a_failed_sync_is_not_retried_silently(tmp_path, monkeypatch):
 
 
 def test_pickled_empty_as_shipped_to_a_task(tmp_path, monkeypatch):
-    monkeypatch.setattr("regional.durability._syncfs", lambda: lambda fd: 0)
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: lambda fd: 0)
     staged = StagedFiles()
     _stage(staged, str(tmp_path), ["a.staged"])
     copy = pickle.loads(pickle.dumps(staged))
@@ -91,9 +94,11 @@ def test_pickled_empty_as_shipped_to_a_task(tmp_path, monkeypatch):
 
 def test_with_much_dirty_data_elsewhere_every_file_is_fsynced_instead(tmp_path, monkeypatch):
     synced: list[str] = []
-    monkeypatch.setattr("regional.durability._syncfs", lambda: pytest.fail)  # never called
-    monkeypatch.setattr("regional.durability.fsync_path", synced.append)
-    monkeypatch.setattr("regional.durability._dirty_bytes", lambda: durability.SYNCFS_MAX_DIRTY + 1)
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: pytest.fail)  # never called
+    monkeypatch.setattr("regional.sinks.durability.fsync_path", synced.append)
+    monkeypatch.setattr(
+        "regional.sinks.durability._dirty_bytes", lambda: durability.SYNCFS_MAX_DIRTY + 1
+    )
     before = _open_fds()
     staged = StagedFiles()
     _stage(staged, str(tmp_path), ["a.staged", "b.staged"])

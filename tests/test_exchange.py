@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from metadata.errors import MetadataError
 from metadata.exchange import Cursor, ReaderView, SegmentName, kept_by, segment_of, split_id
 from metadata.storage import JobStorage
+from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
+from regional.dataflow.partitioning import partition_of
 from regional.errors import GraphError
-from regional.exchange import ExchangeReader, ExchangeWriter
-from regional.partitioning import partition_of
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
@@ -40,7 +40,7 @@ def test_partitions_are_stable_across_processes_and_hash_seeds() -> None:
     keys = ["c07", "alice", 42, -1, ("eu", 3), b"raw", 2.5]
     here = [partition_of(k, 16) for k in keys]
     code = (
-        "from regional.partitioning import partition_of;"
+        "from regional.dataflow.partitioning import partition_of;"
         f"print([partition_of(k, 16) for k in {keys!r}])"
     )
     for seed in ("1", "2"):
@@ -186,7 +186,7 @@ def test_regions_cli_explains_a_durable_edge(
 
 
 def test_exchange_api_errors_name_the_problem(tmp_path: Path) -> None:
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
     from regional.sources.generator import GeneratorSource
 
     p = Pipeline("p")
@@ -473,7 +473,7 @@ def test_restore_with_another_upstream_parallelism_keeps_counts_exact(tmp_path: 
 
 
 def test_dead_letters_on_both_sides_of_an_exchange(tmp_path: Path) -> None:
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
     from regional.sinks.parquet import ParquetSink, read_table
     from regional.sources.files import FileSource
 

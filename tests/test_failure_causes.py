@@ -14,11 +14,11 @@ from metadata.events import CheckpointEvent, read_events
 from metadata.storage import JobStorage
 from regional.cli import main
 from regional.cli.progress import checkpoint_line
-from regional.failures import TRACE_LIMIT
-from regional.pipeline import Pipeline
+from regional.dataflow.failures import TRACE_LIMIT
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver, RunSummary
-from regional.runtime.protocol import Dispatch
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from regional.errors import GraphError
-from regional.graph import Edge, JobGraph, Vertex, default_max_parallelism
-from regional.graph_files import load_graph, parse_graph
-from regional.regions import analyse
+from regional.graph.files import load_graph, parse_graph
+from regional.graph.job_graph import Edge, JobGraph, Vertex, default_max_parallelism
+from regional.graph.regions import analyse
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "graphs"
 

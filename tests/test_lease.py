@@ -20,7 +20,7 @@ from metadata.lease import (
 )
 from metadata.storage import JobStorage
 from regional.policy import Policy
-from regional.sim import Simulation
+from regional.runtime.sim import Simulation
 
 TTL = 60_000
 
@@ -196,7 +196,7 @@ def test_a_driver_whose_lease_lapsed_mid_epoch_writes_nothing_and_the_new_one_is
 
 
 def test_the_cleaner_keeps_a_lease_record_and_says_why(tmp_path):
-    from cleaner.decisions import Action, Reason
+    from cleaner.model import Action, Reason
     from cleaner.run import scan
 
     storage, clock = JobStorage(str(tmp_path), "job"), Clock()

@@ -220,7 +220,7 @@ def _craft_commit_user(storage: JobStorage, checkpoint_id: int, user: str) -> No
 
 def test_a_crafted_commit_user_in_a_checkpoint_is_refused_at_restore() -> None:
     from regional.policy import Policy
-    from regional.sim import Simulation
+    from regional.runtime.sim import Simulation
 
     sim = Simulation(2, Policy(), records_per_split=9)
     sim.run(2)

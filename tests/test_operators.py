@@ -7,16 +7,11 @@ import pytest
 
 from metadata.model import SplitState, SubtaskState
 from regional.coordinator import Commit
+from regional.coordinator.commit import CommitCoordinator, TableCommitter, perform_commit
+from regional.coordinator.operator_coordinator import OperatorCoordinator, RegionalCompletion
+from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.errors import CommitError
-from regional.operators import (
-    CommitCoordinator,
-    InMemoryTableSink,
-    OperatorCoordinator,
-    SplitEnumerator,
-    TableCommitter,
-    perform_commit,
-)
-from regional.operators.protocol import RegionalCompletion
+from regional.sinks.memory import InMemoryTableSink
 
 
 def test_reference_classes_implement_the_protocols() -> None:

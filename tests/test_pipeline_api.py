@@ -6,11 +6,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from regional.dataflow.pipeline import Operator, Pipeline
+from regional.dataflow.state import OperatorState
 from regional.errors import GraphError
-from regional.pipeline import Operator, Pipeline
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
-from regional.state import OperatorState
 
 
 def _gen(n: int = 2) -> GeneratorSource:

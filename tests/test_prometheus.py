@@ -1,5 +1,5 @@
 """The Prometheus endpoint, scraped over HTTP on a free loopback port while the real `JobDriver`
-runs a simulated job (regional.sim) in which unit 1 fails checkpoints 2 and 3."""
+runs a simulated job (regional.runtime.sim) in which unit 1 fails checkpoints 2 and 3."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from regional.policy import Policy, load_policy
 from regional.runtime.prometheus import MetricsPortError, serve_metrics
-from regional.sim import Simulation
+from regional.runtime.sim import Simulation
 
 pytest.importorskip("prometheus_client")
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from regional.errors import GraphError
-from regional.graph import ALL_TO_ALL, PIPELINED, Edge, JobGraph, Vertex
-from regional.regions import RegionPlan, Subtask, analyse, pointwise_links
+from regional.graph.job_graph import ALL_TO_ALL, PIPELINED, Edge, JobGraph, Vertex
+from regional.graph.regions import RegionPlan, Subtask, analyse, pointwise_links
 
 
 def graph(vertices: dict[str, int], *edges: tuple[str, ...], **vertex_args: dict) -> JobGraph:

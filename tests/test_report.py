@@ -23,9 +23,9 @@ from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from regional.cli import main
 from regional.policy import Policy
-from regional.report import GRID_CHECKPOINTS, GRID_UNITS, build_report
-from regional.report_html import render_html
-from regional.sim import Simulation
+from regional.report.html import render_html
+from regional.report.summary import GRID_CHECKPOINTS, GRID_UNITS, build_report
+from regional.runtime.sim import Simulation
 
 T0 = 1_763_800_000_000  # 2025-11-22 08:26:40 UTC
 #: unit 3 falls back in 2 (declines) and 3 (hangs), unit 1 in 4; units 0-2 fail 5 (ratio 0.5)

@@ -1,4 +1,5 @@
-"""Restore with another parallelism: the pure mapping (`regional.rescale`, hypothesis) and real
+"""Restore with another parallelism: the pure mapping (`regional.runtime.rescale`, hypothesis) and
+real
 Spark runs restored at half and double the parallelism with exactly the fault-free output."""
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from hypothesis import strategies as st
 
 from metadata.model import CheckpointMetadata, SplitState, StateHandle, SubtaskState, VertexInfo
 from metadata.storage import JobStorage
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state import OperatorState
 from regional.errors import RestoreError
-from regional.pipeline import Pipeline
-from regional.rescale import VertexShape, deal, place_splits, plan_restore, redistribute_state
+from regional.runtime.rescale import (
+    VertexShape,
+    deal,
+    place_splits,
+    plan_restore,
+    redistribute_state,
+)
 from regional.runtime.spark import SparkRuntime
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
-from regional.state import OperatorState
 
 # --- the pure mapping --------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import itertools
 
 from regional.policy import Policy
 from regional.runtime.driver import IDLE_SLICE_S
-from regional.sim import Simulation
+from regional.runtime.sim import Simulation
 
 
 def _triggers(summary) -> list[int]:

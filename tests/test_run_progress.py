@@ -12,7 +12,7 @@ from rich.console import Console
 from metadata.events import CheckpointEvent, Outcome
 from metadata.model import SubtaskState
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
-from regional.runtime.protocol import Ack, Decline
+from regional.coordinator.messages import Ack, Decline
 
 EVENTS = [
     CheckpointEvent(

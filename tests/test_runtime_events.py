@@ -8,8 +8,8 @@ import pytest
 
 from metadata.events import read_events
 from metadata.storage import JobStorage
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import JobFailedError
-from regional.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.spark import Faults, SparkRuntime
 from regional.sinks.parquet import ParquetSink

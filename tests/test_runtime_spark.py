@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from metadata.storage import JobStorage
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import JobFailedError
-from regional.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.spark import CRASH_STEPS, DriverCrash, Faults, SparkRuntime
 from regional.sinks.parquet import ParquetSink, read_table
@@ -97,7 +97,7 @@ def test_hung_region_is_cut_off_by_its_timeout(spark, tmp_path):
 
 
 def test_late_ack_of_a_fenced_attempt_is_ignored_and_its_files_discarded(spark, tmp_path):
-    from regional.runtime.protocol import Ack, UnitWork
+    from regional.coordinator.messages import Ack, UnitWork
     from regional.runtime.task import run_units
 
     rt, _, table = _run(spark, tmp_path)

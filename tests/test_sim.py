@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from regional.coordinator import AbortCheckpoint, DiscardAttempt, FinishJob, Rule
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
-from regional.sim import RandomFaults, Simulation, kind_counts
+from regional.runtime.sim import RandomFaults, Simulation, kind_counts
 
 UNITS = 6
 faults = st.dictionaries(

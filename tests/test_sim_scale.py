@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from regional import sim as sim_module
 from regional.policy import Policy
-from regional.sim import Simulation, chain_vertices
+from regional.runtime import sim as sim_module
+from regional.runtime.sim import Simulation, chain_vertices
 
 
 def test_32769_units_run_as_two_chains_of_at_most_32768_subtasks() -> None:

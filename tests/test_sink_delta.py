@@ -20,10 +20,14 @@ import pytest
 from deltalake import DeltaTable  # the extra regional-checkpoints[delta]; `make test` installs it
 
 from regional.coordinator import Commit
+from regional.coordinator.commit import (
+    CommitCoordinator,
+    TableCommitter,
+    TableRollback,
+    perform_commit,
+)
 from regional.errors import CommitError, RestoreError, SinkError
-from regional.operators import TableCommitter, TableRollback, perform_commit
-from regional.operators.commit import CommitCoordinator
-from regional.restore import roll_back_sinks
+from regional.runtime.restore import roll_back_sinks
 from regional.sinks.delta import DeltaSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])

@@ -23,8 +23,8 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table.snapshots import ancestors_of
 
 from regional.coordinator import Commit
+from regional.coordinator.commit import TableCommitter, TableRollback, perform_commit
 from regional.errors import CommitError, RestoreError, SinkError
-from regional.operators import TableCommitter, TableRollback, perform_commit
 from regional.sinks.iceberg import CHECKPOINT_PROPERTY, IcebergSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -454,7 +454,7 @@ def iceberg_pipeline(warehouse: str):
     """tests/clicks_job.py's job (8 splits of 20 clicks, a keyed count) into an Iceberg table."""
     from clicks_job import PER_EPOCH
 
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
     from regional.sources.generator import GeneratorSource
 
     p = Pipeline("clicks", records_per_epoch=PER_EPOCH)

@@ -16,8 +16,8 @@ import pypaimon  # the extra regional-checkpoints[paimon]; `make test` installs 
 import pytest
 
 from regional.coordinator import Commit
+from regional.coordinator.commit import TableCommitter, perform_commit
 from regional.errors import CommitError, SinkError
-from regional.operators import TableCommitter, perform_commit
 from regional.sinks.paimon import PaimonSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -265,7 +265,7 @@ CLICKS = pa.schema(
 
 
 def _pipeline(warehouse: str):
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
     from regional.sources.generator import GeneratorSource
 
     p = Pipeline("job", records_per_epoch=PER_EPOCH)

@@ -18,9 +18,9 @@ import pyarrow.dataset as ds
 import pytest
 from pyarrow import fs as pafs
 
-from regional.decisions import Commit
+from regional.coordinator.commit import TableCommitter, TableRollback, TableStaging, perform_commit
+from regional.coordinator.decisions import Commit
 from regional.errors import CommitError
-from regional.operators import TableCommitter, TableRollback, TableStaging, perform_commit
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
 
 
@@ -233,8 +233,8 @@ def test_a_starting_driver_keeps_what_its_restored_checkpoint_names(tmp_path):
     from types import SimpleNamespace
 
     from metadata.model import CheckpointMetadata, SubtaskState
-    from regional.operators import CommitCoordinator
-    from regional.restore import clean_staged_sinks
+    from regional.coordinator.commit import CommitCoordinator
+    from regional.runtime.restore import clean_staged_sinks
 
     sink = ParquetSink(str(tmp_path / "t"))
     in_state = _stage(sink, 4, [1])  # a sink subtask's committables in the restored checkpoint

@@ -13,7 +13,7 @@ from metadata.storage import JobStorage
 from metadata.validate import validate_job
 from regional.cli import main
 from regional.policy import Policy
-from regional.sim import Simulation
+from regional.runtime.sim import Simulation
 
 TXN = "delta.setTransactionRetentionDuration"
 DAY = 86_400_000

@@ -320,7 +320,7 @@ def _count(ctx, record):
 
 
 def _kafka_pipeline(source: KafkaSource, table: str, parallelism: int = PARTS, **kw):
-    from regional.pipeline import Pipeline
+    from regional.dataflow.pipeline import Pipeline
     from regional.sinks.parquet import ParquetSink
 
     p = Pipeline("kafka-job", records_per_epoch=PER_EPOCH, **kw)

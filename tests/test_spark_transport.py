@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metadata.model import SplitState, StateHandle, SubtaskState
-from regional.runtime.protocol import Ack, AckBatch, Answer, Decline, UnitWork, answers_of, packed
+from regional.coordinator.messages import (
+    Ack,
+    AckBatch,
+    Answer,
+    Decline,
+    UnitWork,
+    answers_of,
+    packed,
+)
 from regional.runtime.spark import _answers, _work_blobs, _work_of
 
 

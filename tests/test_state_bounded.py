@@ -13,15 +13,15 @@ import msgspec
 import pytest
 
 from metadata.storage import JobStorage
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state import OperatorState
+from regional.dataflow.state_codec import PickledState, StateCodec
 from regional.policy import load_policy
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
-from regional.runtime.protocol import Dispatch
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
-from regional.state import OperatorState
-from regional.state_codec import PickledState, StateCodec
 
 
 class InProcess:
@@ -188,7 +188,7 @@ def test_ttl_stamps_are_plain_msgpack_in_the_slot() -> None:
 
 
 def test_ttl_state_survives_a_rescale_of_its_splits() -> None:
-    from regional.rescale import redistribute_state
+    from regional.runtime.rescale import redistribute_state
 
     clock = Clock()
     codec = StateCodec()

@@ -18,21 +18,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metadata.storage import JobStorage
-from regional.pipeline import Pipeline
-from regional.policy import load_policy
-from regional.runtime.driver import JobDriver
-from regional.runtime.protocol import Ack, Decline, Dispatch, UnitWork
-from regional.runtime.task import TaskEnv, run_units
-from regional.sinks.parquet import ParquetSink, read_table
-from regional.sources.generator import GeneratorSource
-from regional.state import OperatorState
-from regional.state_codec import (
+from regional.coordinator.messages import Ack, Decline, UnitWork
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state import OperatorState
+from regional.dataflow.state_codec import (
     HEADER_PICKLE,
     PickledState,
     StateCodec,
     StateDecodeError,
     StateTypeError,
 )
+from regional.policy import load_policy
+from regional.runtime.dispatch import Dispatch
+from regional.runtime.driver import JobDriver
+from regional.runtime.task import TaskEnv, run_units
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.generator import GeneratorSource
 
 SECRET = b"0123456789abcdef-job-secret"
 

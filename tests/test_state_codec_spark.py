@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from regional.pipeline import Pipeline
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.spark import DriverCrash, Faults, SparkRuntime
 from regional.sinks.parquet import ParquetSink, read_table

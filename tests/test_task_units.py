@@ -9,10 +9,10 @@ import pytest
 
 from metadata.model import SubtaskState
 from metadata.storage import JobStorage
-from regional.pipeline import Pipeline
+from regional.coordinator.messages import Ack, Decline, UnitWork
+from regional.dataflow.pipeline import Pipeline
 from regional.runtime import task
 from regional.runtime.faults import UnitFaults
-from regional.runtime.protocol import Ack, Decline, UnitWork
 from regional.runtime.task import TaskEnv, UploadLatency, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
@@ -195,9 +195,9 @@ def test_staged_files_made_durable_by_one_syncfs_per_task_and_a_failed_one_decli
         synced.append(fd)
         return 0
 
-    monkeypatch.setattr("regional.durability._syncfs", lambda: syncfs)
-    monkeypatch.setattr("regional.durability._dirty_bytes", lambda: 0)  # nothing else writing
-    monkeypatch.setattr("regional.durability.fsync_path", pytest.fail)  # not one fsync
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: syncfs)
+    monkeypatch.setattr("regional.sinks.durability._dirty_bytes", lambda: 0)  # nothing else writing
+    monkeypatch.setattr("regional.sinks.durability.fsync_path", pytest.fail)  # not one fsync
     acks = run_units(env, _two_staging_units())
     assert all(isinstance(a, Ack) for a in acks)
     assert len(synced) == 1  # the two units' staged files: one call for the task
@@ -206,7 +206,7 @@ def test_staged_files_made_durable_by_one_syncfs_per_task_and_a_failed_one_decli
         ctypes.set_errno(5)
         return -1
 
-    monkeypatch.setattr("regional.durability._syncfs", lambda: broken)
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: broken)
     answers = run_units(env, _two_staging_units(2))
     assert [type(a) for a in answers] == [Decline, Decline]
     staging = f"{env.pipeline.vertices['out'].sink.path}/_staging/job"
@@ -218,8 +218,8 @@ def test_staged_files_made_durable_by_one_syncfs_per_task_and_a_failed_one_decli
 
 def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(env, monkeypatch):
     synced: list[str] = []
-    monkeypatch.setattr("regional.durability._syncfs", lambda: None)  # another system
-    monkeypatch.setattr("regional.durability.fsync_path", synced.append)
+    monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: None)  # another system
+    monkeypatch.setattr("regional.sinks.durability.fsync_path", synced.append)
     acks = run_units(env, _two_staging_units())
     assert all(isinstance(a, Ack) for a in acks)
     staging = [p for p in synced if p.endswith("/_staging/job")]
@@ -230,7 +230,7 @@ def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(env,
         if path.endswith(".staged"):  # a staged file's data does not reach the disk
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("regional.durability.fsync_path", broken)
+    monkeypatch.setattr("regional.sinks.durability.fsync_path", broken)
     answers = run_units(env, _two_staging_units(2))
     assert [type(a) for a in answers] == [Decline, Decline]
     assert answers[0].reason == (

@@ -3,7 +3,7 @@
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 `cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
 `validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
-event log), `report --html FILE` (all of it as one HTML page, `regional.report`; `-`:
+event log), `report --html FILE` (all of it as one HTML page, `regional.report.summary`; `-`:
 stdout). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
 depend on `num-retained`: the one the job recorded in its latest checkpoint unless
 `--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
@@ -34,8 +34,8 @@ from metadata.validate import validate_job, validate_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
-from regional.report import ReportError, build_report
-from regional.report_html import render_html
+from regional.report.html import render_html
+from regional.report.summary import ReportError, build_report
 
 __all__ = ["register"]
 
@@ -158,7 +158,7 @@ def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
 
 
 def _report(storage: JobStorage, args: argparse.Namespace) -> int:
-    """Every view the report needs, rendered to one HTML page (`regional.report`)."""
+    """Every view the report needs, rendered to one HTML page (`regional.report.summary`)."""
     num_retained = retention.in_force(args, lambda: retention.recorded_in(storage))
     store = CompletedCheckpointStore.load(storage)
     events, problems = read_events(storage)

@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.text import Text
 
 from metadata.events import CheckpointEvent, Outcome
-from regional.runtime.protocol import Ack, Answer
+from regional.coordinator.messages import Ack, Answer
 
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
 

@@ -3,7 +3,8 @@
 GRAPH is our job-graph file (JSON or TOML) or a Flink plan JSON (REST ``/jobs/<id>/plan`` or
 ``getExecutionPlan()``), told apart by content. For people: a verdict line, the warnings, one row
 per vertex (when vertices have names) and one row per fallback unit (`--limit` rows of each); a
-note per durable exchange (`regional.exchange`) saying why its two sides fall back on their own.
+note per durable exchange (`regional.dataflow.exchange`) saying why its two sides fall back on
+their own.
 With `--json`: one object with `regional_allowed`, `reason`, `num_regions`, `num_units`, `units`
 and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each sorted by vertex id then index, in
 id order), `warnings`, `notes` and `graph_fingerprint`. A bad graph exits with 2 and one line on
@@ -22,8 +23,8 @@ import msgspec
 import pyarrow as pa
 
 from regional.cli.render import print_table
-from regional.graph_files import load_graph
-from regional.regions import RegionPlan, Subtask, analyse
+from regional.graph.files import load_graph
+from regional.graph.regions import RegionPlan, Subtask, analyse
 
 __all__ = ["plan_json", "register"]
 

@@ -35,8 +35,8 @@ from rich.console import Console
 from metadata.errors import RegionalError, StorageError
 from metadata.events import Outcome
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError
-from regional.pipeline import Pipeline
 from regional.policy import (
     MAX_DURATION_SECONDS,
     Policy,
@@ -427,7 +427,7 @@ def _check_restore_source(storage: JobStorage, path: str) -> None:
     here (the path is the user's), not a failed operation."""
     from metadata.savepoint import CheckpointPathError
     from metadata.storage import JobSelectionError
-    from regional.restore import open_restore_source
+    from regional.runtime.restore import open_restore_source
 
     try:
         open_restore_source(storage, path)

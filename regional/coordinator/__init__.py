@@ -6,12 +6,7 @@ from regional.coordinator.checkpoint_coordinator import (
     CheckpointCoordinator,
     CoordinatorStateError,
 )
-from regional.coordinator.decision import Verdict, evaluate
-from regional.coordinator.layout import JobLayout, UnitPlan
-from regional.coordinator.limits import Limits
-from regional.coordinator.metrics import CoordinatorMetrics
-from regional.coordinator.pending import PendingCheckpoint
-from regional.decisions import (
+from regional.coordinator.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
     Commit,
@@ -26,6 +21,11 @@ from regional.decisions import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from regional.coordinator.layout import JobLayout, UnitPlan
+from regional.coordinator.limits import Limits
+from regional.coordinator.metrics import CoordinatorMetrics
+from regional.coordinator.pending import PendingCheckpoint
+from regional.coordinator.verdict import Verdict, evaluate
 
 __all__ = [
     "INITIAL_STATE_ID",

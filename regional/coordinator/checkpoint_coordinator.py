@@ -18,8 +18,9 @@ The states a unit restarts from (`unit_states`) are built once per change of the
 
 About 1,100 lines, on purpose: one state machine whose events (trigger, ack, decline, tick,
 durable, commit) share the per-unit owners, states and limits; the rule evaluation
-(`coordinator.decision`), the pending checkpoint (`coordinator.pending`), the limits
-(`coordinator.limits`) and the decisions (`regional.decisions`) are already their own modules.
+(`coordinator.verdict`), the pending checkpoint (`coordinator.pending`), the limits
+(`coordinator.limits`), the task messages (`coordinator.messages`) and the decisions
+(`coordinator.decisions`) are already their own modules.
 
 >>> from metadata.model import SubtaskState, VertexInfo
 >>> from regional.coordinator.layout import JobLayout
@@ -54,12 +55,7 @@ from metadata.model import (
     VertexInfo,
 )
 from metadata.retention import Retention
-from regional.coordinator.decision import Verdict, evaluate, failure_ratio, name_units
-from regional.coordinator.layout import JobLayout
-from regional.coordinator.limits import Limits
-from regional.coordinator.metrics import CoordinatorMetrics
-from regional.coordinator.pending import PendingCheckpoint
-from regional.decisions import (
+from regional.coordinator.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
     Decision,
@@ -73,15 +69,20 @@ from regional.decisions import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.errors import JobFailedError
-from regional.operators.protocol import (
+from regional.coordinator.layout import JobLayout
+from regional.coordinator.limits import Limits
+from regional.coordinator.messages import Ack, AckBatch, Decline, answers_of, well_formed_shape
+from regional.coordinator.metrics import CoordinatorMetrics
+from regional.coordinator.operator_coordinator import (
     CommitQueue,
     OperatorCoordinator,
     RegionalCompletion,
     SubtaskOwners,
 )
+from regional.coordinator.pending import PendingCheckpoint
+from regional.coordinator.verdict import Verdict, evaluate, failure_ratio, name_units
+from regional.errors import JobFailedError
 from regional.policy import Policy, policy_fingerprint
-from regional.runtime.protocol import Ack, AckBatch, Decline, answers_of, well_formed_shape
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 

@@ -28,7 +28,8 @@ Subtask = tuple[str, int]
 
 
 class UnitPlan(Protocol):
-    """What the region analyser's plan offers (duck-typed; `regional.regions` is not imported)."""
+    """What the region analyser's plan offers (duck-typed; `regional.graph.regions` is not
+    imported)."""
 
     @property
     def num_units(self) -> int: ...

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import add
 
-from regional.coordinator.decision import name_units
+from regional.coordinator.verdict import name_units
 from regional.policy import RegionPolicy
 
 __all__ = ["Limits"]

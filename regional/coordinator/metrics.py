@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from regional.decisions import Rule
+from regional.coordinator.decisions import Rule
 
 __all__ = ["CoordinatorMetrics"]
 

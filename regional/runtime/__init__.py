@@ -1,3 +1,4 @@
-"""Runtimes: the quiet SparkSession (`session`), the task-side protocol of an epoch (`task`,
-no Spark imports) and the Spark driver loop (`spark`). Nothing here imports pyspark at import
-time; `regional.runtime.spark` imports it when a runtime is built."""
+"""Shells around the pure core (DESIGN §3): the `driver` that owns the coordinator and carries out
+its decisions, the `dispatch` port, the task side of an epoch (`task`, no Spark imports), the
+Spark dispatcher (`spark`), the simulated one (`sim`), `restore` and `rescale`. Nothing here
+imports pyspark at import time; `regional.runtime.spark` imports it when a runtime is built."""

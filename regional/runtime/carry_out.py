@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from cleaner.decisions import RestoreBase
+from cleaner.model import RestoreBase
 from metadata.events import Outcome
 from metadata.exchange import reader_view
 from metadata.lease import JobLease, LeaseLostError
@@ -42,14 +42,14 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from regional.coordinator.commit import perform_commit, sink_retention
+from regional.coordinator.messages import Answer, Decline
+from regional.dataflow.exchange import ExchangeWriter, exchange_path
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, JobFailedError, RegionalError
-from regional.exchange import ExchangeWriter, exchange_path
-from regional.operators import perform_commit, sink_retention
-from regional.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.cleaning import JobCleaning
 from regional.runtime.faults import Faults
-from regional.runtime.protocol import Answer, Decline
 from regional.runtime.timing import EpochStopwatch
 
 __all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 class EpochOutcome:
     """How a checkpoint ended, gathered while its decisions are carried out: the units that
     fell back or failed, why (`causes`: one line per unit) and their tracebacks, when a task
-    sent one (`tracebacks`: unit -> the last `regional.failures.TRACE_LIMIT` characters), and
+    sent one (`tracebacks`: unit -> the last `regional.dataflow.failures.TRACE_LIMIT` characters),
+    and
     the records its fresh units dead-lettered."""
 
     outcome: Outcome
@@ -304,7 +305,7 @@ class DecisionHandlers:
 
     def _exchange_backlog(self, md: CheckpointMetadata) -> Callable[[JobStorage], None] | None:
         """What copies the unread backlog of every keyed exchange into a savepoint, so that it
-        restores anywhere (`regional.exchange.ExchangeWriter.copy_backlog`)."""
+        restores anywhere (`regional.dataflow.exchange.ExchangeWriter.copy_backlog`)."""
         exchanges = self.pipeline.exchanges
         if not exchanges:
             return None

@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 
 from cleaner.background import BackgroundDeleter, DeleterTotals
-from cleaner.decisions import RestoreBase
 from cleaner.incremental import CleaningStep, IncrementalPlanner, merge_steps
+from cleaner.model import RestoreBase
 from cleaner.run import CleanProgress, plan_root, read_root
 from metadata.errors import StorageError
 from metadata.lease import JobLease, LeaseLostError

@@ -5,7 +5,7 @@ carries out the checkpoint coordinator's decisions (DESIGN §3, §6).
 per source, a `CommitCoordinator` per sink). Its ports are the job storage (`JobStorage`), the
 sinks (the pipeline's `TableCommitter`s), a `Clock` and a `TaskDispatcher` that runs unit work
 somewhere: Spark tasks (`regional.runtime.spark.SparkDispatcher`) or a simulation
-(`regional.sim`). One checkpoint id travels driver → coordinator → driver → storage / sink /
+(`regional.runtime.sim`). One checkpoint id travels driver → coordinator → driver → storage / sink /
 cleaner; no layer rewrites another's decision.
 
 Per epoch: trigger, plan one `UnitWork` per fallback unit (its restore states, new splits from
@@ -18,7 +18,7 @@ when `run` or `savepoint` returns). Every outcome becomes one
 `metadata.events.CheckpointEvent`, handed to `progress`, kept in the `RunSummary` and written
 to the job's event log.
 
-On the first run the job restores (`regional.restore.find_restore_point`): the root's latest
+On the first run the job restores (`regional.runtime.restore.find_restore_point`): the root's latest
 restorable checkpoint, or a given checkpoint or savepoint. Savepoints are global checkpoints
 whose state is also copied, self-contained, to `savepoints/sp-<id>/`. One driver per job root:
 the root's lease (`metadata.lease`) is held while the driver runs.
@@ -39,7 +39,7 @@ from typing import Protocol
 
 import msgspec
 
-from cleaner.decisions import RestoreBase
+from cleaner.model import RestoreBase
 from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
 from metadata.lease import JobLease, LeaseLostError
@@ -50,31 +50,30 @@ from regional.coordinator import (
     JobLayout,
     TriggerCheckpoint,
 )
+from regional.coordinator.commit import CommitCoordinator
+from regional.coordinator.messages import Ack, AckBatch, Answer, UnitWork, answers_of
+from regional.coordinator.split_enumerator import SplitEnumerator
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import (
     CheckpointAbortedError,
     JobFailedError,
     RegionalError,
     RestoreError,
 )
-from regional.operators import (
-    CommitCoordinator,
-    SplitEnumerator,
-)
-from regional.pipeline import Pipeline
 from regional.policy import Policy
-from regional.restore import (
+from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
+from regional.runtime.cleaning import JobCleaning
+from regional.runtime.dispatch import TaskDispatcher
+from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
+from regional.runtime.faults import Faults
+from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
+from regional.runtime.restore import (
     clean_staged_sinks,
     find_restore_point,
     first_free_checkpoint_id,
     reset_exchanges,
     roll_back_sinks,
 )
-from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
-from regional.runtime.cleaning import JobCleaning
-from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
-from regional.runtime.faults import Faults
-from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
-from regional.runtime.protocol import Ack, AckBatch, Answer, TaskDispatcher, UnitWork, answers_of
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
 __all__ = ["Clock", "EpochWatch", "JobDriver", "RunSummary", "SystemClock", "feed"]

@@ -8,10 +8,10 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from regional.coordinator import CheckpointCoordinator, JobLayout, TriggerCheckpoint
-from regional.exchange import ExchangeReader
-from regional.operators import SplitEnumerator
-from regional.pipeline import Pipeline
-from regional.runtime.protocol import UnitWork
+from regional.coordinator.messages import UnitWork
+from regional.coordinator.split_enumerator import SplitEnumerator
+from regional.dataflow.exchange import ExchangeReader
+from regional.dataflow.pipeline import Pipeline
 
 __all__ = ["discover_splits", "drained_exchanges", "finished_sources", "plan_works"]
 

@@ -22,8 +22,8 @@ import time
 
 import msgspec
 
+from regional.coordinator.messages import UnitWork
 from regional.errors import RegionalError
-from regional.runtime.protocol import UnitWork
 
 __all__ = [
     "CRASH_STEPS",

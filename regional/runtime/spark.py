@@ -36,11 +36,12 @@ import msgspec
 
 from metadata.events import CheckpointEvent
 from metadata.storage import JobStorage
-from regional.pipeline import Pipeline
+from regional.coordinator.messages import AckBatch, Answer, UnitWork, answers_of, packed
+from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import EpochWatch, JobDriver, RunSummary
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
-from regional.runtime.protocol import AckBatch, Answer, Dispatch, UnitWork, answers_of, packed
 from regional.runtime.task import TaskEnv, run_units
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def _answers(blobs: Iterable[bytes], error: str | None = None) -> Dispatch:
 
 class SparkDispatcher:
     """Runs unit work as Spark jobs on `sc`, `tasks` tasks per epoch, with `env` shipped to
-    every task. Implements `regional.runtime.protocol.TaskDispatcher`. `on_answer` is told
+    every task. Implements `regional.coordinator.messages.TaskDispatcher`. `on_answer` is told
     every answer as its task ends, while the job still runs."""
 
     def __init__(

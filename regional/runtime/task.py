@@ -19,7 +19,7 @@ inside the sync phase, blocking the task, as Flink did before FLINK-37375). Ever
 
 Every exception becomes a `Decline`, never a failed Spark task; a unit running past its timeout
 is interrupted with SIGALRM (Python code only; the driver's deadline cancel covers the rest).
-Answers are small typed Structs (`regional.runtime.protocol`, KB scale): state lives in files.
+Answers are small typed Structs (`regional.coordinator.messages`, KB scale): state lives in files.
 Injected faults (`regional.runtime.faults.UnitFaults`) come in through `TaskEnv.faults`, which
 is None in production.
 """
@@ -43,14 +43,14 @@ import pyarrow as pa
 from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
-from regional.dead_letters import DeadLetters
-from regional.exchange import ExchangeReader, ExchangeWriter
-from regional.failures import failure_line, failure_trace
-from regional.pipeline import Chunk, Pipeline
+from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
+from regional.dataflow.failures import failure_line, failure_trace
+from regional.dataflow.pipeline import Chunk, Pipeline
+from regional.dataflow.state import OperatorState
 from regional.runtime.faults import UnitFaults
-from regional.runtime.protocol import Ack, Answer, Decline, UnitWork
 from regional.sources.base import num_records
-from regional.state import OperatorState
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
@@ -88,7 +88,7 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
 
     root: str
     job_id: str
-    pipeline: Any  # regional.pipeline.Pipeline (cloudpickled with the task)
+    pipeline: Any  # regional.dataflow.pipeline.Pipeline (cloudpickled with the task)
     unit_timeout: float
     upload_threads: int = 2
     upload_latency: UploadLatency | None = None

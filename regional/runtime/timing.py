@@ -38,7 +38,7 @@ class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
     to the event (the rest is the coordinator's own work and bookkeeping).
 
     Inside the dispatch, the acked units' task seconds per phase, summed over units (tasks run
-    in parallel, so the sums may exceed `dispatch_s`; `regional.runtime.protocol.Ack`):
+    in parallel, so the sums may exceed `dispatch_s`; `regional.coordinator.messages.Ack`):
     `task_restore_s`, `task_process_s`, `task_snapshot_s`, `task_upload_s`."""
 
     checkpoint_id: int

@@ -58,8 +58,8 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from metadata.model import SinkRetention
-from regional.durability import fsync_path as _fsync
 from regional.errors import CommitError, SinkError
+from regional.sinks.durability import fsync_path as _fsync
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
 
@@ -301,7 +301,7 @@ class DeltaSink:
         )
         return (msgspec.msgpack.encode(committable),)
 
-    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+    # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
     def commit(
         self,
@@ -414,7 +414,7 @@ class DeltaSink:
         return sum(c.rows for c in self._own(committables))
 
     def marker_retention(self) -> SinkRetention:
-        """How long the table keeps a commit user's marker (`regional.operators.TableRetention`):
+        """How long the table keeps a commit user's marker (`regional.sinks.base.TableRetention`):
         `delta.setTransactionRetentionDuration` if set (else None: kept forever)."""
         configuration = self._table().metadata().configuration
         text = configuration.get(_TXN_RETENTION)

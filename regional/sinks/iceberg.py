@@ -378,7 +378,7 @@ class IcebergSink:
         c = _Committable(table.metadata.table_uuid.hex, location[len(data_path) + 1 :], len(rows))
         return (msgspec.msgpack.encode(c),)
 
-    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+    # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
     def commit(
         self,
@@ -487,7 +487,7 @@ class IcebergSink:
         before the first of them the table's current one; returns the checkpoints undone.
 
         Refused (`RestoreError`) when another writer committed after that snapshot: moving the
-        table back would drop its rows too. `regional.operators.TableRollback`."""
+        table back would drop its rows too. `regional.sinks.base.TableRollback`."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table.snapshots import ancestors_of
 
@@ -622,7 +622,7 @@ class IcebergSink:
         return sum(c.rows for c in self._decode(committables))
 
     def marker_retention(self) -> SinkRetention:
-        """How long the table keeps snapshots (`regional.operators.TableRetention`): its
+        """How long the table keeps snapshots (`regional.sinks.base.TableRetention`): its
         `history.expire.max-snapshot-age-ms` if set on the table (what snapshot expiry by Spark,
         Flink or Java Iceberg uses when given no age; pyiceberg expires only when asked), else
         None. Our commit markers are snapshot summaries, so an expired snapshot takes its marker

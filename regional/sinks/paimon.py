@@ -311,7 +311,7 @@ class PaimonSink:
             if not m.is_empty()
         )
 
-    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+    # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
     def commit(
         self,
@@ -413,7 +413,7 @@ class PaimonSink:
         (`data-rg~<job>~...`), in a bucket directory of the table, and referenced neither by any
         snapshot the table still has (every snapshot's manifests are read: once per driver
         start) nor by a committable in `keep`; returns their paths
-        (`regional.operators.TableStaging`). Other writers' files are never touched."""
+        (`regional.sinks.base.TableStaging`). Other writers' files are never touched."""
         from pypaimon.manifest.manifest_file_manager import ManifestFileManager
         from pypaimon.manifest.manifest_list_manager import ManifestListManager
 
@@ -454,7 +454,7 @@ class PaimonSink:
         return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
 
     def marker_retention(self) -> SinkRetention:
-        """How long the table keeps snapshots (`regional.operators.TableRetention`): its
+        """How long the table keeps snapshots (`regional.sinks.base.TableRetention`): its
         `snapshot.time-retained` if set on the table (pypaimon never expires snapshots; Java,
         Spark and Flink writers and procedures do, by this option, default 1 h, keeping at
         least `snapshot.num-retained.min`), else None."""

@@ -68,9 +68,9 @@ from pyarrow import fs as pafs
 from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem, path_problem
 from metadata.model import SinkRetention
-from regional.durability import StagedFiles
-from regional.durability import fsync_path as _fsync
 from regional.errors import CommitError
+from regional.sinks.durability import StagedFiles
+from regional.sinks.durability import fsync_path as _fsync
 
 __all__ = ["COMMIT_GROUP", "ParquetSink", "committed_files", "read_table"]
 
@@ -299,11 +299,11 @@ class ParquetSink:
     def sync_staged(self) -> None:
         """Make the files this writer staged, and their directories' entries, durable: the
         task calls it once, before it hands over the acks naming those files
-        (`regional.durability.StagedFiles`: one `syncfs` per file system on Linux, else an
+        (`regional.sinks.durability.StagedFiles`: one `syncfs` per file system on Linux, else an
         fsync per file). Nothing to do on object stores."""
         self._staged.sync()
 
-    # --- committer side (on the driver): regional.operators.TableCommitter -------------------
+    # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
     def _published(self, staged: str) -> str:
         """The name (relative to the table) a staged file is published under."""
@@ -498,7 +498,7 @@ class ParquetSink:
 
     def marker_retention(self) -> SinkRetention:
         """Commit records are kept until someone deletes them: no retention to warn about
-        (`regional.operators.TableRetention`)."""
+        (`regional.sinks.base.TableRetention`)."""
         return SinkRetention("", "parquet", self.path)
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
@@ -509,7 +509,7 @@ class ParquetSink:
         """Undo `commit_user`'s commits after `identifier`, newest first; returns the
         identifiers undone. Each commit's published files are deleted before its record, so
         a crash leaves the log a prefix of itself and the next start finishes the rollback.
-        `regional.operators.TableRollback`."""
+        `regional.sinks.base.TableRollback`."""
         fs, base = self._open()
         user_dir = self._user_dir(base, commit_user)
         records: dict[int, str] = {}

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 
-from regional.decisions import Rule
+from regional.coordinator.decisions import Rule
 
 __all__ = ["Verdict", "evaluate", "failure_ratio", "name_units"]
 

@@ -5,12 +5,13 @@ subtask `i` of its inputs (a forward edge), so each chain of subtasks `(source#i
 sink#i)` is one region that can fall back on its own. Operators are record-wise (`map`,
 `flat_map`, `filter`), Arrow-batch-wise (`map_batches`) or stateful (`key_by(...).process(fn)`).
 
-Keyed state comes in two scopes (`regional.state`):
+Keyed state comes in two scopes (`regional.dataflow.state`):
 
 * **split-scoped** on a forward chain: `key_by(key).process(fn)` keeps state per (input split,
   key), because subtask `i` only sees the splits its source subtask reads;
 * **key-scoped** after a durable keyed exchange: `key_by(key, partitions=N).process(fn)` ends
-  the stage (`regional.exchange`); what follows runs in N subtasks, each owning the keys that
+  the stage (`regional.dataflow.exchange`); what follows runs in N subtasks, each owning the keys
+  that
   hash to it, and keeps state per key, across every input split.
 
 >>> from regional.sources.generator import GeneratorSource
@@ -32,15 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from regional.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
+from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
+from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
+from regional.dataflow.state_codec import PickledState, StateCodec
 from regional.errors import GraphError
-from regional.graph import Edge, JobGraph, Vertex
+from regional.graph.job_graph import Edge, JobGraph, Vertex
 from regional.sources.base import Batch, Source
-from regional.state import KEY_SCOPE, KeyedContext, OperatorState
-from regional.state_codec import PickledState, StateCodec
 
 if TYPE_CHECKING:
-    from regional.regions import RegionPlan
+    from regional.graph.regions import RegionPlan
 
 __all__ = ["Chunk", "Operator", "Pipeline", "Stream", "VertexSpec"]
 
@@ -218,11 +219,11 @@ class Stream:
     def exchange(
         self, key: Callable[[Any], Any], *, partitions: int, name: str | None = None
     ) -> Stream:
-        """End the stage with a durable keyed exchange (`regional.exchange`): the returned
+        """End the stage with a durable keyed exchange (`regional.dataflow.exchange`): the returned
         stream runs in `partitions` subtasks, subtask q getting every record whose key hashes
-        to q (`regional.partitioning.partition_of`). The exchange's reader vertex is `name`
+        to q (`regional.dataflow.partitioning.partition_of`). The exchange's reader vertex is `name`
         (default ``exchange-<n>``), its writer ``<name>-writer``."""
-        from regional.exchange import ExchangeReader, ExchangeWriter
+        from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise GraphError(
@@ -290,10 +291,10 @@ class Pipeline:
     checkpoint); `splits_per_subtask` how many splits a source subtask reads at once.
     `state_types` are the msgspec Struct classes operator state may hold;
     `state_serializer=PickledState(secret=...)` opts in to pickled state (any picklable
-    object, segments signed with the secret) instead of msgpack (`regional.state_codec`).
+    object, segments signed with the secret) instead of msgpack (`regional.dataflow.state_codec`).
     `on_error` says what a record a user function raises on does: `"fail"` its unit (the
     default), or `"dead-letter"`: it becomes a row of the `dead_letter` sink
-    (`regional.dead_letters`) and processing goes on.
+    (`regional.dataflow.dead_letters`) and processing goes on.
     """
 
     def __init__(
@@ -423,7 +424,7 @@ class Pipeline:
     def _key_scope(self, vertex_id: str, key: Callable[[Any], Any], name: str | None) -> str:
         """ "key" when `vertex_id` reads keyed exchanges by `key` only, "split" when it reads
         no exchange; `GraphError` for a process keyed otherwise after an exchange."""
-        from regional.exchange import ExchangeWriter
+        from regional.dataflow.exchange import ExchangeWriter
 
         sources = self._ancestors(vertex_id)
         readers = [s for s in sources if s.exchange_from is not None]
@@ -444,7 +445,7 @@ class Pipeline:
     def bind(self, job_path: str, filesystem: Any = None) -> None:
         """Point every exchange at its directory in job root `job_path` (the driver does this
         before any task runs; `filesystem` is the job storage's)."""
-        from regional.exchange import ExchangeReader, ExchangeWriter, exchange_path
+        from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path
 
         for spec in self.vertices.values():
             for side in (spec.sink, spec.source):
@@ -491,8 +492,8 @@ class Pipeline:
         return JobGraph(vertices, edges)
 
     def regions(self) -> RegionPlan:
-        """The region analyser's plan for this pipeline (`regional.regions.analyse`)."""
-        from regional.regions import analyse
+        """The region analyser's plan for this pipeline (`regional.graph.regions.analyse`)."""
+        from regional.graph.regions import analyse
 
         return analyse(self.job_graph())
 

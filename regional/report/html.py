@@ -1,4 +1,4 @@
-"""The report page: `render_html` turns a `regional.report.Report` (Arrow tables) into one
+"""The report page: `render_html` turns a `regional.report.summary.Report` (Arrow tables) into one
 self-contained HTML document — inline CSS and SVG, no script, no network (a Content Security
 Policy forbids both), every string read from storage escaped. Pure: tables in, text out.
 """
@@ -10,7 +10,7 @@ import html
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from regional.report import Report
+from regional.report.summary import Report
 
 __all__ = ["render_html"]
 

@@ -42,9 +42,9 @@ from typing import Any
 import msgspec
 
 from metadata.model import CheckpointMetadata, SplitState, SubtaskState
+from regional.dataflow.partitioning import partition_of
+from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.errors import RestoreError
-from regional.partitioning import partition_of
-from regional.state import KEY_SCOPE, OperatorState
 
 __all__ = [
     "RestorePlan",

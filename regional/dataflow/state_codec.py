@@ -26,7 +26,7 @@ A snapshot starts with a 5-byte header, ``\\xc1RS`` (``\\xc1`` is never used by 
 pickle starts with ``\\x80``), a kind and a format version: ``M\\x01`` msgpack (body
 ``[keyed, lists]``, every state name a str), ``M\\x02`` the same with TTL'd state (written only
 when some entry has a ttl: a state's slot may also hold ``[name, "ttl"]`` keys with the update
-times, see `regional.state`; a regional that reads only ``M\\x01`` refuses it, naming the
+times, see `regional.dataflow.state`; a regional that reads only ``M\\x01`` refuses it, naming the
 format), ``P\\x01`` pickle (opt-in `PickledState`: an HMAC-SHA256 of the operator
 id and the pickle, keyed with the job's secret, then the pickle). A pickle segment is unpickled
 only after its MAC verifies; snapshots of regional 0.1 (a bare pickle) are refused unread.

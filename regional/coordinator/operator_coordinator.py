@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from metadata.model import SubtaskState
-from regional.decisions import Commit
+from regional.coordinator.decisions import Commit
 from regional.errors import CheckpointAbortedError
 
 __all__ = [

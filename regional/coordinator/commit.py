@@ -35,9 +35,9 @@ import msgspec
 from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem
 from metadata.model import SinkRetention, SubtaskState
-from regional.decisions import Commit
+from regional.coordinator.decisions import Commit
+from regional.coordinator.operator_coordinator import RegionalCompletion
 from regional.errors import CommitError, MetadataError
-from regional.operators.protocol import RegionalCompletion
 
 __all__ = [
     "CommitCoordinator",

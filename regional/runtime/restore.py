@@ -1,6 +1,6 @@
 """Restore into a job root: rewrite a checkpoint's state for the pipeline (DESIGN §4 rule 12).
 
-The imperative shell around `regional.rescale`: it reads the restored checkpoint's state
+The imperative shell around `regional.runtime.rescale`: it reads the restored checkpoint's state
 (verified segments) from wherever it lives — another job root, a moved savepoint, or this job's
 own root — maps it onto the pipeline's layout, writes one state file per fallback unit into
 this job's root (`chk-<id>/u<unit>-a0-<run>.state`; attempt 0 is never a task attempt) and returns
@@ -8,7 +8,8 @@ the metadata the coordinator restores from. The job's tasks then only ever read 
 its own root, whatever the source was.
 
 The rewrite is a copy when the shape is unchanged; a vertex with other parallelism has its
-operator states decoded on the driver (`regional.state_codec`: msgpack, or signed pickle only by
+operator states decoded on the driver (`regional.dataflow.state_codec`: msgpack, or signed pickle
+only by
 the pipeline's opt-in; an unsigned pickle is refused unread), redistributed
 (`redistribute_state`) and encoded again, and its source's split enumerator reassigned.
 
@@ -26,19 +27,20 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from cleaner.decisions import RestoreBase
+from cleaner.model import RestoreBase
 from metadata.exchange import Cursor, reader_view, split_id
 from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
+from regional.coordinator.commit import CommitCoordinator, TableRollback, TableStaging
 from regional.coordinator.layout import JobLayout
+from regional.coordinator.split_enumerator import SplitEnumerator
+from regional.dataflow.exchange import ExchangeWriter, exchange_path, repartition
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state import OperatorState
 from regional.errors import CommitError, RestoreError
-from regional.exchange import ExchangeWriter, exchange_path, repartition
-from regional.operators.commit import CommitCoordinator, TableRollback, TableStaging
-from regional.operators.split_enumerator import SplitEnumerator
-from regional.pipeline import Pipeline
-from regional.rescale import (
+from regional.runtime.rescale import (
     RestorePlan,
     SubtaskPlan,
     VertexShape,
@@ -46,7 +48,6 @@ from regional.rescale import (
     redistribute_keys,
     redistribute_state,
 )
-from regional.state import OperatorState
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,8 @@ def _move_exchanges(
     """Carry every keyed exchange's backlog over when its reader's parallelism changed or the
     checkpoint comes from another job root: what the checkpoint's readers had not read (and its
     writers' segments not published yet) is repartitioned into the new layout in `target`
-    (`regional.exchange.repartition`), and each new reader subtask starts at the checkpoint's
+    (`regional.dataflow.exchange.repartition`), and each new reader subtask starts at the
+    checkpoint's
     id (`planned` is updated). Idempotent, so a restore that is retried writes the same."""
     notes = []
     cid = metadata.checkpoint_id

@@ -1,9 +1,10 @@
 """Reading job-graph files: ours (JSON or TOML) and Flink's plan JSONs, told apart by content.
 
 Our format has top-level `vertices` and `edges` whose keys are exactly the field names of
-`regional.graph.Vertex` and `Edge` (``from`` for `Edge.from_`); unknown keys are errors naming
+`regional.graph.job_graph.Vertex` and `Edge` (``from`` for `Edge.from_`); unknown keys are errors
+naming
 the file and the key path. A document with a `nodes` list (optionally wrapped in ``{"plan": ..}``)
-is a Flink plan (`regional.flink_plan`). Every failure is a `GraphError` that names the file.
+is a Flink plan (`regional.graph.flink_plan`). Every failure is a `GraphError` that names the file.
 
 >>> g = parse_graph(
 ...     b'vertices = [{id = "a", parallelism = 2}, {id = "b", parallelism = 2}]\\n'
@@ -25,8 +26,8 @@ from typing import Any
 import msgspec
 
 from regional.errors import GraphError
-from regional.flink_plan import graph_from_flink_plan, is_flink_plan
-from regional.graph import JobGraph
+from regional.graph.flink_plan import graph_from_flink_plan, is_flink_plan
+from regional.graph.job_graph import JobGraph
 
 __all__ = ["load_graph", "parse_graph"]
 

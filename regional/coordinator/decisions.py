@@ -137,7 +137,8 @@ class NotifySubsumed(msgspec.Struct, frozen=True):
 
 class Commit(msgspec.Struct, frozen=True):
     """Commit `committables` of sink `vertex_id` to its table as `commit_user` with identifier
-    `checkpoint_id` (see `regional.operators.perform_commit`), then call `on_commit_done` or
+    `checkpoint_id` (see `regional.coordinator.commit.perform_commit`), then call `on_commit_done`
+    or
     `on_commit_failed`. `recommit` marks a re-commit after restore (check data files exist).
     `fallback` maps each unit that fell back in the checkpoint to the checkpoint owning its state:
     those units' output since that checkpoint is not in this commit (tables may record it)."""

@@ -20,7 +20,7 @@ __all__ = [
     "FileDecision",
     "ListedFile",
     "MissingFile",
-    "PendingCheckpoint",
+    "PendingFiles",
     "Reason",
     "RefusedPath",
     "RestoreBase",
@@ -101,7 +101,7 @@ class Reason(enum.StrEnum):
     EXCHANGE = "exchange"  # an exchange's staged segment or commit record (its writer's)
 
 
-class PendingCheckpoint(msgspec.Struct, frozen=True):
+class PendingFiles(msgspec.Struct, frozen=True):
     """A checkpoint in progress: its whole `chk-<id>/` directory is live, and so is every path
     in `files` (owner files its fallback state will reference, shared files it uploaded)."""
 

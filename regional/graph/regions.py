@@ -12,7 +12,8 @@ Regions are computed at subtask level exactly as Flink 2.3's scheduler does it:
 A **fallback unit** is a connected component of the subtask graph over every edge but durable
 ones: regions joined by a blocking/hybrid edge fall back together (with a warning). The same two
 steps compute units, with every non-durable edge treated as joining. A **durable** exchange
-(`regional.exchange`: the producer commits what it sends with its checkpoint, the consumer reads
+(`regional.dataflow.exchange`: the producer commits what it sends with its checkpoint, the consumer
+reads
 it back from positions in its own state) joins nothing: each side falls back on its own, and the
 plan says so in `notes`.
 
@@ -24,7 +25,7 @@ over integers, so a 1,000-vertex forward chain at parallelism 1,000 stays a few 
 Ids are ints numbered in the order of each region's (unit's) first subtask, vertices taken in
 `JobGraph.topological_order()` and indices ascending.
 
->>> from regional.graph import Edge, JobGraph, Vertex
+>>> from regional.graph.job_graph import Edge, JobGraph, Vertex
 >>> g = JobGraph(
 ...     vertices=(Vertex("a", 3, kind="source"), Vertex("b", 3), Vertex("c", 3, kind="sink")),
 ...     edges=(Edge("a", "b", "forward"), Edge("b", "c", "forward")),
@@ -49,7 +50,7 @@ import networkx as nx
 
 from metadata.model import VertexInfo
 from regional.errors import GraphError
-from regional.graph import Edge, JobGraph
+from regional.graph.job_graph import Edge, JobGraph
 
 __all__ = ["RegionPlan", "Subtask", "analyse", "pointwise_links"]
 

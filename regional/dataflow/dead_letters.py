@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from regional.failures import failure_trace
+from regional.dataflow.failures import failure_trace
 
 __all__ = ["DEAD_LETTERS", "DEAD_LETTER_SCHEMA", "ON_ERROR", "TRACE_CHARS", "DeadLetters"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from regional.errors import GraphError
-from regional.graph import Edge, JobGraph, Kind, Vertex
+from regional.graph.job_graph import Edge, JobGraph, Kind, Vertex
 
 __all__ = ["SHIP_STRATEGIES", "graph_from_flink_plan", "is_flink_plan"]
 

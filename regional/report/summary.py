@@ -4,7 +4,7 @@ Two pure steps. `build_report` turns what storage holds — the completed checkp
 the event log and the cleaner's retention plan — into Arrow tables with fixed schemas, from the
 inspector views (`metadata.inspect.checkpoints_table`, `show_table`, `metadata.events.
 events_table`, `cleaner.views.retention_table` / `retention_totals`).
-`regional.report_html.render_html` turns those tables into one self-contained page (inline CSS
+`regional.report.html.render_html` turns those tables into one self-contained page (inline CSS
 and SVG, no script, every stored string escaped: job ids, causes and split names come from
 files anyone with write access to the root may have written).
 
@@ -39,7 +39,7 @@ always-fresh and how many further units it leaves out.
  {'checkpoint_id': 3, 'unit_id': 1, 'status': 'failed', 'owner_checkpoint_id': None}]
 >>> report.grid_units, report.always_fresh_units
 ((0, 1), 1)
->>> from regional.report_html import render_html
+>>> from regional.report.html import render_html
 >>> page = render_html(report)
 >>> page.startswith("<!doctype html>") and "3c-failure-ratio" in page
 True
@@ -53,7 +53,7 @@ from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
-from cleaner.decisions import RetentionPlan
+from cleaner.model import RetentionPlan
 from cleaner.views import RETENTION_SCHEMA, TOTALS_SCHEMA, retention_table, retention_totals
 from metadata.events import CheckpointEvent, Outcome, events_table
 from metadata.inspect import checkpoints_table, show_table

@@ -3,12 +3,15 @@
 On a forward chain keyed state is scoped by the *split* the record came from, then by key: a
 region restored with another parallelism moves each split's keyed state with the split (DESIGN
 §4 rule 12), and a split's state is a deterministic function of the records read from it (rule
-13). After a durable keyed exchange (`regional.exchange`) it is scoped by key alone (split id
+13). After a durable keyed exchange (`regional.dataflow.exchange`) it is scoped by key alone (split
+id
 `KEY_SCOPE`): every record of a key reaches one subtask, and a restore with another parallelism
-moves each key to the subtask its hash names (`regional.rescale.redistribute_keys`). List state
+moves each key to the subtask its hash names (`regional.runtime.rescale.redistribute_keys`). List
+state
 belongs to the subtask and is split evenly on rescale.
 
-State is encoded by `regional.state_codec.StateCodec` (msgpack; no pickle unless the pipeline
+State is encoded by `regional.dataflow.state_codec.StateCodec` (msgpack; no pickle unless the
+pipeline
 opts in), so it holds int (64 bits), float, str, bytes, bool, None, list, dict, tuple, set,
 frozenset, datetime, date, time, Decimal and declared msgspec Structs. `ValueState.update`,
 `MapState[k] = v` and a new key are checked at once (`StateTypeError` names the operator, the
@@ -23,7 +26,7 @@ state, the type and where it sits); list state and values changed in place at th
 >>> count.update(object())
 Traceback (most recent call last):
 ...
-regional.state_codec.StateTypeError: state 'count' of operator 'operator' holds a value of ...
+regional.dataflow.state_codec.StateTypeError: state 'count' of operator 'operator' holds ...
 >>> restored = OperatorState.from_bytes(state.to_bytes())
 >>> restored.context("file-1", "alice").value_state("count").value()
 1
@@ -58,7 +61,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, MutableMapping
 from typing import Any
 
-from regional.state_codec import HEADER_MSGPACK_TTL, INT_RANGE, StateCodec
+from regional.dataflow.state_codec import HEADER_MSGPACK_TTL, INT_RANGE, StateCodec
 
 __all__ = [
     "KEY_SCOPE",

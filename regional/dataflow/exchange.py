@@ -3,7 +3,7 @@
 `stream.key_by(key, partitions=N)` (or `stream.exchange(key, partitions=N)`) ends a stage. The
 upstream stage's last vertex feeds an `ExchangeWriter` (a sink of its stage); the downstream
 stage starts with an `ExchangeReader` of N subtasks (a source of its stage), reader subtask `q`
-owning the keys with `partition_of(key, N) == q` (`regional.partitioning`, a stable hash).
+owning the keys with `partition_of(key, N) == q` (`regional.dataflow.partitioning`, a stable hash).
 
     upstream unit i:   source#i -> ... -> writer#i ──┐ segments, committed with checkpoint Y
                                                      ├──> exchange/<reader>/n<N>/p<q>/...
@@ -20,7 +20,8 @@ owning the keys with `partition_of(key, N) == q` (`regional.partitioning`, a sta
   its last good cursor, and a segment is read exactly once per completed checkpoint chain. Data
   crosses the exchange one epoch after it was written (published at the end of epoch Y, read in
   epoch Y+1).
-* **Regions.** Writer and reader are joined by a *durable* edge (`regional.graph`): the two
+* **Regions.** Writer and reader are joined by a *durable* edge (`regional.graph.job_graph`): the
+two
   stages are separate fallback units. A failing upstream unit never stops downstream units from
   checkpointing, and the other way round.
 * **Retention.** A segment is garbage once no kept checkpoint's cursor still needs it
@@ -59,8 +60,8 @@ from metadata.exchange import (
     split_partition,
 )
 from metadata.layout import name_problem
+from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
-from regional.partitioning import partition_of
 from regional.sinks.parquet import ParquetSink, _Committable, _name
 from regional.sources.base import ReadResult
 

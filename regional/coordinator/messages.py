@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import Protocol
 
 import msgspec
 
@@ -31,8 +30,6 @@ __all__ = [
     "Ack",
     "AckBatch",
     "Answer",
-    "Dispatch",
-    "TaskDispatcher",
     "UnitWork",
     "ack_shape",
     "answers_of",
@@ -179,35 +176,3 @@ def answers_of(items: Sequence[Answer | AckBatch]) -> list[Answer]:
         else:
             out.append(item)  # type: ignore[arg-type]  # Ack or Decline
     return out
-
-
-class Dispatch(msgspec.Struct, frozen=True):
-    """What a dispatcher got back: the answers that arrived, and `error` when the batch itself
-    failed (a lost worker took units with it; units without an answer were lost). `batches`:
-    acks that arrived packed (`AckBatch`, e.g. one per Spark task); they count as arriving
-    before `answers`."""
-
-    answers: list[Answer]
-    error: str | None = None
-    batches: list[AckBatch] = msgspec.field(default_factory=list)
-
-    def arrived(self) -> list[Answer | AckBatch]:
-        """What the coordinator is handed (`CheckpointCoordinator.on_answers`), in order."""
-        return [*self.batches, *self.answers]
-
-
-class TaskDispatcher(Protocol):
-    """Runs unit work somewhere (Spark tasks, a simulation) and returns what answered.
-
-    `run` must return by `deadline_ms` (driver clock) with the answers that arrived; units
-    still running then are cancelled and are declined by the coordinator as timed out. With
-    `isolated`, every unit runs on its own, so a crash loses only that unit (retries).
-    """
-
-    def start(self) -> None:
-        """Prepare workers before a run (e.g. warm up Python workers); may be a no-op."""
-        ...
-
-    def run(
-        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
-    ) -> Dispatch: ...

@@ -1,7 +1,7 @@
 """The job graph: vertices (sources, operators, sinks) joined by edges (DESIGN §2, §4 rule 1).
 
 A `JobGraph` is validated when it is built, whichever way it comes in (Python API, our JSON/TOML
-file, a Flink plan JSON; see `regional.graph_files`): every error is a `GraphError` naming the
+file, a Flink plan JSON; see `regional.graph.files`): every error is a `GraphError` naming the
 vertex or edge and the fix. The vertex order used everywhere (`topological_order`) breaks ties by
 vertex id, so region and unit ids depend only on the graph's content, like `fingerprint()`.
 
@@ -61,7 +61,8 @@ ALL_TO_ALL: frozenset[str] = frozenset({"rebalance", "hash", "broadcast", "globa
 #: Exchanges whose results must be consumed while produced: they join regions.
 PIPELINED: frozenset[str] = frozenset({"pipelined", "pipelined_bounded"})
 #: The exchange whose results are committed with the producer's checkpoint and read back by
-#: the consumer from its own stored positions (`regional.exchange`): it splits fallback units.
+#: the consumer from its own stored positions (`regional.dataflow.exchange`): it splits fallback
+#: units.
 DURABLE = "durable"
 
 #: Flink's upper bound for max parallelism (number of key groups), 2**15.

@@ -49,21 +49,14 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from regional.coordinator.messages import Ack, AckBatch, Answer, Decline, UnitWork, answers_of
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import JobFailedError
-from regional.graph import MAX_PARALLELISM_UPPER_BOUND
-from regional.operators.memory_sink import InMemoryTableSink
-from regional.pipeline import Pipeline
+from regional.graph.job_graph import MAX_PARALLELISM_UPPER_BOUND
 from regional.policy import Policy
+from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
-from regional.runtime.protocol import (
-    Ack,
-    AckBatch,
-    Answer,
-    Decline,
-    Dispatch,
-    UnitWork,
-    answers_of,
-)
+from regional.sinks.memory import InMemoryTableSink
 from regional.sources.base import ReadResult
 
 __all__ = [

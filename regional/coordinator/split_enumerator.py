@@ -29,7 +29,7 @@ import msgspec
 from metadata.errors import MetadataError
 from metadata.format import DECODE_FAILURES
 from metadata.model import SubtaskState
-from regional.operators.protocol import RegionalCompletion, SubtaskOwners
+from regional.coordinator.operator_coordinator import RegionalCompletion, SubtaskOwners
 
 __all__ = ["SplitEnumerator"]
 
