@@ -67,6 +67,18 @@ _Seconds = Annotated[
         "or a number of seconds",
     ),
 ]
+_SecondsOrUnlimited = (
+    Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=MAX_DURATION_SECONDS,
+            description='a duration > 0 and at most 365 d ("30 s", "15 min", "1 h") or '
+            '"unlimited"',
+        ),
+    ]
+    | None
+)
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
 _Count = Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")]
 _Retained = Annotated[int, msgspec.Meta(ge=1, description="a whole number >= 1")]
@@ -104,13 +116,26 @@ class _Section(
 
 
 class RegionPolicy(_Section, frozen=True):
-    """`[checkpointing.region]`: regional checkpoints and their staleness limits."""
+    """`[checkpointing.region]`: regional checkpoints and their staleness limits.
+
+    A unit that fell back in `max_unit_fallbacks` checkpoints in a row is *stuck*. With
+    `on_unit_fallback_limit = "isolate"` (the default) checkpoints keep completing regionally
+    with it on its owner's state, and the job fails once it has been stuck longer than
+    `max_stuck_time` (seconds on the driver's clock; None: "unlimited"). With `"force-fresh"`
+    the unit must be fresh in the next checkpoint, which aborts (rule 3a) if it fails again
+    (docs/stuck-units.md). `max_consecutive_regional` defaults to None ("unlimited"): a forced
+    global checkpoint aborts whenever any unit fails, so under frequent partial failures it
+    costs every unit an epoch and bounds nothing the per-unit limits do not (the measurements
+    are in docs/stuck-units.md).
+    """
 
     enabled: bool = True
     max_failure_ratio: _Ratio = 0.3
-    max_consecutive_regional: _Limit = 10
+    max_consecutive_regional: _Limit = None
     max_unit_fallbacks: _Count = 3
     timeout: _Seconds = 120.0
+    on_unit_fallback_limit: Literal["isolate", "force-fresh"] = "isolate"
+    max_stuck_time: _SecondsOrUnlimited = 900.0
 
 
 class CheckpointingPolicy(_Section, frozen=True):
@@ -368,6 +393,8 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
         value = given.raw
         if key.type == _Seconds:
             value = parse_duration(value)
+        elif key.type == _SecondsOrUnlimited:
+            value = None if value == "unlimited" else parse_duration(value)
         elif key.type == _Limit and value == "unlimited":
             value = None
         elif from_text and value == "null":
@@ -436,9 +463,9 @@ class ResolvedPolicy:
 
 def _readable(path: str, value: Any) -> str | None:
     key = _KEYS[path]
-    if key.type == _Seconds:
+    if key.type in (_Seconds, _SecondsOrUnlimited) and value is not None:
         return format_duration(value)
-    if key.type == _Limit and value is None:
+    if key.type in (_Limit, _SecondsOrUnlimited) and value is None:
         return "unlimited"
     if isinstance(value, bool):
         return "true" if value else "false"
