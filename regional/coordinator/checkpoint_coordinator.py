@@ -83,7 +83,7 @@ from regional.coordinator.operator_coordinator import (
 from regional.coordinator.pending import PendingCheckpoint
 from regional.coordinator.verdict import Verdict, evaluate, failure_ratio, name_units
 from regional.errors import JobFailedError
-from regional.policy import Policy, policy_fingerprint
+from regional.policy import Policy, format_duration, policy_fingerprint
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -1038,7 +1038,7 @@ class CheckpointCoordinator:
             if owner == INITIAL_STATE_ID
             else f"checkpoint {owner}'s state"
         )
-        limit = "" if bound is None else f" (max-stuck-time = {_seconds(bound)})"
+        limit = "" if bound is None else f" (max-stuck-time = {format_duration(bound / 1000)})"
         cause = (self.last_cause.get(unit_id) or "unknown").splitlines() or ["unknown"]
         return (
             f"{self.unit_name(unit_id)} has been stuck for {_seconds(now_ms - since)}{limit}: "

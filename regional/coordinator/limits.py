@@ -124,11 +124,7 @@ class Limits:
         global checkpoint a stuck unit cannot pass) do not count towards
         `tolerable-failed-checkpoints`, so the job fails with the stuck-unit error instead."""
         units = list(failed_units)
-        return (
-            bool(units)
-            and self.max_stuck_ms is not None
-            and all(u in self.stuck for u in units)
-        )
+        return bool(units) and self.max_stuck_ms is not None and all(u in self.stuck for u in units)
 
     def aborted(self, failed_units: Iterable[int], *, tier1: bool, counted: bool) -> str | None:
         """A checkpoint was aborted. Tier 2: a failed tier-1 checkpoint resets the job-level
