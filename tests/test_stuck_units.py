@@ -107,7 +107,7 @@ def test_the_stuck_unit_is_named_by_what_it_reads() -> None:
     job.now += 5_000
     [fail] = fails(job.run(failed={7}))
     assert fail.message.startswith(
-        "job kafka-users failed: unit 7 (events:7) has been stuck for 6.0 s (max-stuck-time = "
+        "job kafka-users failed: unit 7 (events:7) has been stuck for 6 s (max-stuck-time = "
         "1 s): it fell back in the last 4 checkpoints and still runs on its initial state (it "
         "never completed a checkpoint); last cause: declined: ValueError: bad record; fix"
     )
@@ -208,3 +208,55 @@ def test_a_unit_restored_stuck_is_stuck_from_the_first_trigger_of_the_new_run() 
     again.now = 1_000_000
     again.start()
     assert again.c.stuck_units == {7: 1_001_000}
+
+
+# --- through the real driver (simulated dispatcher and clock) ----------------------------------
+
+
+def _sim_policy(**region: object) -> Policy:
+    from regional.policy import load_policy
+
+    return load_policy(env={}, overrides={"checkpointing": {"region": region}}).policy
+
+
+def test_the_driver_reports_a_stuck_unit_in_every_event_and_fails_with_its_name() -> None:
+    from regional.cli.progress import checkpoint_line
+    from regional.runtime.sim import Simulation
+
+    faults = {(c, 2): "decline" for c in range(1, 100)}
+    policy = _sim_policy(**{"max-stuck-time": "5 s"})
+    sim = Simulation(4, policy, faults=faults, bounded=False, interval_ms=1_000)
+    driver = sim.new_driver()
+    events: list = []
+
+    def progress(event) -> None:
+        events.append(event)
+        sim.clock.sleep(1.0)  # a second between checkpoints
+
+    driver.progress = progress
+    try:
+        driver.run(max_checkpoints=50)
+    except Exception as exc:  # JobFailedError: the job failed as it should
+        failed = str(exc)
+    else:
+        raise AssertionError("the job did not fail")
+    # every checkpoint completed regionally with unit 2 behind; the healthy units committed
+    assert [e.kind for e in events] == ["regional"] * len(events)
+    assert [e.stuck for e in events[:2]] == [(), ()]
+    stuck = events[2].stuck
+    assert [(s.unit_id, s.splits, s.fallbacks, s.owner_checkpoint_id) for s in stuck] == [
+        (2, ("s2",), 3, 0)
+    ]
+    assert stuck[0].cause.startswith("declined: ")
+    assert events[2].unit_reads == {2: ("s2",)}
+    assert checkpoint_line(events[3]).splitlines()[-1] == (
+        "    stuck: unit 2 (s2) for 1 s (on its initial state; 4 fallbacks in a row): "
+        f"{stuck[0].cause}"
+    )
+    assert failed.startswith(
+        "job sim failed: unit 2 (s2) has been stuck for 5.05 s (max-stuck-time = 5 s): it fell "
+        "back in the last 8 checkpoints and still runs on its initial state"
+    )
+    assert events[-1].message == failed
+    rows = {r[0] for r in sim.sink.rows()}
+    assert rows == {"s0", "s1", "s3"}  # the healthy units' output, none of the stuck one's

@@ -1146,12 +1146,12 @@ class CheckpointCoordinator:
 def _seconds(ms: int) -> str:
     """A length of time as people read it: `"42 s"`, `"15 min 3 s"`, `"2 h 5 min"`.
 
-    >>> _seconds(4_200), _seconds(903_000), _seconds(7_500_000)
-    ('4.2 s', '15 min 3 s', '2 h 5 min')
+    >>> _seconds(4_200), _seconds(5_010), _seconds(903_000), _seconds(7_500_000)
+    ('4.2 s', '5.01 s', '15 min 3 s', '2 h 5 min')
     """
     s = ms / 1000
-    if s < 60:
-        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+    if s < 59.995:
+        return f"{round(s, 2):g} s"
     minutes, sec = divmod(round(s), 60)
     if minutes < 60:
         return f"{minutes} min {sec} s" if sec else f"{minutes} min"

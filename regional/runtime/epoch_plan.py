@@ -13,7 +13,13 @@ from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.dataflow.exchange import ExchangeReader
 from regional.dataflow.pipeline import Pipeline
 
-__all__ = ["discover_splits", "drained_exchanges", "finished_sources", "plan_works"]
+__all__ = [
+    "discover_splits",
+    "drained_exchanges",
+    "finished_sources",
+    "plan_works",
+    "unit_reads",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,29 @@ def plan_works(
                 new.append((state.vertex_id, state.index, split))
         works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new)))
     return works
+
+
+def unit_reads(
+    unit_id: int,
+    layout: JobLayout,
+    enumerators: Mapping[str, SplitEnumerator],
+    coordinator: CheckpointCoordinator,
+    assigned: Mapping[int, tuple[str, ...]] | None = None,
+) -> tuple[str, ...]:
+    """The splits unit `unit_id` reads, for its name (`metadata.unit_names.unit_name`): the
+    open splits in the state it restarts from, else the splits it was last given
+    (`assigned`: unit -> the new splits of its latest `UnitWork`; a unit that never
+    checkpointed gets its splits anew every epoch) or the enumerators assign to it, sorted."""
+    states = coordinator.unit_states(unit_id)
+    found = {s.split_id for state in states for s in state.split_states}
+    if not found and assigned:
+        found.update(assigned.get(unit_id, ()))
+    if not found:
+        for vertex_id, enumerator in enumerators.items():
+            for split, index in enumerator.owners.items():
+                if layout.unit_of(vertex_id, index) == unit_id:
+                    found.add(split)
+    return tuple(sorted(found))
 
 
 def finished_sources(
