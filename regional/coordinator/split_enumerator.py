@@ -87,6 +87,11 @@ class SplitEnumerator:
         return split
 
     @property
+    def num_known(self) -> int:
+        """How many splits it knows: handed out (still read or finished) or unassigned."""
+        return len(self._owner) + len(self._unassigned)
+
+    @property
     def owners(self) -> dict[str, int]:
         """Every handed-out split (still read or finished) and the subtask index that owns it."""
         return dict(self._owner)

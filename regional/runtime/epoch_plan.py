@@ -15,6 +15,7 @@ from regional.dataflow.pipeline import Pipeline
 
 __all__ = [
     "discover_splits",
+    "open_split_caps",
     "drained_exchanges",
     "finished_sources",
     "plan_works",
@@ -51,11 +52,13 @@ def plan_works(
     per = pipeline.splits_per_subtask
     cid, attempt = trigger.checkpoint_id, trigger.attempt
     unit_states = coordinator.unit_states  # built once per change of a unit's state
+    caps = open_split_caps(pipeline, enumerators)
     for unit_id in range(layout.num_units):
         restore = unit_states(unit_id)
         new: list[tuple[str, int, str]] = []
         for state in restore:
-            if (open_slots := per - len(state.split_states)) <= 0:
+            cap = caps.get(state.vertex_id, per)
+            if (open_slots := cap - len(state.split_states)) <= 0:
                 continue  # the common case at scale: the subtask's splits are all open
             assigner = enumerators.get(state.vertex_id)
             if assigner is None:
@@ -67,6 +70,30 @@ def plan_works(
                 new.append((state.vertex_id, state.index, split))
         works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new)))
     return works
+
+
+def open_split_caps(
+    pipeline: Pipeline, enumerators: Mapping[str, SplitEnumerator]
+) -> dict[str, int]:
+    """Per source: how many open splits a subtask may hold. `splits_per_subtask`, except for
+    an unbounded source, whose splits never finish: there a subtask holding its share never
+    frees a slot, so every subtask may hold ceil(known splits / parallelism) and every split
+    discovered is read (8 Kafka partitions on 4 subtasks: 2 each, never 4 left unread).
+
+    >>> from regional.sources.generator import GeneratorSource
+    >>> p = Pipeline("j")
+    >>> _ = p.source(GeneratorSource(8, lambda s, n: n), parallelism=4, name="src")
+    >>> open_split_caps(p, {"src": SplitEnumerator("src", [f"g{k}" for k in range(8)])})
+    {'src': 2}
+    """
+    caps: dict[str, int] = {}
+    per = pipeline.splits_per_subtask
+    for vertex_id, enumerator in enumerators.items():
+        spec = pipeline.vertices[vertex_id]
+        if spec.source is None or spec.source.bounded:
+            continue
+        caps[vertex_id] = max(per, -(-enumerator.num_known // spec.parallelism))
+    return caps
 
 
 def unit_reads(

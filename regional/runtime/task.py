@@ -185,10 +185,15 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             chunks: list[Chunk] = []
             budget = pipeline.records_per_epoch
             kept = []
+            left = len(positions)
             for split, position in positions.items():
                 start_positions[split] = position.decode("utf-8", "backslashreplace")
-                if budget > 0:
-                    result = spec.source.read(split, position, budget)
+                # a fair share of what is left, so one split with a backlog never starves the
+                # others (what a split leaves unused goes to the next)
+                share = -(-budget // left) if budget > 0 else 0
+                left -= 1
+                if share > 0:
+                    result = spec.source.read(split, position, share)
                     for b in result.batches:
                         chunks.append((split, b))
                         n = num_records(b)
