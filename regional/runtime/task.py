@@ -166,8 +166,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     dead = (
         DeadLetters(work.checkpoint_id, start_positions)
         if pipeline.on_error == "dead-letter"
+        and any(pipeline.vertices[v].dead_letter for v in order)
         else None
     )
+    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
         old = restore[vertex_id]
@@ -194,6 +196,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 left -= 1
                 if share > 0:
                     result = spec.source.read(split, position, share)
+                    for poison in result.poison:  # records the source could not decode
+                        if dead is None:
+                            raise poison.error
+                        dead.add(vertex_id, split, poison.index, poison.record, poison.error)
                     for b in result.batches:
                         chunks.append((split, b))
                         n = num_records(b)
@@ -234,7 +240,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             else:  # a sink, or the dead letters of this chain's operators
                 if spec.dead_letter:
                     assert dead is not None
-                    batches = [dead.batch(spec.inputs)]
+                    batches = [dead.batch((*spec.inputs, *sources))]
                     dead_lettered += batches[0].num_rows
                 else:
                     batches = [
