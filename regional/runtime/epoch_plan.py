@@ -15,9 +15,9 @@ from regional.dataflow.pipeline import Pipeline
 
 __all__ = [
     "discover_splits",
-    "open_split_caps",
     "drained_exchanges",
     "finished_sources",
+    "open_split_caps",
     "plan_works",
     "unit_reads",
 ]
