@@ -12,6 +12,7 @@ from regional.coordinator.messages import UnitWork
 from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.dataflow.exchange import ExchangeReader
 from regional.dataflow.pipeline import Pipeline
+from regional.sources.base import endless_splits
 
 __all__ = [
     "discover_splits",
@@ -76,9 +77,11 @@ def open_split_caps(
     pipeline: Pipeline, enumerators: Mapping[str, SplitEnumerator]
 ) -> dict[str, int]:
     """Per source: how many open splits a subtask may hold. `splits_per_subtask`, except for
-    an unbounded source, whose splits never finish: there a subtask holding its share never
-    frees a slot, so every subtask may hold ceil(known splits / parallelism) and every split
-    discovered is read (8 Kafka partitions on 4 subtasks: 2 each, never 4 left unread).
+    a source whose splits never finish while it runs (`endless_splits`: a Kafka topic's
+    partitions, a log's partitions, an unbounded generator): there a subtask holding its
+    share never frees a slot, so every subtask may hold ceil(known splits / parallelism) and
+    every split discovered is read (8 Kafka partitions on 4 subtasks: 2 each, never 4 left
+    unread). Files of an unbounded file source do finish: they wait for a free slot.
 
     >>> from regional.sources.generator import GeneratorSource
     >>> p = Pipeline("j")
@@ -90,7 +93,7 @@ def open_split_caps(
     per = pipeline.splits_per_subtask
     for vertex_id, enumerator in enumerators.items():
         spec = pipeline.vertices[vertex_id]
-        if spec.source is None or spec.source.bounded:
+        if spec.source is None or not endless_splits(spec.source):
             continue
         caps[vertex_id] = max(per, -(-enumerator.num_known // spec.parallelism))
     return caps

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["Batch", "PoisonRecord", "ReadResult", "Source", "num_records"]
+__all__ = ["Batch", "PoisonRecord", "ReadResult", "Source", "endless_splits", "num_records"]
 
 #: Records read or passed on together: an Arrow record batch, or a list of Python records (a
 #: source that makes Python objects hands them on as they are; the engine converts them to
@@ -62,3 +62,10 @@ class Source(Protocol):
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         """Up to `max_records` records of `split_id` from `position` (called in tasks)."""
         ...
+
+
+def endless_splits(source: object) -> bool:
+    """Whether `source`'s splits never finish while it runs (its optional `endless_splits`
+    attribute, False when absent): then every split it discovers is given a subtask at once,
+    whatever `splits_per_subtask` says (`regional.runtime.epoch_plan.open_split_caps`)."""
+    return bool(getattr(source, "endless_splits", False))

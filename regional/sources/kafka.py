@@ -263,6 +263,11 @@ class KafkaSource:
     def bounded(self) -> bool:
         return self._bounded
 
+    @property
+    def endless_splits(self) -> bool:
+        """Unbounded, a partition never finishes (`regional.sources.base.endless_splits`)."""
+        return not self._bounded
+
     def __repr__(self) -> str:
         what = f"pattern={self.pattern!r}" if self.pattern is not None else f"topics={self.topics}"
         return f"KafkaSource({self.bootstrap!r}, {what})"
