@@ -124,14 +124,26 @@ def test_forced_global_after_the_consecutive_limit(spark, tmp_path):
     assert _rows(table) == _expected()
 
 
-def test_unit_level_limit_forces_the_unit_fresh(spark, tmp_path):
+def test_force_fresh_unit_level_limit_forces_the_unit_fresh(spark, tmp_path):
+    faults = Faults(units={(2, 1): "fail", (3, 1): "fail", (4, 1): "fail"})
+    policy = _policy(timeout="20 s", max_unit_fallbacks=2, on_unit_fallback_limit="force-fresh")
+    _, summary, table = _run(spark, tmp_path, faults, policy=policy)
+    kinds = [c.kind for c in summary.checkpoints[:5]]
+    assert kinds == ["global", "regional", "regional", "aborted", "global"]
+    assert "unit 1 (g1) had to be fresh" in summary.checkpoints[3].message
+    assert _rows(table) == _expected()
+
+
+def test_by_default_a_unit_over_the_limit_is_stuck_and_checkpoints_complete(spark, tmp_path):
     faults = Faults(units={(2, 1): "fail", (3, 1): "fail", (4, 1): "fail"})
     _, summary, table = _run(
         spark, tmp_path, faults, policy=_policy(timeout="20 s", max_unit_fallbacks=2)
     )
     kinds = [c.kind for c in summary.checkpoints[:5]]
-    assert kinds == ["global", "regional", "regional", "aborted", "global"]
-    assert "unit 1 had to be fresh" in summary.checkpoints[3].message
+    assert kinds == ["global", "regional", "regional", "regional", "global"]
+    assert [[s.name for s in c.stuck] for c in summary.checkpoints[:5]] == [
+        [], [], ["unit 1 (g1)"], ["unit 1 (g1)"], []
+    ]  # fmt: skip
     assert _rows(table) == _expected()
 
 
