@@ -257,7 +257,12 @@ def test_worker_crash_loses_only_its_unit_after_the_lost_units_rerun_alone(spark
     _, summary, table = _run(spark, tmp_path, Faults(units={(2, 2): "crash"}))
     second = summary.checkpoints[1]
     assert (second.kind, second.fallback_units) == ("regional", (2,))
-    assert second.causes[2].startswith("declined: spark job failed")
+    # issue 26 defect 4: the lost unit and Spark's reason, not Py4J's "An error occurred
+    # while calling z:...PythonRDD.collectAndServe."
+    assert second.causes[2].startswith("declined: Spark lost the task running unit 2 (task 0 "), (
+        second.causes[2]
+    )
+    assert second.causes[2].endswith("): Python worker exited unexpectedly (crashed)")
     assert _rows(table) == _expected()
 
 
