@@ -218,10 +218,10 @@ class Outcome:
     commits: list[tuple[float, list[str]]]  # (commit time, committed parquet files)
     read_log: str
     restarts: int = 0
-    #: our runtime: checkpoint attempts after which some unit was stuck (`CheckpointEvent.stuck`)
-    stuck: int = 0
     #: Structured Streaming: (start, end) of each micro-batch attempt, seconds since `started`
     attempt_times: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    #: our runtime: checkpoint attempts after which some unit was stuck (`CheckpointEvent.stuck`)
+    stuck: int = 0
 
 
 def schedule(seed: int, p: float, epochs: int, units: int) -> frozenset[tuple[int, int]]:

@@ -39,7 +39,7 @@ def test_a_malformed_json_line_is_a_poison_record_naming_its_line(tmp_path):
     assert [r["n"] for b in second.batches for r in b.to_pylist()] == [3, 5]
     assert second.position == b"6"  # the bad line takes its place: positions stay line numbers
     [poison] = second.poison
-    assert (poison.index, poison.record) == (
+    assert (poison.ordinal, poison.record) == (
         1,
         {"file": "clicks-07.jsonl", "line": 5, "text": "{oops"},
     )
@@ -70,7 +70,7 @@ def test_an_unreadable_parquet_row_group_is_a_poison_record_and_is_skipped_whole
     assert [x["n"] for b in r.batches for x in b.to_pylist()] == [5, 6, 7, 8, 9]
     assert r.position == b"20"  # past the whole bad group, so it is reported once
     [poison] = r.poison
-    assert (poison.index, poison.record) == (
+    assert (poison.ordinal, poison.record) == (
         5,
         {"file": "part-0.parquet", "row_group": 1, "rows": [10, 20]},
     )

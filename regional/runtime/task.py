@@ -199,7 +199,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     for poison in result.poison:  # records the source could not decode
                         if dead is None:
                             raise poison.error
-                        dead.add(vertex_id, split, poison.index, poison.record, poison.error)
+                        dead.add(vertex_id, split, poison.ordinal, poison.record, poison.error)
                     for b in result.batches:
                         chunks.append((split, b))
                         n = num_records(b)

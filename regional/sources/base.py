@@ -26,12 +26,12 @@ def num_records(batch: Batch) -> int:
 
 class PoisonRecord(NamedTuple):
     """A record a source read but cannot decode (a Kafka value that is not JSON, a malformed
-    JSON line, an unreadable Parquet row group). `index`: its index among the records of this
+    JSON line, an unreadable Parquet row group). `ordinal`: its index among the records of this
     read (decoded or not); `record`: what it holds, as a JSON-able value naming where it is
     (e.g. topic, partition, offset and the raw bytes as text); `error`: what to raise when the
     pipeline fails on errors (its message names the split, the position and the fix)."""
 
-    index: int
+    ordinal: int
     record: Any
     error: Exception
 
