@@ -158,9 +158,10 @@ def test_bounded_job_ends_with_a_global_checkpoint(spark, tmp_path):
 
 def test_too_many_aborted_checkpoints_fail_the_job(spark, tmp_path):
     faults = Faults(units={(c, 0): "fail" for c in range(1, 10)})
+    region = {"timeout": 20, "on-unit-fallback-limit": "force-fresh"}  # aborts after 3 fallbacks
     policy = load_policy(
         env={},
-        overrides={"checkpointing": {"tolerable-failed-checkpoints": 1, "region": {"timeout": 20}}},
+        overrides={"checkpointing": {"tolerable-failed-checkpoints": 1, "region": region}},
     ).policy
     with pytest.raises(JobFailedError, match="unit"):
         _run(spark, tmp_path, faults, policy=policy)

@@ -1013,7 +1013,7 @@ class CheckpointCoordinator:
         counted = p.kind is not CheckpointKind.SAVEPOINT and not (
             self.limits.governed_by_stuck_time(failed)
         )
-        failure = self.limits.aborted(failed, tier1=p.tier1, counted=counted)
+        failure = self.limits.aborted(failed, tier1=p.tier1, counted=counted, name=self.unit_name)
         if failure is not None:
             self._failed = failure
             out.append(FailJob(f"job {self._job_id} failed: {failure}", self.limits.at_fault()))

@@ -26,7 +26,7 @@ checkpoint instead (rule 3a aborts that checkpoint if it fails again).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import add
 
@@ -126,9 +126,17 @@ class Limits:
         units = list(failed_units)
         return bool(units) and self.max_stuck_ms is not None and all(u in self.stuck for u in units)
 
-    def aborted(self, failed_units: Iterable[int], *, tier1: bool, counted: bool) -> str | None:
+    def aborted(
+        self,
+        failed_units: Iterable[int],
+        *,
+        tier1: bool,
+        counted: bool,
+        name: Callable[[int], str] = "unit {}".format,
+    ) -> str | None:
         """A checkpoint was aborted. Tier 2: a failed tier-1 checkpoint resets the job-level
-        counter. Returns the job-failure message once the aborts exceed the tolerance."""
+        counter. Returns the job-failure message once the aborts exceed the tolerance (the
+        units that failed most often named by `name`: `unit 3 (events:3)`)."""
         if tier1:
             self.consecutive_regional = 0
         if not counted:
@@ -137,7 +145,7 @@ class Limits:
         self.fault_counts.update(list(failed_units))
         if self.consecutive_aborts <= self.tolerable:
             return None
-        worst = [f"{u} ({n}x)" for u, n in self.fault_counts.most_common(10)]
+        worst = [f"{name(u)} {n}x" for u, n in self.fault_counts.most_common(10)]
         faulty = name_units(self.fault_counts) if self.fault_counts else "none"
         return (
             f"{self.consecutive_aborts} consecutive checkpoints aborted (tolerable-failed-"

@@ -11,7 +11,8 @@ Pure: the text and the units per task come in.
 ...     "collectAndServe.\\n: org.apache.spark.SparkException: Job aborted due to stage failure: "
 ...     "Task 1 in stage 3.0 failed 1 times, most recent failure: Lost task 1.0 in stage 3.0 "
 ...     "(TID 7) (10.0.0.5 executor driver): org.apache.spark.SparkException: Python worker "
-...     "exited unexpectedly (crashed)\\n\\tat org.apache.spark.api.python...")
+...     "exited unexpectedly (crashed). Consider setting 'spark.python.worker.faulthandler."
+...     "enabled' for the better Python traceback.\\n\\tat org.apache.spark.api.python...")
 >>> print(spark_failure(text, [[0, 1], [2, 3]]))  # doctest: +NORMALIZE_WHITESPACE
 Spark lost the task running units 2, 3 (task 1 of the epoch's job, on executor driver):
 Python worker exited unexpectedly (crashed)
@@ -47,7 +48,8 @@ def _reason(text: str) -> str:
     for known in _KNOWN:
         if (at := text.find(known)) >= 0:
             line = text[at:].splitlines()[0]
-            return line[:300].rstrip()
+            end = line.find(". ", len(known))  # Spark's hints follow the reason's sentence
+            return (line if end < 0 else line[:end])[:300].rstrip()
     if (m := _LOST.search(text)) is not None:
         rest = text[m.end() :].splitlines()[0]
         return re.sub(r"^[\w.$]+(?:Exception|Error): ", "", rest)[:300]
