@@ -146,9 +146,10 @@ class CheckpointEvent(
         ]
 
     def stuck_lines(self, now_ms: int | None = None) -> list[str]:
-        """One line per stuck unit: ``stuck: unit 3 (events:3) for 2 min (since checkpoint
-        4; 5 fallbacks in a row): declined: ValueError: boom``; how long is measured to
-        `now_ms` (default: this event's time)."""
+        """One line per stuck unit: ``stuck: unit 3 (events:3) for 2 min (on checkpoint 4's
+        state; 5 fallbacks in a row): declined: ValueError: boom`` (the cause left out when
+        `cause_lines` shows it already); how long is measured to `now_ms` (default: this
+        event's time)."""
         at = self.time_ms if now_ms is None else now_ms
         return [
             f"stuck: {s.name} for {_elapsed(at - s.since_ms)} (on "
@@ -157,7 +158,8 @@ class CheckpointEvent(
                 if s.owner_checkpoint_id
                 else "its initial state"
             )
-            + f"; {s.fallbacks} fallbacks in a row): {(s.cause.splitlines() or [''])[0]}"
+            + f"; {s.fallbacks} fallbacks in a row)"
+            + ("" if s.unit_id in self.causes else f": {(s.cause.splitlines() or [''])[0]}")
             for s in self.stuck
         ]
 

@@ -22,8 +22,7 @@ checkpoint    2  regional  fresh   3  fallback 1           commit lag 0  records
 >>> print(checkpoint_line(event))  # doctest: +NORMALIZE_WHITESPACE
 checkpoint    5  regional  fresh   3  fallback 1           commit lag 0  records       0   0.50 s
     unit 1 (events:1): declined: ValueError: boom
-    stuck: unit 1 (events:1) for 3 min (on its initial state; 3 fallbacks in a row):
-    declined: ValueError: boom
+    stuck: unit 1 (events:1) for 3 min (on its initial state; 3 fallbacks in a row)
 """
 
 from __future__ import annotations
