@@ -208,6 +208,7 @@ def test_a_unit_restored_stuck_is_stuck_from_the_first_trigger_of_the_new_run() 
     again.now = 1_000_000
     again.start()
     assert again.c.stuck_units == {7: 1_001_000}
+    assert again.c.last_cause == {7: CAUSE}  # from the restored checkpoint's unit states
 
 
 # --- through the real driver (simulated dispatcher and clock) ----------------------------------

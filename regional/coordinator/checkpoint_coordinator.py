@@ -724,6 +724,7 @@ class CheckpointCoordinator:
             self._global_until_success = (
                 f"restored savepoint {cid} is user-owned: no unit may fall back to it"
             )
+        self.last_cause = {u.unit_id: u.reason for u in metadata.fallback_units if u.reason}
         m = self._region.max_unit_fallbacks
         self.limits.streak = {
             u: min(m, cid - self._owner[u])
