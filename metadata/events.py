@@ -101,8 +101,8 @@ class CheckpointEvent(
     explanation. `records_dead_lettered` counts the records user functions failed on that went
     to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
-    None when nothing fell back), `unit_lag` (unit -> completed checkpoints its state is
-    behind; units at 0 left out), and counters since the driver started (they restart at 0
+    None when nothing fell back), `unit_lag` (unit -> checkpoint ids its state is behind:
+    since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and counters since the driver started (they restart at 0
     after a restore): completions by kind and aborts by rule.
 
     `stuck` lists the units stuck after this outcome (`StuckUnit`: what each reads, since

@@ -29,7 +29,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     `oldest_ref_checkpoint_id` is the oldest owner the latest completed checkpoint's fallback
     state refers to (None when it is global); `unit_lag` maps each unit whose state is behind
-    the latest completed checkpoint to how many checkpoints behind it is (units at 0 left
+    the latest completed checkpoint to how many checkpoint ids behind it is (the latest
+    completed id minus its owner's, the lag of `regional inspect ROOT lag`; units at 0 left
     out); `commit_lag` counts completed checkpoints whose output is not committed yet;
     `records_dead_lettered` the records user functions failed on that completed checkpoints
     sent to the dead-letter sink (`on_error="dead-letter"`).
