@@ -102,8 +102,9 @@ class CheckpointEvent(
     to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
     None when nothing fell back), `unit_lag` (unit -> checkpoint ids its state is behind:
-    since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and counters since the driver started (they restart at 0
-    after a restore): completions by kind and aborts by rule.
+    since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and
+    counters since the driver started (they restart at 0 after a restore): completions by kind
+    and aborts by rule.
 
     `stuck` lists the units stuck after this outcome (`StuckUnit`: what each reads, since
     when, its cause); `unit_reads` names what each unit in `fallback_units` and `stuck` reads
