@@ -70,6 +70,18 @@ _Seconds = Annotated[
         "or a number of seconds",
     ),
 ]
+_SecondsOrUnlimited = (
+    Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=MAX_DURATION_SECONDS,
+            description='a duration > 0 and at most 365 d ("30 s", "15 min", "1 h") or '
+            '"unlimited"',
+        ),
+    ]
+    | None
+)
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
 _Count = Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")]
 _Retained = Annotated[int, msgspec.Meta(ge=1, description="a whole number >= 1")]
@@ -107,13 +119,26 @@ class _Section(
 
 
 class RegionPolicy(_Section, frozen=True):
-    """`[checkpointing.region]`: regional checkpoints and their staleness limits."""
+    """`[checkpointing.region]`: regional checkpoints and their staleness limits.
+
+    A unit that fell back in `max_unit_fallbacks` checkpoints in a row is *stuck*. With
+    `on_unit_fallback_limit = "isolate"` (the default) checkpoints keep completing regionally
+    with it on its owner's state, and the job fails once it has been stuck longer than
+    `max_stuck_time` (seconds on the driver's clock; None: "unlimited"). With `"force-fresh"`
+    the unit must be fresh in the next checkpoint, which aborts (rule 3a) if it fails again
+    (docs/stuck-units.md). `max_consecutive_regional` defaults to None ("unlimited"): a forced
+    global checkpoint aborts whenever any unit fails, so under frequent partial failures it
+    costs every unit an epoch and bounds nothing the per-unit limits do not (the measurements
+    are in docs/stuck-units.md).
+    """
 
     enabled: bool = True
     max_failure_ratio: _Ratio = 0.3
-    max_consecutive_regional: _Limit = 10
+    max_consecutive_regional: _Limit = None
     max_unit_fallbacks: _Count = 3
     timeout: _Seconds = 120.0
+    on_unit_fallback_limit: Literal["isolate", "force-fresh"] = "isolate"
+    max_stuck_time: _SecondsOrUnlimited = 900.0
 
 
 class CheckpointingPolicy(_Section, frozen=True):
@@ -371,6 +396,8 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
         value = given.raw
         if key.type == _Seconds:
             value = parse_duration(value)
+        elif key.type == _SecondsOrUnlimited:
+            value = None if value == "unlimited" else parse_duration(value)
         elif key.type == _Limit and value == "unlimited":
             value = None
         elif from_text and value == "null":
@@ -439,9 +466,9 @@ class ResolvedPolicy:
 
 def _readable(path: str, value: Any) -> str | None:
     key = _KEYS[path]
-    if key.type == _Seconds:
+    if key.type in (_Seconds, _SecondsOrUnlimited) and value is not None:
         return format_duration(value)
-    if key.type == _Limit and value is None:
+    if key.type in (_Limit, _SecondsOrUnlimited) and value is None:
         return "unlimited"
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -548,15 +575,20 @@ KEY_DOCS: Mapping[str, str] = {
     "checkpointing.region.max-consecutive-regional": (
         'After this many regional checkpoints in a row, the next checkpoint must be global '
         '(tier 1; if it fails, it is aborted and the count starts again). `0` means never '
-        'regional. `"unlimited"` turns the job-level limit off. Flink\'s default is 2, but a '
-        'forced global checkpoint aborts if any region is slow, so a low limit brings back '
-        'the aborts that regional checkpoints remove. `max-unit-fallbacks` already bounds how'
-        ' stale any one unit gets.'
+        'regional; `"unlimited"` (the default) turns the job-level limit off. A forced global'
+        ' checkpoint needs every unit to succeed in one epoch: with 64 regions failing '
+        'independently at p = 0.05 per epoch that happens 3.7 % of the time, so a forced '
+        'global aborts about 96 % of the time and every region redoes the epoch, without '
+        'bounding staleness better. Staleness is bounded per unit instead '
+        "(`max-unit-fallbacks`, `max-stuck-time`). Set a number (Flink's default is 2) when a"
+        ' downstream system needs global checkpoints at a bounded interval.'
     ),
     "checkpointing.region.max-unit-fallbacks": (
-        'A unit that fell back in this many checkpoints in a row must be fresh in the next '
-        "one, while other units may still fall back. This limits how old any one unit's state"
-        ' gets (about 4 intervals). `0` means a failed unit always aborts the checkpoint.'
+        'A unit that fell back in this many checkpoints in a row is *stuck*. What happens '
+        "then is `on-unit-fallback-limit`: by default it stays on its owner's state while "
+        'checkpoints complete around it, shown loudly (event, progress, metric, report, '
+        '`inspect lag`), until `max-stuck-time` fails the job. `0` means a unit is stuck from'
+        ' its first fallback.'
     ),
     "checkpointing.region.timeout": (
         'A region that has not answered by then is declined, so the rest of the checkpoint '
@@ -568,6 +600,22 @@ KEY_DOCS: Mapping[str, str] = {
         'may delete it later, and regional checkpoints go on at once. Use `"no-claim"` for a '
         'savepoint or a checkpoint you must not touch; checkpoints are then global until one '
         "succeeds. Flink's default is NO_CLAIM."
+    ),
+    "checkpointing.region.on-unit-fallback-limit": (
+        '`"isolate"` (the default): a stuck unit never stops the healthy ones; it stays on '
+        "its owner's state, is retried every epoch, and the job fails once it has been stuck "
+        'longer than `max-stuck-time`. `"force-fresh"`: the stuck unit must be fresh in the '
+        'next checkpoint, and if it fails again that checkpoint aborts (rule 3a) and counts '
+        'towards `tolerable-failed-checkpoints` (the behaviour before; an abort does not help'
+        ' the stuck unit, it only makes the healthy units redo their epoch).'
+    ),
+    "checkpointing.region.max-stuck-time": (
+        'How long a unit may stay stuck before the job fails with an error naming the unit, '
+        "what it reads, its last cause and the fix; measured on the driver's clock from the "
+        'checkpoint that made it stuck. 15 minutes rides out a broker restart or a lost '
+        'worker (the unit is retried every epoch and recovers on its own) and still pages '
+        'someone the same quarter hour for a real bug. `"unlimited"`: never fail, only report'
+        ' (alert on `regional_unit_stuck_seconds`).'
     ),
 }
 

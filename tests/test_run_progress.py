@@ -96,6 +96,8 @@ def test_json_lines_are_the_events_and_nothing_else():
         "aborted_by_rule": {},
         "records_dead_lettered": 0,
         "tracebacks": {},
+        "stuck": [],
+        "unit_reads": {},
     }
 
 

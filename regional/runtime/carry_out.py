@@ -42,7 +42,7 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.commit import perform_commit, sink_retention
+from regional.coordinator.commit import CommitCoordinator, perform_commit, sink_retention
 from regional.coordinator.messages import Answer, Decline
 from regional.dataflow.exchange import ExchangeWriter, exchange_path
 from regional.dataflow.pipeline import Pipeline
@@ -101,6 +101,7 @@ class DecisionHandlers:
         storage: JobStorage,
         policy: Policy,
         coordinator: CheckpointCoordinator,
+        committers: dict[str, CommitCoordinator],
         lease: JobLease,
         faults: Faults,
         cleaning: JobCleaning,
@@ -113,6 +114,7 @@ class DecisionHandlers:
         self.job_id = storage.job_id
         self.policy = policy
         self.coordinator = coordinator
+        self.committers = committers
         self.lease = lease
         self.faults = faults
         self.cleaning = cleaning
@@ -291,8 +293,11 @@ class DecisionHandlers:
         self.commit_failures.pop(key, None)
         if isinstance(sink, ExchangeWriter):  # its segments are garbage once all are read
             self.cleaning.segments_published(sink.published_paths(commit.committables))
-        self.faults.crash_point(commit.checkpoint_id, "after-commit")
-        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+        follow = self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+        if not any(commit.checkpoint_id in c.queued for c in self.committers.values()):
+            # every sink has committed the checkpoint: "after-commit" means after all of them
+            self.faults.crash_point(commit.checkpoint_id, "after-commit")
+        return follow
 
     def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
         self.outcomes[d.checkpoint_id] = self._outcome_of(

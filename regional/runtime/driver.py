@@ -40,7 +40,7 @@ from typing import Protocol
 import msgspec
 
 from metadata.errors import StorageError
-from metadata.events import CheckpointEvent, Outcome, write_event
+from metadata.events import CheckpointEvent, Outcome, StuckUnit, write_event
 from metadata.lease import JobLease, LeaseLostError
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -63,7 +63,12 @@ from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
 from regional.runtime.dispatch import TaskDispatcher
-from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
+from regional.runtime.epoch_plan import (
+    drained_exchanges,
+    finished_sources,
+    plan_works,
+    unit_reads,
+)
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.restore import (
@@ -236,6 +241,7 @@ class JobDriver:
             self.policy,
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
+            reads=self.unit_reads,
         )
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
@@ -246,6 +252,7 @@ class JobDriver:
             storage=storage,
             policy=self.policy,
             coordinator=self.coordinator,
+            committers=self.committers,
             lease=self.lease,
             faults=self.faults,
             cleaning=self.cleaning,
@@ -261,6 +268,7 @@ class JobDriver:
         self.restore_notes: tuple[str, ...] = ()
         self.last_event: CheckpointEvent | None = None  # the latest outcome (metrics endpoint)
         self.records_in_total = 0  # records read by acked units since the driver started
+        self._assigned: dict[int, tuple[str, ...]] = {}  # unit -> its latest new splits
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -507,6 +515,10 @@ class JobDriver:
         o = self.decisions.outcomes.pop(cid, None)
         o = o or EpochOutcome(Outcome.ABORTED, message="no decision")
         completed = o.outcome is not Outcome.ABORTED
+        stuck = self.stuck_units()
+        shown = {*o.fallback_units, *o.causes}
+        reads = {u: self.unit_reads(u) for u in sorted(shown)[:100]}
+        reads.update((s.unit_id, s.splits) for s in stuck)
         event = checkpoint_event(
             self.job_id,
             cid,
@@ -522,6 +534,8 @@ class JobDriver:
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
+            stuck=stuck,
+            unit_reads={u: r for u, r in reads.items() if r},
         )
         self.records_in_total += records_in
         self.last_event = event
@@ -535,6 +549,27 @@ class JobDriver:
             self.progress(event)
         return event
 
+    def unit_reads(self, unit_id: int) -> tuple[str, ...]:
+        """The splits `unit_id` reads (its name: `metadata.unit_names.unit_name`)."""
+        return unit_reads(
+            unit_id, self.layout, self.enumerators, self.coordinator, self._assigned
+        )
+
+    def stuck_units(self) -> tuple[StuckUnit, ...]:
+        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why."""
+        c = self.coordinator
+        return tuple(
+            StuckUnit(
+                unit_id=u,
+                splits=self.unit_reads(u),
+                since_ms=since,
+                owner_checkpoint_id=c.unit_owner(u),
+                fallbacks=c.limits.streak.get(u, 0),
+                cause=(c.last_cause.get(u, "").splitlines() or [""])[0],
+            )
+            for u, since in sorted(c.stuck_units.items())
+        )
+
     def _now(self) -> int:
         return self.clock.now_ms()
 
@@ -545,7 +580,11 @@ class JobDriver:
     # --- planning and dispatching -----------------------------------------------------------
 
     def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
-        return plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
+        works = plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
+        for w in works:
+            if w.new_splits:  # what a unit that never checkpointed reads: its name
+                self._assigned[w.unit_id] = tuple(split for _, _, split in w.new_splits)
+        return works
 
     def _feed(
         self, answers: Sequence[Answer], arrived: Sequence[Answer | AckBatch] | None = None

@@ -29,7 +29,7 @@ import msgspec
 
 from cleaner.model import RestoreBase
 from metadata.exchange import Cursor, reader_view, split_id
-from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
+from metadata.layout import METADATA_NAME, checkpoint_id_of, event_checkpoint_id, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
@@ -182,10 +182,19 @@ def _restore_given(
 
 
 def first_free_checkpoint_id(storage: JobStorage) -> int:
-    """The first checkpoint id no file under the job root uses (ids of checkpoints in flight
-    at a crash are never reused)."""
-    used = [c for f in storage.list_files() if (c := checkpoint_id_of(f.path)) is not None]
-    return max(used, default=0) + 1
+    """The first checkpoint id after every id the job root has seen: completed checkpoints,
+    attempts that left files (in flight at a crash) and the event log, which is the only
+    trace of an aborted attempt (its files are discarded). So ids only grow within a root
+    (DESIGN §5): a run after a failed one never writes a second event or a second checkpoint
+    under an id the first one used."""
+    used = 0
+    for f in storage.list_files():
+        c = checkpoint_id_of(f.path)
+        if c is None:
+            c = event_checkpoint_id(f.path)
+        if c is not None and c > used:
+            used = c
+    return used + 1
 
 
 def open_restore_source(target: JobStorage, path: str) -> CheckpointSource:
