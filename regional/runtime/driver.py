@@ -388,6 +388,7 @@ class JobDriver(DecisionHandlers):
             next_checkpoint_id=point.next_checkpoint_id,
             global_until_success=point.global_until_success,
         )
+        self.lease.check()  # the rollback below writes to the sinks: fenced like any write
         self._restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
@@ -521,7 +522,10 @@ class JobDriver(DecisionHandlers):
         self.last_event = event
         try:
             with self._stopwatch.part("event"):
+                self.lease.check()  # fenced: a driver that lost the lease writes no event
                 self.cleaning.event_written(write_event(self.storage, event))
+        except LeaseLostError:
+            raise
         except (RegionalError, OSError) as exc:
             log.warning("event of checkpoint %d not written: %s", cid, exc)
         self.last_timing = self._stopwatch.timing(cid)
