@@ -333,9 +333,7 @@ class JobLease:
                 return
             with contextlib.suppress(StorageError):
                 if self._newer_holder() is None:
-                    done = msgspec.structs.replace(
-                        record, expires_ms=self._clock(), released=True
-                    )
+                    done = msgspec.structs.replace(record, expires_ms=self._clock(), released=True)
                     self._put_renewal(done)
             self._record = None
 

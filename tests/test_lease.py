@@ -3,7 +3,6 @@ the holder's lease expired, and makes a driver that lost it stop before it write
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
