@@ -90,7 +90,10 @@ _ATTEMPTS = 10
 
 
 class LeaseHeldError(StorageError):
-    """Another driver holds the job root's lease."""
+    """Another driver holds the job root's lease: this one does not start (exit code 2, as for
+    bad usage: the job root given is in use)."""
+
+    exit_code = 2
 
 
 class LeaseLostError(StorageError):
