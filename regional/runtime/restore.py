@@ -421,8 +421,11 @@ def roll_back_sinks(
     """Sinks holding commits newer than the restored checkpoint (its newer checkpoints were
     damaged) would get that output twice. Resuming in the job's `own_root`, such a sink is
     rolled back when it can (`TableRollback`); otherwise the restore is refused
-    (`RestoreError`). Returns what was rolled back, for the user."""
-    notes = []
+    (`RestoreError`). Every sink's (and exchange's) case is decided before any is rolled back,
+    so a refused restore leaves every table as it was. Returns what was rolled back, for the
+    user."""
+    rollbacks: list[tuple[str, str, TableRollback, str]] = []
+    refusals: list[str] = []
     for vertex_id, committer in committers.items():
         sink = pipeline.vertices[vertex_id].sink
         user = committer.commit_user
@@ -433,17 +436,29 @@ def roll_back_sinks(
             f"sink {vertex_id!r} holds commits of commit user {user!r} up to {latest}, "
             f"newer than the restored checkpoint {restored_id}"
         )
-        if not own_root or not isinstance(sink, TableRollback):
-            how = (
-                "they may belong to another run of the job"
-                if not own_root
-                else "the sink cannot roll back"
-            )
-            raise RestoreError(
-                f"{what}; restoring would write their output again and {how}. Restore a "
-                f"checkpoint at or after {latest}, or remove those commits from the table "
-                "by hand and start again"
-            )
+        if own_root and isinstance(sink, TableRollback):
+            rollbacks.append((vertex_id, user, sink, what))
+            continue
+        how = (
+            "they may belong to another run of the job"
+            if not own_root
+            else "the sink cannot roll back"
+        )
+        refusals.append(
+            f"{what}; restoring would write their output again and {how}. Restore a "
+            f"checkpoint at or after {latest}, or remove those commits from the table by hand "
+            "and start again"
+        )
+    if refusals:
+        untouched = (
+            f" (nothing was rolled back: {', '.join(repr(v) for v, *_ in rollbacks)} left as "
+            "they were)"
+            if rollbacks
+            else ""
+        )
+        raise RestoreError("; ".join(refusals) + untouched)
+    notes = []
+    for _vertex_id, user, sink, what in rollbacks:
         undone = sink.rollback(user, restored_id)
         done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
         log.warning("%s: %s (their output is written again)", what, done)
