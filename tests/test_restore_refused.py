@@ -15,6 +15,7 @@ import pytest
 from regional.coordinator.commit import CommitCoordinator
 from regional.errors import RestoreError
 from regional.runtime.restore import roll_back_sinks
+from regional.sinks.base import WriteContext
 from regional.sinks.delta import DeltaSink
 from regional.sinks.iceberg import IcebergSink
 from regional.sinks.parquet import ParquetSink, read_table
@@ -26,13 +27,15 @@ def _stage(sink: object, cid: int) -> tuple[bytes, ...]:
     writer = pickle.loads(pickle.dumps(sink))  # as a Spark task gets it
     return writer.write(  # type: ignore[no-any-return]
         [pa.RecordBatch.from_pylist([{"user": "a", "n": cid}], schema=SCHEMA)],
-        checkpoint_id=cid,
-        vertex_id="out",
-        index=0,
-        attempt=0,
-        job_id="job",
-        unit_id=0,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=cid,
+            attempt=0,
+            unit_id=0,
+            vertex_id="out",
+            index=0,
+        ),
     )
 
 
@@ -55,7 +58,7 @@ def test_a_restore_refused_by_one_sink_leaves_every_table_byte_identical(tmp_pat
     for sink in sinks.values():
         for cid in (1, 3, 5):
             sink.commit("job", cid, _stage(sink, cid))
-    pipeline = SimpleNamespace(vertices={v: SimpleNamespace(sink=s) for v, s in sinks.items()})
+    pipeline = SimpleNamespace(sink_of=sinks.__getitem__)
     committers = {v: CommitCoordinator(v, commit_user="job") for v in sinks}
     before = _hashes(tmp_path)
     with pytest.raises(RestoreError) as refused:

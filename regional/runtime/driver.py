@@ -39,7 +39,6 @@ from typing import Protocol
 
 import msgspec
 
-from cleaner.model import RestoreBase
 from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
 from metadata.lease import JobLease, LeaseLostError
@@ -147,7 +146,7 @@ def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> lis
     )
 
 
-class JobDriver(DecisionHandlers):
+class JobDriver:
     """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
 
     `progress` is called with every checkpoint outcome, `watch` sees the running epoch.
@@ -238,19 +237,25 @@ class JobDriver(DecisionHandlers):
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
         )
-        self._commit_failures: dict[tuple[str, int], int] = {}
-        self._deferred: list[Decision] = []  # commits to retry at the next epoch
-        self._outcomes: dict[int, EpochOutcome] = {}
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
         )
         self._stopwatch = EpochStopwatch()
+        self.decisions = DecisionHandlers(
+            pipeline=pipeline,
+            storage=storage,
+            policy=self.policy,
+            coordinator=self.coordinator,
+            lease=self.lease,
+            faults=self.faults,
+            cleaning=self.cleaning,
+            stopwatch=self._stopwatch,
+            now=self._now,
+            seen=self._seen,
+        )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
-        self._finished = False
         self._started = False
         self._stop_requested = False
-        self._savepoints: dict[int, str] = {}
-        self._restore_base: RestoreBase | None = None
         self.restored_from: int | None = None
         self.restored_location: str | None = None
         self.restore_notes: tuple[str, ...] = ()
@@ -262,7 +267,7 @@ class JobDriver(DecisionHandlers):
     @property
     def finished(self) -> bool:
         """True once the job ended: every bounded source read and its output committed."""
-        return self._finished
+        return self.decisions.finished
 
     def run(
         self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
@@ -283,7 +288,7 @@ class JobDriver(DecisionHandlers):
                 summary.restore_notes = self.restore_notes
             epochs = 0
             while (
-                not self._finished
+                not self.decisions.finished
                 and not self._stop_requested
                 and (max_checkpoints is None or epochs < max_checkpoints)
             ):
@@ -293,20 +298,20 @@ class JobDriver(DecisionHandlers):
                 if event.records_in == 0 and (max_checkpoints is None or epochs < max_checkpoints):
                     self._idle_until(event.trigger_time_ms + round(self.interval * 1000))
             self._stop_requested = False  # a later run() runs again
-            if stop_with_savepoint and not self._finished:
+            if stop_with_savepoint and not self.decisions.finished:
                 summary.savepoint = self._take_savepoint(summary)
             self.cleaning.drain()
         finally:
             self.cleaning.close()
             self.lease.release()
-        summary.finished = self._finished
+        summary.finished = self.decisions.finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
 
     def _idle_until(self, next_trigger_ms: int) -> None:
         """Wait for the next trigger after an epoch that read nothing (unless the job finished
         or a stop was requested meanwhile: a stop ends the wait within `IDLE_SLICE_S`)."""
-        while not self._finished and not self._stop_requested:
+        while not self.decisions.finished and not self._stop_requested:
             left = (next_trigger_ms - self.clock.now_ms()) / 1000
             if left <= 0:
                 return
@@ -336,7 +341,7 @@ class JobDriver(DecisionHandlers):
         event = self.epoch(savepoint=True)
         if summary is not None:
             summary.checkpoints.append(event)
-        location = self._savepoints.get(event.checkpoint_id)
+        location = self.decisions.savepoints.get(event.checkpoint_id)
         if event.kind != Outcome.SAVEPOINT or location is None:
             raise CheckpointAbortedError(
                 f"savepoint {event.checkpoint_id} of job {self.job_id} failed: "
@@ -389,7 +394,7 @@ class JobDriver(DecisionHandlers):
             global_until_success=point.global_until_success,
         )
         self.lease.check()  # the rollback below writes to the sinks: fenced like any write
-        self._restore_base = point.restore_base
+        self.decisions.restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
         self.restore_notes = point.notes + roll_back_sinks(
@@ -401,7 +406,7 @@ class JobDriver(DecisionHandlers):
         self.restore_notes += clean_staged_sinks(
             self.pipeline, self.committers, self.job_id, point.metadata
         )
-        self._carry_out(decisions)
+        self.decisions.carry_out(decisions)
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
@@ -443,7 +448,7 @@ class JobDriver(DecisionHandlers):
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
         self.faults.crash_point(cid, "after-acks")
         try:
-            self._carry_out(self._deferred + decisions)
+            self.decisions.carry_out(self.decisions.deferred + decisions)
         except JobFailedError as failed:  # the job's last event says why it failed
             self._record(cid, records_in, trigger_ms, str(failed))
             raise
@@ -475,7 +480,7 @@ class JobDriver(DecisionHandlers):
 
     def handle_answer(self, answer: Answer) -> None:
         """Feed one (possibly late) unit answer to the coordinator and carry out the result."""
-        self._carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
+        self.decisions.carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
 
     # --- reporting --------------------------------------------------------------------------
 
@@ -487,7 +492,7 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
-            records_dead_lettered=self._records_dead_lettered,
+            records_dead_lettered=self.decisions.records_dead_lettered,
         )
 
     @property
@@ -500,7 +505,8 @@ class JobDriver(DecisionHandlers):
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
-        o = self._outcomes.pop(cid, None) or EpochOutcome(Outcome.ABORTED, message="no decision")
+        o = self.decisions.outcomes.pop(cid, None)
+        o = o or EpochOutcome(Outcome.ABORTED, message="no decision")
         completed = o.outcome is not Outcome.ABORTED
         event = checkpoint_event(
             self.job_id,
@@ -551,7 +557,7 @@ class JobDriver(DecisionHandlers):
         """Hand a dispatch's answers to the coordinator as one batch (`on_answers`): `arrived`
         as the dispatcher returned them (`Dispatch.arrived`, default `answers`), `answers` the
         same with every `AckBatch` replaced by its acks."""
-        self._note_answers(answers)
+        self.decisions.note_answers(answers)
         if self.watch is not None:
             for a in answers:
                 self.watch.unit_answered(a)
