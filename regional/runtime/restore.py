@@ -459,8 +459,8 @@ def roll_back_sinks(
         )
         raise RestoreError("; ".join(refusals) + untouched)
     notes = []
-    for _vertex_id, user, sink, what in rollbacks:
-        undone = sink.rollback(user, restored_id)
+    for _vertex_id, user, table, what in rollbacks:
+        undone = table.rollback(user, restored_id)
         done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
         log.warning("%s: %s (their output is written again)", what, done)
         notes.append(f"{what}: {done}, their output is written again")
