@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 from pyarrow import fs as pafs
 
+from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError, StorageError
 from metadata.exclusive import create_exclusive
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
@@ -261,33 +262,13 @@ class JobStorage:
         return full if self._local else f"{self.filesystem.type_name}://{full.lstrip('/')}"
 
     def _full(self, relpath: str) -> str:
-        """The full path of `relpath`; on a local disk, refused if it leads out of the root."""
+        """The full path of `relpath`; on a local disk, refused if it leads out of the root
+        (`metadata.confine.check_confined`, the rule tables and exchanges use too)."""
         rel = check_relative(relpath)
         full = f"{self.job_path}/{rel}"
         if self._local:
-            real, root = os.path.realpath(full), os.path.realpath(self.job_path)
-            if real != root and not real.startswith(root + os.sep):
-                raise self._outside(rel, root)
+            check_confined(self.job_path, rel, describe=self.describe)
         return full
-
-    def _outside(self, rel: str, real_root: str) -> OutsideRootError:
-        """The error for `rel`, naming the link on its way out of the root and its target."""
-        parts = rel.split("/")
-        for i in range(1, len(parts) + 1):
-            link = "/".join(parts[:i])
-            full = f"{self.job_path}/{link}"
-            if os.path.islink(full):
-                target = os.path.realpath(full)
-                if target != real_root and not target.startswith(real_root + os.sep):
-                    break
-        else:  # the job root itself moved: name it
-            link, target = "", os.path.realpath(self.job_path)
-        under = "" if link == rel else f" is under {link}, which"
-        return OutsideRootError(
-            f"{self.describe(rel)}{under} is a symbolic link to {target}, outside the job root "
-            f"{real_root}; regional never reads, writes or deletes through a link out of the "
-            "job root: remove the link"
-        )
 
     # -- jobs and listings -------------------------------------------------------------------
 

@@ -51,6 +51,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.confine import check_confined
+from metadata.errors import OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
     Cursor,
@@ -96,6 +98,24 @@ class _Unread(NamedTuple):
     published: str
 
 
+def _job_root(base: str) -> tuple[str, str]:
+    """The directory an exchange at `base` (`<job root>/exchange/<reader>`) is confined to."""
+    return posixpath.dirname(posixpath.dirname(base)), "job root"
+
+
+def _check_inside(fs: pafs.FileSystem, base: str, full: str, reader: str) -> str:
+    """`full`, unless on a local disk it leads out of the exchange's job root through a
+    symbolic link (`metadata.confine`): then `CommitError` naming the link."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        root, what = _job_root(base)
+        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
+        try:
+            check_confined(root, rel, what=what, describe=lambda _: f"exchange {reader!r}: {full}")
+        except OutsideRootError as exc:
+            raise CommitError(str(exc)) from None
+    return full
+
+
 class _Bound:
     """The exchange directory, set by the driver (`bind`) before any task runs."""
 
@@ -118,11 +138,13 @@ class _Bound:
     def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
         """The published segments of one partition, in cursor order."""
         fs, base = self._fs()
-        selector = pafs.FileSelector(f"{base}/n{layout}/p{partition}", allow_not_found=True)
+        directory = _check_inside(fs, base, f"{base}/n{layout}/p{partition}", self.reader)
+        selector = pafs.FileSelector(directory, allow_not_found=True)
         out = []
         for info in fs.get_file_info(selector):
             segment = segment_name(_name(info))
             if segment is not None and info.type == pafs.FileType.File:
+                _check_inside(fs, base, info.path, self.reader)  # a segment linked out
                 out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
 
@@ -226,6 +248,7 @@ class ExchangeWriter(_Bound):
             publish_threads=1,
             make_dirs=True,
             noun="exchange",
+            confine_to=_job_root,
         )
 
     def bind(self, path: str, filesystem: pafs.FileSystem | None) -> None:
@@ -328,7 +351,7 @@ class ExchangeWriter(_Bound):
                     segment = segment_name(_name(info))
                     if segment is not None and segment.checkpoint_id > identifier:
                         with contextlib.suppress(FileNotFoundError):
-                            fs.delete_file(info.path)
+                            fs.delete_file(self.area.inside(fs, info.path))
         return undone
 
     def _children(self, directory: str, prefix: str) -> list[str]:
@@ -346,9 +369,9 @@ class ExchangeWriter(_Bound):
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
                 gone += len(self.area.listing(f"{base}/{layout}/{partition}"))
-            fs.delete_dir(f"{base}/{layout}")
+            fs.delete_dir(self.area.inside(fs, f"{base}/{layout}"))
         with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(f"{base}/_commits")
+            fs.delete_dir(self.area.inside(fs, f"{base}/_commits"))
         self.area.forget()
         return gone
 
@@ -392,9 +415,12 @@ class ExchangeWriter(_Bound):
                     out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
         for item in self.area.files(staged):
             published = self._published(item.file)
-            if fs.get_file_info(f"{base}/{published}").type != pafs.FileType.File:
+            if fs.get_file_info(self.area.inside(fs, f"{base}/{published}")).type != (
+                pafs.FileType.File
+            ):
                 segment = SegmentName(*self._order(item.file))  # else listed above
-                out.append(_Unread(segment, 0, f"{base}/{item.file}", published))
+                path = self.area.inside(fs, f"{base}/{item.file}")
+                out.append(_Unread(segment, 0, path, published))
         return sorted(out, key=lambda u: (u.segment, u.path))
 
     def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:

@@ -503,6 +503,8 @@ def clean_staged_sinks(
             ]
         try:
             deleted = sink.clean_staged(job_id, keep)
+        except CommitError:  # a link out of the table (or bad names): refuse to start
+            raise
         except Exception as exc:  # storage trouble: the next start tries again
             log.warning("sink %r: staged files of lost attempts left: %s", vertex_id, exc)
             continue

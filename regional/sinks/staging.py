@@ -42,6 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.confine import check_confined
+from metadata.errors import OutsideRootError
 from metadata.format import DECODE_FAILURES
 from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
@@ -127,6 +129,7 @@ class StagingArea:
         publish_threads: int = 8,
         make_dirs: bool = False,
         noun: str = "table",
+        confine_to: Callable[[str], tuple[str, str]] | None = None,
     ) -> None:
         self.describe = describe
         self.noun = noun
@@ -135,6 +138,7 @@ class StagingArea:
         self.order = order
         self.publish_threads = publish_threads
         self.make_dirs = make_dirs
+        self.confine_to = confine_to
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
         self._staged = StagedFiles()  # local staged files not durable yet (`sync`)
 
@@ -143,6 +147,22 @@ class StagingArea:
         """An area at a local path or URI whose files are published into the directory itself
         as ``<stem>.parquet`` (the Parquet sink's layout)."""
         return cls(describe, lambda: open_location(path), published=published_in_directory)
+
+    def inside(self, fs: pafs.FileSystem, full: str) -> str:
+        """`full` (a path under the directory), refused (`CommitError` naming the link) when on
+        a local disk it resolves outside the directory through a symbolic link: the one
+        confinement rule of job roots (`metadata.confine`). `confine_to(base)` widens the
+        directory (the exchange: its job root) and names it."""
+        if not isinstance(fs, pafs.LocalFileSystem):
+            return full
+        base = self.location()[1]
+        root, what = self.confine_to(base) if self.confine_to else (base, self.noun)
+        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
+        try:
+            check_confined(root, rel, what=what, describe=lambda _: f"{self.describe}: {full}")
+        except OutsideRootError as exc:
+            raise CommitError(str(exc)) from None
+        return full
 
     def forget(self) -> None:
         """Drop what is kept in memory (the directory moved: `ExchangeWriter.bind`)."""
@@ -160,6 +180,7 @@ class StagingArea:
         name = f"{STAGING}/{job_id}/{stem}{STAGED}"
         fs, base = self.location()
         staging = f"{base}/{STAGING}/{job_id}"
+        self.inside(fs, f"{base}/{name}")
         fs.create_dir(staging, recursive=True)
         local = isinstance(fs, pafs.LocalFileSystem)
         if local:  # durable before it is acknowledged: `sync`, before the task answers
@@ -185,7 +206,7 @@ class StagingArea:
                 continue
             if item.file.startswith(f"{STAGING}/"):  # never a published file
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(f"{base}/{item.file}")
+                    fs.delete_file(self.inside(fs, f"{base}/{item.file}"))
 
     # --- committer side (on the driver) -----------------------------------------------------
 
@@ -232,10 +253,14 @@ class StagingArea:
         fs, base = self.location()
         if not items:
             return []
-        infos = fs.get_file_info([f"{base}/{i.file}" for i in items])
+        infos = fs.get_file_info([self.inside(fs, f"{base}/{i.file}") for i in items])
         staged = [i.type == pafs.FileType.File for i in infos]
         gone = [i.file for i, here in zip(items, staged, strict=True) if not here]
-        infos = fs.get_file_info([f"{base}/{self.published(f)}" for f in gone]) if gone else []
+        infos = (
+            fs.get_file_info([self.inside(fs, f"{base}/{self.published(f)}") for f in gone])
+            if gone
+            else []
+        )
         published = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
         return [(here, i.file in published) for i, here in zip(items, staged, strict=True)]
 
@@ -277,7 +302,7 @@ class StagingArea:
         local = isinstance(fs, pafs.LocalFileSystem)
         targets = [self.published(i.file) for i in items]
         moves = [
-            (f"{base}/{item.file}", f"{base}/{target}")
+            (self.inside(fs, f"{base}/{item.file}"), self.inside(fs, f"{base}/{target}"))
             for item, target, (staged, _) in zip(items, targets, where, strict=True)
             if staged and item.file != target  # else published already
         ]
@@ -294,7 +319,7 @@ class StagingArea:
         record = CommitRecord(
             commit_user, identifier, targets, sum(i.rows for i in items), dict(fallback or {})
         )
-        final = self._record_path(base, commit_user, identifier)
+        final = self.inside(fs, self._record_path(base, commit_user, identifier))
         fs.create_dir(posixpath.dirname(final), recursive=True)
         data = msgspec.json.encode(record)
         if local:
@@ -340,6 +365,7 @@ class StagingArea:
     def listing(self, directory: str) -> list[pafs.FileInfo]:
         """The entries of `directory` (a full path; none when it does not exist)."""
         fs, _ = self.location()
+        self.inside(fs, directory)
         selector = pafs.FileSelector(directory, recursive=False, allow_not_found=True)
         return fs.get_file_info(selector)
 
@@ -381,7 +407,7 @@ class StagingArea:
             name = f"{STAGING}/{job_id}/{file_name(info)}"
             if info.type == pafs.FileType.File and name not in kept:
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(info.path)
+                    fs.delete_file(self.inside(fs, info.path))
                 deleted.append(name)
         return sorted(deleted)
 
@@ -406,7 +432,7 @@ class StagingArea:
                         records[int(n[:-5])] = i.path
         undone = sorted(i for i in records if i > identifier)
         for i in reversed(undone):
-            with fs.open_input_stream(records[i]) as f:
+            with fs.open_input_stream(self.inside(fs, records[i])) as f:
                 data = f.read()
             try:
                 record = msgspec.json.decode(data, type=CommitRecord)
@@ -419,9 +445,9 @@ class StagingArea:
             for file in record.files:
                 self.check_committed(file, f"commit record {records[i]}")
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(f"{base}/{file}")
+                    fs.delete_file(self.inside(fs, f"{base}/{file}"))
             with contextlib.suppress(FileNotFoundError):
-                fs.delete_file(records[i])
+                fs.delete_file(self.inside(fs, records[i]))
         self._latest.pop(commit_user, None)
         return undone
 
@@ -442,7 +468,7 @@ class StagingArea:
         """Every commit record, by commit user and identifier. A file named like one that
         does not decode as one is a `CommitError` naming it; other files are ignored."""
         fs, base = self.location()
-        root = f"{base}/{COMMITS}"
+        root = self.inside(fs, f"{base}/{COMMITS}")
         selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
         out = []
         for info in fs.get_file_info(selector):
@@ -453,7 +479,7 @@ class StagingArea:
                 len(relative) == 2 or (len(relative) == 3 and GROUP_NAME.fullmatch(relative[1]))
             ):
                 continue
-            with fs.open_input_stream(info.path) as f:
+            with fs.open_input_stream(self.inside(fs, info.path)) as f:
                 data = f.read()
             try:
                 record = msgspec.json.decode(data, type=CommitRecord)
