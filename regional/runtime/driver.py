@@ -72,6 +72,7 @@ from regional.runtime.restore import (
     first_free_checkpoint_id,
     reset_exchanges,
     roll_back_sinks,
+    verify_exchanges,
 )
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
@@ -407,6 +408,7 @@ class JobDriver:
             self.pipeline, self.committers, self.job_id, point.metadata
         )
         self.decisions.carry_out(decisions)
+        verify_exchanges(self.pipeline, point.metadata)
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:

@@ -36,7 +36,7 @@ from metadata.storage import JobStorage
 from regional.coordinator.commit import CommitCoordinator
 from regional.coordinator.layout import JobLayout
 from regional.coordinator.split_enumerator import SplitEnumerator
-from regional.dataflow.exchange import ExchangeWriter, exchange_path, repartition
+from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path, repartition
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import CommitError, RestoreError
@@ -61,6 +61,7 @@ __all__ = [
     "reset_exchanges",
     "rewrite_for_pipeline",
     "roll_back_sinks",
+    "verify_exchanges",
     "vertex_shapes",
 ]
 
@@ -465,6 +466,26 @@ def roll_back_sinks(
         log.warning("%s: %s (their output is written again)", what, done)
         notes.append(f"{what}: {done}, their output is written again")
     return tuple(notes)
+
+
+def verify_exchanges(pipeline: Pipeline, restored: CheckpointMetadata) -> None:
+    """Before the first epoch of a resumed job: every keyed exchange's committed segments
+    after the restored readers' cursors exist with their recorded sizes
+    (`ExchangeReader.committed`); `RestoreError` naming the first that does not (a deleted or
+    truncated segment would otherwise be data lost or a reader that never gets past it)."""
+    for reader_id, (_, reader_spec) in pipeline.exchanges.items():
+        reader = reader_spec.source
+        assert isinstance(reader, ExchangeReader)
+        view = reader_view(restored, reader_id)
+        if view.layout != reader.partitions:
+            continue  # repartitioned by this restore: its records were just written
+        for partition in range(reader.partitions):
+            try:
+                reader.committed(view.layout, partition, view.cursors.get(partition, Cursor()))
+            except CommitError as exc:
+                raise RestoreError(
+                    f"cannot resume from checkpoint {restored.checkpoint_id}: {exc}"
+                ) from None
 
 
 def reset_exchanges(pipeline: Pipeline) -> tuple[str, ...]:

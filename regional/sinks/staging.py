@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,9 +41,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.commit_log import COMMIT_GROUP, COMMITS, GROUP_NAME, RECORD_NAME, CommitRecord
 from metadata.confine import check_confined
 from metadata.errors import OutsideRootError
-from metadata.format import DECODE_FAILURES
+from metadata.format import DECODE_FAILURES, segment_checksum
 from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
 from regional.sinks.durability import StagedFiles, fsync_path
@@ -63,31 +63,19 @@ __all__ = [
 ]
 
 STAGING = "_staging"
-COMMITS = "_commits"
 STAGED = ".staged"
-#: Commit records per group directory of `_commits/<user>/`.
-COMMIT_GROUP = 1000
 _LEGACY_DATA = "data"  # tables written before staging: committed files stayed in data/
-#: The name of a commit record (and of a group directory): an identifier, zero-padded.
-RECORD_NAME = re.compile(r"\d{20}\.json")
-GROUP_NAME = re.compile(r"\d{20}")
 
 
 class StagedFile(msgspec.Struct, frozen=True, array_like=True):
-    """A committable: the staged `file` (relative to the area's directory) and its rows."""
+    """A committable: the staged `file` (relative to the area's directory), its rows, and (since
+    the exchange's segments are verified) its size and checksum (hex; -1 and "" in committables
+    of older versions)."""
 
     file: str
     rows: int
-
-
-class CommitRecord(msgspec.Struct, frozen=True):
-    """One commit: the files it published (relative to the directory) and their rows."""
-
-    commit_user: str
-    identifier: int
-    files: list[str]
-    rows: int
-    fallback: dict[int, int] = {}  # unit -> owner checkpoint, for units that fell back
+    size: int = -1
+    checksum: str = ""
 
 
 #: The local file system (stateless: one for every directory; a writer opens it once per file).
@@ -185,10 +173,15 @@ class StagingArea:
         local = isinstance(fs, pafs.LocalFileSystem)
         if local:  # durable before it is acknowledged: `sync`, before the task answers
             self._staged.directory(staging)
-        pq.write_table(table, f"{base}/{name}", filesystem=fs)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue()
+        with fs.open_output_stream(f"{base}/{name}") as out:
+            out.write(data)
         if local:
             self._staged.file(f"{base}/{name}")
-        return msgspec.msgpack.encode(StagedFile(name, table.num_rows))
+        checksum = segment_checksum(data).hex()
+        return msgspec.msgpack.encode(StagedFile(name, table.num_rows, data.size, checksum))
 
     def sync(self) -> None:
         """Make the files staged here, and their directories' entries, durable
@@ -316,13 +309,27 @@ class StagingArea:
         if local and items:
             for directory in sorted({posixpath.dirname(t) for t in targets}):
                 fsync_path(f"{base}/{directory}".rstrip("/"))
+        known = all(i.size >= 0 and i.checksum for i in items)
         record = CommitRecord(
-            commit_user, identifier, targets, sum(i.rows for i in items), dict(fallback or {})
+            commit_user,
+            identifier,
+            targets,
+            sum(i.rows for i in items),
+            dict(fallback or {}),
+            sizes=[i.size for i in items] if known else [],
+            checksums=[i.checksum for i in items] if known else [],
         )
-        final = self.inside(fs, self._record_path(base, commit_user, identifier))
+        self.write_record(record)
+        self._latest[commit_user] = identifier
+
+    def write_record(self, record: CommitRecord) -> None:
+        """Write `record` as its commit user's record of its identifier, atomically (replacing
+        one there: a retried restore writes the same record)."""
+        fs, base = self.location()
+        final = self.inside(fs, self._record_path(base, record.commit_user, record.identifier))
         fs.create_dir(posixpath.dirname(final), recursive=True)
         data = msgspec.json.encode(record)
-        if local:
+        if isinstance(fs, pafs.LocalFileSystem):
             tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             with fs.open_output_stream(tmp) as out:
                 out.write(data)
@@ -332,7 +339,6 @@ class StagingArea:
         else:
             with fs.open_output_stream(final) as out:  # one PUT on object stores
                 out.write(data)
-        self._latest[commit_user] = identifier
 
     def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
         if self.make_dirs:
