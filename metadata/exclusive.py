@@ -148,6 +148,11 @@ def s3_put_if_absent(filesystem: pafs.FileSystem, full: str, data: bytes) -> boo
     bucket, _, key = full.lstrip("/").partition("/")
     from botocore.exceptions import ClientError
 
+    if endpoint not in _CONDITIONAL:  # learn once, on a probe object next to the name
+        _CONDITIONAL[endpoint] = _honours_if_none_match(client, bucket, key)
+        if not _CONDITIONAL[endpoint]:
+            return None
+
     try:
         client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
     except ClientError as exc:
@@ -162,21 +167,29 @@ def s3_put_if_absent(filesystem: pafs.FileSystem, full: str, data: bytes) -> boo
         raise OSError(f"PutObject s3://{bucket}/{key} failed: {code or status}") from None
     except Exception as exc:  # botocore's connection errors are not OSErrors
         raise OSError(f"PutObject s3://{bucket}/{key} failed: {exc}") from None
-    if endpoint not in _CONDITIONAL:
-        # a store that ignores the header accepts every put: learn it once, with a probe
-        _CONDITIONAL[endpoint] = _honours_if_none_match(client, bucket, key, data)
     return True
 
 
-def _honours_if_none_match(client: Any, bucket: str, key: str, data: bytes) -> bool:
-    """Whether a second conditional put of an existing key is refused (it must be)."""
+def _honours_if_none_match(client: Any, bucket: str, key: str) -> bool:
+    """Whether the store refuses a second conditional put of a key (a store that ignores the
+    header accepts it): tried on a probe object `<key>.probe-<token>`, deleted after."""
     from botocore.exceptions import ClientError
 
+    probe = f"{key}.probe-{uuid.uuid4().hex}"
     try:
-        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        client.put_object(Bucket=bucket, Key=probe, Body=b"", IfNoneMatch="*")
+        try:
+            client.put_object(Bucket=bucket, Key=probe, Body=b"", IfNoneMatch="*")
+        except ClientError:
+            return True
+        return False
     except ClientError:
-        return True
-    return False
+        return False  # not even the first one: no conditional writes here
+    except Exception as exc:
+        raise OSError(f"PutObject s3://{bucket}/{probe} failed: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            client.delete_object(Bucket=bucket, Key=probe)
 
 
 _CLIENTS: dict[str, Any] = {}

@@ -191,3 +191,24 @@ def test_a_holder_whose_lease_records_were_removed_stops(tmp_path):
     shutil.rmtree(tmp_path / "job" / "_lease")
     with pytest.raises(LeaseLostError, match=r"no longer holds this driver's record"):
         a.check()
+
+
+@pytest.mark.s3
+def test_s3_conditional_puts_are_used_where_the_store_has_them(s3_server):
+    from metadata.exclusive import s3_put_if_absent
+
+    bucket = s3_server.new_bucket()
+    filesystem = s3_server.filesystem()
+    assert s3_put_if_absent(filesystem, f"{bucket}/job/_lease/g1.json", b"a") is True
+    assert s3_put_if_absent(filesystem, f"{bucket}/job/_lease/g1.json", b"b") is False
+    with filesystem.open_input_stream(f"{bucket}/job/_lease/g1.json") as f:
+        assert f.read() == b"a"
+    assert [i.path for i in filesystem.get_file_info(fs_selector(f"{bucket}/job/_lease"))] == [
+        f"{bucket}/job/_lease/g1.json"  # the probe object is gone
+    ]
+
+
+def fs_selector(path: str) -> Any:
+    from pyarrow import fs
+
+    return fs.FileSelector(path)
