@@ -41,6 +41,7 @@ from regional.errors import PolicyError
 
 __all__ = [
     "KEY_DOCS",
+    "MAX_COUNT",
     "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
     "Policy",
@@ -59,6 +60,11 @@ __all__ = [
 #: small enough that deadlines in epoch milliseconds (`round(seconds * 1000)`) and thread waits
 #: stay well inside their 64-bit limits.
 MAX_DURATION_SECONDS = 365 * 86400.0
+
+#: The largest value of every whole-number key (1,000,000): far beyond any useful count of
+#: checkpoints, failures or fallbacks, and small enough for every counter and for the 64-bit
+#: integers of checkpoint metadata (a larger number would pass a check and fail mid-run).
+MAX_COUNT = 1_000_000
 
 # Value types of the policy keys. Each description is the "allowed" part of error messages.
 _Seconds = Annotated[
@@ -83,9 +89,21 @@ _SecondsOrUnlimited = (
     | None
 )
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
-_Count = Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")]
-_Retained = Annotated[int, msgspec.Meta(ge=1, description="a whole number >= 1")]
-_Limit = Annotated[int, msgspec.Meta(ge=0, description='a whole number >= 0 or "unlimited"')] | None
+_Count = Annotated[
+    int, msgspec.Meta(ge=0, le=MAX_COUNT, description="a whole number from 0 to 1000000")
+]
+_Retained = Annotated[
+    int, msgspec.Meta(ge=1, le=MAX_COUNT, description="a whole number from 1 to 1000000")
+]
+_Limit = (
+    Annotated[
+        int,
+        msgspec.Meta(
+            ge=0, le=MAX_COUNT, description='a whole number from 0 to 1000000 or "unlimited"'
+        ),
+    ]
+    | None
+)
 _Location = (
     Annotated[str, msgspec.Meta(min_length=1, description="a local path or a pyarrow.fs URI")]
     | None

@@ -124,7 +124,7 @@ def test_bad_env_variable_exits_2_naming_it(
     assert capsys.readouterr().err == (
         "regional policy: environment variable REGIONAL_CHECKPOINTING__REGION__MAX_UNIT_FALLBACKS"
         ': checkpointing.region.max-unit-fallbacks = "-2" is invalid; '
-        "expected a whole number >= 0\n"
+        "expected a whole number from 0 to 1000000\n"
     )
 
 

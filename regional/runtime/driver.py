@@ -77,6 +77,7 @@ from regional.runtime.restore import (
     first_free_checkpoint_id,
     reset_exchanges,
     roll_back_sinks,
+    verify_exchanges,
 )
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
@@ -401,6 +402,7 @@ class JobDriver:
             next_checkpoint_id=point.next_checkpoint_id,
             global_until_success=point.global_until_success,
         )
+        self.lease.check()  # the rollback below writes to the sinks: fenced like any write
         self.decisions.restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
@@ -414,6 +416,7 @@ class JobDriver:
             self.pipeline, self.committers, self.job_id, point.metadata
         )
         self.decisions.carry_out(decisions)
+        verify_exchanges(self.pipeline, point.metadata)
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
@@ -541,7 +544,10 @@ class JobDriver:
         self.last_event = event
         try:
             with self._stopwatch.part("event"):
+                self.lease.check()  # fenced: a driver that lost the lease writes no event
                 self.cleaning.event_written(write_event(self.storage, event))
+        except LeaseLostError:
+            raise
         except (RegionalError, OSError) as exc:
             log.warning("event of checkpoint %d not written: %s", cid, exc)
         self.last_timing = self._stopwatch.timing(cid)
