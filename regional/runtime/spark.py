@@ -307,6 +307,8 @@ class SparkRuntime(JobDriver):
     the idle wait of `JobDriver`. `code_dir` (a pipeline file's folder) ships the modules
     imported from it as files (see the module doc). `metrics_port` serves the job's metrics
     for Prometheus on `metrics_host`:PORT while `run` runs (`regional.runtime.prometheus`).
+    `merge_state` (default on) writes one physical state file per Spark task and checkpoint
+    (DESIGN §4 rule 16); off, one per unit attempt (the layout before file merging).
     """
 
     def __init__(
@@ -329,6 +331,7 @@ class SparkRuntime(JobDriver):
         code_dir: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        merge_state: bool = True,
     ) -> None:
         policy = policy or Policy()
         faults = faults or Faults()
@@ -347,6 +350,7 @@ class SparkRuntime(JobDriver):
             unit_timeout=region_timeout / 2,
             faults=faults.unit_faults(),
             run_id=run_id,
+            merge_state=merge_state,
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(
