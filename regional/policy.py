@@ -40,9 +40,11 @@ import pyarrow as pa
 from regional.errors import PolicyError
 
 __all__ = [
+    "KEY_DOCS",
     "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
     "Policy",
+    "PolicyKey",
     "RegionPolicy",
     "ResolvedPolicy",
     "RestorePolicy",
@@ -50,6 +52,7 @@ __all__ = [
     "load_policy",
     "parse_duration",
     "policy_fingerprint",
+    "policy_keys",
 ]
 
 #: The longest duration a key takes (365 days): far beyond any useful interval or timeout, and
@@ -497,3 +500,107 @@ def load_policy(
             sources[given.path] = given.source
     policy = msgspec.convert(_nest(values), Policy)
     return ResolvedPolicy(policy, types.MappingProxyType(sources))
+
+
+#: What each key does and why its default is what it is (the policy reference is generated
+#: from these and the Structs: `policy_keys`; a test checks that every key has its text).
+KEY_DOCS: Mapping[str, str] = {
+    "checkpointing.interval": (
+        'The time from one trigger to the next **after an epoch that read no records** '
+        '(measured from the previous trigger, as Flink does): an idle streaming job '
+        'checkpoints every interval instead of spinning. Epochs that read records follow each'
+        ' other at once, so a backlog or a bounded job (a backfill) runs at full speed; every'
+        ' checkpoint is an epoch here, so spacing busy epochs would only slow the job down. '
+        '`regional run --interval` overrides it; `SparkRuntime` takes `interval=` (default '
+        '0). An epoch on Spark costs about 0.3 s of fixed overhead for a few region tasks '
+        '(measured for the Spark runtime), about 3 % at 10 s.'
+    ),
+    "checkpointing.timeout": (
+        "Flink's default: a checkpoint not decided by then is aborted."
+    ),
+    "checkpointing.num-retained": (
+        'Flink keeps 1. We keep 3 so a damaged latest checkpoint still leaves an older one to'
+        ' restore (DESIGN §4 rule 12). Because fallback state points at its owner, keeping '
+        'more checkpoints costs only the files they do not share.'
+    ),
+    "checkpointing.tolerable-failed-checkpoints": (
+        "Aborted checkpoints in a row before the job fails. Flink's default is 0, but with "
+        'regional checkpoints some aborts are expected, e.g. while a unit over its fallback '
+        'limit is still failing. 10 gives such a unit about 10 intervals to recover.'
+    ),
+    "checkpointing.dir": (
+        'The checkpoint root. In code the job gets its root explicitly; `regional run` '
+        'without it and without `--checkpoint-dir` uses `.regional/checkpoints` in the '
+        "pipeline file's folder (see `regional run --help`). A relative path is relative to "
+        'the working directory of the process that runs the job.'
+    ),
+    "checkpointing.region.enabled": (
+        'This is what the product is for. Jobs that cannot use it (one fallback unit, '
+        'changelog state, union state) are detected and run with global checkpoints, with a '
+        "message saying why. Flink's default is `false`."
+    ),
+    "checkpointing.region.max-failure-ratio": (
+        'Same as FLIP-600. A checkpoint with more failed units than this share of all units '
+        'is aborted; a share equal to the limit passes, because the comparison is exact '
+        '(rational). Above about 30 % the likely cause is a system-wide problem such as a '
+        'storage outage, not one slow region. `1` allows checkpoints made only of old state.'
+    ),
+    "checkpointing.region.max-consecutive-regional": (
+        'After this many regional checkpoints in a row, the next checkpoint must be global '
+        '(tier 1; if it fails, it is aborted and the count starts again). `0` means never '
+        'regional. `"unlimited"` turns the job-level limit off. Flink\'s default is 2, but a '
+        'forced global checkpoint aborts if any region is slow, so a low limit brings back '
+        'the aborts that regional checkpoints remove. `max-unit-fallbacks` already bounds how'
+        ' stale any one unit gets.'
+    ),
+    "checkpointing.region.max-unit-fallbacks": (
+        'A unit that fell back in this many checkpoints in a row must be fresh in the next '
+        "one, while other units may still fall back. This limits how old any one unit's state"
+        ' gets (about 4 intervals). `0` means a failed unit always aborts the checkpoint.'
+    ),
+    "checkpointing.region.timeout": (
+        'A region that has not answered by then is declined, so the rest of the checkpoint '
+        'completes long before `checkpointing.timeout`. Keep it below '
+        '`checkpointing.timeout`, or it never fires (not enforced).'
+    ),
+    "restore.mode": (
+        'Resuming from your own latest checkpoint, the common case, is a claim: the cleaner '
+        'may delete it later, and regional checkpoints go on at once. Use `"no-claim"` for a '
+        'savepoint or a checkpoint you must not touch; checkpoints are then global until one '
+        "succeeds. Flink's default is NO_CLAIM."
+    ),
+}
+
+@dataclasses.dataclass(frozen=True)
+class PolicyKey:
+    """One key of the policy file, as the reference documents it: its kebab `path`, its
+    `default` as a file would write it, what values are `allowed`, and its `env` variable."""
+
+    path: str
+    default: str
+    allowed: str
+    env: str
+
+
+def policy_keys() -> list[PolicyKey]:
+    """Every key of the policy, in the order of the Structs.
+
+    >>> policy_keys()[0]
+    PolicyKey(path='checkpointing.interval', default='10 s', allowed='a duration > 0 and at \
+most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" or a number of seconds', \
+env='REGIONAL_CHECKPOINTING__INTERVAL')
+    """
+    return [
+        PolicyKey(key.path, _default_text(key), key.allowed, _env_name(key.path))
+        for key in _KEYS.values()
+    ]
+
+
+def _default_text(key: _Key) -> str:
+    if key.default is None:
+        return '"unlimited"' if "unlimited" in key.allowed else "unset"
+    if isinstance(key.default, bool):
+        return str(key.default).lower()
+    if "duration" in key.allowed:
+        return format_duration(key.default)
+    return str(key.default)

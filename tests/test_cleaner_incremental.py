@@ -232,7 +232,9 @@ def test_what_the_full_scan_kept_whole_is_never_touched() -> None:
         job.complete(epoch, [root])
     root.files["chk-2/_metadata"] = 1  # damaged: the scan could not decode it
     damaged = root.metadata.pop(2)
-    plan = plan_retention(list(root.metadata.values()), root.listing(), num_retained=1, damaged=[2])
+    plan = plan_retention(
+        list(root.metadata.values()), root.listing(), num_retained=1, damaged=[2]
+    )
     assert plan.checkpoint(2).reason is Reason.DAMAGED
     planner = IncrementalPlanner.after_scan(plan, list(root.metadata.values()))
     assert planner.retained == (1,)

@@ -40,7 +40,9 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     assert "regional.coordinator.messages" in modules and "regional.graph.regions" in modules
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda m: (m, _fresh(f"import {m}")), modules))
-    failures = {m: r.stderr.strip().splitlines()[-1] for m, r in results if r.returncode != 0}
+    failures = {
+        m: r.stderr.strip().splitlines()[-1] for m, r in results if r.returncode != 0
+    }
     assert failures == {}
 
 

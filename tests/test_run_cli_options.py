@@ -127,9 +127,8 @@ def test_json_prints_only_the_events_on_stdout(no_spark, tmp_path, capsys):
     job.write_text(PIPELINE)
     assert main(["run", str(job), "--checkpoint-dir", str(tmp_path / "c"), "--json"]) == 0
     captured = capsys.readouterr()
-    assert [
-        msgspec.json.decode(line, type=CheckpointEvent) for line in captured.out.splitlines()
-    ] == [EVENT]
+    assert [msgspec.json.decode(line, type=CheckpointEvent) for line in
+            captured.out.splitlines()] == [EVENT]
     assert "starting Spark (local[*]); checkpoints under" in captured.err
     assert "done in 0.5 s: 1 global, 0 regional, 0 aborted checkpoints; job finished" in (
         captured.err

@@ -84,9 +84,8 @@ def test_a_sibling_module_with_a_struct_runs_and_a_second_run_adds_nothing(
     try:
         assert main(["run", str(job), "--json", "--interval", "2 s"]) == 0
         first = capsys.readouterr()
-        events = [
-            msgspec.json.decode(line, type=CheckpointEvent) for line in first.out.splitlines()
-        ]
+        events = [msgspec.json.decode(line, type=CheckpointEvent) for line in
+                  first.out.splitlines()]
         assert [e.kind for e in events] == [Outcome.GLOBAL] * len(events)
         assert sum(e.records_in for e in events) == 20
         assert f"checkpoints under {root} (default: the pipeline file's folder" in first.err
