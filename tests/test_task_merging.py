@@ -113,3 +113,20 @@ def test_without_merging_each_unit_writes_its_own_file(env):
     acks = run_units(msgspec.structs.replace(env, merge_state=False), _works())
     assert all(isinstance(a, Ack) for a in acks)
     assert _state_files(env) == [f"chk-1/u{u}-a1-r1.state" for u in range(3)]
+
+
+def test_units_restoring_from_one_merged_file_read_it_once(env, monkeypatch):
+    acks = run_units(env, _works())
+    owned = [tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in a.states) for a in acks]
+    reads: list[str] = []
+    read = JobStorage.read_segment
+
+    def counting(self, handle, *, checkpoint_id=None, whole_files=None):
+        if whole_files is None or handle.path not in whole_files:
+            reads.append(handle.path)  # goes to storage
+        return read(self, handle, checkpoint_id=checkpoint_id, whole_files=whole_files)
+
+    monkeypatch.setattr(JobStorage, "read_segment", counting)
+    again = run_units(env, _works(2, owned))
+    assert all(isinstance(a, Ack) for a in again)
+    assert reads == ["chk-1/u0-a1-r1.state"]  # three units' segments, one read

@@ -158,10 +158,15 @@ def _decline(work: UnitWork, reason: str, trace: str | None = None) -> Decline:
 
 
 def _process(
-    env: TaskEnv, storage: JobStorage, work: UnitWork, spool: _Spool | None = None
+    env: TaskEnv,
+    storage: JobStorage,
+    work: UnitWork,
+    spool: _Spool | None = None,
+    reads: _RestoreReads | None = None,
 ) -> _Snapshot:
     """Restore, read, transform, write sinks, and serialise state locally (sync phase): to the
-    task's `spool` when given (merged uploads), else to a local file of the unit's own."""
+    task's `spool` when given (merged uploads), else to a local file of the unit's own. State
+    files several of the task's units restore from are read once (`reads`)."""
     pipeline: Pipeline = env.pipeline
     faults = env.faults
     if faults is not None:
@@ -223,7 +228,12 @@ def _process(
                 if spec.operator.stateful:
                     restore_started = time.perf_counter()
                     op_state = OperatorState.from_bytes(
-                        b"".join(storage.read_segment(h) for h in old.handles),
+                        b"".join(
+                            storage.read_segment(h, whole_files=reads.cache_for(h))
+                            if reads is not None
+                            else storage.read_segment(h)
+                            for h in old.handles
+                        ),
                         operator=vertex_id,
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
@@ -336,6 +346,26 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
     return _ack(snap, handles, time.perf_counter() - started)
 
 
+class _RestoreReads:
+    """The state files several units of a task restore from (a merged file of the task that ran
+    them last epoch): each is read whole once and its segments sliced from memory, so a task
+    makes one read per physical file, not one per unit (on an object store: requests scale with
+    tasks, not regions)."""
+
+    def __init__(self, works: Sequence[UnitWork]) -> None:
+        uses: dict[str, int] = {}
+        for w in works:
+            for s in w.restore:
+                for h in s.handles:
+                    uses[h.path] = uses.get(h.path, 0) + 1
+        self._shared = {path for path, n in uses.items() if n > 1}
+        self._files: dict[str, bytes] = {}
+
+    def cache_for(self, handle: StateHandle) -> dict[str, bytes] | None:
+        """The whole-file cache to read `handle` through, or None to read its segment alone."""
+        return self._files if handle.path in self._shared else None
+
+
 class _Spool:
     """The task's local spool file (merged uploads): each unit's sync phase appends its
     segments; a unit that declines is cut off again (`truncate`), so it contributes nothing."""
@@ -444,6 +474,7 @@ def run_units(
     pending: list[tuple[int, _Snapshot, Future[Ack], float]] = []
     merged: list[tuple[int, _Snapshot]] = []  # units with segments in the spool, in its order
     spool = _Spool() if env.merge_state and not env.upload_in_sync_phase else None
+    reads = _RestoreReads(works)
     try:
         with (
             ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
@@ -455,7 +486,7 @@ def run_units(
                 spooled = spool.size if spool is not None else 0
                 try:
                     with timeout():
-                        snap = _process(env, storage, work, spool)
+                        snap = _process(env, storage, work, spool, reads)
                         inline = env.upload_in_sync_phase or not snap.seg_keys
                         if env.upload_in_sync_phase:  # the unit blocks until its upload is done
                             upload_started = time.monotonic()
