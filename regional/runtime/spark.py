@@ -194,6 +194,10 @@ class SparkDispatcher:
     every task. Implements `regional.coordinator.messages.TaskDispatcher`. `on_answer` is told
     every answer as its task ends, while the job still runs."""
 
+    #: `JobDriver.run` may dispatch from its dispatch thread while it commits the previous
+    #: epoch (pipelined commits): a Spark job can be submitted from any thread.
+    background_safe = True
+
     def __init__(
         self,
         sc: SparkContext,
