@@ -4,8 +4,12 @@ For each shape (default 1,024 regions x 10 records and 64 regions x 500 records 
 four variants, interleaved epoch by epoch, each with the same number of Spark tasks (one per
 core):
 
-1. **regional**: the per-epoch overhead job of `bench_spark_overhead` (generator -> map ->
-   Parquet table), a checkpoint every epoch (restore the split positions, snapshot, upload,
+0. **regional, pipelined**: the same job's `run()` for as many epochs after the interleaved
+   ones (the next epoch's tasks start while the previous epoch commits), per epoch, against
+   as many plain Spark epochs in a row;
+1. **regional**: one `epoch()` at a time (it returns after its commit): the per-epoch
+   overhead job of `bench_spark_overhead` (generator -> map -> Parquet table), a checkpoint
+   every epoch (restore the split positions, snapshot, upload,
    metadata, exactly-once commit, cleaning), with file merging (DESIGN §4 rule 16: one
    physical state file per Spark task and checkpoint);
 2. **regional, a state file per unit**: the same with `merge_state=False` (before merging);
@@ -55,11 +59,23 @@ def doubled(r: dict[str, int]) -> dict[str, int]:
     return {"s": r["s"], "n": r["n"] * 2}
 
 
+def split_of(r: dict[str, int]) -> int:
+    return r["s"]
+
+
+def counted(ctx: Any, r: dict[str, int]) -> Iterator[dict[str, int]]:
+    """A running count per split (keyed state: every unit checkpoints a state segment)."""
+    c = ctx.value_state("c", 0)
+    c.update(c.value() + 1)
+    yield {**r, "c": c.value()}
+
+
 def map_job(name: str, *, regions: int, records: int, table: str) -> Pipeline:
-    """`regions` splits of `records` records per epoch -> `doubled` -> the Parquet table."""
+    """`regions` splits of `records` records per epoch -> `doubled` -> a running count per
+    split -> the Parquet table."""
     p = Pipeline(name, records_per_epoch=records)
     src = p.source(GeneratorSource(regions, record), parallelism=regions)
-    src.map(doubled).sink(ParquetSink(table))
+    src.map(doubled).key_by(split_of).process(counted).sink(ParquetSink(table))
     return p
 
 
@@ -70,7 +86,9 @@ def _plain_partition(records: int, epoch: int, out: str):  # type: ignore[no-unt
         for split in splits:
             first_split = split if first_split is None else first_split
             first = epoch * records
-            rows += [doubled(record(split, i)) for i in range(first, first + records)]
+            rows += [
+                {**doubled(record(split, i)), "c": i + 1} for i in range(first, first + records)
+            ]
         if rows:  # one Parquet file per Spark task
             pq.write_table(pa.Table.from_pylist(rows), f"{out}/e{epoch}-t{first_split}.parquet")
         yield len(rows)
@@ -147,6 +165,14 @@ def run_shape(
                     wall[name].append(sec)
         for rt in variants.values():
             rt.cleaning.drain()
+        # pipelined: `run()` starts an epoch's tasks while the previous epoch commits
+        started = time.perf_counter()
+        variants["merged"].run(max_checkpoints=epochs)
+        wall["merged, run()"] = [(time.perf_counter() - started) / epochs]
+        started = time.perf_counter()
+        for epoch in range(epochs):
+            plain_epoch(sc, regions, records, tasks, warm + epochs + epoch, plain_dir)
+        wall["plain, block"] = [(time.perf_counter() - started) / epochs]
     finally:
         for rt in variants.values():
             rt.cleaning.close()
@@ -180,18 +206,21 @@ def main() -> None:
     for shape, res in results.items():
         m, f = res["medians"], res["files"]
         for name, label in (
+            ("merged, run()", "regional, pipelined run() (merged)"),
+            ("plain, block", "plain Spark, same epochs in a row"),
             ("merged", "regional (merged state files)"),
             ("per-unit", "regional (a state file per unit)"),
             ("plain", "plain Spark (one file per task)"),
             ("floor", "floor (trivial job, same tasks)"),
         ):
             files = f.get(name)
+            base = "plain, block" if name == "merged, run()" else "plain"
             rows.append(
                 {
                     "shape": shape,
                     "variant": label,
                     "s": f"{m[name]:.3f}",
-                    "ratio": f"{m[name] / m['plain']:.2f}",
+                    "ratio": f"{m[name] / m[base]:.2f}",
                     "files": "-" if files is None else str(files["total"]),
                     "per_task": "-" if files is None else f"{files['total'] / tasks:.1f}",
                     "state": "-" if files is None else str(files["state"]),
@@ -204,7 +233,10 @@ def main() -> None:
                  ("staged", "staged", ">7")], rows)  # fmt: skip
     for shape, res in results.items():
         m = res["medians"]
-        print(f"ratio regional / plain Spark at {shape}: {m['merged'] / m['plain']:.2f}")
+        print(
+            f"ratio regional / plain Spark at {shape}: epoch() {m['merged'] / m['plain']:.2f}, "
+            f"pipelined run() {m['merged, run()'] / m['plain, block']:.2f}"
+        )
     split = []
     for shape, res in results.items():
         merged = res["timings"]["merged"]
