@@ -197,3 +197,39 @@ def test_a_savepoint_copies_only_the_referenced_segments_of_a_merged_file(tmp_pa
         ("u0-a1-r.state", 4, 4, 8),
     ]
     assert [source.storage.read_segment(h) for h in handles] == [b"zero", b"two!"]
+
+
+def test_validate_names_a_damaged_segment_of_a_merged_file_in_every_checkpoint_using_it(tmp_path):
+    from metadata.validate import validate_job
+
+    storage = JobStorage(str(tmp_path), "job")
+
+    def checkpoint(cid: int, subtasks) -> None:
+        storage.write_metadata(
+            CheckpointMetadata(
+                checkpoint_id=cid,
+                job_id="job",
+                kind="regional" if cid > 1 else "global",
+                trigger_time_ms=cid,
+                completion_time_ms=cid,
+                subtasks=tuple(subtasks),
+            )
+        )
+
+    h0, h1 = storage.write_segments("chk-1/u0-a1-r.state", [b"unit zero", b"unit one"])
+    checkpoint(
+        1, [SubtaskState("op", 0, 0, handles=(h0,)), SubtaskState("op", 1, 1, handles=(h1,))]
+    )
+    [h0b] = storage.write_segments("chk-2/u0-a1-r.state", [b"unit zero again"])
+    checkpoint(2, [SubtaskState("op", 0, 0, handles=(h0b,)), SubtaskState("op", 1, 1, 1, (h1,))])
+    with open(f"{storage.job_path}/chk-1/u0-a1-r.state", "r+b") as f:  # damage unit 1's segment
+        f.seek(h1.offset)
+        f.write(b"X")
+    report = validate_job(storage)
+    assert sorted((p.checkpoint_id, p.path) for p in report.problems) == [
+        (1, "chk-1/u0-a1-r.state"),
+        (2, "chk-1/u0-a1-r.state"),
+    ]
+    assert all(f"segment at {h1.offset}+{h1.length} fails its checksum" in p.problem
+               for p in report.problems)  # fmt: skip
+    assert report.restore_checkpoint_id is None
