@@ -8,7 +8,7 @@ without (one state file per unit). Cleaning runs in the background as in product
 drained after every epoch, so its deletions count towards the checkpoint that made them due.
 
     .venv/bin/python -m benchmarks.bench_s3_requests [--regions 1024] [--epochs 3]
-        [--master local[2]] [--out DIR]
+        [--master local[2]] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -108,8 +108,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=3, help="measured epochs (after 2 warm-up)")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--quick", action="store_true", help="64 regions, 1 measured epoch")
     ap.add_argument("--out", default=RESULTS, help="directory of the results JSON")
     args = ap.parse_args()
+    if args.quick:
+        args.regions, args.epochs = 64, 1
     server, counter, endpoint = start_server()
     from pyarrow import fs
 
@@ -166,7 +169,7 @@ def main() -> None:
         rows,
     )
     write_results(
-        os.path.join(args.out, "s3_requests.json"),
+        os.path.join(args.out, f"s3_requests{'-quick' if args.quick else ''}.json"),
         master=args.master,
         config={"regions": args.regions, "records": args.records, "epochs": args.epochs},
         requests_per_checkpoint=per_checkpoint,
