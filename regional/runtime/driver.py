@@ -544,7 +544,8 @@ class JobDriver(DecisionHandlers):
             except JobFailedError as failed:
                 self._record(cid, held.records_in, trigger_ms, str(failed))
                 raise
-            self._check_sources_finished()
+            if self.coordinator.pending_checkpoint_id is None:  # never under a running epoch
+                self._check_sources_finished()
             return self._record(cid, held.records_in, trigger_ms)
         finally:
             self._stopwatch = following
