@@ -40,7 +40,6 @@ from typing import Protocol
 
 import msgspec
 
-from cleaner.model import RestoreBase
 from metadata.errors import StorageError
 from metadata.events import CheckpointEvent, Outcome, write_event
 from metadata.lease import JobLease, LeaseLostError
@@ -173,7 +172,7 @@ class _Held:
     decisions: list[Decision]
 
 
-class JobDriver(DecisionHandlers):
+class JobDriver:
     """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
 
     `progress` is called with every checkpoint outcome, `watch` sees the running epoch.
@@ -264,19 +263,25 @@ class JobDriver(DecisionHandlers):
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
         )
-        self._commit_failures: dict[tuple[str, int], int] = {}
-        self._deferred: list[Decision] = []  # commits to retry at the next epoch
-        self._outcomes: dict[int, EpochOutcome] = {}
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
         )
         self._stopwatch = EpochStopwatch()
+        self.decisions = DecisionHandlers(
+            pipeline=pipeline,
+            storage=storage,
+            policy=self.policy,
+            coordinator=self.coordinator,
+            lease=self.lease,
+            faults=self.faults,
+            cleaning=self.cleaning,
+            stopwatch=self._stopwatch,
+            now=self._now,
+            seen=self._seen,
+        )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
-        self._finished = False
         self._started = False
         self._stop_requested = False
-        self._savepoints: dict[int, str] = {}
-        self._restore_base: RestoreBase | None = None
         self.restored_from: int | None = None
         self.restored_location: str | None = None
         self.restore_notes: tuple[str, ...] = ()
@@ -288,7 +293,7 @@ class JobDriver(DecisionHandlers):
     @property
     def finished(self) -> bool:
         """True once the job ended: every bounded source read and its output committed."""
-        return self._finished
+        return self.decisions.finished
 
     def run(
         self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
@@ -309,13 +314,13 @@ class JobDriver(DecisionHandlers):
                 summary.restore_notes = self.restore_notes
             self._run_epochs(summary, max_checkpoints)
             self._stop_requested = False  # a later run() runs again
-            if stop_with_savepoint and not self._finished:
+            if stop_with_savepoint and not self.decisions.finished:
                 summary.savepoint = self._take_savepoint(summary)
             self.cleaning.drain()
         finally:
             self.cleaning.close()
             self.lease.release()
-        summary.finished = self._finished
+        summary.finished = self.decisions.finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
 
@@ -331,7 +336,7 @@ class JobDriver(DecisionHandlers):
         held: _Held | None = None
         try:
             while (
-                not self._finished
+                not self.decisions.finished
                 and not self._stop_requested
                 and (max_checkpoints is None or started < max_checkpoints)
             ):
@@ -364,7 +369,7 @@ class JobDriver(DecisionHandlers):
     def _idle_until(self, next_trigger_ms: int) -> None:
         """Wait for the next trigger after an epoch that read nothing (unless the job finished
         or a stop was requested meanwhile: a stop ends the wait within `IDLE_SLICE_S`)."""
-        while not self._finished and not self._stop_requested:
+        while not self.decisions.finished and not self._stop_requested:
             left = (next_trigger_ms - self.clock.now_ms()) / 1000
             if left <= 0:
                 return
@@ -394,7 +399,7 @@ class JobDriver(DecisionHandlers):
         event = self.epoch(savepoint=True)
         if summary is not None:
             summary.checkpoints.append(event)
-        location = self._savepoints.get(event.checkpoint_id)
+        location = self.decisions.savepoints.get(event.checkpoint_id)
         if event.kind != Outcome.SAVEPOINT or location is None:
             raise CheckpointAbortedError(
                 f"savepoint {event.checkpoint_id} of job {self.job_id} failed: "
@@ -446,7 +451,7 @@ class JobDriver(DecisionHandlers):
             next_checkpoint_id=point.next_checkpoint_id,
             global_until_success=point.global_until_success,
         )
-        self._restore_base = point.restore_base
+        self.decisions.restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
         self.restore_notes = point.notes + roll_back_sinks(
@@ -458,7 +463,7 @@ class JobDriver(DecisionHandlers):
         self.restore_notes += clean_staged_sinks(
             self.pipeline, self.committers, self.job_id, point.metadata
         )
-        self._carry_out(decisions)
+        self.decisions.carry_out(decisions)
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
@@ -474,7 +479,7 @@ class JobDriver(DecisionHandlers):
         pipelined `run`: the previous epoch's commits run meanwhile on this thread) or, without
         one, right here."""
         self._hold_lease()
-        self._stopwatch = watch = EpochStopwatch()
+        self._stopwatch = self.decisions.stopwatch = watch = EpochStopwatch()
         trigger_ms = self.clock.now_ms()
         trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
         self._seen(trigger)
@@ -523,7 +528,9 @@ class JobDriver(DecisionHandlers):
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
         self.faults.crash_point(cid, "after-acks")
         try:
-            held = self._carry_out(self._deferred + decisions, hold_commits=hold_commits)
+            held = self.decisions.carry_out(
+                self.decisions.deferred + decisions, hold_commits=hold_commits
+            )
         except JobFailedError as failed:  # the job's last event says why it failed
             self._record(cid, records_in, running.trigger_ms, str(failed))
             raise
@@ -537,10 +544,10 @@ class JobDriver(DecisionHandlers):
         have), then record its event; the next epoch's stopwatch is put back afterwards."""
         cid, trigger_ms = held.running.trigger.checkpoint_id, held.running.trigger_ms
         following = self._stopwatch
-        self._stopwatch = held.running.watch
+        self._stopwatch = self.decisions.stopwatch = held.running.watch
         try:
             try:
-                self._carry_out(held.decisions)
+                self.decisions.carry_out(held.decisions)
             except JobFailedError as failed:
                 self._record(cid, held.records_in, trigger_ms, str(failed))
                 raise
@@ -548,7 +555,7 @@ class JobDriver(DecisionHandlers):
                 self._check_sources_finished()
             return self._record(cid, held.records_in, trigger_ms)
         finally:
-            self._stopwatch = following
+            self._stopwatch = self.decisions.stopwatch = following
 
     def _pipelines(self) -> bool:
         """Whether `run` may start an epoch's tasks while the previous epoch's commits run: the
@@ -583,7 +590,7 @@ class JobDriver(DecisionHandlers):
 
     def handle_answer(self, answer: Answer) -> None:
         """Feed one (possibly late) unit answer to the coordinator and carry out the result."""
-        self._carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
+        self.decisions.carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
 
     # --- reporting --------------------------------------------------------------------------
 
@@ -595,7 +602,7 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
-            records_dead_lettered=self._records_dead_lettered,
+            records_dead_lettered=self.decisions.records_dead_lettered,
         )
 
     @property
@@ -608,7 +615,8 @@ class JobDriver(DecisionHandlers):
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
-        o = self._outcomes.pop(cid, None) or EpochOutcome(Outcome.ABORTED, message="no decision")
+        o = self.decisions.outcomes.pop(cid, None)
+        o = o or EpochOutcome(Outcome.ABORTED, message="no decision")
         completed = o.outcome is not Outcome.ABORTED
         event = checkpoint_event(
             self.job_id,
@@ -656,7 +664,7 @@ class JobDriver(DecisionHandlers):
         """Hand a dispatch's answers to the coordinator as one batch (`on_answers`): `arrived`
         as the dispatcher returned them (`Dispatch.arrived`, default `answers`), `answers` the
         same with every `AckBatch` replaced by its acks."""
-        self._note_answers(answers)
+        self.decisions.note_answers(answers)
         if self.watch is not None:
             for a in answers:
                 self.watch.unit_answered(a)
