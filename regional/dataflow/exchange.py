@@ -63,7 +63,7 @@ from metadata.model import SinkRetention
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
-from regional.sinks.staging import StagingArea
+from regional.sinks.staging import StagedSink, StagingArea
 from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
 
@@ -204,7 +204,7 @@ class ExchangeReader(_Bound):
         return Backlog(segments, records, size)
 
 
-class ExchangeWriter(_Bound):
+class ExchangeWriter(_Bound, StagedSink):
     """The upstream side: a sink (`regional.sinks.base.Sink`) that stages one segment per
     partition per epoch and publishes them with the checkpoint's commit (see the module
     docstring). Staging, publishing and the commit log are a `StagingArea` shared with the
@@ -258,39 +258,7 @@ class ExchangeWriter(_Bound):
             for partition, rows in self.partition(records, self.partitions).items()
         )
 
-    def sync_staged(self) -> None:
-        """Make the segments this writer staged durable (`StagingArea.sync`)."""
-        self.area.sync()
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the segments a declined or aborted attempt staged."""
-        self.area.discard(committables)
-
-    # --- committer side (on the driver) -----------------------------------------------------
-
-    def commit(
-        self,
-        commit_user: str,
-        identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
-    ) -> None:
-        """Publish the segments behind `committables` in (checkpoint, writer) order, then
-        write the commit record (`StagingArea.commit`)."""
-        self.area.commit(commit_user, identifier, committables, fallback=fallback)
-
-    def latest_committed(self, commit_user: str) -> int | None:
-        """The highest identifier `commit_user` committed, or None."""
-        return self.area.latest_committed(commit_user)
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The staged segments behind `committables` that are neither staged nor published."""
-        return self.area.missing_files(committables)
-
-    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
-        """Delete job `job_id`'s staged segments that no committable in `keep` names."""
-        return self.area.clean_staged(job_id, keep)
+    # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 
     def marker_retention(self) -> SinkRetention:
         """Commit records are kept until someone deletes them (as for a Parquet table)."""

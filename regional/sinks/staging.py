@@ -54,6 +54,7 @@ __all__ = [
     "STAGING",
     "CommitRecord",
     "StagedFile",
+    "StagedSink",
     "StagingArea",
     "file_name",
     "open_location",
@@ -406,18 +407,13 @@ class StagingArea:
                         records[int(n[:-5])] = i.path
         undone = sorted(i for i in records if i > identifier)
         for i in reversed(undone):
-            with fs.open_input_stream(records[i]) as f:
-                data = f.read()
-            try:
-                record = msgspec.json.decode(data, type=CommitRecord)
-            except DECODE_FAILURES as exc:
-                raise CommitError(
-                    f"{self.describe}: cannot roll back commit {i} of user {commit_user!r}: "
-                    f"{records[i]} is not a commit record ({exc}); restore it from a backup, or "
-                    "delete it and that commit's data files by hand"
-                ) from None
+            record = self._read_record(
+                fs,
+                records[i],
+                f"cannot roll back commit {i} of user {commit_user!r}: {records[i]}",
+                "delete it and that commit's data files by hand",
+            )
             for file in record.files:
-                self.check_committed(file, f"commit record {records[i]}")
                 with contextlib.suppress(FileNotFoundError):
                     fs.delete_file(f"{base}/{file}")
             with contextlib.suppress(FileNotFoundError):
@@ -453,20 +449,78 @@ class StagingArea:
                 len(relative) == 2 or (len(relative) == 3 and GROUP_NAME.fullmatch(relative[1]))
             ):
                 continue
-            with fs.open_input_stream(info.path) as f:
-                data = f.read()
-            try:
-                record = msgspec.json.decode(data, type=CommitRecord)
-            except DECODE_FAILURES as exc:
-                raise CommitError(
-                    f"{self.describe}: {COMMITS}/{'/'.join(relative)} is not a commit record "
-                    f"({exc}); restore it from a backup, or move it out of the {self.noun} to "
-                    "drop that commit"
-                ) from None
-            for file in record.files:
-                self.check_committed(file, f"commit record {info.path}")
-            out.append(record)
+            out.append(
+                self._read_record(
+                    fs,
+                    info.path,
+                    f"{COMMITS}/{'/'.join(relative)}",
+                    f"move it out of the {self.noun} to drop that commit",
+                )
+            )
         return sorted(out, key=lambda r: (r.commit_user, r.identifier))
+
+    def _read_record(self, fs: pafs.FileSystem, path: str, what: str, fix: str) -> CommitRecord:
+        """The commit record at `path`, every file it names checked (`check_committed`); one
+        that does not decode is a `CommitError`: "`what` is not a commit record (why); restore
+        it from a backup, or `fix`"."""
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+        try:
+            record = msgspec.json.decode(data, type=CommitRecord)
+        except DECODE_FAILURES as exc:
+            raise CommitError(
+                f"{self.describe}: {what} is not a commit record ({exc}); restore it from a "
+                f"backup, or {fix}"
+            ) from None
+        for file in record.files:
+            self.check_committed(file, f"commit record {path}")
+        return record
+
+
+class StagedSink:
+    """The parts of the sink contract (`regional.sinks.base.Sink`) that a sink staging files in
+    a `StagingArea` (its `area`) delegates to it: `sync_staged` and `discard` in tasks, the
+    committer side on the driver. The Parquet sink and the keyed exchange's writer are such
+    sinks; each adds how it writes, where it publishes, and how it rolls back."""
+
+    area: StagingArea
+
+    def sync_staged(self) -> None:
+        """Make the files this writer staged durable (`StagingArea.sync`)."""
+        self.area.sync()
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete staged files of a declined or aborted attempt (`StagingArea.discard`)."""
+        self.area.discard(committables)
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Publish the files behind `committables` and write the commit record last
+        (`StagingArea.commit`)."""
+        self.area.commit(commit_user, identifier, committables, fallback=fallback)
+
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The highest identifier `commit_user` committed, or None."""
+        return self.area.latest_committed(commit_user)
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        """The staged files behind `committables` that are neither staged nor published."""
+        return self.area.missing_files(committables)
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
+        """Delete job `job_id`'s staged files that no committable in `keep` names
+        (`regional.sinks.base.TableStaging`)."""
+        return self.area.clean_staged(job_id, keep)
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return self.area.rows_of(committables)
 
 
 def published_in_directory(staged: str) -> str:
