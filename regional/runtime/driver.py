@@ -343,7 +343,11 @@ class JobDriver:
                 running = self._begin(savepoint=False, pool=pool if held is not None else None)
                 started += 1
                 if held is not None:
-                    summary.checkpoints.append(self._finish_held(held))
+                    try:
+                        summary.checkpoints.append(self._finish_held(held))
+                    except BaseException:
+                        self._abandon(running)
+                        raise
                     held = None
                 batch = running.dispatched()
                 last = max_checkpoints is not None and started >= max_checkpoints
@@ -556,6 +560,35 @@ class JobDriver:
             return self._record(cid, held.records_in, trigger_ms)
         finally:
             self._stopwatch = self.decisions.stopwatch = following
+
+    def _abandon(self, running: _Running) -> None:
+        """The run stops on an exception while `running`'s tasks run (its previous epoch's held
+        commits raised): wait for them and delete what they wrote, as an abort would (best
+        effort, and only while the lease is held), so the stopped run leaves what an unpipelined
+        one leaves and its checkpoint id stays free. A hard crash leaves the files; the next
+        run then skips that id, as for any checkpoint in flight at a crash."""
+        try:
+            batch = running.dispatched()
+        except Exception:
+            return
+        if not self.lease.held:
+            return  # fenced: never write or delete without the lease
+        files: dict[str, None] = {}
+        staged: dict[str, list[bytes]] = {}
+        for answer in answers_of(batch.arrived()):
+            if isinstance(answer, Ack):
+                for s in answer.states:
+                    files.update(dict.fromkeys(h.path for h in s.handles if not h.shared))
+                    if s.committables:
+                        staged.setdefault(s.vertex_id, []).extend(s.committables)
+        try:
+            for path in files:
+                self.storage.delete_file(path)
+            for vertex_id, committables in staged.items():
+                self.pipeline.sink_of(vertex_id).discard(tuple(committables))
+        except Exception as exc:
+            cid = running.trigger.checkpoint_id
+            log.warning("files of checkpoint %d left for the cleaner: %s", cid, exc)
 
     def _pipelines(self) -> bool:
         """Whether `run` may start an epoch's tasks while the previous epoch's commits run: the
