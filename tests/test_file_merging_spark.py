@@ -44,9 +44,7 @@ def _state_files(storage: JobStorage) -> list[str]:
     return sorted(f.path for f in storage.list_files() if f.path.endswith(".state"))
 
 
-def test_a_unit_on_fallback_for_5_checkpoints_keeps_its_merged_file_across_a_crash(
-    spark, tmp_path
-):
+def test_a_unit_on_fallback_for_5_checkpoints_keeps_its_merged_file_across_a_crash(spark, tmp_path):
     root = str(tmp_path / "ckpt")
     policy = load_policy(
         env={},
