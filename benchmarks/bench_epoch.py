@@ -1,25 +1,29 @@
-"""The cost of one epoch at 1,024 regions, side by side in one run (local Spark).
+"""The cost of one epoch, regional against plain Spark, side by side in one run (local Spark).
 
-Three variants, interleaved epoch by epoch, each with the same number of Spark tasks (one
-per core):
+For each shape (default 1,024 regions x 10 records and 64 regions x 500 records per epoch),
+four variants, interleaved epoch by epoch, each with the same number of Spark tasks (one per
+core):
 
-1. **regional**: the per-epoch overhead job of `bench_spark_overhead` (generator -> map ->
-   Parquet table), 1,024 regions of `--records` records per epoch, a checkpoint every epoch
-   (restore the split positions, snapshot, upload, metadata, exactly-once commit, cleaning);
-2. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints:
-   for each of the 1,024 splits, generate its records, map them, write them as a Parquet
-   file (the sink stages one file per region and epoch too);
-3. **floor**: a trivial job with the same task count (Spark's own per-epoch cost).
+0. **regional, pipelined**: the same job's `run()` for as many epochs after the interleaved
+   ones (the next epoch's tasks start while the previous epoch commits), per epoch, against
+   as many plain Spark epochs in a row;
+1. **regional**: one `epoch()` at a time (it returns after its commit): the per-epoch
+   overhead job of `bench_spark_overhead` (generator -> map -> Parquet table), a checkpoint
+   every epoch (restore the split positions, snapshot, upload,
+   metadata, exactly-once commit, cleaning), with file merging (DESIGN §4 rule 16: one
+   physical state file per Spark task and checkpoint);
+2. **regional, a state file per unit**: the same with `merge_state=False` (before merging);
+3. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints,
+   writing **one Parquet file per Spark task** (what a user would write instead);
+4. **floor**: a trivial job with the same task count (Spark's own per-epoch cost).
 
-Prints the median epoch time of each, the ratio regional / plain Spark (target <= 1.15) and
-the split of the regional epoch on the driver (`regional.runtime.timing.EpochTiming`: plan,
-dispatch = the Spark job, feed, metadata, commit, discard, clean, event) and, inside the
-dispatch, the units' task seconds per phase summed over units (restore, process, snapshot,
-upload; from the acks). Then the same regional job with a full scan
-of the job root at every epoch (how the driver cleaned before incremental cleaning): the
-cleaning time on the epoch's path, and what the background worker deleted.
+Prints the median epoch time of each, the ratio regional / plain Spark (targets: <= 1.15 at
+1,024 x 10, <= 1.05 at 64 x 500), the files each checkpoint wrote (state files, staged data
+files, metadata and event; from the checkpoint's metadata) per checkpoint and per Spark task,
+and the split of the regional epoch on the driver (`regional.runtime.timing.EpochTiming`)
+and, inside the dispatch, the units' task seconds per phase summed over units.
 
-    .venv/bin/python -m benchmarks.bench_epoch [--regions 1024] [--records 10] [--epochs 12]
+    .venv/bin/python -m benchmarks.bench_epoch [--shapes 1024x10,64x500] [--epochs 12]
         [--master local[2]] [--quick] [--out DIR]
 """
 
@@ -55,23 +59,39 @@ def doubled(r: dict[str, int]) -> dict[str, int]:
     return {"s": r["s"], "n": r["n"] * 2}
 
 
+def split_of(r: dict[str, int]) -> int:
+    return r["s"]
+
+
+def counted(ctx: Any, r: dict[str, int]) -> Iterator[dict[str, int]]:
+    """A running count per split (keyed state: every unit checkpoints a state segment)."""
+    c = ctx.value_state("c", 0)
+    c.update(c.value() + 1)
+    yield {**r, "c": c.value()}
+
+
 def map_job(name: str, *, regions: int, records: int, table: str) -> Pipeline:
-    """`regions` splits of `records` records per epoch -> `doubled` -> the Parquet table."""
+    """`regions` splits of `records` records per epoch -> `doubled` -> a running count per
+    split -> the Parquet table."""
     p = Pipeline(name, records_per_epoch=records)
     src = p.source(GeneratorSource(regions, record), parallelism=regions)
-    src.map(doubled).sink(ParquetSink(table))
+    src.map(doubled).key_by(split_of).process(counted).sink(ParquetSink(table))
     return p
 
 
 def _plain_partition(records: int, epoch: int, out: str):  # type: ignore[no-untyped-def,unused-ignore]
     def run(splits: Iterator[int]) -> Iterator[int]:
-        n = 0
+        rows = []
+        first_split = None
         for split in splits:
+            first_split = split if first_split is None else first_split
             first = epoch * records
-            rows = [doubled(record(split, i)) for i in range(first, first + records)]
-            pq.write_table(pa.Table.from_pylist(rows), f"{out}/e{epoch}-s{split}.parquet")
-            n += len(rows)
-        yield n
+            rows += [
+                {**doubled(record(split, i)), "c": i + 1} for i in range(first, first + records)
+            ]
+        if rows:  # one Parquet file per Spark task
+            pq.write_table(pa.Table.from_pylist(rows), f"{out}/e{epoch}-t{first_split}.parquet")
+        yield len(rows)
 
     return run
 
@@ -93,10 +113,79 @@ def _median(timings: list[EpochTiming], field: str) -> float:
     return statistics.median(getattr(t, field) for t in timings)
 
 
+def files_written(rt: SparkRuntime, checkpoint_id: int) -> dict[str, int]:
+    """The files checkpoint `checkpoint_id` wrote, from its metadata: physical state files
+    (fresh segments' paths), staged data files (one per committable of a fresh sink subtask),
+    and the metadata and event objects."""
+    md = rt.storage.read_metadata(checkpoint_id)
+    fresh = [s for s in md.subtasks if s.ref_checkpoint_id is None]
+    state = len({h.path for s in fresh for h in s.handles})
+    staged = sum(len(s.committables) for s in fresh)
+    return {"state": state, "staged": staged, "metadata+event": 2, "total": state + staged + 2}
+
+
+def run_shape(
+    spark: Any, work: str, regions: int, records: int, epochs: int, tasks: int
+) -> dict[str, Any]:
+    """One shape's interleaved epochs: the medians, the files per checkpoint, the splits."""
+    sc = spark.sparkContext
+    plain_dir = f"{work}/plain-{regions}x{records}"
+    os.makedirs(plain_dir)
+
+    def runtime(name: str, merge_state: bool) -> SparkRuntime:
+        name = f"{name}-{regions}x{records}"
+        job = map_job(name, regions=regions, records=records, table=f"{work}/{name}")
+        rt = SparkRuntime(
+            job, spark, root=f"{work}/ckpt-{name}", tasks=tasks, merge_state=merge_state
+        )
+        rt.start()  # warm the workers, restore (nothing)
+        return rt
+
+    variants = {"merged": runtime("merged", True), "per-unit": runtime("per-unit", False)}
+    wall: dict[str, list[float]] = {k: [] for k in (*variants, "plain", "floor")}
+    timings: dict[str, list[EpochTiming]] = {k: [] for k in variants}
+    files: dict[str, dict[str, int]] = {}
+    warm = 2
+    try:
+        for epoch in range(warm + epochs):
+            seconds = {}
+            for name, rt in variants.items():
+                started = time.perf_counter()
+                rt.epoch()
+                seconds[name] = time.perf_counter() - started
+                assert rt.last_timing is not None
+                if epoch >= warm:
+                    timings[name].append(rt.last_timing)
+                if epoch == warm:
+                    files[name] = files_written(rt, rt.last_timing.checkpoint_id)
+            seconds["plain"] = plain_epoch(sc, regions, records, tasks, epoch, plain_dir)
+            seconds["floor"] = floor_epoch(sc, tasks)
+            if epoch >= warm:
+                for name, sec in seconds.items():
+                    wall[name].append(sec)
+        for rt in variants.values():
+            rt.cleaning.drain()
+        # pipelined: `run()` starts an epoch's tasks while the previous epoch commits
+        started = time.perf_counter()
+        variants["merged"].run(max_checkpoints=epochs)
+        wall["merged, run()"] = [(time.perf_counter() - started) / epochs]
+        started = time.perf_counter()
+        for epoch in range(epochs):
+            plain_epoch(sc, regions, records, tasks, warm + epochs + epoch, plain_dir)
+        wall["plain, block"] = [(time.perf_counter() - started) / epochs]
+    finally:
+        for rt in variants.values():
+            rt.cleaning.close()
+            rt.lease.release()
+    files["plain"] = {"state": 0, "staged": min(tasks, regions), "metadata+event": 0}
+    files["plain"]["total"] = files["plain"]["staged"]
+    medians = {name: statistics.median(v) for name, v in wall.items()}
+    return {"medians": medians, "files": files, "timings": timings}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--regions", type=int, default=1024)
-    ap.add_argument("--records", type=int, default=10, help="records per region and epoch")
+    ap.add_argument("--shapes", default="1024x10,64x500", help="REGIONSxRECORDS, comma-separated")
     ap.add_argument("--epochs", type=int, default=12, help="measured epochs (after 2 warm-up)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--quick", action="store_true", help="4 measured epochs")
@@ -104,106 +193,81 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.epochs = 4
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
     work = tempfile.mkdtemp(prefix="regional-bench-epoch-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
-    sc = spark.sparkContext
-    tasks = sc.defaultParallelism
-    os.makedirs(f"{work}/plain")
-
-    def runtime(name: str) -> SparkRuntime:
-        job = map_job(name, regions=args.regions, records=args.records, table=f"{work}/{name}")
-        rt = SparkRuntime(job, spark, root=f"{work}/ckpt-{name}", tasks=tasks)
-        rt.start()  # warm the workers, restore (nothing)
-        return rt
-
-    incremental, full_scan = runtime("incremental"), runtime("full-scan")
-    regional: list[EpochTiming] = []
-    regional_s: list[float] = []  # epoch() wall time, lease and source checks included
-    rescanned: list[EpochTiming] = []
-    plain: list[float] = []
-    floor: list[float] = []
-    warm = 2
-    try:
-        for epoch in range(warm + args.epochs):
-            started = time.perf_counter()
-            incremental.epoch()
-            r = time.perf_counter() - started
-            full_scan.cleaning.rescan()  # this epoch's clean scans the whole root, as before
-            full_scan.epoch()
-            p = plain_epoch(sc, args.regions, args.records, tasks, epoch, f"{work}/plain")
-            f = floor_epoch(sc, tasks)
-            if epoch >= warm:
-                assert incremental.last_timing and full_scan.last_timing
-                regional.append(incremental.last_timing)
-                regional_s.append(r)
-                rescanned.append(full_scan.last_timing)
-                plain.append(p)
-                floor.append(f)
-        incremental.cleaning.drain()
-        full_scan.cleaning.drain()
-    finally:
-        incremental.cleaning.close()
-        full_scan.cleaning.close()
-        incremental.lease.release()
-        full_scan.lease.release()
-    reg_s = statistics.median(regional_s)
-    plain_s, floor_s = statistics.median(plain), statistics.median(floor)
+    tasks = spark.sparkContext.defaultParallelism
+    results = {f"{r}x{n}": run_shape(spark, work, r, n, args.epochs, tasks) for r, n in shapes}
     print(
-        f"\n{args.regions} regions x {args.records} records per epoch, Spark master "
-        f"{args.master} ({tasks} tasks per epoch); medians of {args.epochs} interleaved epochs "
-        f"after {warm} warm-up epochs; {os.cpu_count()} CPUs\n"
+        f"\nSpark master {args.master} ({tasks} tasks per epoch); medians of {args.epochs} "
+        f"interleaved epochs after 2 warm-up epochs; {os.cpu_count()} CPUs\n"
     )
-    rows = [
-        {"variant": name, "s": f"{sec:.3f}", "ratio": f"{sec / plain_s:.2f}"}
-        for name, sec in (
-            ("regional (checkpoint every epoch)", reg_s),
-            ("plain Spark, same Python work", plain_s),
-            ("floor (trivial job, same tasks)", floor_s),
-        )
-    ]
-    print_table([("variant", "variant", "<36"), ("s", "epoch s", ">8"),
-                 ("ratio", "vs plain", ">9")], rows)  # fmt: skip
-    print(f"\nratio regional / plain Spark: {reg_s / plain_s:.2f} (target <= 1.15)\n")
-    split = [
-        {
-            "part": part,
-            "incremental": _median(regional, f"{part}_s") * 1000,
-            "full": _median(rescanned, f"{part}_s") * 1000,
-        }
-        for part in (*PARTS, "total")
-    ]
-    print("split of a regional epoch on the driver (median ms)")
-    shown = [{k: v if k == "part" else f"{v:.1f}" for k, v in r.items()} for r in split]
-    print_table([("part", "part", "<9"), ("incremental", "incremental cleaning", ">20"),
-                 ("full", "full scan every epoch", ">22")], shown)  # fmt: skip
-    phases = [
-        {"part": part, "ms": _median(regional, f"task_{part}_s") * 1000} for part in TASK_PARTS
-    ]
-    print(
-        f"\ninside the dispatch: task ms per phase, summed over the {args.regions} units "
-        f"(median; {tasks} tasks run in parallel)"
-    )
-    print_table(
-        [("part", "phase", "<9"), ("ms", "task ms", ">9")],
-        [{"part": t["part"], "ms": f"{t['ms']:.1f}"} for t in phases],
-    )
-    split += [{"part": f"task-{t['part']}", "incremental": t["ms"], "full": None} for t in phases]
-    totals = {"incremental": incremental.cleaning.totals, "full-scan": full_scan.cleaning.totals}
-    print("\nbackground cleaning worker (whole run)")
-    for name, t in totals.items():
+    rows = []
+    for shape, res in results.items():
+        m, f = res["medians"], res["files"]
+        for name, label in (
+            ("merged, run()", "regional, pipelined run() (merged)"),
+            ("plain, block", "plain Spark, same epochs in a row"),
+            ("merged", "regional (merged state files)"),
+            ("per-unit", "regional (a state file per unit)"),
+            ("plain", "plain Spark (one file per task)"),
+            ("floor", "floor (trivial job, same tasks)"),
+        ):
+            files = f.get(name)
+            base = "plain, block" if name == "merged, run()" else "plain"
+            rows.append(
+                {
+                    "shape": shape,
+                    "variant": label,
+                    "s": f"{m[name]:.3f}",
+                    "ratio": f"{m[name] / m[base]:.2f}",
+                    "files": "-" if files is None else str(files["total"]),
+                    "per_task": "-" if files is None else f"{files['total'] / tasks:.1f}",
+                    "state": "-" if files is None else str(files["state"]),
+                    "staged": "-" if files is None else str(files["staged"]),
+                }
+            )
+    print_table([("shape", "shape", "<8"), ("variant", "variant", "<33"), ("s", "epoch s", ">8"),
+                 ("ratio", "vs plain", ">9"), ("files", "files/chk", ">10"),
+                 ("per_task", "per task", ">9"), ("state", "state", ">6"),
+                 ("staged", "staged", ">7")], rows)  # fmt: skip
+    for shape, res in results.items():
+        m = res["medians"]
         print(
-            f"  {name:<12} {t.plans} plans, {t.deleted} files deleted, {t.failed} failed, "
-            f"busy {t.busy_s:.2f} s, submit waited {t.waited_s * 1000:.1f} ms"
+            f"ratio regional / plain Spark at {shape}: epoch() {m['merged'] / m['plain']:.2f}, "
+            f"pipelined run() {m['merged, run()'] / m['plain, block']:.2f}"
         )
+    split = []
+    for shape, res in results.items():
+        merged = res["timings"]["merged"]
+        for part in (*PARTS, "total"):
+            split.append({"shape": shape, "part": part, "ms": _median(merged, f"{part}_s") * 1000})
+        for part in TASK_PARTS:
+            split.append(
+                {
+                    "shape": shape,
+                    "part": f"task-{part}",
+                    "ms": _median(merged, f"task_{part}_s") * 1000,
+                }
+            )
+    print("\nsplit of a regional (merged) epoch on the driver, then task ms per phase summed")
+    print("over the units (median ms)")
+    print_table(
+        [("shape", "shape", "<8"), ("part", "part", "<14"), ("ms", "ms", ">8")],
+        [{**r, "ms": f"{r['ms']:.1f}"} for r in split],
+    )
     suffix = "-quick" if args.quick else ""
     write_results(
         os.path.join(args.out, f"epoch{suffix}.json"),
         master=args.master,
-        config={"regions": args.regions, "records": args.records, "epochs": args.epochs},
-        epoch_s={"regional": reg_s, "plain": plain_s, "floor": floor_s},
-        ratio=reg_s / plain_s,
+        config={"shapes": args.shapes, "epochs": args.epochs, "tasks": tasks},
+        epoch_s={shape: res["medians"] for shape, res in results.items()},
+        ratio={
+            shape: res["medians"]["merged"] / res["medians"]["plain"]
+            for shape, res in results.items()
+        },
+        files_per_checkpoint={shape: res["files"] for shape, res in results.items()},
         split_ms=split,
-        cleaner={k: {f: getattr(v, f) for f in v.__struct_fields__} for k, v in totals.items()},
     )
     spark.stop()
 

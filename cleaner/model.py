@@ -166,7 +166,10 @@ class MissingFile(msgspec.Struct, frozen=True):
 
 class RetentionPlan(msgspec.Struct, frozen=True):
     """The whole decision. `whole_checkpoint_bytes` is what keeping every referenced checkpoint
-    whole (Flink's rule: newest N plus the transitive closure of their references) would keep."""
+    whole (Flink's rule: newest N plus the transitive closure of their references) would keep.
+    `live_bytes` / `physical_bytes`: of the listed state files kept checkpoints reference, the
+    bytes of referenced segments and the files' sizes (`metadata.liveness`; DESIGN §4 rule 16:
+    a merged file is kept whole while any segment of it is referenced)."""
 
     num_retained: int
     checkpoints: tuple[CheckpointDecision, ...]
@@ -179,6 +182,8 @@ class RetentionPlan(msgspec.Struct, frozen=True):
     kept_bytes: int = 0
     deleted_bytes: int = 0
     whole_checkpoint_bytes: int = 0
+    live_bytes: int = 0
+    physical_bytes: int = 0
 
     @property
     def deletions(self) -> tuple[FileDecision, ...]:

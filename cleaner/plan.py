@@ -13,8 +13,10 @@ Rules, in the order they apply to a file (the first that matches decides):
    inspector too, and a restore base the job does not own) is kept, naming every
    kept checkpoint that references it. Because fallback state points at its **owner** (rule 4),
    this keeps the few referenced *files* of an intermediate checkpoint, not the whole checkpoint.
-   A physical file holding several segments stays while any kept segment remains; `shared/`
-   files are reference-counted the same way.
+   A physical file holding several segments (a task's merged file, DESIGN §4 rule 16) stays
+   while any kept segment remains, and a merged file kept only for fallback units says which:
+   ``segment of unit 7 referenced by chk-12 (fallback owner 9); live 10 of 40 bytes``
+   (`metadata.liveness`); `shared/` files are reference-counted the same way.
 2. A file named by a pending checkpoint, or under its directory, is kept.
 2a. A committed segment of a keyed exchange (`exchange/<reader>/n<N>/p<q>/...`,
    `metadata.exchange`) is kept while some kept checkpoint's reader has not read it
@@ -119,6 +121,7 @@ from metadata.layout import (
     check_relative,
     event_checkpoint_id,
 )
+from metadata.liveness import FileLiveness, file_liveness, live_totals
 from metadata.model import CheckpointMetadata
 from metadata.retention import retain
 
@@ -310,6 +313,7 @@ def plan_retention(
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
     num_retained_events: int = DEFAULT_RETAINED_EVENTS,
+    liveness_totals: bool = False,
 ) -> RetentionPlan:
     """Decide, for every checkpoint and every listed file, keep or delete, with the reason.
 
@@ -318,8 +322,10 @@ def plan_retention(
     job root (paths relative to it). With `live_unknown` (a caller that cannot see the
     coordinator, like the CLI), a directory without `_metadata` newer than every completed
     checkpoint is kept as possibly in progress instead of deleted as aborted. The newest
-    `num_retained_events` event files are kept. Raises `RetentionInputError` if `num_retained`
-    < 1 or `num_retained_events` < 0.
+    `num_retained_events` event files are kept. With `liveness_totals` the plan also sums
+    the kept state files' live and physical bytes (`RetentionPlan.live_bytes`: a pass over
+    every kept checkpoint's handles, so only views ask for it). Raises `RetentionInputError`
+    if `num_retained` < 1 or `num_retained_events` < 0.
     """
     if num_retained < 1:
         raise RetentionInputError(
@@ -401,7 +407,21 @@ def plan_retention(
         for path in again:
             kept_by[path] += one
 
+    kept_mds = [by_id[cid] for cid in sorted(kept_ids) if cid in by_id]
+    if not liveness_totals:  # only files kept for fallback units of owners that are not kept
+        kept_mds = [
+            md
+            for md in kept_mds
+            if not kept_ids.issuperset(refs.owner_units.get(md.checkpoint_id, ()))
+        ]
+    liveness = file_liveness(kept_mds, fresh_files=liveness_totals)
+    live_bytes = physical_bytes = 0
+    if liveness_totals:
+        live_bytes, physical_bytes = live_totals(
+            f for f in liveness.values() if sizes.get(f.path) == f.size
+        )
     rules = _Rules(
+        liveness=liveness,
         own_only=own_only,
         listed_paths=listed_paths,
         kept_by=kept_by,
@@ -471,6 +491,8 @@ def plan_retention(
         kept_bytes=kept_total,
         deleted_bytes=deleted_total,
         whole_checkpoint_bytes=kept_total + extra,
+        live_bytes=live_bytes,
+        physical_bytes=physical_bytes,
     )
 
 
@@ -485,6 +507,7 @@ class _Rules:
     def __init__(
         self,
         *,
+        liveness: dict[str, FileLiveness],
         own_only: dict[int, tuple[int, ...]],
         listed_paths: set[str],
         kept_by: dict[str, tuple[int, ...]],
@@ -504,6 +527,7 @@ class _Rules:
         num_retained_events: int,
         linked: dict[int, tuple[Reason, str]],
     ) -> None:
+        self.liveness = liveness
         self.linked = linked
         self.kept_by = kept_by
         self.expired_events = expired_events
@@ -572,9 +596,14 @@ class _Rules:
                 continue
             if users:
                 own = cid if cid in users else None
-                detail = details.get((users, own))
-                if detail is None:
-                    detail = details[users, own] = _referenced_detail(users, own)
+                live = self.liveness.get(path) if own is None else None
+                if live is not None and live.merged:  # which segments keep a merged file
+                    detail = live.explain()
+                else:
+                    known = details.get((users, own))
+                    detail = known or details.setdefault(
+                        (users, own), _referenced_detail(users, own)
+                    )
                 reason = Reason.REFERENCED if own is None else Reason.RETAINED
                 append(FileDecision(path, size, Action.KEEP, reason, detail, cid, users))
                 kept += size

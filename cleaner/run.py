@@ -166,9 +166,9 @@ def scan(
     num_retained_events: int = DEFAULT_RETAINED_EVENTS,
 ) -> RetentionPlan:
     """Read every checkpoint's metadata (damaged ones are reported, never deleted), list the job
-    root (`read_root`), and plan retention (`cleaner.plan.plan_retention`). Pending
-    checkpoints are not read. Listing comes after reading, so a checkpoint completing in
-    between is kept."""
+    root (`read_root`), and plan retention (`cleaner.plan.plan_retention`, with the kept state
+    files' live / physical bytes). Pending checkpoints are not read. Listing comes after
+    reading, so a checkpoint completing in between is kept."""
     return plan_root(
         read_root(storage, pending=pending),
         num_retained=num_retained,
@@ -176,6 +176,7 @@ def scan(
         restore_base=restore_base,
         live_unknown=live_unknown,
         num_retained_events=num_retained_events,
+        liveness_totals=True,
     )
 
 
@@ -187,6 +188,7 @@ def plan_root(
     restore_base: RestoreBase | None = None,
     live_unknown: bool = False,
     num_retained_events: int = DEFAULT_RETAINED_EVENTS,
+    liveness_totals: bool = False,
 ) -> RetentionPlan:
     """`plan_retention` over what `read_root` read."""
     return plan_retention(
@@ -198,6 +200,7 @@ def plan_root(
         restore_base=restore_base,
         live_unknown=live_unknown,
         num_retained_events=num_retained_events,
+        liveness_totals=liveness_totals,
     )
 
 

@@ -52,6 +52,8 @@ TOTALS_SCHEMA = pa.schema(
         pa.field("saved_bytes", pa.int64()),
         pa.field("refused", pa.int64()),
         pa.field("missing", pa.int64()),
+        pa.field("live_bytes", pa.int64()),  # referenced segments of kept state files
+        pa.field("physical_bytes", pa.int64()),  # those files' sizes (DESIGN §4 rule 16)
     ]
 )
 
@@ -140,5 +142,7 @@ def retention_totals(plan: RetentionPlan) -> pa.Table:
         "saved_bytes": plan.saved_bytes,
         "refused": len(plan.refused),
         "missing": len(plan.missing),
+        "live_bytes": plan.live_bytes,
+        "physical_bytes": plan.physical_bytes,
     }
     return pa.Table.from_pylist([row], schema=TOTALS_SCHEMA)

@@ -439,6 +439,43 @@ class SubtaskTable(Sequence[SubtaskState]):
             return sum(s.is_fallback for s in self.rows())
         return sum(map(bool, self.column("ref")))
 
+    def fresh_segment_bytes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(bytes of the fresh subtasks' segments per state file path, each such file's
+        physical size): what this checkpoint's own files hold that it references itself
+        (`metadata.liveness`). From the columns, grouped in Arrow (no per-handle Python)."""
+        c = self.columns()
+        if c.handle_count == 0:
+            return {}, {}
+        n = c.handle_count
+
+        def full(name: str) -> pa.Array:
+            a = self.arrow(name)
+            return pa.array(repeat(a, n), pa.uint64()) if isinstance(a, int) else a
+
+        table = pa.table({"path": full("path"), "length": full("length"), "size": full("size")})
+        refs = self.column("ref")
+        if any(refs):  # leave out the fallback subtasks' handles
+            per_handle = chain.from_iterable(map(repeat, refs, self.column("handles")))
+            table = table.filter(pa.array(map(eq, per_handle, repeat(0)), pa.bool_()))
+        grouped = table.group_by("path").aggregate([("length", "sum"), ("size", "max")])
+        paths = [c.paths[k] for k in grouped.column("path").to_pylist()]
+        return (
+            dict(zip(paths, grouped.column("length_sum").to_pylist(), strict=True)),
+            dict(zip(paths, grouped.column("size_max").to_pylist(), strict=True)),
+        )
+
+    def fallback_subtasks(self) -> tuple[SubtaskState, ...]:
+        """The subtasks that re-use an earlier checkpoint's state, in table order."""
+        if self._columns is None:
+            return tuple(s for s in self.rows() if s.ref_checkpoint_id is not None)
+        refs = self.column("ref")
+        if not any(refs):
+            return ()
+        chosen = tuple(compress(range(self.columns().count), refs))
+        if self._rows is not None:
+            return tuple(map(self._rows.__getitem__, chosen))
+        return self._build(chosen)
+
     def of_vertex(self, vertex_id: str) -> tuple[SubtaskState, ...]:
         """The subtasks of vertex `vertex_id`, in table order."""
         c = self.columns()

@@ -600,6 +600,32 @@ def test_late_ack_from_a_timed_out_attempt_is_ignored_and_its_files_discarded() 
     assert [u.unit_id for u in md.fallback_units] == [4]
 
 
+def test_late_ack_whose_segment_shares_a_task_file_discards_no_file() -> None:
+    # units 3 and 4 ran in one Spark task: one merged file, unit 3's segment accepted
+    job = Job(units=5)
+    t = job.start()
+    for u in range(3):
+        job.ack(u)
+
+    def merged(unit: int) -> tuple[SubtaskState, ...]:
+        return tuple(
+            SubtaskState(
+                v,
+                i,
+                unit,
+                handles=(StateHandle("chk-1/3-1.state", unit - 3, 1, 2, b"h" * 16),),
+                attempt=1,
+            )
+            for v, i in job.layout.units[unit]
+        )
+
+    job.c.on_ack(1, 3, 1, merged(3), job.now + 1)
+    md = metadata_of(job.c.on_tick(t.deadline_ms))
+    assert "chk-1/3-1.state" in md.handle_paths
+    late = job.c.on_ack(1, 4, 1, merged(4), t.deadline_ms + 5)
+    assert late == [DiscardAttempt(1, 4, 1, (), {})]
+
+
 def test_retry_fences_the_old_attempt() -> None:
     job = Job(units=5)
     job.start()

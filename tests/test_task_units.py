@@ -139,8 +139,8 @@ def _record_steps(monkeypatch, *, wait_for_second_unit: bool):
     processed = threading.Event()
     process, write = task._process, JobStorage.write_segments
 
-    def recording_process(env, storage, work):
-        snap = process(env, storage, work)
+    def recording_process(env, storage, work, *spool):
+        snap = process(env, storage, work, *spool)
         steps.append(("process", work.unit_id))
         if work.unit_id == 1:
             processed.set()
@@ -159,7 +159,7 @@ def _record_steps(monkeypatch, *, wait_for_second_unit: bool):
 
 def test_async_phase_uploads_while_the_next_unit_runs(env, monkeypatch):
     steps = _record_steps(monkeypatch, wait_for_second_unit=True)
-    answers = run_units(env, _two_units())
+    answers = run_units(msgspec.structs.replace(env, merge_state=False), _two_units())
     assert [type(a) for a in answers] == [Ack, Ack]
     assert steps[:2] == [("process", 0), ("process", 1)]
 

@@ -31,7 +31,7 @@ from metadata.storage import JobSelectionError, JobStorage
 from regional.cli import retention
 from regional.cli.render import print_table
 
-__all__ = ["register", "retention_output", "totals_text"]
+__all__ = ["live_text", "register", "retention_output", "totals_text"]
 
 
 def _at_least(least: int) -> Callable[[str], int]:
@@ -106,6 +106,17 @@ def _with_status(table: pa.Table, report: CleanReport | None) -> pa.Table:
     return table.set_column(idx, table.schema.field(idx), pa.array(details, pa.string()))
 
 
+def live_text(live: int, physical: int) -> str:
+    """The `live / physical bytes` line: how much of the kept state files kept checkpoints
+    still reference (a merged file stays whole while any segment of it is referenced).
+
+    >>> live_text(300, 400)
+    'state files kept: live / physical bytes = 300 / 400 (75.0%)'
+    """
+    share = f"{100 * live / physical:.1f}%" if physical else "-"
+    return f"state files kept: live / physical bytes = {live} / {physical} ({share})"
+
+
 def totals_text(
     plan: RetentionPlan, report: CleanReport | None, num_retained: NumRetained | None = None
 ) -> str:
@@ -120,6 +131,7 @@ def totals_text(
         f"{plan.deleted_bytes} bytes",
         f"file-level retention keeps {plan.saved_bytes} bytes less than keeping every "
         f"referenced checkpoint whole ({plan.whole_checkpoint_bytes} bytes)",
+        live_text(plan.live_bytes, plan.physical_bytes),
     ]
     if report is not None:
         lines.append(

@@ -1167,9 +1167,22 @@ def _discard(
     states: Sequence[SubtaskState],
     *,
     committables: bool,
+    whole_checkpoint: bool = False,
 ) -> DiscardAttempt:
-    paths = [h.path for s in states for h in s.handles if not h.shared]
-    files = tuple(dict.fromkeys(paths)) if paths else ()
+    """The files and staged sink files of one discarded unit attempt. A state file may be a
+    task's merged file holding other units' segments too (DESIGN §4 rule 16): unless the whole
+    checkpoint is discarded (`whole_checkpoint`: an abort, every segment is garbage), only the
+    files this attempt's segments fill entirely are listed; the others stay for the cleaner."""
+    handles = [h for s in states for h in s.handles if not h.shared]
+    if whole_checkpoint or not handles:
+        files = tuple(dict.fromkeys(h.path for h in handles))
+    else:
+        filled: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for h in dict.fromkeys(handles):
+            filled[h.path] = filled.get(h.path, 0) + h.length
+            sizes[h.path] = h.size
+        files = tuple(path for path, n in filled.items() if n == sizes[path])
     staged: dict[str, tuple[bytes, ...]] = {}
     if committables:
         for s in states:
@@ -1188,7 +1201,9 @@ def _discards(p: PendingCheckpoint) -> list[DiscardAttempt]:
         states: list[tuple[SubtaskState, ...]] = list(filter(None, p.states))
         if p.files or _any_files(chain.from_iterable(states)):
             return [
-                _discard(cid, unit_id, attempt, unit_states, committables=True)
+                _discard(
+                    cid, unit_id, attempt, unit_states, committables=True, whole_checkpoint=True
+                )
                 for unit_id, attempt, unit_states in zip(acked, attempts, states, strict=False)
             ]
     # one empty `committables` for all: an allocation per decision costs more than the rest

@@ -344,7 +344,9 @@ def _retention_section(report: Report) -> str:
         f"<b>{_bytes(deletable)}</b> in {_files(t['deleted_files'])} (what "
         "<code>regional clean</code> would delete now). Retained checkpoints: "
         f"{_e(retained)}; keeping every referenced checkpoint whole would keep "
-        f"{_bytes(t['whole_checkpoint_bytes'])}.</p>"
+        f"{_bytes(t['whole_checkpoint_bytes'])}. State files kept: live / physical bytes "
+        f"{_bytes(t['live_bytes'] or 0)} / {_bytes(t['physical_bytes'] or 0)} (a merged "
+        "file stays whole while any segment of it is referenced).</p>"
     )
     if report.retention_note:
         summary += f'<p class="muted">Planned with {_e(report.retention_note)}.</p>'

@@ -208,12 +208,18 @@ class DecisionHandlers:
         """The sinks' table retention, read once per driver (`TableRetention`)."""
         return sink_retention({v: s.sink for v, s in self.pipeline.sinks.items()})
 
-    def carry_out(self, decisions: list[Decision]) -> None:
+    def carry_out(self, decisions: list[Decision], *, hold_commits: bool = False) -> list[Decision]:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
-        already queued. Then hands the deletions they made due to the cleaner."""
+        already queued. Then hands the deletions they made due to the cleaner.
+
+        With `hold_commits`, stops at the first `Commit` and returns it with every decision
+        queued after it, not carried out (a pipelined `run` carries them out while the next
+        epoch's tasks run); otherwise returns []."""
         self.deferred = []
         queue = collections.deque(decisions)
         while queue:
+            if hold_commits and isinstance(queue[0], Commit):
+                break
             d = queue.popleft()
             self._seen(d)
             part = self._PARTS.get(type(d))
@@ -224,6 +230,7 @@ class DecisionHandlers:
                     queue += self._handlers[type(d)](d)
         with self.stopwatch.part("clean"):
             self._clean()
+        return list(queue)
 
     def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
         """Write a completed checkpoint's metadata; the checkpoint is complete once it is

@@ -35,6 +35,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 import msgspec
@@ -62,7 +63,7 @@ from regional.errors import (
 from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
-from regional.runtime.dispatch import TaskDispatcher
+from regional.runtime.dispatch import Dispatch, TaskDispatcher
 from regional.runtime.epoch_plan import (
     drained_exchanges,
     finished_sources,
@@ -150,6 +151,31 @@ def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> lis
     return coordinator.on_decline(
         answer.checkpoint_id, answer.unit, answer.attempt, answer.reason, now_ms
     )
+
+
+@dataclasses.dataclass
+class _Running:
+    """An epoch whose tasks were dispatched (`batch`: the dispatch, or its future on the
+    dispatch thread of a pipelined `run`)."""
+
+    trigger: TriggerCheckpoint
+    trigger_ms: int
+    works: list[UnitWork]
+    watch: EpochStopwatch
+    batch: Future[Dispatch] | Dispatch
+
+    def dispatched(self) -> Dispatch:
+        """The dispatch's answers (waiting for the dispatch thread)."""
+        return self.batch.result() if isinstance(self.batch, Future) else self.batch
+
+
+@dataclasses.dataclass
+class _Held:
+    """An epoch whose commits (and what follows them) are still to carry out."""
+
+    running: _Running
+    records_in: int
+    decisions: list[Decision]
 
 
 class JobDriver:
@@ -295,17 +321,7 @@ class JobDriver:
                 summary.restored_from = self.restored_from
                 summary.restored_location = self.restored_location
                 summary.restore_notes = self.restore_notes
-            epochs = 0
-            while (
-                not self.decisions.finished
-                and not self._stop_requested
-                and (max_checkpoints is None or epochs < max_checkpoints)
-            ):
-                event = self.epoch()
-                summary.checkpoints.append(event)
-                epochs += 1
-                if event.records_in == 0 and (max_checkpoints is None or epochs < max_checkpoints):
-                    self._idle_until(event.trigger_time_ms + round(self.interval * 1000))
+            self._run_epochs(summary, max_checkpoints)
             self._stop_requested = False  # a later run() runs again
             if stop_with_savepoint and not self.decisions.finished:
                 summary.savepoint = self._take_savepoint(summary)
@@ -316,6 +332,52 @@ class JobDriver:
         summary.finished = self.decisions.finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
+
+    def _run_epochs(self, summary: RunSummary, max_checkpoints: int | None) -> None:
+        """`run`'s loop, pipelined where `_pipelines` allows (DESIGN §6): an epoch that read
+        records and is not final holds its commits, the next epoch's tasks start, and the held
+        commits run meanwhile on this thread, strictly in order and before the next epoch's
+        answers are fed. A crash anywhere leaves what an unpipelined run leaves: the held
+        checkpoint's metadata is durable (a restore re-commits it), the next one's files are
+        staged only. The dispatch thread is joined before this returns or raises."""
+        pool = ThreadPoolExecutor(1, thread_name_prefix="dispatch") if self._pipelines() else None
+        started = 0
+        held: _Held | None = None
+        try:
+            while (
+                not self.decisions.finished
+                and not self._stop_requested
+                and (max_checkpoints is None or started < max_checkpoints)
+            ):
+                running = self._begin(savepoint=False, pool=pool if held is not None else None)
+                started += 1
+                if held is not None:
+                    try:
+                        summary.checkpoints.append(self._finish_held(held))
+                    except BaseException:
+                        self._abandon(running)
+                        raise
+                    held = None
+                batch = running.dispatched()
+                last = max_checkpoints is not None and started >= max_checkpoints
+                out = self._conclude(
+                    running,
+                    batch,
+                    hold_commits=pool is not None and not last and not running.trigger.final,
+                )
+                if isinstance(out, _Held):
+                    if out.records_in > 0 and not self._stop_requested:
+                        held = out
+                        continue
+                    out = self._finish_held(out)
+                summary.checkpoints.append(out)
+                if out.records_in == 0 and not last:
+                    self._idle_until(out.trigger_time_ms + round(self.interval * 1000))
+            if held is not None:
+                summary.checkpoints.append(self._finish_held(held))
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def _idle_until(self, next_trigger_ms: int) -> None:
         """Wait for the next trigger after an epoch that read nothing (unless the job finished
@@ -420,19 +482,42 @@ class JobDriver:
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
-        """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome."""
+        """Run one checkpoint epoch (a savepoint with `savepoint`) and return its outcome, once
+        its metadata is written and its output committed."""
+        running = self._begin(savepoint=savepoint)
+        held = self._conclude(running, running.dispatched(), hold_commits=False)
+        assert isinstance(held, CheckpointEvent)
+        return held
+
+    def _begin(self, *, savepoint: bool, pool: ThreadPoolExecutor | None = None) -> _Running:
+        """Trigger a checkpoint, plan its units' work and start dispatching it: in `pool` (a
+        pipelined `run`: the previous epoch's commits run meanwhile on this thread) or, without
+        one, right here."""
         self._hold_lease()
-        self._stopwatch = watch = EpochStopwatch()
+        self._stopwatch = self.decisions.stopwatch = watch = EpochStopwatch()
         trigger_ms = self.clock.now_ms()
         trigger = self.coordinator.trigger(trigger_ms, savepoint=savepoint)
-        cid = trigger.checkpoint_id
         self._seen(trigger)
         with watch.part("plan"):
             works = self._works(trigger)
         if self.watch is not None:
-            self.watch.epoch_started(cid, [w.unit_id for w in works])
-        with watch.part("dispatch"):
-            batch = self.dispatcher.run(works, trigger.deadline_ms)
+            self.watch.epoch_started(trigger.checkpoint_id, [w.unit_id for w in works])
+
+        def dispatch() -> Dispatch:
+            with watch.part("dispatch"):
+                return self.dispatcher.run(works, trigger.deadline_ms)
+
+        batch: Future[Dispatch] | Dispatch = dispatch() if pool is None else pool.submit(dispatch)
+        return _Running(trigger, trigger_ms, works, watch, batch)
+
+    def _conclude(
+        self, running: _Running, batch: Dispatch, *, hold_commits: bool
+    ) -> CheckpointEvent | _Held:
+        """Feed the epoch's answers to the coordinator and carry out its decisions; returns the
+        epoch's event, or with `hold_commits` the commits (and what follows them) still to
+        carry out, when there are any (`_finish_held`)."""
+        trigger, works, watch = running.trigger, running.works, running.watch
+        cid = trigger.checkpoint_id
         arrived = batch.arrived()
         answers = answers_of(arrived) if batch.batches else list(batch.answers)
         with watch.part("feed"):
@@ -458,12 +543,71 @@ class JobDriver:
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
         self.faults.crash_point(cid, "after-acks")
         try:
-            self.decisions.carry_out(self.decisions.deferred + decisions)
+            held = self.decisions.carry_out(
+                self.decisions.deferred + decisions, hold_commits=hold_commits
+            )
         except JobFailedError as failed:  # the job's last event says why it failed
-            self._record(cid, records_in, trigger_ms, str(failed))
+            self._record(cid, records_in, running.trigger_ms, str(failed))
             raise
         self._check_sources_finished()
-        return self._record(cid, records_in, trigger_ms)
+        if held:
+            return _Held(running, records_in, held)
+        return self._record(cid, records_in, running.trigger_ms)
+
+    def _finish_held(self, held: _Held) -> CheckpointEvent:
+        """Carry out an epoch's held commits and what follows them (in order, as `epoch` would
+        have), then record its event; the next epoch's stopwatch is put back afterwards."""
+        cid, trigger_ms = held.running.trigger.checkpoint_id, held.running.trigger_ms
+        following = self._stopwatch
+        self._stopwatch = self.decisions.stopwatch = held.running.watch
+        try:
+            try:
+                self.decisions.carry_out(held.decisions)
+            except JobFailedError as failed:
+                self._record(cid, held.records_in, trigger_ms, str(failed))
+                raise
+            if self.coordinator.pending_checkpoint_id is None:  # never under a running epoch
+                self._check_sources_finished()
+            return self._record(cid, held.records_in, trigger_ms)
+        finally:
+            self._stopwatch = self.decisions.stopwatch = following
+
+    def _abandon(self, running: _Running) -> None:
+        """The run stops on an exception while `running`'s tasks run (its previous epoch's held
+        commits raised): wait for them and delete what they wrote, as an abort would (best
+        effort, and only while the lease is held), so the stopped run leaves what an unpipelined
+        one leaves and its checkpoint id stays free. A hard crash leaves the files; the next
+        run then skips that id, as for any checkpoint in flight at a crash."""
+        try:
+            batch = running.dispatched()
+        except Exception:
+            return
+        if not self.lease.held:
+            return  # fenced: never write or delete without the lease
+        files: dict[str, None] = {}
+        staged: dict[str, list[bytes]] = {}
+        for answer in answers_of(batch.arrived()):
+            if isinstance(answer, Ack):
+                for s in answer.states:
+                    files.update(dict.fromkeys(h.path for h in s.handles if not h.shared))
+                    if s.committables:
+                        staged.setdefault(s.vertex_id, []).extend(s.committables)
+        try:
+            for path in files:
+                self.storage.delete_file(path)
+            for vertex_id, committables in staged.items():
+                self.pipeline.sink_of(vertex_id).discard(tuple(committables))
+        except Exception as exc:
+            cid = running.trigger.checkpoint_id
+            log.warning("files of checkpoint %d left for the cleaner: %s", cid, exc)
+
+    def _pipelines(self) -> bool:
+        """Whether `run` may start an epoch's tasks while the previous epoch's commits run: the
+        dispatcher says it can run on another thread (Spark), and no keyed exchange waits for
+        those commits (its readers read committed segments only)."""
+        return bool(getattr(self.dispatcher, "background_safe", False)) and not (
+            self.pipeline.exchanges
+        )
 
     def _hold_lease(self) -> None:
         """Keep the lease at the start of an epoch. After a lapse (storage was unreachable while

@@ -202,6 +202,10 @@ class SparkDispatcher:
     every task. Implements `regional.coordinator.messages.TaskDispatcher`. `on_answer` is told
     every answer as its task ends, while the job still runs."""
 
+    #: `JobDriver.run` may dispatch from its dispatch thread while it commits the previous
+    #: epoch (pipelined commits): a Spark job can be submitted from any thread.
+    background_safe = True
+
     def __init__(
         self,
         sc: SparkContext,
@@ -320,6 +324,8 @@ class SparkRuntime(JobDriver):
     the idle wait of `JobDriver`. `code_dir` (a pipeline file's folder) ships the modules
     imported from it as files (see the module doc). `metrics_port` serves the job's metrics
     for Prometheus on `metrics_host`:PORT while `run` runs (`regional.runtime.prometheus`).
+    `merge_state` (default on) writes one physical state file per Spark task and checkpoint
+    (DESIGN §4 rule 16); off, one per unit attempt (the layout before file merging).
     """
 
     def __init__(
@@ -342,6 +348,7 @@ class SparkRuntime(JobDriver):
         code_dir: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        merge_state: bool = True,
     ) -> None:
         policy = policy or Policy()
         faults = faults or Faults()
@@ -360,6 +367,7 @@ class SparkRuntime(JobDriver):
             unit_timeout=region_timeout / 2,
             faults=faults.unit_faults(),
             run_id=run_id,
+            merge_state=merge_state,
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(

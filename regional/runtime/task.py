@@ -5,10 +5,17 @@ task restores the unit's subtasks from the state the coordinator named (verified
 reads its sources from their positions, runs the operators, stages sink files, and snapshots:
 
 * **sync phase** (under the unit's timeout): operator state is serialised to a local file;
-* **async phase** (FLINK-37375): a small thread pool uploads the file to checkpoint storage while
-  the task already runs its next unit; the upload is read back and every segment's checksum
-  verified before the ack is produced (DESIGN §4 rule 10). A unit with no state to upload is
-  acked at once, without a thread hop;
+* **async phase** (FLINK-37375): the task's units' snapshots go to checkpoint storage as **one
+  physical state file per task** (DESIGN §4 rule 16, FLIP-306): each unit's sync phase appends
+  its segments to the task's local spool file, and after the last unit the spool is uploaded
+  once, read back, and every segment's checksum verified before any ack naming it is produced
+  (DESIGN §4 rule 10). The file is named after the first unit attempt with state
+  (`chk-<id>/u<unit>-a<attempt>-<run>.state`: every unit attempt runs in exactly one task, so
+  the name is unique); its handles are segments (path, offset, length). A unit that declines
+  contributes nothing; if the upload fails, every unit with a segment in it declines. A unit
+  with no state is acked without a segment. With `TaskEnv.merge_state` off, each unit uploads
+  its own file from a small thread pool while the task already runs its next unit (the layout
+  before file merging);
 * **before the task answers**: the sinks' staged files and staging directories are made durable
   together (`sync_staged`), so no ack names a file a power loss could take back.
 
@@ -96,13 +103,14 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     upload_in_sync_phase: bool = False
     faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
     run_id: str | None = None  # the driver run: state file names carry it (fencing)
+    merge_state: bool = True  # one state file per task (DESIGN §4 rule 16); False: per unit
 
 
 class _Snapshot(msgspec.Struct):
     """The sync phase's result, waiting for its upload."""
 
     work: UnitWork
-    local_file: str | None
+    local_file: str | None  # the unit's own local file (per-unit uploads only)
     seg_keys: list[tuple[str, int]]  # the subtasks with a segment, in file order
     lengths: list[int]
     states: list[SubtaskState]  # in layout order, without handles yet
@@ -113,6 +121,7 @@ class _Snapshot(msgspec.Struct):
     restore_s: float = 0.0  # reading and decoding operator state
     process_s: float = 0.0  # sources, operators, sink staging
     encode_s: float = 0.0  # encoding operator state (to_bytes)
+    spool_offset: int = 0  # where its segments start in the task's spool file (merged uploads)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -148,8 +157,16 @@ def _decline(work: UnitWork, reason: str, trace: str | None = None) -> Decline:
     return Decline(work.checkpoint_id, work.unit_id, work.attempt, reason, trace)
 
 
-def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
-    """Restore, read, transform, write sinks, and serialise state locally (sync phase)."""
+def _process(
+    env: TaskEnv,
+    storage: JobStorage,
+    work: UnitWork,
+    spool: _Spool | None = None,
+    reads: _RestoreReads | None = None,
+) -> _Snapshot:
+    """Restore, read, transform, write sinks, and serialise state locally (sync phase): to the
+    task's `spool` when given (merged uploads), else to a local file of the unit's own. State
+    files several of the task's units restore from are read once (`reads`)."""
     pipeline: Pipeline = env.pipeline
     faults = env.faults
     if faults is not None:
@@ -222,7 +239,12 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 if spec.operator.stateful:
                     restore_started = time.perf_counter()
                     op_state = OperatorState.from_bytes(
-                        b"".join(storage.read_segment(h) for h in old.handles),
+                        b"".join(
+                            storage.read_segment(h, whole_files=reads.cache_for(h))
+                            if reads is not None
+                            else storage.read_segment(h)
+                            for h in old.handles
+                        ),
                         operator=vertex_id,
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
@@ -283,7 +305,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     local = None
     serialise_started = time.monotonic()
     processed = time.perf_counter()
-    if seg_keys:
+    spool_offset = 0
+    if seg_keys and spool is not None:
+        spool_offset = spool.append([blobs[key] for key in seg_keys])
+    elif seg_keys:
         fd, local = tempfile.mkstemp(prefix=f"regional-u{work.unit_id}-", suffix=".state")
         with os.fdopen(fd, "wb") as f:
             for key in seg_keys:
@@ -301,6 +326,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         restore_s,
         processed - started - restore_s - encode_s,
         encode_s,
+        spool_offset,
     )
 
 
@@ -328,6 +354,92 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
             if storage.read_segment(handle) != seg:  # verifies size and checksum too
                 raise OSError(f"upload of {rel} does not read back as written")
             handles[key] = handle
+    return _ack(snap, handles, time.perf_counter() - started)
+
+
+class _RestoreReads:
+    """The state files several units of a task restore from (a merged file of the task that ran
+    them last epoch): each is read whole once and its segments sliced from memory, so a task
+    makes one read per physical file, not one per unit (on an object store: requests scale with
+    tasks, not regions)."""
+
+    def __init__(self, works: Sequence[UnitWork]) -> None:
+        uses: dict[str, int] = {}
+        for w in works:
+            for s in w.restore:
+                for h in s.handles:
+                    uses[h.path] = uses.get(h.path, 0) + 1
+        self._shared = {path for path, n in uses.items() if n > 1}
+        self._files: dict[str, bytes] = {}
+
+    def cache_for(self, handle: StateHandle) -> dict[str, bytes] | None:
+        """The whole-file cache to read `handle` through, or None to read its segment alone."""
+        return self._files if handle.path in self._shared else None
+
+
+class _Spool:
+    """The task's local spool file (merged uploads): each unit's sync phase appends its
+    segments; a unit that declines is cut off again (`truncate`), so it contributes nothing."""
+
+    def __init__(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="regional-task-", suffix=".state")
+        self._file = os.fdopen(fd, "w+b")
+        self.size = 0
+
+    def append(self, blobs: Sequence[bytes]) -> int:
+        """Append `blobs` back to back; returns the offset of the first."""
+        offset = self.size
+        self._file.seek(offset)
+        for blob in blobs:
+            self._file.write(blob)
+        self.size = offset + sum(len(b) for b in blobs)
+        return offset
+
+    def truncate(self, size: int) -> None:
+        """Cut the spool back to `size` bytes (a unit that declined after, or while, appending)."""
+        self._file.truncate(size)
+        self.size = size
+
+    def read(self) -> bytes:
+        self._file.flush()
+        self._file.seek(0)
+        return self._file.read(self.size)
+
+    def close(self) -> None:
+        self._file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+def _upload_merged(
+    env: TaskEnv, storage: JobStorage, snaps: Sequence[_Snapshot], spool: _Spool
+) -> list[Ack]:
+    """Async phase of a task with merged uploads: upload the spool as one physical state file
+    (`snaps` are the units with segments in it, in spool order), read it back, verify, and
+    build one ack per unit whose handles are segments of that file. Each ack's `upload_s` is
+    its share of the one upload (the shares add up to the upload's seconds)."""
+    started = time.perf_counter()
+    first = snaps[0].work
+    if env.upload_latency is not None:
+        time.sleep(env.upload_latency.seconds(first.checkpoint_id, first.unit_id, first.attempt))
+    data = spool.read()
+    segments: list[bytes] = []
+    for snap in snaps:
+        offset = snap.spool_offset
+        for n in snap.lengths:
+            segments.append(data[offset : offset + n])
+            offset += n
+    rel = state_file_path(first.checkpoint_id, first.unit_id, first.attempt, env.run_id)
+    written = iter(storage.write_segments(rel, segments))
+    if storage.read_file(rel) != b"".join(segments):  # one read for every unit's segments
+        raise OSError(f"upload of {rel} does not read back as written")
+    share = (time.perf_counter() - started) / len(snaps)
+    return [_ack(snap, {key: next(written) for key in snap.seg_keys}, share) for snap in snaps]
+
+
+def _ack(snap: _Snapshot, handles: dict[tuple[str, int], StateHandle], upload_s: float) -> Ack:
+    """The ack of `snap`, its subtasks holding `handles` (their uploaded segments)."""
+    work = snap.work
     states = [
         msgspec.structs.replace(s, handles=(handles[s.vertex_id, s.index],))
         if (s.vertex_id, s.index) in handles
@@ -346,7 +458,7 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         restore_s=snap.restore_s,
         process_s=snap.process_s,
         snapshot_s=snap.encode_s + snap.serialise_s,
-        upload_s=time.perf_counter() - started,
+        upload_s=upload_s,
     )
 
 
@@ -357,7 +469,8 @@ def run_units(
     spark_attempt: int = 0,
     on_answer: Callable[[Answer], None] | None = None,
 ) -> list[Answer]:
-    """Run `works` one after another; return one answer per unit (never raises).
+    """Run `works` one after another; return one answer per unit, in `works` order (never
+    raises).
 
     `spark_attempt` > 0 means Spark re-ran a failed task: every unit declines, so a region is
     never re-run behind the coordinator's back (DESIGN §4 rule 9).
@@ -368,55 +481,93 @@ def run_units(
             for w in works
         ]
     storage = JobStorage(env.root, env.job_id)
-    answers: list[Answer] = []
-    pending: list[tuple[_Snapshot, Future[Ack], float]] = []
-    with (
-        ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
-        _alarms(env.unit_timeout) as timeout,
-    ):
-        for work in works:
-            started = time.monotonic()
-            snap: _Snapshot | None = None
-            try:
-                with timeout():
-                    snap = _process(env, storage, work)
-                    inline = env.upload_in_sync_phase or snap.local_file is None
-                    if env.upload_in_sync_phase:  # the unit blocks until its upload is verified
-                        upload_started = time.monotonic()
-                        answer = _upload(env, storage, snap)
-                        blocked = answer.snapshot_blocked_s + time.monotonic() - upload_started
-                        answer = msgspec.structs.replace(answer, snapshot_blocked_s=blocked)
-                    elif inline:  # no state to upload: the ack needs no upload thread
-                        answer = _upload(env, storage, snap)
-            except UnitTimeout:
-                answers.append(_decline(work, f"timeout: unit ran over {env.unit_timeout:g} s"))
-            except Exception as exc:
-                prefix = "upload failed: " if snap is not None else ""
-                answers.append(_decline(work, failure_line(exc, prefix), failure_trace(exc)))
-            else:
-                if inline:
-                    answers.append(answer)
+    answers: dict[int, Answer] = {}  # by position in `works`
+    pending: list[tuple[int, _Snapshot, Future[Ack], float]] = []
+    merged: list[tuple[int, _Snapshot]] = []  # units with segments in the spool, in its order
+    spool = _Spool() if env.merge_state and not env.upload_in_sync_phase else None
+    reads = _RestoreReads(works)
+    try:
+        with (
+            ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
+            _alarms(env.unit_timeout) as timeout,
+        ):
+            for at, work in enumerate(works):
+                started = time.monotonic()
+                snap: _Snapshot | None = None
+                spooled = spool.size if spool is not None else 0
+                try:
+                    with timeout():
+                        snap = _process(env, storage, work, spool, reads)
+                        inline = env.upload_in_sync_phase or not snap.seg_keys
+                        if env.upload_in_sync_phase:  # the unit blocks until its upload is done
+                            upload_started = time.monotonic()
+                            answer = _upload(env, storage, snap)
+                            blocked = answer.snapshot_blocked_s + time.monotonic() - upload_started
+                            answer = msgspec.structs.replace(answer, snapshot_blocked_s=blocked)
+                        elif inline:  # no state to upload: the ack needs no upload
+                            answer = _ack(snap, {}, 0.0)
+                except UnitTimeout:
+                    answers[at] = _decline(work, f"timeout: unit ran over {env.unit_timeout:g} s")
+                except Exception as exc:
+                    prefix = "upload failed: " if snap is not None else ""
+                    answers[at] = _decline(work, failure_line(exc, prefix), failure_trace(exc))
                 else:
-                    pending.append((snap, pool.submit(_upload, env, storage, snap), started))
-                continue
-            if snap is not None:  # the sync-phase upload failed or ran out of time
-                _discard_staged(env.pipeline, snap.states)
-        for snap, future, started in pending:
-            left = env.unit_timeout - (time.monotonic() - started)
-            try:
-                answers.append(future.result(timeout=max(left, 0.001)))
-                continue
-            except TimeoutError:
-                answers.append(_decline(snap.work, "timeout: upload did not finish in time"))
-            except Exception as exc:
-                reason = failure_line(exc, "upload failed: ")
-                answers.append(_decline(snap.work, reason, failure_trace(exc)))
-            _discard_staged(env.pipeline, snap.states)
-    answers = _sync_staged(env.pipeline, answers)
+                    if inline:
+                        answers[at] = answer
+                    elif spool is not None:
+                        merged.append((at, snap))
+                    else:
+                        future = pool.submit(_upload, env, storage, snap)
+                        pending.append((at, snap, future, started))
+                    continue
+                if spool is not None:  # a declined unit contributes nothing to the task's file
+                    spool.truncate(spooled)
+                if snap is not None:  # the sync-phase upload failed or ran out of time
+                    _discard_staged(env.pipeline, snap.states)
+            for at, snap, future, started in pending:
+                left = env.unit_timeout - (time.monotonic() - started)
+                answers[at] = _awaited(future, left, snap, env.pipeline)
+            if merged and spool is not None:
+                snaps = [snap for _, snap in merged]
+                acks = pool.submit(_upload_merged, env, storage, snaps, spool)
+                outcome = _awaited_all(acks, env.unit_timeout, snaps, env.pipeline)
+                answers.update(zip((at for at, _ in merged), outcome, strict=True))
+    finally:
+        if spool is not None:
+            spool.close()
+    ordered = _sync_staged(env.pipeline, [answers[at] for at in range(len(works))])
     if on_answer is not None:
-        for a in answers:
+        for a in ordered:
             on_answer(a)
-    return answers
+    return ordered
+
+
+def _awaited(future: Future[Ack], left: float, snap: _Snapshot, pipeline: Pipeline) -> Answer:
+    """The ack of one unit's own upload, or its decline if the upload failed or ran past the
+    `left` seconds of the unit's timeout."""
+    return _awaited_all(future, left, [snap], pipeline)[0]
+
+
+def _awaited_all(
+    future: Future[Ack] | Future[list[Ack]],
+    left: float,
+    snaps: Sequence[_Snapshot],
+    pipeline: Pipeline,
+) -> list[Answer]:
+    """The acks of an upload (one unit's, or the task's merged file's), or a decline for each
+    of `snaps` if it failed or did not finish within `left` seconds; the staged sink files of
+    declined units are deleted."""
+    try:
+        result = future.result(timeout=max(left, 0.001))
+        return [result] if isinstance(result, Ack) else list(result)
+    except TimeoutError:
+        declines = [_decline(s.work, "timeout: upload did not finish in time") for s in snaps]
+    except Exception as exc:
+        reason, trace = failure_line(exc, "upload failed: "), failure_trace(exc)
+        declines = [_decline(s.work, reason, trace) for s in snaps]
+    for s in snaps:
+        _discard_staged(pipeline, s.states)
+    return list(declines)
 
 
 def _sync_staged(pipeline: Pipeline, answers: list[Answer]) -> list[Answer]:
