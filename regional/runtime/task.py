@@ -214,7 +214,9 @@ def _process(
                 left -= 1
                 if share > 0:
                     result = spec.source.read(split, position, share)
-                    for poison in result.poison:  # records the source could not decode
+                    # records the source could not decode (a source of its own may return a
+                    # ReadResult made before `poison` existed: a plain 3-tuple)
+                    for poison in getattr(result, "poison", ()):
                         if dead is None:
                             raise poison.error
                         dead.add(vertex_id, split, poison.ordinal, poison.record, poison.error)
