@@ -1,4 +1,4 @@
-"""Where event-time watermarks are kept in a checkpoint, and how they are encoded (DESIGN §4 rule 15).
+"""Where event-time watermarks live in a checkpoint, and how they are encoded (DESIGN §4 r. 15).
 
 Pure: no file system. Watermarks are integers of **milliseconds since the Unix epoch**;
 `MIN_WATERMARK` means "nothing known yet" and `MAX_WATERMARK` "no record will come again".
@@ -109,7 +109,7 @@ def format_watermark(watermark: int | None) -> str:
     if watermark >= MAX_WATERMARK:
         return "+inf"
     try:
-        t = dt.datetime.fromtimestamp(watermark / 1000, tz=dt.timezone.utc)
+        t = dt.datetime.fromtimestamp(watermark / 1000, tz=dt.UTC)
     except (OverflowError, ValueError, OSError):
         return f"{watermark} ms"
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"

@@ -5,6 +5,7 @@ still to come, per split, per subtask and per exchange reader; window assignment
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from hypothesis import given
@@ -164,7 +165,7 @@ def test_merged_sessions_stay_disjoint_and_count_every_record(events: list) -> N
     sessions: list = []
     for ts, gap in events:
         sessions = merge_sessions(sessions, (ts, ts + gap, 1), lambda a, b: a + b)
-        for a, b in zip(sessions, sessions[1:], strict=False):
+        for a, b in itertools.pairwise(sessions):
             assert a[1] <= b[0]
     assert sum(s[2] for s in sessions) == len(events)
     for ts, gap in events:

@@ -47,7 +47,7 @@ __all__ = [
     "to_millis",
 ]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def to_millis(value: Any, what: str = "an event time") -> int:
@@ -59,7 +59,7 @@ def to_millis(value: Any, what: str = "an event time") -> int:
     """
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
         delta = value - _EPOCH
         return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
     if isinstance(value, dt.date):
@@ -87,7 +87,7 @@ def span_ms(value: Any, what: str, *, allow_zero: bool = True) -> int:
     if ms < 0 or (ms == 0 and not allow_zero):
         least = "0" if allow_zero else "more than 0"
         raise ValueError(
-            f"{what}={value!r}; give a duration of {least}: \"500 ms\", \"5 s\", \"1 min\", a "
+            f'{what}={value!r}; give a duration of {least}: "500 ms", "5 s", "1 min", a '
             "datetime.timedelta or a number of seconds"
         )
     return ms

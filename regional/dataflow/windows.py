@@ -129,9 +129,7 @@ def is_late(windows: Iterable[Window], watermark: int, lateness: int) -> bool:
 Span = tuple[int, int, Any]
 
 
-def merge_sessions(
-    sessions: list[Span], new: Span, merge: Callable[[Any, Any], Any]
-) -> list[Span]:
+def merge_sessions(sessions: list[Span], new: Span, merge: Callable[[Any, Any], Any]) -> list[Span]:
     """`sessions` (disjoint, by start) with `new` added: every session overlapping it merges
     into one (accumulators combined with `merge`, in start order); the result stays sorted."""
     start, end, acc = new
