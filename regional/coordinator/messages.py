@@ -41,13 +41,15 @@ __all__ = [
 class UnitWork(msgspec.Struct, frozen=True):
     """One unit's work for one epoch: restore `restore` (the unit's subtask states, in layout
     order), read `new_splits` (`(vertex, index, split)`) from their start, snapshot as
-    checkpoint `checkpoint_id` attempt `attempt`."""
+    checkpoint `checkpoint_id` attempt `attempt`. `ended`: the sources whose input has ended
+    (every split read; their watermark is +inf: event-time windows and timers flush)."""
 
     checkpoint_id: int
     attempt: int
     unit_id: int
     restore: tuple[SubtaskState, ...]
     new_splits: tuple[tuple[str, int, str], ...] = ()
+    ended: tuple[str, ...] = ()
 
 
 class Ack(msgspec.Struct, frozen=True, tag="ack"):

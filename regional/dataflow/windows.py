@@ -22,7 +22,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from regional.dataflow.event_time import span_ms
@@ -129,16 +129,18 @@ def is_late(windows: Iterable[Window], watermark: int, lateness: int) -> bool:
 Span = tuple[int, int, Any]
 
 
-def merge_sessions(sessions: list[Span], new: Span, merge: Callable[[Any, Any], Any]) -> list[Span]:
+def merge_sessions(
+    sessions: Sequence[Sequence[Any]], new: Sequence[Any], merge: Callable[[Any, Any], Any]
+) -> list[Span]:
     """`sessions` (disjoint, by start) with `new` added: every session overlapping it merges
     into one (accumulators combined with `merge`, in start order); the result stays sorted."""
     start, end, acc = new
     keep: list[Span] = []
     overlapping: list[Span] = []
     for s in sessions:
-        (overlapping if s[0] < end and start < s[1] else keep).append(s)
+        (overlapping if s[0] < end and start < s[1] else keep).append((s[0], s[1], s[2]))
     if overlapping:
-        parts = sorted([*overlapping, new], key=lambda s: (s[0], s[1]))
+        parts = sorted([*overlapping, (start, end, acc)], key=lambda s: (s[0], s[1]))
         acc = parts[0][2]
         for p in parts[1:]:
             acc = merge(acc, p[2])

@@ -43,12 +43,15 @@ import pyarrow as pa
 from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
 from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Chunk, Pipeline
-from regional.dataflow.state import OperatorState
+from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.runtime.faults import UnitFaults
 from regional.sources.base import num_records
 
@@ -107,6 +110,7 @@ class _Snapshot(msgspec.Struct):
     states: list[SubtaskState]  # in layout order, without handles yet
     records_in: int
     records_out: int
+    records_late: int = 0
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
     records_dead_lettered: int = 0
     restore_s: float = 0.0  # reading and decoding operator state
@@ -158,6 +162,12 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     restore = {s.vertex_id: s for s in work.restore}  # a unit has one subtask per vertex
     order = [v for v in pipeline.topological_order() if v in restore]
     outputs: dict[str, list[Chunk]] = {}
+    # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
+    # watermarks by scope; None when the pipeline has no event time (nothing changes then)
+    epoch_time = EpochTime(int(time.time() * 1000)) if pipeline.timed else None
+    origins: dict[str, list[int]] = {}
+    unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
+    unit_end: list[int] = []
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
     records_in = records_out = dead_lettered = 0
@@ -185,8 +195,16 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             chunks: list[Chunk] = []
             budget = pipeline.records_per_epoch
             kept = []
-            for split, position in positions.items():
+            et = spec.event_time
+            marks_before: dict[str, SplitWatermark | None] = {}
+            marks_after: dict[str, SplitWatermark | None] = {}
+            chunk_origins: list[int] = []
+            for split, wrapped in positions.items():
+                position, mark = unwrap_position(wrapped)
                 start_positions[split] = position.decode("utf-8", "backslashreplace")
+                marks_before[split] = mark
+                first = len(chunks)
+                finished = False
                 if budget > 0:
                     result = spec.source.read(split, position, budget)
                     for b in result.batches:
@@ -195,16 +213,51 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         budget -= n
                         records_in += n
                     position = result.position
-                    if result.finished:
-                        continue
+                    finished = result.finished
+                if et is not None and epoch_time is not None:
+                    stamps = (et.of(r) for _, b in chunks[first:] for r in _rows(b))
+                    mark = advance_split(mark, stamps, et.bound_ms, epoch_time.now_ms)
+                if epoch_time is not None:
+                    origin = (
+                        MIN_WATERMARK
+                        if marks_before[split] is None
+                        else mark_of(marks_before[split])
+                    )
+                    chunk_origins += [origin] * (len(chunks) - first)
+                    epoch_time.start[split] = origin
+                    epoch_time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
+                if finished:
+                    continue
+                marks_after[split] = mark
+                if et is not None and mark is not None:
+                    position = wrap_position(position, mark)
                 kept.append(SplitState(split, position))
             split_states = tuple(kept)
             live_splits.update(s.split_id for s in kept)
             outputs[vertex_id] = chunks
+            if epoch_time is not None:
+                ended = vertex_id in work.ended
+                idle = et.idle_timeout_ms if et is not None else None
+                now = epoch_time.now_ms
+                if isinstance(spec.source, ExchangeReader):
+                    before = after = MAX_WATERMARK if ended else MIN_WATERMARK
+                    epoch_time.key_split = spec.source.split_of(index)
+                else:
+                    before = subtask_watermark(marks_before, now_ms=now, idle_timeout_ms=idle)
+                    after = subtask_watermark(
+                        marks_after, now_ms=now, ended=ended, idle_timeout_ms=idle
+                    )
+                unit_start.append(before)
+                unit_end.append(after)
+                origins[vertex_id] = chunk_origins
+                epoch_time.start[KEY_SCOPE] = min(unit_start)
+                epoch_time.end[KEY_SCOPE] = min(unit_end)
         else:
             if faults is not None:  # after the sources read, like user code failing on data
                 faults.after_sources(work)
             inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
+            if epoch_time is not None:
+                input_origins = [o for i in spec.inputs for o in origins.get(i, ())]
             if spec.operator is not None:
                 op_state = None
                 if spec.operator.stateful:
@@ -216,7 +269,12 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
                     restore_s += time.perf_counter() - restore_started
-                outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
+                if epoch_time is not None:
+                    outputs[vertex_id], origins[vertex_id] = spec.operator.apply_timed(
+                        inputs, input_origins, op_state, dead, epoch_time
+                    )
+                else:
+                    outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
                     # keyed state of finished splits leaves with this snapshot, which is also
                     # the first without the split in its source's state (DESIGN §4 rule 4);
@@ -282,12 +340,22 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         ordered,
         records_in,
         records_out,
+        epoch_time.late if epoch_time is not None else 0,
         time.monotonic() - serialise_started,
         dead_lettered,
         restore_s,
         processed - started - restore_s - encode_s,
         encode_s,
     )
+
+
+def mark_of(mark: SplitWatermark | None) -> int:
+    """A split's watermark (-inf before its first record)."""
+    return MIN_WATERMARK if mark is None else mark.watermark
+
+
+def _rows(batch: Any) -> list[Any]:
+    return batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
