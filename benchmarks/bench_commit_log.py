@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from regional.coordinator.commit import perform_commit
 from regional.coordinator.decisions import Commit
+from regional.sinks.base import WriteContext
 from regional.sinks.parquet import ParquetSink
 
 __all__ = ["main", "measure"]
@@ -48,13 +49,15 @@ def measure(path: str, marks: tuple[int, ...], *, user: str = USER) -> list[dict
     for cid in range(1, marks[-1] + 1):
         staged = sink.write(
             batch,
-            checkpoint_id=cid,
-            vertex_id="out",
-            index=0,
-            attempt=0,
-            job_id="job",
-            unit_id=0,
-            run_id="run",
+            WriteContext(
+                job_id="job",
+                run_id="run",
+                checkpoint_id=cid,
+                attempt=0,
+                unit_id=0,
+                vertex_id="out",
+                index=0,
+            ),
         )
         started, cpu = time.perf_counter(), time.process_time()
         perform_commit(Commit(cid, "out", user, staged), sink)

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from regional.sinks.base import WriteContext
+
 if TYPE_CHECKING:
     from regional.sinks.iceberg import IcebergSink
 
@@ -53,13 +55,15 @@ def _stage(sink: IcebergSink, cid: int) -> list[bytes]:
         for index in range(SUBTASKS)
         for c in sink.write(
             [batch],
-            checkpoint_id=cid,
-            vertex_id="out",
-            index=index,
-            attempt=0,
-            job_id="bench",
-            unit_id=index,
-            run_id="run",
+            WriteContext(
+                job_id="bench",
+                run_id="run",
+                checkpoint_id=cid,
+                attempt=0,
+                unit_id=index,
+                vertex_id="out",
+                index=index,
+            ),
         )
     ]
 

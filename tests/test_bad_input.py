@@ -20,6 +20,7 @@ from regional.cli import main
 from regional.errors import CommitError, GraphError, PolicyError, RegionalError
 from regional.graph.files import parse_graph
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy, RestorePolicy, load_policy
+from regional.sinks.base import WriteContext
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -419,13 +420,15 @@ def _table_with_two_commits(path: Path) -> tuple[ParquetSink, list[str]]:
     for cid in (1, 2):
         (c,) = sink.write(
             [pa.record_batch({"x": [cid, cid * 10]})],
-            checkpoint_id=cid,
-            vertex_id="out",
-            index=0,
-            attempt=0,
-            job_id="job",
-            unit_id=0,
-            run_id="r1",
+            WriteContext(
+                job_id="job",
+                run_id="r1",
+                checkpoint_id=cid,
+                attempt=0,
+                unit_id=0,
+                vertex_id="out",
+                index=0,
+            ),
         )
         sink.commit("user-1", cid, [c])
     files = [Path(f).name for f in committed_files(str(path))]  # published in the table

@@ -241,19 +241,22 @@ def test_the_parquet_sink_never_writes_or_deletes_outside_the_table(tmp_path: Pa
     import pyarrow as pa
 
     from regional.errors import CommitError
+    from regional.sinks.base import WriteContext
     from regional.sinks.parquet import ParquetSink, read_table
 
     table = tmp_path / "a" / "b" / "table"
     sink = ParquetSink(str(table))
     [good] = sink.write(
         [pa.record_batch({"x": [1]})],
-        checkpoint_id=1,
-        vertex_id="out",
-        index=0,
-        attempt=0,
-        job_id="job",
-        unit_id=0,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=1,
+            attempt=0,
+            unit_id=0,
+            vertex_id="out",
+            index=0,
+        ),
     )
     with pytest.raises(CommitError) as exc:
         sink.commit("../../../escape-cu", 1, [good])

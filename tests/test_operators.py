@@ -7,10 +7,11 @@ import pytest
 
 from metadata.model import SplitState, SubtaskState
 from regional.coordinator import Commit
-from regional.coordinator.commit import CommitCoordinator, TableCommitter, perform_commit
+from regional.coordinator.commit import CommitCoordinator, perform_commit
 from regional.coordinator.operator_coordinator import OperatorCoordinator, RegionalCompletion
 from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.errors import CommitError
+from regional.sinks.base import TableCommitter
 from regional.sinks.memory import InMemoryTableSink
 
 

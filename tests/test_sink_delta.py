@@ -11,7 +11,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import duckdb
 import msgspec
@@ -20,15 +19,13 @@ import pytest
 from deltalake import DeltaTable  # the extra regional-checkpoints[delta]; `make test` installs it
 
 from regional.coordinator import Commit
-from regional.coordinator.commit import (
-    CommitCoordinator,
-    TableCommitter,
-    TableRollback,
-    perform_commit,
-)
+from regional.coordinator.commit import CommitCoordinator, perform_commit
+from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, RestoreError, SinkError
 from regional.runtime.restore import roll_back_sinks
+from regional.sinks.base import TableCommitter, TableRollback, WriteContext
 from regional.sinks.delta import DeltaSink
+from regional.sources.generator import GeneratorSource
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
@@ -43,13 +40,15 @@ def _stage(sink: DeltaSink, cid: int, rows: list[dict], index: int = 0) -> tuple
     batch = pa.RecordBatch.from_pylist(rows)
     return writer.write(
         [batch],
-        checkpoint_id=cid,
-        vertex_id="out",
-        index=index,
-        attempt=0,
-        job_id="job",
-        unit_id=index,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=cid,
+            attempt=0,
+            unit_id=index,
+            vertex_id="out",
+            index=index,
+        ),
     )
 
 
@@ -209,13 +208,15 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt_and_nothing_else(t
     theirs = _stage(other, 1, [{"user": "c", "n": 3}])
     staged = parquet.write(
         [pa.record_batch({"x": [1]})],
-        checkpoint_id=1,
-        vertex_id="p",
-        index=0,
-        attempt=0,
-        job_id="job",
-        unit_id=0,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=1,
+            attempt=0,
+            unit_id=0,
+            vertex_id="p",
+            index=0,
+        ),
     )
     files = sink.data_files(mine)
     assert sink.missing_files(mine) == []
@@ -262,7 +263,10 @@ def test_a_restore_below_the_latest_commit_is_refused_as_the_sink_cannot_roll_ba
     sink = _sink(tmp_path)
     for cid in (1, 3, 5):
         sink.commit("job", cid, _stage(sink, cid, [{"user": "a", "n": cid}]))
-    pipeline = SimpleNamespace(vertices={"out": SimpleNamespace(sink=DeltaSink(sink.path))})
+    pipeline = Pipeline("job")
+    pipeline.source(GeneratorSource(1, lambda split, i: {"x": i})).sink(
+        DeltaSink(sink.path), name="out"
+    )
     committers = {"out": CommitCoordinator("out", commit_user="job")}
     assert roll_back_sinks(pipeline, committers, 5, own_root=True) == ()
     with pytest.raises(RestoreError) as refused:

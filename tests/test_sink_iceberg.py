@@ -23,8 +23,9 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table.snapshots import ancestors_of
 
 from regional.coordinator import Commit
-from regional.coordinator.commit import TableCommitter, TableRollback, perform_commit
+from regional.coordinator.commit import perform_commit
 from regional.errors import CommitError, RestoreError, SinkError
+from regional.sinks.base import TableCommitter, TableRollback, WriteContext
 from regional.sinks.iceberg import CHECKPOINT_PROPERTY, IcebergSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -41,13 +42,15 @@ def _stage(sink: IcebergSink, cid: int, rows: list[dict], index: int = 0) -> tup
     batch = pa.RecordBatch.from_pylist(rows)
     return writer.write(
         [batch],
-        checkpoint_id=cid,
-        vertex_id="out",
-        index=index,
-        attempt=0,
-        job_id="job",
-        unit_id=index,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=cid,
+            attempt=0,
+            unit_id=index,
+            vertex_id="out",
+            index=index,
+        ),
     )
 
 
@@ -351,13 +354,15 @@ def test_discard_deletes_the_staged_files_of_a_failed_attempt_and_only_those(tmp
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
         [pa.record_batch({"x": [1]})],
-        checkpoint_id=1,
-        vertex_id="p",
-        index=0,
-        attempt=0,
-        job_id="job",
-        unit_id=0,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=1,
+            attempt=0,
+            unit_id=0,
+            vertex_id="p",
+            index=0,
+        ),
     )
     assert sink.missing_files(mine) == []
     sink.discard(mine + theirs + staged)  # never another sink's or table's files

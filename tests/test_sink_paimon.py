@@ -16,8 +16,9 @@ import pypaimon  # the extra regional-checkpoints[paimon]; `make test` installs 
 import pytest
 
 from regional.coordinator import Commit
-from regional.coordinator.commit import TableCommitter, perform_commit
+from regional.coordinator.commit import perform_commit
 from regional.errors import CommitError, SinkError
+from regional.sinks.base import TableCommitter, WriteContext
 from regional.sinks.paimon import PaimonSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -35,13 +36,15 @@ def _stage(
     batch = pa.RecordBatch.from_pylist(rows)
     return writer.write(
         [batch],
-        checkpoint_id=cid,
-        vertex_id="out",
-        index=index,
-        attempt=0,
-        job_id=job,
-        unit_id=index,
-        run_id="r1",
+        WriteContext(
+            job_id=job,
+            run_id="r1",
+            checkpoint_id=cid,
+            attempt=0,
+            unit_id=index,
+            vertex_id="out",
+            index=index,
+        ),
     )
 
 
@@ -188,13 +191,15 @@ def test_discard_skips_committables_of_other_sinks(tmp_path):
     theirs = _stage(other, 1, [{"user": "b", "n": 2}])
     staged = parquet.write(
         [pa.record_batch({"x": [1]})],
-        checkpoint_id=1,
-        vertex_id="p",
-        index=0,
-        attempt=0,
-        job_id="job",
-        unit_id=0,
-        run_id="r1",
+        WriteContext(
+            job_id="job",
+            run_id="r1",
+            checkpoint_id=1,
+            attempt=0,
+            unit_id=0,
+            vertex_id="p",
+            index=0,
+        ),
     )
     everything = mine + theirs + staged  # defence in depth: never delete another sink's files
     paimon.discard(everything)

@@ -18,22 +18,25 @@ import pyarrow.dataset as ds
 import pytest
 from pyarrow import fs as pafs
 
-from regional.coordinator.commit import TableCommitter, TableRollback, TableStaging, perform_commit
+from regional.coordinator.commit import perform_commit
 from regional.coordinator.decisions import Commit
 from regional.errors import CommitError
+from regional.sinks.base import TableCommitter, TableRollback, TableStaging, WriteContext
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
 
 
 def _stage(sink, cid, values, index=0, attempt=1, job="job", run="r1"):
     return sink.write(
         [pa.record_batch({"v": values})],
-        checkpoint_id=cid,
-        vertex_id="out",
-        index=index,
-        attempt=attempt,
-        job_id=job,
-        unit_id=index,
-        run_id=run,
+        WriteContext(
+            job_id=job,
+            run_id=run,
+            checkpoint_id=cid,
+            attempt=attempt,
+            unit_id=index,
+            vertex_id="out",
+            index=index,
+        ),
     )
 
 
@@ -230,11 +233,11 @@ def test_clean_staged_deletes_only_this_jobs_lost_attempts(tmp_path):
 
 
 def test_a_starting_driver_keeps_what_its_restored_checkpoint_names(tmp_path):
-    from types import SimpleNamespace
-
     from metadata.model import CheckpointMetadata, SubtaskState
     from regional.coordinator.commit import CommitCoordinator
+    from regional.dataflow.pipeline import Pipeline
     from regional.runtime.restore import clean_staged_sinks
+    from regional.sources.generator import GeneratorSource
 
     sink = ParquetSink(str(tmp_path / "t"))
     in_state = _stage(sink, 4, [1])  # a sink subtask's committables in the restored checkpoint
@@ -250,7 +253,8 @@ def test_a_starting_driver_keeps_what_its_restored_checkpoint_names(tmp_path):
         completion_time_ms=2,
         subtasks=(SubtaskState("out", 0, 0, committables=in_state),),
     )
-    pipeline = SimpleNamespace(vertices={"out": SimpleNamespace(sink=sink)})
+    pipeline = Pipeline("job")
+    pipeline.source(GeneratorSource(1, lambda split, i: {"v": i})).sink(sink, name="out")
     notes = clean_staged_sinks(pipeline, {"out": committer}, "job", restored)
     assert notes == ("sink 'out': deleted 1 staged file(s) of lost attempts",)
     assert sink.missing_files(in_state + pending) == [] and len(sink.missing_files(lost)) == 1

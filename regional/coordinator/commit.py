@@ -8,11 +8,10 @@ not yet confirmed commits is the coordinator's snapshot, so a restore re-commits
 restored checkpoint's own committables; `perform_commit` skips identifiers up to the latest the
 table holds for the job's commit user and refuses a re-commit whose data files are gone.
 
-`TableCommitter` is what a table must offer (the Parquet sink, `InMemoryTableSink`). A commit
-user's commits are strictly ordered, so a table answers "what is committed" with one number,
-`latest_committed`, and need not read its history. Sinks that stage files where a crash can
-lose track of them also offer `TableStaging`: the driver has them delete their job's staged
-files that no retained committable names when it starts.
+A table offers the committer side of the sink contract (`regional.sinks.base.TableCommitter`:
+the Parquet sink, `InMemoryTableSink`, ...). A commit user's commits are strictly ordered, so a
+table answers "what is committed" with one number, `latest_committed`, and need not read its
+history.
 
 >>> c = CommitCoordinator("sink", commit_user="job-1")
 >>> c.checkpoint_complete(3, (b"f1", b"f2"))
@@ -27,8 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
 
 import msgspec
 
@@ -38,68 +36,9 @@ from metadata.model import SinkRetention, SubtaskState
 from regional.coordinator.decisions import Commit
 from regional.coordinator.operator_coordinator import RegionalCompletion
 from regional.errors import CommitError, MetadataError
+from regional.sinks.base import TableCommitter, TableRetention
 
-__all__ = [
-    "CommitCoordinator",
-    "TableCommitter",
-    "TableRetention",
-    "TableRollback",
-    "TableStaging",
-    "perform_commit",
-    "sink_retention",
-]
-
-
-@runtime_checkable
-class TableCommitter(Protocol):
-    """A table that commits committables atomically under (commit user, identifier).
-
-    `commit` must be atomic and must refuse an identifier not greater than the user's latest;
-    `fallback` (unit -> owner checkpoint of the units that fell back) is for the table's commit
-    record. `latest_committed` is the highest identifier the user committed (None: nothing);
-    every lower one is committed too, so it decides idempotency without reading the table's
-    history. `missing_files` names the data files behind `committables` that no longer exist.
-    """
-
-    def commit(
-        self,
-        commit_user: str,
-        identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
-    ) -> None: ...
-
-    def latest_committed(self, commit_user: str) -> int | None: ...
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]: ...
-
-
-@runtime_checkable
-class TableRollback(Protocol):
-    """A table that can undo a commit user's commits after an identifier (a restore from a
-    checkpoint older than the table's latest commit, when newer checkpoints are damaged)."""
-
-    def rollback(self, commit_user: str, identifier: int) -> list[int]: ...
-
-
-@runtime_checkable
-class TableStaging(Protocol):
-    """A table whose writers stage files a crash can orphan: `clean_staged` deletes job
-    `job_id`'s staged files that no committable in `keep` names, and returns them. The driver
-    calls it when it starts, before any task runs, with every committable its restored
-    checkpoint still names (a pending re-commit's files are among them)."""
-
-    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]: ...
-
-
-@runtime_checkable
-class TableRetention(Protocol):
-    """A table that says how long it keeps what its deduplication relies on (a commit marker,
-    snapshots): recorded in every checkpoint (`CheckpointMetadata.sinks`, the vertex id left
-    empty here) so `regional inspect ROOT validate` can warn without the pipeline."""
-
-    def marker_retention(self) -> SinkRetention: ...
+__all__ = ["CommitCoordinator", "perform_commit", "sink_retention"]
 
 
 def sink_retention(sinks: Mapping[str, object]) -> tuple[SinkRetention, ...]:

@@ -12,9 +12,10 @@ owning the keys with `partition_of(key, N) == q` (`regional.dataflow.partitionin
 * **Write.** In epoch Y, writer subtask `w` stages its records as one Parquet segment per
   partition (`exchange/<reader>/_staging/<job>/`); the segments are its committables. Once
   checkpoint Y's metadata is durable, the commit coordinator publishes them as
-  `n<N>/p<q>/<Y>-<w>.parquet` (like `regional.sinks.parquet.ParquetSink`, whose commit log,
-  idempotent publish, rollback and staged-file cleaning this reuses). A writer unit that fails
-  Y commits nothing for Y: it falls back and writes the same records again later.
+  `n<N>/p<q>/<Y>-<w>.parquet` (through `regional.sinks.staging.StagingArea`: the commit log,
+  idempotent publish, rollback and staged-file cleaning it shares with the Parquet sink). A
+  writer unit that fails Y commits nothing for Y: it falls back and writes the same records
+  again later.
 * **Read.** Reader subtask `q` reads the published segments of `n<N>/p<q>/` after its cursor
   (`metadata.exchange.Cursor`), kept in its split state: a reader that falls back re-reads from
   its last good cursor, and a segment is read exactly once per completed checkpoint chain. Data
@@ -46,7 +47,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
@@ -59,10 +59,12 @@ from metadata.exchange import (
     split_id,
     split_partition,
 )
-from metadata.layout import name_problem
+from metadata.model import SinkRetention
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
-from regional.sinks.parquet import ParquetSink, _Committable, _name
+from regional.sinks.base import WriteContext
+from regional.sinks.staging import StagingArea
+from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
 
 __all__ = ["Backlog", "ExchangeReader", "ExchangeWriter", "exchange_path", "repartition"]
@@ -202,25 +204,36 @@ class ExchangeReader(_Bound):
         return Backlog(segments, records, size)
 
 
-class ExchangeWriter(_Bound, ParquetSink):
-    """The upstream side: a sink that stages one segment per partition per epoch and publishes
-    them with the checkpoint's commit (see the module docstring)."""
+class ExchangeWriter(_Bound):
+    """The upstream side: a sink (`regional.sinks.base.Sink`) that stages one segment per
+    partition per epoch and publishes them with the checkpoint's commit (see the module
+    docstring). Staging, publishing and the commit log are a `StagingArea` shared with the
+    Parquet sink; the exchange decides where a segment is published and in which order."""
 
     def __init__(self, reader: str, key: Callable[[Any], Any], partitions: int) -> None:
-        ParquetSink.__init__(self, "")
         self.reader = reader
         self.key = key
         self.partitions = partitions
+        self.path = ""
+        self._filesystem = None
+        #: One at a time, in (checkpoint, writer) order: a reader never passes a segment that
+        #: an interrupted commit publishes later.
+        self.area = StagingArea(
+            f"exchange {reader!r}",
+            self._fs,
+            published=self._published,
+            order=self._order,
+            publish_threads=1,
+            make_dirs=True,
+            noun="exchange",
+        )
 
     def bind(self, path: str, filesystem: pafs.FileSystem | None) -> None:
         self.path = path
         self._filesystem = filesystem
-        self._latest = {}
+        self.area.forget()
 
-    def _open(self) -> tuple[pafs.FileSystem, str]:
-        return self._fs()
-
-    # --- writer side (in tasks) -------------------------------------------------------------
+    # --- writer side (in tasks): regional.sinks.base.SinkWriter -----------------------------
 
     def partition(self, records: Iterable[Any], partitions: int) -> dict[int, list[Any]]:
         """Records grouped by the partition of their key (partition order, record order kept)."""
@@ -230,45 +243,58 @@ class ExchangeWriter(_Bound, ParquetSink):
             out[partition_of(key(record), partitions)].append(record)
         return dict(sorted(out.items()))
 
-    def write(
-        self,
-        batches: Sequence[pa.RecordBatch],
-        *,
-        checkpoint_id: int,
-        vertex_id: str,
-        index: int,
-        attempt: int,
-        job_id: str,
-        unit_id: int,
-        run_id: str,
-    ) -> tuple[bytes, ...]:
-        """Stage this epoch's records of writer subtask `index`, one file per partition that
-        gets records; their committables."""
-        if (problem := name_problem(job_id)) is not None:
-            raise CommitError(
-                f"exchange {self.reader!r}: job id {job_id!r} cannot name a directory ({problem})"
-            )
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
+        """Stage this epoch's records of writer subtask `context.index`, one file per partition
+        that gets records; their committables."""
+        c = context
         records = [r for b in batches for r in b.to_pylist()]
-        fs, base = self._fs()
-        out: list[bytes] = []
-        staging = f"_staging/{job_id}"
-        local = isinstance(fs, pafs.LocalFileSystem)
-        for partition, rows in self.partition(records, self.partitions).items():
-            name = (
-                f"{staging}/n{self.partitions}-p{partition}-c{checkpoint_id:020d}-w{index:05d}-"
-                f"{run_id or 'run'}-a{attempt}-{uuid.uuid4().hex[:8]}.staged"
+        return tuple(
+            self.area.stage(
+                c.job_id,
+                f"n{self.partitions}-p{partition}-c{c.checkpoint_id:020d}-w{c.index:05d}-"
+                f"{c.run_id or 'run'}-a{c.attempt}-{uuid.uuid4().hex[:8]}",
+                pa.Table.from_pylist(rows),
             )
-            if not out:
-                fs.create_dir(f"{base}/{staging}", recursive=True)
-                if local:  # `sync_staged`, before the task answers
-                    self._staged.directory(f"{base}/{staging}")
-            pq.write_table(pa.Table.from_pylist(rows), f"{base}/{name}", filesystem=fs)
-            if local:
-                self._staged.file(f"{base}/{name}")
-            out.append(msgspec.msgpack.encode(_Committable(name, len(rows))))
-        return tuple(out)
+            for partition, rows in self.partition(records, self.partitions).items()
+        )
+
+    def sync_staged(self) -> None:
+        """Make the segments this writer staged durable (`StagingArea.sync`)."""
+        self.area.sync()
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete the segments a declined or aborted attempt staged."""
+        self.area.discard(committables)
 
     # --- committer side (on the driver) -----------------------------------------------------
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Publish the segments behind `committables` in (checkpoint, writer) order, then
+        write the commit record (`StagingArea.commit`)."""
+        self.area.commit(commit_user, identifier, committables, fallback=fallback)
+
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The highest identifier `commit_user` committed, or None."""
+        return self.area.latest_committed(commit_user)
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        """The staged segments behind `committables` that are neither staged nor published."""
+        return self.area.missing_files(committables)
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
+        """Delete job `job_id`'s staged segments that no committable in `keep` names."""
+        return self.area.clean_staged(job_id, keep)
+
+    def marker_retention(self) -> SinkRetention:
+        """Commit records are kept until someone deletes them (as for a Parquet table)."""
+        return SinkRetention("", "parquet", self.path)
 
     def _published(self, staged: str) -> str:
         m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
@@ -284,34 +310,21 @@ class ExchangeWriter(_Bound, ParquetSink):
         """Where a commit of `committables` publishes their segments, relative to the job
         root (`exchange/<reader>/n<N>/p<q>/<checkpoint>-<writer>.parquet`)."""
         prefix = f"{EXCHANGE_DIR}/{self.reader}"
-        return [f"{prefix}/{self._published(i.file)}" for i in self._files(committables)]
-
-    #: One at a time, in `_files` order: a reader never passes a segment published later.
-    publish_threads = 1
-
-    def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
-        fs.create_dir(posixpath.dirname(target), recursive=True)
-        fs.move(staged, target)
-
-    def _files(self, committables: Iterable[bytes]) -> list[_Committable]:
-        """Decoded committables in publish order, by (checkpoint, writer): a reader never
-        passes a segment that an interrupted commit publishes later."""
-        items = ParquetSink._files(self, committables)
-        return sorted(items, key=lambda i: (self._order(i.file), i.file))
+        return [f"{prefix}/{self._published(i.file)}" for i in self.area.files(committables)]
 
     def _order(self, staged: str) -> tuple[int, int]:
         m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
         return (int(m[3]), int(m[4])) if m else (0, 0)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
-        """Undo commits after `identifier` (`ParquetSink.rollback`), then delete every
+        """Undo commits after `identifier` (`StagingArea.rollback`), then delete every
         published segment of a later checkpoint that no record names (an interrupted commit, a
         repartitioned backlog): a restore from `identifier` must not read them."""
-        undone = ParquetSink.rollback(self, commit_user, identifier)
+        undone = self.area.rollback(commit_user, identifier)
         fs, base = self._fs()
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
-                for info in self._listing(f"{base}/{layout}/{partition}"):
+                for info in self.area.listing(f"{base}/{layout}/{partition}"):
                     segment = segment_name(_name(info))
                     if segment is not None and segment.checkpoint_id > identifier:
                         with contextlib.suppress(FileNotFoundError):
@@ -321,7 +334,7 @@ class ExchangeWriter(_Bound, ParquetSink):
     def _children(self, directory: str, prefix: str) -> list[str]:
         return sorted(
             _name(i)
-            for i in self._listing(directory)
+            for i in self.area.listing(directory)
             if i.type == pafs.FileType.Directory and re.fullmatch(rf"{prefix}\d+", _name(i))
         )
 
@@ -332,11 +345,11 @@ class ExchangeWriter(_Bound, ParquetSink):
         gone = 0
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
-                gone += len(self._listing(f"{base}/{layout}/{partition}"))
+                gone += len(self.area.listing(f"{base}/{layout}/{partition}"))
             fs.delete_dir(f"{base}/{layout}")
         with contextlib.suppress(FileNotFoundError):
             fs.delete_dir(f"{base}/_commits")
-        self._latest = {}
+        self.area.forget()
         return gone
 
     def copy_backlog(
@@ -377,7 +390,7 @@ class ExchangeWriter(_Bound, ParquetSink):
                 if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
                     relative = f"n{layout}/p{partition}/{segment.file_name()}"
                     out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
-        for item in self._files(staged):
+        for item in self.area.files(staged):
             published = self._published(item.file)
             if fs.get_file_info(f"{base}/{published}").type != pafs.FileType.File:
                 segment = SegmentName(*self._order(item.file))  # else listed above

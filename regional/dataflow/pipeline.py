@@ -43,6 +43,7 @@ from regional.dataflow.window_operator import ON_LATE, WindowSpec, run_windows
 from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
 from regional.errors import GraphError
 from regional.graph.job_graph import Edge, JobGraph, Vertex
+from regional.sinks.base import Sink
 from regional.sources.base import Batch, Source
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ class VertexSpec:
     inputs: tuple[str, ...] = ()
     source: Source | None = None
     operator: Operator | None = None
-    sink: Any = None
+    sink: Sink | None = None
     dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
     exchange_from: str | None = None  # an exchange reader: its writer vertex (a durable edge)
     event_time: EventTime | None = None  # a source read with event time (watermarks)
@@ -328,7 +329,7 @@ class Stream:
         ids = (self.vertex_id, *(o.vertex_id for o in others))
         return self.pipeline._add("map", name, ids, operator=Operator("map", _identity))
 
-    def sink(self, sink: Any, *, name: str | None = None) -> None:
+    def sink(self, sink: Sink, *, name: str | None = None) -> None:
         """Write the records to `sink` (e.g. `regional.sinks.parquet.ParquetSink`)."""
         self.pipeline._add("sink", name, (self.vertex_id,), sink=sink)
 
@@ -433,7 +434,7 @@ class Pipeline:
         state_types: Iterable[type] = (),
         state_serializer: PickledState | None = None,
         on_error: str = "fail",
-        dead_letter: Any = None,
+        dead_letter: Sink | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise GraphError(
@@ -445,7 +446,7 @@ class Pipeline:
                 f"pipeline {name!r}: on_error='dead-letter' and dead_letter=<a sink, e.g. "
                 "ParquetSink(path)> go together; give both, or neither to fail on errors"
             )
-        if dead_letter is not None and not callable(getattr(dead_letter, "write", None)):
+        if dead_letter is not None and not isinstance(dead_letter, Sink):
             raise GraphError(
                 f"pipeline {name!r}: dead_letter={type(dead_letter).__name__} is not a sink; "
                 "give one of the sinks (ParquetSink, PaimonSink, DeltaSink, IcebergSink)"
@@ -655,6 +656,17 @@ class Pipeline:
     @property
     def sinks(self) -> dict[str, VertexSpec]:
         return {k: v for k, v in self.vertices.items() if v.kind == "sink"}
+
+    def sink_of(self, vertex_id: str) -> Sink:
+        """The sink of sink vertex `vertex_id` (a checkpoint names it); `GraphError` when the
+        pipeline has no such sink (the checkpoint is from another pipeline)."""
+        spec = self.vertices.get(vertex_id)
+        if spec is None or spec.sink is None:
+            raise GraphError(
+                f"pipeline {self.name!r} has no sink vertex {vertex_id!r}; the checkpoint is "
+                "from another pipeline"
+            )
+        return spec.sink
 
     def job_graph(self) -> JobGraph:
         """The job graph: one vertex per source/operator/sink, forward pipelined edges."""

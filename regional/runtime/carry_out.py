@@ -245,7 +245,7 @@ class DecisionHandlers:
         a refusal by the table (`CommitError`: missing data files, out of order) fails the job
         after `COMMIT_ATTEMPTS`; any other failure (storage unreachable, no lease) is retried
         at the next epoch, as long as it takes."""
-        sink = self.pipeline.vertices[commit.vertex_id].sink
+        sink = self.pipeline.sink_of(commit.vertex_id)
         key = (commit.vertex_id, commit.checkpoint_id)
         try:
             self.lease.check()
@@ -298,7 +298,7 @@ class DecisionHandlers:
             for path in d.files:
                 self.storage.delete_file(path)
             for vertex_id, committables in d.committables.items():
-                self.pipeline.vertices[vertex_id].sink.discard(committables)
+                self.pipeline.sink_of(vertex_id).discard(committables)
         except Exception as exc:
             log.warning("files of checkpoint %d left for the cleaner: %s", d.checkpoint_id, exc)
         return []

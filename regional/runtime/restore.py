@@ -33,7 +33,7 @@ from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
-from regional.coordinator.commit import CommitCoordinator, TableRollback, TableStaging
+from regional.coordinator.commit import CommitCoordinator
 from regional.coordinator.layout import JobLayout
 from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.dataflow.exchange import ExchangeWriter, exchange_path, repartition
@@ -48,6 +48,7 @@ from regional.runtime.rescale import (
     redistribute_keys,
     redistribute_state,
 )
+from regional.sinks.base import TableRollback, TableStaging
 
 log = logging.getLogger(__name__)
 
@@ -422,9 +423,9 @@ def roll_back_sinks(
     damaged) would get that output twice. Resuming in the job's `own_root`, such a sink is
     rolled back when it can (`TableRollback`); otherwise the restore is refused
     (`RestoreError`). Returns what was rolled back, for the user."""
-    notes = []
+    notes: list[str] = []
     for vertex_id, committer in committers.items():
-        sink = pipeline.vertices[vertex_id].sink
+        sink = pipeline.sink_of(vertex_id)
         user = committer.commit_user
         latest = sink.latest_committed(user)
         if latest is None or latest <= restored_id:
@@ -475,9 +476,9 @@ def clean_staged_sinks(
     checkpoint's subtasks nor its commit coordinator's pending re-commits name (none on a
     fresh start): they are from lost attempts or a lost run. Best effort (what is left waits
     for the next start); returns a note per sink that deleted files, for the user."""
-    notes = []
+    notes: list[str] = []
     for vertex_id, committer in committers.items():
-        sink = pipeline.vertices[vertex_id].sink
+        sink = pipeline.sink_of(vertex_id)
         if not isinstance(sink, TableStaging):
             continue
         keep = [c for commit in committer.pending for c in commit.committables]

@@ -53,6 +53,7 @@ from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Chunk, Pipeline
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.runtime.faults import UnitFaults
+from regional.sinks.base import WriteContext
 from regional.sources.base import num_records
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
@@ -296,15 +297,17 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     ]
                     if not isinstance(spec.sink, ExchangeWriter):  # records leaving the job
                         records_out += sum(b.num_rows for b in batches)
-                committables = spec.sink.write(
+                committables = pipeline.sink_of(vertex_id).write(
                     batches,
-                    checkpoint_id=work.checkpoint_id,
-                    vertex_id=vertex_id,
-                    index=index,
-                    attempt=work.attempt,
-                    job_id=env.job_id,
-                    unit_id=work.unit_id,
-                    run_id=env.run_id or "",
+                    WriteContext(
+                        job_id=env.job_id,
+                        run_id=env.run_id or "",
+                        checkpoint_id=work.checkpoint_id,
+                        attempt=work.attempt,
+                        unit_id=work.unit_id,
+                        vertex_id=vertex_id,
+                        index=index,
+                    ),
                 )
         states.append(
             SubtaskState(
@@ -478,8 +481,8 @@ def _sync_staged(pipeline: Pipeline, answers: list[Answer]) -> list[Answer]:
     ack naming a staged file leaves the task; if that fails, such acks become declines."""
     try:
         for spec in pipeline.sinks.values():
-            if (sync := getattr(spec.sink, "sync_staged", None)) is not None:
-                sync()
+            if spec.sink is not None:
+                spec.sink.sync_staged()
     except OSError as exc:
         reason = failure_line(exc, "staged sink files not durable: ")
         return [

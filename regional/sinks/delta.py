@@ -31,8 +31,9 @@ marker, so a restore below the table's latest commit of the job refuses instead.
 >>> import tempfile
 >>> import pyarrow as pa
 >>> sink = DeltaSink(tempfile.mkdtemp() + "/t", schema=pa.schema([("x", pa.int64())]))
->>> c = sink.write([pa.record_batch({"x": [1, 2]})], checkpoint_id=3, vertex_id="out",
-...                index=0, attempt=0, job_id="job", unit_id=0, run_id="r1")
+>>> from regional.sinks.base import WriteContext
+>>> c = sink.write([pa.record_batch({"x": [1, 2]})], WriteContext(job_id="job", run_id="r1",
+...     checkpoint_id=3, attempt=0, unit_id=0, vertex_id="out", index=0))
 >>> sink.read().num_rows
 0
 >>> sink.commit("job-1", 3, c); sink.read().column("x").to_pylist()
@@ -59,6 +60,7 @@ from pyarrow import fs as pafs
 
 from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
+from regional.sinks.base import WriteContext
 from regional.sinks.durability import fsync_path as _fsync
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
@@ -265,28 +267,18 @@ class DeltaSink:
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(
-        self,
-        batches: Sequence[pa.RecordBatch],
-        *,
-        checkpoint_id: int,
-        vertex_id: str,
-        index: int,
-        attempt: int,
-        job_id: str,
-        unit_id: int,
-        run_id: str,
-    ) -> tuple[bytes, ...]:
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet file in the table directory; its committable (none
         if there are no rows). Nothing is visible until the driver commits it."""
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return ()
         table = self._fit(batches)
-        vertex = re.sub(r"[^A-Za-z0-9_-]", "_", vertex_id)
-        run = re.sub(r"[^A-Za-z0-9_-]", "_", run_id)
+        vertex = re.sub(r"[^A-Za-z0-9_-]", "_", context.vertex_id)
+        run = re.sub(r"[^A-Za-z0-9_-]", "_", context.run_id)
         name = (
-            f"c{checkpoint_id}-{vertex}-{index}-u{unit_id}-a{attempt}-{run}-"
+            f"c{context.checkpoint_id}-{vertex}-{context.index}-u{context.unit_id}-"
+            f"a{context.attempt}-{run}-"
             f"{uuid.uuid4().hex[:12]}.parquet"
         )
         fs, base = self._filesystem()
@@ -300,6 +292,10 @@ class DeltaSink:
             self.path, name, table.num_rows, int(size or 0), time.time_ns() // 1_000_000
         )
         return (msgspec.msgpack.encode(committable),)
+
+    def sync_staged(self) -> None:
+        """Nothing to do: `write` fsyncs each data file and its directory on a local disk
+        before it returns (`regional.sinks.base.SinkWriter.sync_staged`)."""
 
     # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 

@@ -72,6 +72,7 @@ import pyarrow.parquet as pq
 
 from metadata.model import SinkRetention
 from regional.errors import CommitError, RestoreError, SinkError
+from regional.sinks.base import WriteContext
 
 __all__ = [
     "CHECKPOINT_PROPERTY",
@@ -335,18 +336,7 @@ class IcebergSink:
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(
-        self,
-        batches: Sequence[pa.RecordBatch],
-        *,
-        checkpoint_id: int,
-        vertex_id: str,
-        index: int,
-        attempt: int,
-        job_id: str,
-        unit_id: int,
-        run_id: str,
-    ) -> tuple[bytes, ...]:
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Write `batches` as one Parquet data file (with the table's field ids) under the
         table's data location; its committable (none if there are no rows). Nothing is visible
         until the driver commits."""
@@ -358,7 +348,8 @@ class IcebergSink:
         table = self._writer_table()
         rows = self._fit(batches, schema_to_pyarrow(table.schema()))
         name = (
-            f"{_UNSAFE.sub('_', vertex_id)}-{index}-c{checkpoint_id}-a{attempt}-"
+            f"{_UNSAFE.sub('_', context.vertex_id)}-{context.index}-c{context.checkpoint_id}-"
+            f"a{context.attempt}-"
             f"{uuid.uuid4().hex[:12]}.parquet"
         )
         location = table.location_provider().new_data_location(name)
@@ -377,6 +368,12 @@ class IcebergSink:
             raise
         c = _Committable(table.metadata.table_uuid.hex, location[len(data_path) + 1 :], len(rows))
         return (msgspec.msgpack.encode(c),)
+
+    def sync_staged(self) -> None:
+        """Nothing is synced here (`regional.sinks.base.SinkWriter.sync_staged`): data files go
+        through the table's FileIO, durable on close on object stores; on a local disk they
+        are not fsynced, so a power loss can lose a staged file (its commit then refuses,
+        naming it)."""
 
     # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 

@@ -1,4 +1,5 @@
-"""`InMemoryTableSink`: the reference `TableCommitter`, kept in memory, for tests and simulation.
+"""`InMemoryTableSink`: the reference sink (`regional.sinks.base.Sink`), kept in memory, for tests
+and simulation.
 
 Writers `stage` rows as a data file and get a committable naming it; `commit` makes the files'
 rows visible atomically, in identifier order per commit user; `discard` deletes staged files of
@@ -12,10 +13,14 @@ failed attempts; `delete_file` stands in for a cleaned data file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from regional.errors import CommitError
+from regional.sinks.base import WriteContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["InMemoryTableSink"]
 
@@ -34,6 +39,19 @@ class InMemoryTableSink:
         """Write a data file of `rows`; its committable is the path."""
         self.files[path] = tuple(rows)
         return path.encode()
+
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
+        """Stage `batches` as one data file named by checkpoint, unit, subtask and attempt
+        (`regional.sinks.base.SinkWriter`); none when there are no rows."""
+        rows = [row for b in batches for row in b.to_pylist()]
+        if not rows:
+            return ()
+        c = context
+        path = f"chk-{c.checkpoint_id}/u{c.unit_id}-{c.vertex_id}-{c.index}-a{c.attempt}.data"
+        return (self.stage(path, rows),)
+
+    def sync_staged(self) -> None:
+        """Nothing to do: the table lives in memory."""
 
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete the staged files behind `committables` (already gone is fine)."""

@@ -39,6 +39,7 @@ from pyarrow import fs as pafs
 
 from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
+from regional.sinks.base import WriteContext
 
 __all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
 
@@ -257,18 +258,7 @@ class PaimonSink:
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(
-        self,
-        batches: Sequence[pa.RecordBatch],
-        *,
-        checkpoint_id: int,
-        vertex_id: str,
-        index: int,
-        attempt: int,
-        job_id: str,
-        unit_id: int,
-        run_id: str,
-    ) -> tuple[bytes, ...]:
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Write `batches` as Paimon data files; one committable per commit message (none if
         there are no rows). Nothing is visible until the driver commits."""
         from pypaimon.write.commit_message_serializer import serialize_commit_message
@@ -281,16 +271,17 @@ class PaimonSink:
         table = self._table()
         write = table.new_stream_write_builder().new_write()
         # our data file names: the job (for `clean_staged`), the run, checkpoint, unit, attempt
-        run = _UNSAFE.sub("_", run_id)
+        run = _UNSAFE.sub("_", context.run_id)
         write.file_store_write.options.set(
             CoreOptions.DATA_FILE_PREFIX,
-            f"{_job_prefix(job_id)}{run}-c{checkpoint_id}-u{unit_id}-a{attempt}-",
+            f"{_job_prefix(context.job_id)}{run}-c{context.checkpoint_id}-u{context.unit_id}-"
+            f"a{context.attempt}-",
         )
         try:
             schema = write.table_pyarrow_schema
             for b in batches:
                 write.write_arrow(self._fit(b, schema))
-            messages = write.prepare_commit(checkpoint_id)
+            messages = write.prepare_commit(context.checkpoint_id)
         except BaseException:
             write.abort()  # delete this attempt's files
             raise
@@ -310,6 +301,12 @@ class PaimonSink:
             for m in messages
             if not m.is_empty()
         )
+
+    def sync_staged(self) -> None:
+        """Nothing is synced here (`regional.sinks.base.SinkWriter.sync_staged`): pypaimon
+        writes and closes its data files in `prepare_commit`, durable on close on object
+        stores; on a local disk they are not fsynced, so a power loss can lose a staged file
+        (its commit then refuses, naming it)."""
 
     # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 

@@ -1,0 +1,143 @@
+"""The one sink contract (DESIGN §4 rule 8): what a sink offers its writers in tasks and its
+committer on the driver.
+
+A **writer** (`SinkWriter`) runs in a task: `write` stages one epoch's batches of one sink
+subtask and returns the committables naming what it staged (kept in the subtask's state and
+handed to the commit coordinator with the unit's ack); `sync_staged` makes what it staged
+durable once per task, before any ack naming it leaves; `discard` deletes what a declined or
+aborted attempt staged. Everything a writer needs to know about the call is one `WriteContext`.
+
+A **committer** (`TableCommitter`) runs on the driver: it commits a checkpoint's committables
+atomically and idempotently under (commit user, identifier). Optional capabilities are their own
+protocols, checked with `isinstance`: `TableRollback` (undo commits after an identifier),
+`TableStaging` (clean staged files a crash orphaned), `TableRetention` (how long the table keeps
+what its deduplication relies on).
+
+`Sink` is both sides in one object, which is what `Stream.sink` takes: `ParquetSink`,
+`DeltaSink`, `IcebergSink`, `PaimonSink` and the keyed exchange's writer implement it.
+
+>>> import tempfile
+>>> import pyarrow as pa
+>>> from regional.sinks.parquet import ParquetSink
+>>> sink = ParquetSink(tempfile.mkdtemp())
+>>> isinstance(sink, Sink)
+True
+>>> context = WriteContext(job_id="job", run_id="r1", checkpoint_id=1, attempt=0, unit_id=0,
+...     vertex_id="out", index=0)
+>>> committables = sink.write([pa.record_batch({"x": [1, 2]})], context)
+>>> sink.commit("job-1", 1, committables); sink.latest_committed("job-1")
+1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import msgspec
+
+from metadata.model import SinkRetention
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "Sink",
+    "SinkWriter",
+    "TableCommitter",
+    "TableRetention",
+    "TableRollback",
+    "TableStaging",
+    "WriteContext",
+]
+
+
+class WriteContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Who writes: sink subtask `index` of vertex `vertex_id`, in unit `unit_id`, staging for
+    checkpoint `checkpoint_id` as attempt `attempt`, in job `job_id` and driver run `run_id`.
+    Names of staged files are made from these, so two attempts never collide."""
+
+    job_id: str
+    run_id: str
+    checkpoint_id: int
+    attempt: int
+    unit_id: int
+    vertex_id: str
+    index: int
+
+
+@runtime_checkable
+class SinkWriter(Protocol):
+    """The task side of a sink."""
+
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
+        """Stage `batches` (one epoch of one sink subtask); the committables naming what was
+        staged (none when there are no rows)."""
+        ...
+
+    def sync_staged(self) -> None:
+        """Make everything this writer staged durable (called once per task, before the acks
+        naming it leave); a no-op for sinks whose `write` is durable on return."""
+        ...
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete what `committables` staged (a declined or aborted attempt); already gone is
+        fine, and committables of other sinks' formats are skipped."""
+        ...
+
+
+@runtime_checkable
+class TableCommitter(Protocol):
+    """A table that commits committables atomically under (commit user, identifier).
+
+    `commit` must be atomic and must refuse an identifier not greater than the user's latest;
+    `fallback` (unit -> owner checkpoint of the units that fell back) is for the table's commit
+    record. `latest_committed` is the highest identifier the user committed (None: nothing);
+    every lower one is committed too, so it decides idempotency without reading the table's
+    history. `missing_files` names the data files behind `committables` that no longer exist.
+    """
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None: ...
+
+    def latest_committed(self, commit_user: str) -> int | None: ...
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]: ...
+
+
+@runtime_checkable
+class Sink(SinkWriter, TableCommitter, Protocol):
+    """A sink: its writers stage in tasks, its committer commits on the driver."""
+
+
+@runtime_checkable
+class TableRollback(Protocol):
+    """A table that can undo a commit user's commits after an identifier (a restore from a
+    checkpoint older than the table's latest commit, when newer checkpoints are damaged)."""
+
+    def rollback(self, commit_user: str, identifier: int) -> list[int]: ...
+
+
+@runtime_checkable
+class TableStaging(Protocol):
+    """A table whose writers stage files a crash can orphan: `clean_staged` deletes job
+    `job_id`'s staged files that no committable in `keep` names, and returns them. The driver
+    calls it when it starts, before any task runs, with every committable its restored
+    checkpoint still names (a pending re-commit's files are among them)."""
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]: ...
+
+
+@runtime_checkable
+class TableRetention(Protocol):
+    """A table that says how long it keeps what its deduplication relies on (a commit marker,
+    snapshots): recorded in every checkpoint (`CheckpointMetadata.sinks`, the vertex id left
+    empty here) so `regional inspect ROOT validate` can warn without the pipeline."""
+
+    def marker_retention(self) -> SinkRetention: ...
