@@ -42,6 +42,7 @@ __all__ = [
     "SplitWatermark",
     "advance_split",
     "reader_watermark",
+    "released_writers",
     "span_ms",
     "subtask_watermark",
     "to_millis",
@@ -187,3 +188,28 @@ def reader_watermark(
     if not values:
         values = [best.get(w, MIN_WATERMARK) for w in range(writers)]
     return min(values, default=MIN_WATERMARK)
+
+
+def released_writers(
+    marks: Iterable[WatermarkMark], writers: int, exclude_after: int | None
+) -> set[int]:
+    """The writers the `exclude` policy releases: those without a mark in the last
+    `exclude_after` (or more) checkpoints in which some writer committed one, i.e. that fell
+    back that many checkpoints in a row. None (the default `hold`): none.
+
+    >>> m = [WatermarkMark(c, 0, c) for c in (1, 2, 3, 4)] + [WatermarkMark(1, 1, 0)]
+    >>> released_writers(m, 2, 3), released_writers(m, 2, 4), released_writers(m, 2, None)
+    ({1}, set(), set())
+    """
+    if exclude_after is None:
+        return set()
+    marks = list(marks)
+    checkpoints = sorted({m.checkpoint_id for m in marks})
+    last: dict[int, int] = {}
+    for m in marks:
+        last[m.writer] = max(last.get(m.writer, 0), m.checkpoint_id)
+    return {
+        w
+        for w in range(writers)
+        if sum(1 for c in checkpoints if c > last.get(w, 0)) >= exclude_after
+    }

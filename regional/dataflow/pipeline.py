@@ -319,7 +319,12 @@ class Stream:
             reader,
             (),
             parallelism=partitions,
-            source=ExchangeReader(reader, partitions, bounded=bounded),
+            source=ExchangeReader(
+                reader,
+                partitions,
+                bounded=bounded,
+                writers=pipeline.vertices[self.vertex_id].parallelism,
+            ),
             exchange_from=writer,
         )
         return stream

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from metadata.watermarks import format_watermark
+from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import span_ms, to_millis
@@ -47,6 +47,7 @@ __all__ = ["ON_LATE", "LateRecord", "WindowSpec", "default_emit", "run_windows"]
 ON_LATE = ("drop", "dead-letter")
 _WINDOWS = "w"  # slot entry: {start: [end, acc]} (tumbling, sliding)
 _SESSIONS = "s"  # slot entry: [[start, end, acc], ...] (sessions)
+_FLOOR = "\x00fired-watermark"  # list state of a key-scoped window operator: [watermark]
 _ENCODE = msgspec.msgpack.Encoder()
 
 
@@ -118,6 +119,11 @@ def run_windows(
     agg = spec.aggregate
     lateness = spec.lateness
     session = spec.assigner.session
+    # after an exchange: the highest watermark this subtask fired at (the `exclude` policy can
+    # move the reader's watermark back; a window never fires twice)
+    floor = state.lists.setdefault(_FLOOR, [MIN_WATERMARK]) if scope_kind == "key" else None
+    if floor is not None and time.start_of(KEY_SCOPE) < floor[0]:
+        time.start[KEY_SCOPE] = floor[0]
     seen: dict[str, int] = {}
     for (split, data), origin in zip(chunks, origins, strict=True):
         rows = records(data)
@@ -125,6 +131,8 @@ def run_windows(
         seen[split] = base + len(rows)
         scope = split if scope_kind == "split" else KEY_SCOPE
         slots = state.keyed.setdefault(scope, {})
+        # never behind what already fired (equal to the origin under `hold`, see above)
+        origin = max(origin, time.start_of(scope))
         for i, record in enumerate(rows):
             ts = spec.ts(record)
             windows = spec.assigner.assign(ts)
@@ -159,7 +167,10 @@ def run_windows(
                 entry = open_windows.get(w.start)
                 acc = agg.add(agg.init() if entry is None else entry[1], record)
                 open_windows[w.start] = [w.end, acc]
-    return _fire(spec, state, time, scope_kind)
+    out = _fire(spec, state, time, scope_kind)
+    if floor is not None:
+        floor[0] = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
+    return out
 
 
 def _fire(

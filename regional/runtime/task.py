@@ -98,6 +98,10 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     upload_latency: UploadLatency | None = None
     upload_in_sync_phase: bool = False
     faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
+    #: event time: release an exchange writer that fell back this many checkpoints in a row
+    #: (the `exclude` policy; None: `hold`, the default), and the default idle timeout (ms)
+    exclude_after: int | None = None
+    idle_timeout_ms: int | None = None
     run_id: str | None = None  # the driver run: state file names carry it (fencing)
 
 
@@ -207,23 +211,24 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 first = len(chunks)
                 finished = False
                 if budget > 0:
-                    result = spec.source.read(split, position, budget)
+                    if epoch_time is not None and isinstance(spec.source, ExchangeReader):
+                        result, read_origins = spec.source.read_timed(split, position, budget)
+                    else:
+                        result, read_origins = spec.source.read(split, position, budget), None
                     for b in result.batches:
                         chunks.append((split, b))
                         n = num_records(b)
                         budget -= n
                         records_in += n
+                    if read_origins is not None:
+                        chunk_origins += read_origins
                     position = result.position
                     finished = result.finished
                 if et is not None and epoch_time is not None:
                     stamps = (et.of(r) for _, b in chunks[first:] for r in _rows(b))
                     mark = advance_split(mark, stamps, et.bound_ms, epoch_time.now_ms)
-                if epoch_time is not None:
-                    origin = (
-                        MIN_WATERMARK
-                        if marks_before[split] is None
-                        else mark_of(marks_before[split])
-                    )
+                if epoch_time is not None and not isinstance(spec.source, ExchangeReader):
+                    origin = mark_of(marks_before[split])
                     chunk_origins += [origin] * (len(chunks) - first)
                     epoch_time.start[split] = origin
                     epoch_time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
@@ -239,10 +244,29 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             if epoch_time is not None:
                 ended = vertex_id in work.ended
                 idle = et.idle_timeout_ms if et is not None else None
+                idle = env.idle_timeout_ms if idle is None else idle
                 now = epoch_time.now_ms
                 if isinstance(spec.source, ExchangeReader):
-                    before = after = MAX_WATERMARK if ended else MIN_WATERMARK
-                    epoch_time.key_split = spec.source.split_of(index)
+                    split = spec.source.split_of(index)
+                    if ended:
+                        before = after = MAX_WATERMARK
+                    else:
+                        marks = spec.source.marks()
+                        hold = env.exclude_after
+                        before = spec.source.watermark(
+                            split, positions[split], marks, exclude_after=hold
+                        ).watermark
+                        after = max(
+                            before,
+                            spec.source.watermark(
+                                split,
+                                next(k.position for k in kept if k.split_id == split),
+                                marks,
+                                exclude_after=hold,
+                            ).watermark,
+                        )
+                    epoch_time.start[split], epoch_time.end[split] = before, after
+                    epoch_time.key_split = split
                 else:
                     before = subtask_watermark(marks_before, now_ms=now, idle_timeout_ms=idle)
                     after = subtask_watermark(
@@ -297,6 +321,11 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     ]
                     if not isinstance(spec.sink, ExchangeWriter):  # records leaving the job
                         records_out += sum(b.num_rows for b in batches)
+                watermarks = None
+                if epoch_time is not None and isinstance(spec.sink, ExchangeWriter):
+                    held = spec.sink.committed_watermark(old.committables)
+                    before = MIN_WATERMARK if held is None else held
+                    watermarks = (before, max(before, epoch_time.end.get(KEY_SCOPE, before)))
                 committables = pipeline.sink_of(vertex_id).write(
                     batches,
                     WriteContext(
@@ -307,6 +336,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                         unit_id=work.unit_id,
                         vertex_id=vertex_id,
                         index=index,
+                        watermarks=watermarks,
                     ),
                 )
         states.append(

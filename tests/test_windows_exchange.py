@@ -1,0 +1,155 @@
+"""Windows after a durable keyed exchange, in this process (`tests/windows_job.py`): the writers'
+watermarks travel with their committed segments; the rows equal a brute-force group-by over the
+input without the records the job dead-lettered as late; with unit faults on both sides and a
+driver crash the committed rows *and* the late records equal the fault-free run's (`hold`);
+the reader's watermark and what holds it back; the `exclude` policy."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orders_job
+import pytest
+import windows_job as job
+
+from metadata.storage import JobStorage
+from metadata.watermarks import MIN_WATERMARK, WatermarkMark
+from regional.dataflow.exchange import ExchangeReader
+from regional.policy import load_policy
+from regional.runtime.driver import JobDriver
+from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
+from regional.runtime.task import TaskEnv
+from regional.sinks.parquet import ParquetSink, read_table
+
+#: upstream units 0-3 (clicks -> exchange writer), downstream units 4-6 (reader -> win -> out)
+UNIT_FAULTS = {(2, 1): "fail", (3, 1): "fail", (3, 5): "fail", (4, 0): "fail", (5, 6): "fail"}
+
+
+def _run(
+    tmp_path: Path, kind: str, faults: Faults | None = None, **kw: Any
+) -> tuple[JobDriver, str, str]:
+    table, dead = str(tmp_path / "table"), str(tmp_path / "dead")
+    p = job.pipeline(
+        kind,
+        table,
+        partitions=3,
+        parallelism=job.SPLITS,
+        on_late="dead-letter",
+        dead_letter=ParquetSink(dead),
+    )
+    root = str(tmp_path / "ckpt")
+    overrides = {"checkpointing": {"timeout": "30 s", "region": {"max-failure-ratio": 0.5}}}
+    policy = load_policy(env={}, overrides=overrides).policy
+    faults = faults or Faults()
+    env = TaskEnv(root, "clicks", p, unit_timeout=30, faults=faults.unit_faults(), **kw)
+    driver = JobDriver(
+        p,
+        orders_job.InProcessDispatcher(env),
+        storage=JobStorage(root, "clicks"),
+        policy=policy,
+        faults=faults,
+    )
+    return driver, table, dead
+
+
+def _late(dead: str) -> list[tuple[int, int]]:
+    """(split, n) of every record dead-lettered as late."""
+    rows = read_table(dead).to_pylist()
+    assert all(r["error_type"] == "LateRecord" and r["operator"] == "win" for r in rows)
+    return sorted((json.loads(r["record"])["split"], json.loads(r["record"])["n"]) for r in rows)
+
+
+def brute_force(kind: str, late: list[tuple[int, int]]) -> list[tuple[Any, ...]]:
+    """Per (user, window) over every click not in `late`: what a batch group-by gives."""
+    gone = set(late)
+    clicks = [
+        job.click(s, n)
+        for s in range(job.SPLITS)
+        for n in range(job.PER_SPLIT)
+        if (s, n) not in gone
+    ]
+    if kind == "session":
+        out = []
+        for u in sorted({c["user"] for c in clicks}):
+            stamps = [c["ts"] for c in clicks if c["user"] == u]
+            out += [(u, s, e, n) for s, e, n in job.batch_sessions(stamps)]
+        return sorted(out)
+    per: Counter[tuple[Any, ...]] = Counter()
+    for c in clicks:
+        for w in job.ASSIGNERS[kind].assign(c["ts"]):
+            per[(c["user"], w.start, w.end)] += 1
+    return sorted((*k, n) for k, n in per.items())
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+def test_windows_after_an_exchange_equal_a_group_by_over_the_on_time_records(
+    tmp_path: Path, kind: str
+) -> None:
+    driver, table, dead = _run(tmp_path, kind)
+    assert driver.run().finished
+    late = _late(dead)
+    # exactly the records 40 s behind (every 23rd), no on-time record
+    assert late == [(s, n) for s in range(job.SPLITS) for n in range(22, job.PER_SPLIT, 23)]
+    assert job.rows(table) == brute_force(kind, late)
+
+
+@pytest.mark.parametrize("step", CRASH_STEPS)
+def test_faults_on_both_sides_and_a_driver_crash_give_the_fault_free_rows_row_for_row(
+    tmp_path: Path, step: str
+) -> None:
+    clean, clean_table, clean_dead = _run(tmp_path / "clean", "sliding")
+    assert clean.run().finished
+    first, table, dead = _run(tmp_path, "sliding", Faults(units=UNIT_FAULTS, crash_at=(6, step)))
+    with pytest.raises(DriverCrash):
+        first.run()
+    again, _, _ = _run(tmp_path, "sliding")
+    summary = again.run()
+    assert summary.finished and summary.restored_from is not None
+    assert job.rows(table) == job.rows(clean_table)
+    assert _late(dead) == _late(clean_dead)
+
+
+def test_a_writer_that_keeps_falling_back_holds_the_readers_watermark(tmp_path: Path) -> None:
+    # upstream unit 1 (writer 1) fails checkpoints 2-5: its committed watermark stays at 1's
+    faults = Faults(units={(c, 1): "fail" for c in range(2, 6)})
+    driver, _, dead = _run(tmp_path, "tumbling", faults)
+    driver.run(max_checkpoints=5)
+    reader = driver.pipeline.vertices["by-user"].source
+    assert isinstance(reader, ExchangeReader)
+    marks = reader.marks()
+    assert {m.writer for m in marks if m.checkpoint_id in (2, 3, 4, 5)} == {0, 2, 3}
+    unit = driver.coordinator.unit_states(4)
+    [state] = [s for s in unit if s.vertex_id == "by-user"]
+    [split] = state.split_states
+    view = reader.watermark(split.split_id, split.position, marks)
+    writer1 = max(m.watermark for m in marks if m.writer == 1)
+    assert view.watermark == writer1 and view.holders == (1,) and view.held_since == 1
+    released = reader.watermark(split.split_id, split.position, marks, exclude_after=3)
+    assert released.released == (1,) and released.watermark > writer1
+    # and the held writer's records are never late: the run ends like a fault-free one
+    assert driver.run().finished
+    assert _late(dead) == [(s, n) for s in range(job.SPLITS) for n in range(22, job.PER_SPLIT, 23)]
+
+
+def test_the_exclude_policy_releases_a_stuck_writer_and_judges_its_records_late(
+    tmp_path: Path,
+) -> None:
+    faults = Faults(units={(c, 1): "fail" for c in range(2, 7)})
+    driver, table, dead = _run(tmp_path, "tumbling", faults, exclude_after=2)
+    assert driver.run().finished
+    late = _late(dead)
+    # writer 1's records re-read after it was released are behind the others: late, and
+    # the rows are the group-by over what was not (exactness traded for freshness)
+    assert any(s == 1 and n % 23 != 22 for s, n in late)
+    assert job.rows(table) == brute_force("tumbling", late)
+
+
+def test_a_reader_before_any_writer_committed_is_at_minus_infinity(tmp_path: Path) -> None:
+    reader = ExchangeReader("x", 2, bounded=True, writers=2)
+    reader.bind(str(tmp_path / "x"), None)
+    assert reader.watermark("n2-p0", b"", []).watermark == MIN_WATERMARK
+    view = reader.watermark("n2-p0", b"", [WatermarkMark(1, 0, 500)])
+    assert (view.watermark, view.holders, view.held_since) == (MIN_WATERMARK, (1,), None)
