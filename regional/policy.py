@@ -42,6 +42,7 @@ from regional.errors import PolicyError
 __all__ = [
     "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
+    "EventTimePolicy",
     "Policy",
     "RegionPolicy",
     "ResolvedPolicy",
@@ -67,6 +68,18 @@ _Seconds = Annotated[
         "or a number of seconds",
     ),
 ]
+#: A duration, or "off" (None): the idle timeout.
+_OptionalSeconds = (
+    Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=MAX_DURATION_SECONDS,
+            description='a duration > 0 and at most 365 d ("30 s", "5 min") or "off"',
+        ),
+    ]
+    | None
+)
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1, description="a number from 0 to 1")]
 _Count = Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")]
 _Retained = Annotated[int, msgspec.Meta(ge=1, description="a whole number >= 1")]
@@ -130,11 +143,25 @@ class RestorePolicy(_Section, frozen=True):
     mode: Literal["claim", "no-claim"] = "claim"
 
 
+class EventTimePolicy(_Section, frozen=True):
+    """`[event-time]`: watermarks (DESIGN §4 rule 15, docs/event-time.md). `idle-timeout`:
+    a source split that delivered nothing for that long (processing time) stops holding its
+    subtask's watermark back ("off" by default: outside the determinism rule when on).
+    `writer-fallback`: an exchange writer that fell back `hold`s the downstream watermark
+    (exact results, the default) or, with `exclude`, is left out after `exclude-after`
+    fallbacks in a row (fresher results; its records may then be late)."""
+
+    idle_timeout: _OptionalSeconds = None
+    writer_fallback: Literal["hold", "exclude"] = "hold"
+    exclude_after: _Retained = 3
+
+
 class Policy(_Section, frozen=True):
     """The whole policy. `Policy()` is the default policy."""
 
     checkpointing: CheckpointingPolicy = CheckpointingPolicy()
     restore: RestorePolicy = RestorePolicy()
+    event_time: EventTimePolicy = EventTimePolicy()
 
 
 # --- durations --------------------------------------------------------------------------------
@@ -368,6 +395,8 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
         value = given.raw
         if key.type == _Seconds:
             value = parse_duration(value)
+        elif key.type == _OptionalSeconds:
+            value = None if value == "off" else parse_duration(value)
         elif key.type == _Limit and value == "unlimited":
             value = None
         elif from_text and value == "null":
@@ -397,7 +426,10 @@ def policy_fingerprint(policy: Policy) -> str:
     >>> policy_fingerprint(Policy()) == policy_fingerprint(load_policy(env={}).policy)
     True
     """
-    return hashlib.sha256(msgspec.json.encode(policy)).hexdigest()
+    data = msgspec.to_builtins(policy)
+    if policy.event_time == EventTimePolicy():  # added later: defaults keep older fingerprints
+        del data["event-time"]
+    return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,6 +470,8 @@ def _readable(path: str, value: Any) -> str | None:
     key = _KEYS[path]
     if key.type == _Seconds:
         return format_duration(value)
+    if key.type == _OptionalSeconds:
+        return "off" if value is None else format_duration(value)
     if key.type == _Limit and value is None:
         return "unlimited"
     if isinstance(value, bool):

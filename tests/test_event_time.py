@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -36,6 +37,7 @@ from regional.dataflow.windows import (
     is_late,
     merge_sessions,
 )
+from regional.errors import PolicyError
 
 times = st.integers(-(10**12), 10**12)
 
@@ -191,3 +193,26 @@ def test_bad_times_and_spans_are_named() -> None:
     with pytest.raises(ValueError, match=r"the slide is longer than the size"):
         Sliding("1 s", "2 s")
     assert span_ms("250 ms", "x") == 250
+
+
+def test_the_event_time_policy_table_reaches_the_tasks_and_keeps_old_fingerprints(
+    tmp_path: Path,
+) -> None:
+    from regional.policy import Policy, load_policy, policy_fingerprint
+    from regional.runtime.spark import event_time_env
+
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        '[event-time]\nidle-timeout = "30 s"\nwriter-fallback = "exclude"\nexclude-after = 2\n'
+    )
+    policy = load_policy(path, env={}).policy
+    assert event_time_env(policy) == {"exclude_after": 2, "idle_timeout_ms": 30_000}
+    assert event_time_env(Policy()) == {"exclude_after": None, "idle_timeout_ms": None}
+    # the default [event-time] table leaves the fingerprint of a policy without it unchanged
+    assert policy_fingerprint(Policy()) == (
+        "44f0c542b2be7033164d87269e0174af29a93241c4b39a44dd922f4e57487e9d"
+    )
+    assert policy_fingerprint(policy) != policy_fingerprint(Policy())
+    path.write_text('[event-time]\nwriter-fallback = "drop"\n')
+    with pytest.raises(PolicyError, match=r'writer-fallback = "drop" is invalid; expected one of'):
+        load_policy(path, env={})

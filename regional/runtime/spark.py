@@ -286,6 +286,16 @@ class SparkDispatcher:
                     self.on_answer(answer)
 
 
+def event_time_env(policy: Policy) -> dict[str, int | None]:
+    """The `TaskEnv` fields of the policy's `[event-time]` table."""
+    et = policy.event_time
+    idle = et.idle_timeout
+    return {
+        "exclude_after": et.exclude_after if et.writer_fallback == "exclude" else None,
+        "idle_timeout_ms": None if idle is None else max(1, round(idle * 1000)),
+    }
+
+
 class SparkRuntime(JobDriver):
     """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI):
     a `JobDriver` with a `SparkDispatcher`.
@@ -347,6 +357,7 @@ class SparkRuntime(JobDriver):
             unit_timeout=region_timeout / 2,
             faults=faults.unit_faults(),
             run_id=run_id,
+            **event_time_env(policy),
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(
