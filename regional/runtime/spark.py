@@ -357,7 +357,8 @@ class SparkRuntime(JobDriver):
             unit_timeout=region_timeout / 2,
             faults=faults.unit_faults(),
             run_id=run_id,
-            **event_time_env(policy),
+            exclude_after=event_time_env(policy)["exclude_after"],
+            idle_timeout_ms=event_time_env(policy)["idle_timeout_ms"],
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(
