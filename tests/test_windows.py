@@ -88,73 +88,19 @@ def test_window_state_moves_with_its_split_on_a_rescale(tmp_path: Path) -> None:
     assert job.rows(table) == job.forward_model("tumbling")[0]
 
 
-GAP = 5_000
-
-
-def sessionize(ctx: Any, click: dict[str, Any]) -> list[dict[str, Any]]:
-    """A session per user: a click `GAP` or more after the last one ends the old session."""
-    last, clicks = ctx.value_state("last"), ctx.value_state("clicks", 0)
-    out = []
-    if last.value() is not None:
-        ctx.timers.delete(last.value() + GAP)
-        if click["ts"] >= last.value() + GAP:
-            out.append({"user": ctx.key, "clicks": clicks.value(), "end": last.value() + GAP})
-            clicks.update(0)
-    last.update(max(click["ts"], last.value() or click["ts"]))
-    clicks.update(clicks.value() + 1)
-    ctx.timers.at_event_time(last.value() + GAP)
-    return out
-
-
-def close_session(ctx: Any, ts: int) -> list[dict[str, Any]]:
-    row = {"user": ctx.key, "clicks": ctx.value_state("clicks", 0).value(), "end": ts}
-    ctx.value_state("last").clear()
-    ctx.value_state("clicks").clear()
-    return [row]
-
-
-def quiet_clicks(split: int, n: int) -> dict[str, Any]:
-    """In time order; user q<split> clicks only 10 times, then is quiet for good; user
-    a<split> clicks every second, with a 9 s pause every 40 clicks."""
-    if n < 10:
-        return {"user": f"q{split}", "ts": n * 1_000}
-    return {"user": f"a{split}", "ts": n * 1_000 + (n // 40) * 9_000}
-
-
-def _sessionizer(table: str) -> Pipeline:
-    p = Pipeline("sessions", records_per_epoch=10)
-    (
-        p.source(
-            GeneratorSource(2, quiet_clicks, records_per_split=200),
-            parallelism=2,
-            event_time=lambda r: r["ts"],
-        )
-        .key_by(lambda r: r["user"])
-        .process(sessionize, on_timer=close_session, name="sessionize")
-        .sink(ParquetSink(table), name="out")
-    )
-    return p
-
-
 def test_a_sessionizer_closes_every_quiet_users_session_by_its_timer(tmp_path: Path) -> None:
     table = str(tmp_path / "table")
-    driver = _driver(tmp_path, _sessionizer(table))
+    driver = _driver(tmp_path, job.sessionizer(table))
     driver.run(max_checkpoints=4)  # the input is far from read: quiet users' timers fired
     early = {r["user"]: r for r in read_table(table).to_pylist()}
     assert {u: (r["clicks"], r["end"]) for u, r in early.items() if u[0] == "q"} == {
-        "q0": (10, 9_000 + GAP),
-        "q1": (10, 9_000 + GAP),
+        "q0": (10, 9_000 + job.GAP),
+        "q1": (10, 9_000 + job.GAP),
     }
-    summary = _driver(tmp_path, _sessionizer(table)).run()
+    summary = _driver(tmp_path, job.sessionizer(table)).run()
     assert summary.finished
     got = sorted((r["user"], r["clicks"], r["end"]) for r in read_table(table).to_pylist())
-    want = []
-    for s in range(2):
-        stamps = [quiet_clicks(s, n) for n in range(200)]
-        for u in sorted({c["user"] for c in stamps}):
-            times = [c["ts"] for c in stamps if c["user"] == u]
-            want += [(u, n, end + GAP - GAP) for _, end, n in job.batch_sessions(times, GAP)]
-    assert got == sorted(want)
+    assert got == job.expected_sessions()
 
 
 def test_windows_without_event_time_or_with_two_aggregates_are_refused() -> None:

@@ -153,3 +153,18 @@ def test_a_reader_before_any_writer_committed_is_at_minus_infinity(tmp_path: Pat
     assert reader.watermark("n2-p0", b"", []).watermark == MIN_WATERMARK
     view = reader.watermark("n2-p0", b"", [WatermarkMark(1, 0, 500)])
     assert (view.watermark, view.holders, view.held_since) == (MIN_WATERMARK, (1,), None)
+
+
+def test_timers_after_an_exchange_close_every_quiet_users_session(tmp_path: Path) -> None:
+    table = str(tmp_path / "table")
+    p = job.sessionizer(table, partitions=2)
+    root = str(tmp_path / "ckpt")
+    faults = Faults(units={(3, 1): "fail", (4, 2): "fail"})
+    env = TaskEnv(root, "s", p, unit_timeout=30, faults=faults.unit_faults())
+    driver = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "s"), faults=faults
+    )
+    assert driver.run().finished
+    assert sorted((r["user"], r["clicks"], r["end"]) for r in read_table(table).to_pylist()) == (
+        job.expected_sessions()
+    )

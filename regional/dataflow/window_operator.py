@@ -190,7 +190,7 @@ def _fire(
             if (sessions := slot.get(_SESSIONS)) is not None:
                 left = []
                 for s in sessions:
-                    if s[1] + lateness <= watermark:
+                    if s[1] + lateness < watermark:  # see `Session`
                         fired.append((s[1], s[0], _ENCODE.encode(key), key, s[2]))
                     else:
                         left.append(s)

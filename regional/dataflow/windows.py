@@ -97,8 +97,11 @@ class Sliding:
 
 
 class Session:
-    """Per key, records closer than `gap` form one session ``[first, last + gap)`` (like Spark
-    SQL's `session_window(ts, gap)`)."""
+    """Per key, records at most `gap` apart form one session ``[first, last + gap)`` (like
+    Spark SQL's `session_window(ts, gap)`). A session closes once the watermark is past its end
+    plus the allowed lateness (``end + lateness < watermark``); a record is late when it is
+    behind the watermark by more than the allowed lateness (``ts + lateness < watermark``), so
+    no on-time record can touch a closed session."""
 
     session = True
 
@@ -132,13 +135,14 @@ Span = tuple[int, int, Any]
 def merge_sessions(
     sessions: Sequence[Sequence[Any]], new: Sequence[Any], merge: Callable[[Any, Any], Any]
 ) -> list[Span]:
-    """`sessions` (disjoint, by start) with `new` added: every session overlapping it merges
-    into one (accumulators combined with `merge`, in start order); the result stays sorted."""
+    """`sessions` (disjoint, by start) with `new` added: every session overlapping or
+    touching it merges into one (accumulators combined with `merge`, in start order), as Spark
+    SQL's `session_window` and Flink merge them; the result stays sorted."""
     start, end, acc = new
     keep: list[Span] = []
     overlapping: list[Span] = []
     for s in sessions:
-        (overlapping if s[0] < end and start < s[1] else keep).append((s[0], s[1], s[2]))
+        (overlapping if s[0] <= end and start <= s[1] else keep).append((s[0], s[1], s[2]))
     if overlapping:
         parts = sorted([*overlapping, (start, end, acc)], key=lambda s: (s[0], s[1]))
         acc = parts[0][2]
