@@ -27,18 +27,38 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+
+from metadata.exchange import (
+    EXCHANGE_DIR,
+    Cursor,
+    SegmentName,
+    reader_view,
+    segment_of,
+    split_partition,
+)
+from metadata.model import CheckpointMetadata
+
+if TYPE_CHECKING:
+    from metadata.storage import JobStorage
 
 __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
+    "WATERMARKS_SCHEMA",
     "WATERMARK_DIR",
     "SplitWatermark",
     "WatermarkMark",
     "format_watermark",
     "mark_name",
     "parse_mark",
+    "reader_watermark",
+    "released_writers",
     "unwrap_position",
+    "watermarks_table",
     "wrap_position",
 ]
 
@@ -113,3 +133,181 @@ def format_watermark(watermark: int | None) -> str:
     except (OverflowError, ValueError, OSError):
         return f"{watermark} ms"
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def reader_watermark(
+    marks: Iterable[WatermarkMark],
+    writers: int,
+    reached: Callable[[WatermarkMark], bool],
+    released: Iterable[int] = (),
+) -> int:
+    """An exchange reader's watermark: over writer subtasks ``0 .. writers-1``, the minimum of
+    each writer's highest committed mark the reader has `reached` (every segment up to it
+    consumed); a writer with no reached mark holds it at -inf. Writers in `released`
+    (the `exclude` policy) are left out unless all are.
+
+    >>> m = [WatermarkMark(1, 0, 50), WatermarkMark(1, 1, 70), WatermarkMark(2, 0, 90)]
+    >>> reader_watermark(m, 2, lambda k: True), reader_watermark(m, 3, lambda k: True)
+    (70, -9223372036854775808)
+    >>> reader_watermark(m, 2, lambda k: k.checkpoint_id < 2)
+    50
+    """
+    best: dict[int, int] = {}
+    for mark in marks:
+        if mark.writer < writers and reached(mark):
+            best[mark.writer] = max(best.get(mark.writer, MIN_WATERMARK), mark.watermark)
+    out = set(released)
+    values = [best.get(w, MIN_WATERMARK) for w in range(writers) if w not in out]
+    if not values:
+        values = [best.get(w, MIN_WATERMARK) for w in range(writers)]
+    return min(values, default=MIN_WATERMARK)
+
+
+def released_writers(
+    marks: Iterable[WatermarkMark], writers: int, exclude_after: int | None
+) -> set[int]:
+    """The writers the `exclude` policy releases: those without a mark in the last
+    `exclude_after` (or more) checkpoints in which some writer committed one, i.e. that fell
+    back that many checkpoints in a row. None (the default `hold`): none.
+
+    >>> m = [WatermarkMark(c, 0, c) for c in (1, 2, 3, 4)] + [WatermarkMark(1, 1, 0)]
+    >>> released_writers(m, 2, 3), released_writers(m, 2, 4), released_writers(m, 2, None)
+    ({1}, set(), set())
+    """
+    if exclude_after is None:
+        return set()
+    marks = list(marks)
+    checkpoints = sorted({m.checkpoint_id for m in marks})
+    last: dict[int, int] = {}
+    for m in marks:
+        last[m.writer] = max(last.get(m.writer, 0), m.checkpoint_id)
+    return {
+        w
+        for w in range(writers)
+        if sum(1 for c in checkpoints if c > last.get(w, 0)) >= exclude_after
+    }
+
+
+#: `regional inspect ROOT watermarks`: per source split read with event time and per exchange
+#: partition, the watermark in the newest checkpoint and what holds it back.
+WATERMARKS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),  # "split" or "exchange"
+        pa.field("vertex", pa.string(), nullable=False),
+        pa.field("subtask", pa.int64(), nullable=False),
+        pa.field("unit", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("watermark_ms", pa.int64(), nullable=False),
+        pa.field("watermark", pa.string(), nullable=False),
+        pa.field("held_by", pa.string(), nullable=False),
+    ]
+)
+
+
+def _fell_back(md: CheckpointMetadata, vertex: str, index: int) -> tuple[int, int | None]:
+    """(unit, owner checkpoint or None when fresh) of subtask (vertex, index) in `md`."""
+    for s in md.subtasks_of(vertex):
+        if s.index == index:
+            return s.unit_id, s.ref_checkpoint_id
+    return -1, None
+
+
+def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
+    """The watermarks of checkpoint `md` (`WATERMARKS_SCHEMA`): one row per source split read
+    with event time (its watermark, in its split state) and one per partition of every keyed
+    exchange (its reader's watermark at its cursor: the minimum over the writer subtasks of
+    the highest mark the cursor reached, DESIGN §4 rule 15). `held_by` names what holds it: a
+    unit that fell back (and since when), or the writer subtasks at the minimum. Lists
+    `exchange/` (segments and marks); reads no file."""
+    rows: list[dict[str, object]] = []
+    cid = md.checkpoint_id
+
+    def row(kind: str, vertex: str, index: int, unit: int, split: str, wm: int, held: str) -> None:
+        rows.append(
+            {
+                "checkpoint_id": cid,
+                "kind": kind,
+                "vertex": vertex,
+                "subtask": index,
+                "unit": unit,
+                "split": split,
+                "watermark_ms": wm,
+                "watermark": format_watermark(wm),
+                "held_by": held,
+            }
+        )
+
+    readers = {r for r in _exchange_readers(md)}
+    for s in md.subtasks:
+        if s.vertex_id in readers:
+            continue
+        for split in s.split_states:
+            _, mark = unwrap_position(split.position)
+            if mark is None:
+                continue
+            behind = (
+                f"unit {s.unit_id} fell back: its state is from checkpoint {s.ref_checkpoint_id}"
+                if s.ref_checkpoint_id is not None
+                else ""
+            )
+            row("split", s.vertex_id, s.index, s.unit_id, split.split_id, mark.watermark, behind)
+    if not readers:
+        return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
+    segments: dict[tuple[str, int, int], list[SegmentName]] = {}
+    marks: dict[str, list[WatermarkMark]] = {}
+    for f in storage.list_files():
+        if (file := segment_of(f.path)) is not None:
+            segments.setdefault((file.reader, file.layout, file.partition), []).append(file.segment)
+            continue
+        parts = f.path.split("/")
+        if (
+            len(parts) == 4
+            and parts[0] == EXCHANGE_DIR
+            and parts[2] == WATERMARK_DIR
+            and (m := parse_mark(parts[3])) is not None
+            and m.checkpoint_id <= cid
+        ):
+            marks.setdefault(parts[1], []).append(m)
+    parallelism = {v.vertex_id: v.parallelism for v in md.vertices}
+    for reader in sorted(readers):
+        view = reader_view(md, reader)
+        if view.layout is None:
+            continue
+        writer_vertex = f"{reader}-writer"
+        known = marks.get(reader, [])
+        writers = parallelism.get(writer_vertex, max((m.writer for m in known), default=-1) + 1)
+        for q in range(view.layout):
+            cursor = view.cursors.get(q, Cursor())
+            unread = [s for s in segments.get((reader, view.layout, q), []) if not cursor.passed(s)]
+            first = min(unread, default=None)
+            reached = [m for m in known if first is None or (m.checkpoint_id, m.writer) < first]
+            wm = reader_watermark(reached, writers, lambda m: True)
+            best: dict[int, WatermarkMark] = {}
+            for m in reached:
+                if m.writer not in best or m.watermark >= best[m.writer].watermark:
+                    best[m.writer] = m
+            held: list[str] = []
+            for w in range(writers):
+                if (best[w].watermark if w in best else MIN_WATERMARK) != wm:
+                    continue
+                unit, owner = _fell_back(md, writer_vertex, w)
+                who = f"writer {w} (unit {unit})" if unit >= 0 else f"writer {w}"
+                if owner is not None:
+                    held.append(f"{who}: fell back since checkpoint {owner + 1}")
+                elif w not in best:
+                    held.append(f"{who}: no watermark committed yet")
+                else:
+                    held.append(f"{who}: slowest, as of checkpoint {best[w].checkpoint_id}")
+            unit, _ = _fell_back(md, reader, q)
+            text = "" if wm >= MAX_WATERMARK else "; ".join(held)
+            row("exchange", reader, q, unit, f"n{view.layout}-p{q}", wm, text)
+    return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
+
+
+def _exchange_readers(md: CheckpointMetadata) -> set[str]:
+    return {
+        s.vertex_id
+        for s in md.subtasks
+        if any(split_partition(x.split_id) is not None for x in s.split_states)
+    }

@@ -16,7 +16,9 @@ import pytest
 import windows_job as job
 
 from metadata.storage import JobStorage
-from metadata.watermarks import MIN_WATERMARK, WatermarkMark
+from metadata.store import CompletedCheckpointStore
+from metadata.watermarks import MIN_WATERMARK, WatermarkMark, watermarks_table
+from regional.cli import main
 from regional.dataflow.exchange import ExchangeReader
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
@@ -112,7 +114,9 @@ def test_faults_on_both_sides_and_a_driver_crash_give_the_fault_free_rows_row_fo
     assert _late(dead) == _late(clean_dead)
 
 
-def test_a_writer_that_keeps_falling_back_holds_the_readers_watermark(tmp_path: Path) -> None:
+def test_a_writer_that_keeps_falling_back_holds_the_readers_watermark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # upstream unit 1 (writer 1) fails checkpoints 2-5: its committed watermark stays at 1's
     faults = Faults(units={(c, 1): "fail" for c in range(2, 6)})
     driver, _, dead = _run(tmp_path, "tumbling", faults)
@@ -127,6 +131,22 @@ def test_a_writer_that_keeps_falling_back_holds_the_readers_watermark(tmp_path: 
     view = reader.watermark(split.split_id, split.position, marks)
     writer1 = max(m.watermark for m in marks if m.writer == 1)
     assert view.watermark == writer1 and view.holders == (1,) and view.held_since == 1
+    # the inspector's view says the same, and who holds it back
+    newest = driver.coordinator.latest_completed_id
+    storage = JobStorage(str(tmp_path / "ckpt"), "clicks")
+    latest = CompletedCheckpointStore.load(storage).latest()
+    assert latest is not None and latest.checkpoint_id == newest
+    views = watermarks_table(storage, latest)
+    rows = [r for r in views.to_pylist() if r["kind"] == "exchange"]
+    assert [(r["split"], r["watermark_ms"], r["held_by"]) for r in rows] == [
+        (f"n3-p{q}", writer1, "writer 1 (unit 1): fell back since checkpoint 2") for q in range(3)
+    ]
+    [split1] = [r for r in views.to_pylist() if r["kind"] == "split" and r["unit"] == 1]
+    assert split1["watermark_ms"] == writer1 and split1["checkpoint_id"] == newest
+    assert split1["held_by"] == "unit 1 fell back: its state is from checkpoint 1"
+    assert main(["inspect", str(tmp_path / "ckpt"), "watermarks", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [r["held_by"] for r in printed if r["kind"] == "exchange"] == [rows[0]["held_by"]] * 3
     released = reader.watermark(split.split_id, split.position, marks, exclude_after=3)
     assert released.released == (1,) and released.watermark > writer1
     # and the held writer's records are never late: the run ends like a fault-free one

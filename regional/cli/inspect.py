@@ -26,6 +26,7 @@ import pyarrow as pa
 from cleaner.run import scan
 from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
+from metadata.watermarks import watermarks_table
 from metadata.inspect import Inspector
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
@@ -51,6 +52,7 @@ _VIEWS: dict[str, str] = {
     "events": "the event log: every checkpoint outcome with the coordinator's metrics",
     "report": "one self-contained HTML page: timeline, unit x checkpoint grid, lag, bytes, aborts",
     "exchange": "per keyed-exchange partition: the newest checkpoint's cursor and what is unread",
+    "watermarks": "per event-time split and exchange partition: the watermark and what holds it",
 }
 
 
@@ -116,6 +118,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _report(storage, args)
     if args.view == "exchange":
         return _exchange(storage, args)
+    if args.view == "watermarks":
+        return _watermarks(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -214,6 +218,23 @@ def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
                 f"checkpoint {newest.checkpoint_id}: {records} record(s), {size} byte(s) "
                 "committed and not read yet"
             )
+    return 0
+
+
+def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The watermarks of the newest checkpoint and what holds them back
+    (`metadata.watermarks.watermarks_table`)."""
+    store = CompletedCheckpointStore.load(storage)
+    for d in store.damaged:
+        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+    newest = store.latest()
+    if newest is None:
+        print("no completed checkpoint: no watermark to show")
+        return 0
+    table = watermarks_table(storage, newest)
+    print_table(table, as_json=args.json)
+    if not args.json and table.num_rows == 0:
+        print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
     return 0
 
 

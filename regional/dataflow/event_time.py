@@ -11,8 +11,9 @@ A watermark W (ms since the Unix epoch) says "records with an event time below W
   input ended, and with an `idle_timeout` (processing time; off by default) a split that
   delivered nothing for that long no longer holds it back.
 * **Exchange reader.** The minimum over the upstream writer subtasks of each writer's latest
-  watermark mark the reader's cursor has reached (`reader_watermark`); a writer that committed
-  nothing yet holds it at -inf.
+  watermark mark the reader's cursor has reached (`reader_watermark`, from
+  `metadata.watermarks`, which the inspector shares); a writer that committed nothing yet
+  holds it at -inf.
 
 >>> bound = span_ms("5 s", "max_out_of_orderness")
 >>> s = advance_split(None, [10_000, 12_000, 11_000], bound, now_ms=1)
@@ -32,7 +33,13 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, SplitWatermark, WatermarkMark
+from metadata.watermarks import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    SplitWatermark,
+    reader_watermark,
+    released_writers,
+)
 from regional.policy import parse_duration
 
 __all__ = [
@@ -160,56 +167,3 @@ def subtask_watermark(
         if active:
             return min(active)
     return min(marks)
-
-
-def reader_watermark(
-    marks: Iterable[WatermarkMark],
-    writers: int,
-    reached: Callable[[WatermarkMark], bool],
-    released: Iterable[int] = (),
-) -> int:
-    """An exchange reader's watermark: over writer subtasks ``0 .. writers-1``, the minimum of
-    each writer's highest committed mark the reader has `reached` (every segment up to it
-    consumed); a writer with no reached mark holds it at -inf. Writers in `released`
-    (the `exclude` policy) are left out unless all are.
-
-    >>> m = [WatermarkMark(1, 0, 50), WatermarkMark(1, 1, 70), WatermarkMark(2, 0, 90)]
-    >>> reader_watermark(m, 2, lambda k: True), reader_watermark(m, 3, lambda k: True)
-    (70, -9223372036854775808)
-    >>> reader_watermark(m, 2, lambda k: k.checkpoint_id < 2)
-    50
-    """
-    best: dict[int, int] = {}
-    for mark in marks:
-        if mark.writer < writers and reached(mark):
-            best[mark.writer] = max(best.get(mark.writer, MIN_WATERMARK), mark.watermark)
-    out = set(released)
-    values = [best.get(w, MIN_WATERMARK) for w in range(writers) if w not in out]
-    if not values:
-        values = [best.get(w, MIN_WATERMARK) for w in range(writers)]
-    return min(values, default=MIN_WATERMARK)
-
-
-def released_writers(
-    marks: Iterable[WatermarkMark], writers: int, exclude_after: int | None
-) -> set[int]:
-    """The writers the `exclude` policy releases: those without a mark in the last
-    `exclude_after` (or more) checkpoints in which some writer committed one, i.e. that fell
-    back that many checkpoints in a row. None (the default `hold`): none.
-
-    >>> m = [WatermarkMark(c, 0, c) for c in (1, 2, 3, 4)] + [WatermarkMark(1, 1, 0)]
-    >>> released_writers(m, 2, 3), released_writers(m, 2, 4), released_writers(m, 2, None)
-    ({1}, set(), set())
-    """
-    if exclude_after is None:
-        return set()
-    marks = list(marks)
-    checkpoints = sorted({m.checkpoint_id for m in marks})
-    last: dict[int, int] = {}
-    for m in marks:
-        last[m.writer] = max(last.get(m.writer, 0), m.checkpoint_id)
-    return {
-        w
-        for w in range(writers)
-        if sum(1 for c in checkpoints if c > last.get(w, 0)) >= exclude_after
-    }
