@@ -248,7 +248,9 @@ def main() -> int:
         f"{result.count('aborted')} aborted checkpoints in {result.seconds:.1f} s"
     )
     problems = check_windows(spark, clicks, out)
-    late = dict(spark.read.parquet(os.path.join(out, "late")).groupBy("operator").count().collect())
+    late: dict[str, int] = dict(
+        spark.read.parquet(os.path.join(out, "late")).groupBy("operator").count().collect()
+    )
     print(
         f"\nper-minute counts and sessions vs Spark SQL window / session_window over the "
         f"input without the late clicks ({late.get('minutes', 0)} for the minutes, "
