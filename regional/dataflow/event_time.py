@@ -93,7 +93,7 @@ def span_ms(value: Any, what: str, *, allow_zero: bool = True) -> int:
         seconds = float("nan")
     ms = round(seconds * 1000) if seconds == seconds else -1
     if ms < 0 or (ms == 0 and not allow_zero):
-        least = "0" if allow_zero else "more than 0"
+        least = "0 or more" if allow_zero else "more than 0"
         raise ValueError(
             f'{what}={value!r}; give a duration of {least}: "500 ms", "5 s", "1 min", a '
             "datetime.timedelta or a number of seconds"
