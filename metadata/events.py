@@ -78,7 +78,9 @@ class CheckpointEvent(
     `tracebacks` per unit whose task sent one (its last 4096 characters); `abort_rule` is the
     DESIGN §4 rule that aborted it (e.g. ``3c-failure-ratio``) and `message` the coordinator's
     explanation. `records_dead_lettered` counts the records user functions failed on that went
-    to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. Metrics:
+    to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. With event
+    time, `records_late` counts the records windows judged late in it, and `watermark_ms` is the
+    lowest watermark of a unit fresh in it, held by unit `watermark_unit`. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
     None when nothing fell back), `unit_lag` (unit -> completed checkpoints its state is
     behind; units at 0 left out), and counters since the driver started (they restart at 0
@@ -105,6 +107,9 @@ class CheckpointEvent(
     aborted_by_rule: dict[str, _Tally] = {}
     tracebacks: dict[Count, str] = {}
     records_dead_lettered: Count = 0
+    records_late: Count = 0
+    watermark_ms: Int64 | None = None
+    watermark_unit: Count | None = None
 
     def cause_lines(self) -> list[str]:
         """One line per failed or fallen-back unit and why, for progress lines and reports:

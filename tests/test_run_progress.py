@@ -95,6 +95,9 @@ def test_json_lines_are_the_events_and_nothing_else():
         "savepoint_count": 0,
         "aborted_by_rule": {},
         "records_dead_lettered": 0,
+        "records_late": 0,
+        "watermark_ms": None,
+        "watermark_unit": None,
         "tracebacks": {},
     }
 

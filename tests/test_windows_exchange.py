@@ -17,7 +17,13 @@ import windows_job as job
 
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
-from metadata.watermarks import MIN_WATERMARK, WatermarkMark, watermarks_table
+from metadata.watermarks import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    WatermarkMark,
+    format_watermark,
+    watermarks_table,
+)
 from regional.cli import main
 from regional.dataflow.exchange import ExchangeReader
 from regional.policy import load_policy
@@ -31,7 +37,11 @@ UNIT_FAULTS = {(2, 1): "fail", (3, 1): "fail", (3, 5): "fail", (4, 0): "fail", (
 
 
 def _run(
-    tmp_path: Path, kind: str, faults: Faults | None = None, **kw: Any
+    tmp_path: Path,
+    kind: str,
+    faults: Faults | None = None,
+    progress: Any = None,
+    **kw: Any,
 ) -> tuple[JobDriver, str, str]:
     table, dead = str(tmp_path / "table"), str(tmp_path / "dead")
     p = job.pipeline(
@@ -53,6 +63,7 @@ def _run(
         storage=JobStorage(root, "clicks"),
         policy=policy,
         faults=faults,
+        progress=progress,
     )
     return driver, table, dead
 
@@ -188,3 +199,26 @@ def test_timers_after_an_exchange_close_every_quiet_users_session(tmp_path: Path
     assert sorted((r["user"], r["clicks"], r["end"]) for r in read_table(table).to_pylist()) == (
         job.expected_sessions()
     )
+
+
+def test_events_progress_and_prometheus_show_late_records_and_the_lowest_watermark(
+    tmp_path: Path,
+) -> None:
+    from prometheus_client import generate_latest
+
+    from regional.cli.progress import checkpoint_line
+    from regional.runtime.prometheus import job_registry
+
+    events: list[Any] = []
+    driver, _, dead = _run(tmp_path, "tumbling", Faults(units={(3, 1): "fail"}), events.append)
+    assert driver.run().finished
+    assert sum(e.records_late for e in events) == len(_late(dead)) > 0
+    third = next(e for e in events if e.checkpoint_id == 3)
+    assert third.fallback_units == (1,) and third.watermark_unit not in (None, 1)
+    assert events[-1].watermark_ms == MAX_WATERMARK  # the input ended: everything fired
+    line = checkpoint_line(third)
+    assert f"watermark {format_watermark(third.watermark_ms)} (unit {third.watermark_unit})" in line
+    text = generate_latest(job_registry(driver)).decode()
+    assert f'regional_records_late_total{{job="clicks"}} {float(len(_late(dead)))}' in text
+    last = events[-1]
+    assert f'regional_watermark_seconds{{job="clicks",unit="{last.watermark_unit}"}}' in text

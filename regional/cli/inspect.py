@@ -26,12 +26,12 @@ import pyarrow as pa
 from cleaner.run import scan
 from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
-from metadata.watermarks import watermarks_table
 from metadata.inspect import Inspector
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
+from metadata.watermarks import watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table

@@ -59,7 +59,9 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     how many records its dead-letter sink staged (`on_error="dead-letter"`). The task's seconds
     per phase of the unit: `restore_s` (reading and decoding its operator state), `process_s`
     (sources, operators, staging sink files), `snapshot_s` (encoding the state and writing the
-    local file), `upload_s` (uploading it, reading it back, verifying)."""
+    local file), `upload_s` (uploading it, reading it back, verifying). With event time:
+    `records_late`, the records its window operators judged late, and `watermark`, the unit's
+    watermark (ms) after the epoch (DESIGN §4 rule 15)."""
 
     checkpoint_id: int
     unit: int
@@ -73,6 +75,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     process_s: float = 0.0
     snapshot_s: float = 0.0
     upload_s: float = 0.0
+    records_late: int = 0  # records its window operators found late (event time)
+    watermark: int | None = None  # its subtask watermark after the epoch (event time)
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -487,6 +487,7 @@ class JobDriver(DecisionHandlers):
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
             records_dead_lettered=self._records_dead_lettered,
+            records_late=self._records_late,
         )
 
     @property
@@ -513,6 +514,8 @@ class JobDriver(DecisionHandlers):
             causes=o.causes,
             tracebacks=o.tracebacks,
             records_dead_lettered=o.records_dead_lettered,
+            records_late=o.records_late,
+            watermark=(o.watermark, o.watermark_unit),
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,

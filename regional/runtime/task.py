@@ -116,6 +116,7 @@ class _Snapshot(msgspec.Struct):
     records_in: int
     records_out: int
     records_late: int = 0
+    watermark: int | None = None  # the unit's subtask watermark after the epoch (event time)
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
     records_dead_lettered: int = 0
     restore_s: float = 0.0  # reading and decoding operator state
@@ -374,6 +375,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
         records_in,
         records_out,
         epoch_time.late if epoch_time is not None else 0,
+        epoch_time.end.get(KEY_SCOPE) if epoch_time is not None else None,
         time.monotonic() - serialise_started,
         dead_lettered,
         restore_s,
@@ -434,6 +436,8 @@ def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
         process_s=snap.process_s,
         snapshot_s=snap.encode_s + snap.serialise_s,
         upload_s=time.perf_counter() - started,
+        records_late=snap.records_late,
+        watermark=snap.watermark,
     )
 
 
