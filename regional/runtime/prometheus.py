@@ -75,14 +75,15 @@ class JobCollector:
         )
         records.add_metric(job, d.records_in_total)
         yield records
-        late = CounterMetricFamily(
-            "regional_records_late",
-            "Records event-time windows judged late (behind the watermark past the allowed "
-            "lateness) in completed checkpoints.",
-            labels=["job"],
-        )
-        late.add_metric(job, m.records_late)
-        yield late
+        if d.pipeline.timed:  # event time
+            late = CounterMetricFamily(
+                "regional_records_late",
+                "Records event-time windows judged late (behind the watermark past the allowed "
+                "lateness) in completed checkpoints.",
+                labels=["job"],
+            )
+            late.add_metric(job, m.records_late)
+            yield late
         failures = CounterMetricFamily(
             "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
         )
