@@ -35,6 +35,7 @@ import pyarrow as pa
 from metadata.exchange import (
     EXCHANGE_DIR,
     Cursor,
+    ReaderView,
     SegmentName,
     reader_view,
     segment_of,
@@ -53,7 +54,9 @@ __all__ = [
     "SplitWatermark",
     "WatermarkMark",
     "format_watermark",
+    "mark_kept_by",
     "mark_name",
+    "mark_path_of",
     "parse_mark",
     "reader_watermark",
     "released_writers",
@@ -311,3 +314,56 @@ def _exchange_readers(md: CheckpointMetadata) -> set[str]:
         for s in md.subtasks
         if any(split_partition(x.split_id) is not None for x in s.split_states)
     }
+
+
+def mark_path_of(path: str) -> tuple[str, WatermarkMark] | None:
+    """(reader, mark) of a committed watermark mark's path (relative to the job root), or None.
+
+    >>> mark_path_of("exchange/by-user/_watermarks/00000000000000000007-00002.-5.wm")
+    ('by-user', WatermarkMark(checkpoint_id=7, writer=2, watermark=-5))
+    """
+    parts = path.split("/")
+    if len(parts) != 4 or parts[0] != EXCHANGE_DIR or parts[2] != WATERMARK_DIR:
+        return None
+    mark = parse_mark(parts[3])
+    return None if mark is None else (parts[1], mark)
+
+
+def mark_kept_by(
+    mark: WatermarkMark,
+    views: Iterable[ReaderView],
+    segments: Callable[[int, int], Iterable[SegmentName]],
+    marks: Iterable[WatermarkMark],
+) -> list[int]:
+    """The kept checkpoints (their `reader_view`s of the mark's exchange) that may still need
+    watermark `mark`: a restore from one of them computes a watermark from it. It is needed
+    unless, in every partition of the checkpoint's layout, the checkpoint's cursor reached a
+    later mark of the same writer (marks of one writer only grow: the later one supersedes
+    it). `segments(layout, partition)` lists a partition's committed segments; `marks` are the
+    exchange's marks. A checkpoint without the reader keeps every mark.
+
+    >>> from metadata.exchange import Cursor, ReaderView
+    >>> marks = [WatermarkMark(1, 0, 10), WatermarkMark(2, 0, 20), WatermarkMark(3, 0, 30)]
+    >>> view = ReaderView(5, 1, {0: Cursor(3, 0, 0)})  # read everything before checkpoint 3
+    >>> seg = lambda layout, q: [SegmentName(3, 0)]
+    >>> [mark_kept_by(m, [view], seg, marks) for m in marks]
+    [[], [5], [5]]
+    """
+    later = sorted(
+        m.checkpoint_id
+        for m in marks
+        if m.writer == mark.writer and m.checkpoint_id > mark.checkpoint_id
+    )
+    out = []
+    for view in views:
+        if view.layout is None or not later:
+            out.append(view.checkpoint_id)
+            continue
+        for q in range(view.layout):
+            cursor = view.cursors.get(q, Cursor())
+            unread = [s for s in segments(view.layout, q) if not cursor.passed(s)]
+            first = min(unread, default=None)
+            if not (first is None or (later[0], mark.writer) < tuple(first)):
+                out.append(view.checkpoint_id)
+                break
+    return out

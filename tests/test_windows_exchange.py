@@ -22,6 +22,7 @@ from metadata.watermarks import (
     MIN_WATERMARK,
     WatermarkMark,
     format_watermark,
+    parse_mark,
     watermarks_table,
 )
 from regional.cli import main
@@ -222,3 +223,24 @@ def test_events_progress_and_prometheus_show_late_records_and_the_lowest_waterma
     assert f'regional_records_late_total{{job="clicks"}} {float(len(_late(dead)))}' in text
     last = events[-1]
     assert f'regional_watermark_seconds{{job="clicks",unit="{last.watermark_unit}"}}' in text
+
+
+def test_the_cleaner_deletes_superseded_watermark_marks_and_keeps_the_needed_ones(
+    tmp_path: Path,
+) -> None:
+    driver, _, _ = _run(tmp_path, "tumbling")
+    summary = driver.run()
+    assert summary.finished
+    directory = tmp_path / "ckpt" / "clicks" / "exchange" / "by-user" / "_watermarks"
+    left = sorted(m for p in directory.iterdir() if (m := parse_mark(p.name)) is not None)
+    last = summary.checkpoints[-1].checkpoint_id
+    written = {(c, w) for c in range(1, last + 1) for w in range(job.SPLITS)}
+    assert {(m.checkpoint_id, m.writer) for m in left} < written  # some were deleted
+    assert {m.checkpoint_id for m in left} >= {last}  # the newest are kept
+    assert min(m.checkpoint_id for m in left) > 1
+    # what is left still gives every kept checkpoint its watermark: the newest says +inf
+    storage = JobStorage(str(tmp_path / "ckpt"), "clicks")
+    latest = CompletedCheckpointStore.load(storage).latest()
+    assert latest is not None
+    rows = watermarks_table(storage, latest).to_pylist()
+    assert {r["watermark"] for r in rows if r["kind"] == "exchange"} == {"+inf"}
