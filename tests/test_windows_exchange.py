@@ -244,3 +244,27 @@ def test_the_cleaner_deletes_superseded_watermark_marks_and_keeps_the_needed_one
     assert latest is not None
     rows = watermarks_table(storage, latest).to_pylist()
     assert {r["watermark"] for r in rows if r["kind"] == "exchange"} == {"+inf"}
+
+
+def test_a_subtask_reading_one_file_per_epoch_advances_its_watermark_with_its_files(
+    tmp_path: Path,
+) -> None:
+    # one file per split and epoch: every split finishes in the epoch that reads it
+    clicks = tmp_path / "clicks"
+    clicks.mkdir()
+    for s in range(job.SPLITS):
+        for k in range(0, job.PER_SPLIT, job.PER_EPOCH):
+            with open(clicks / f"c{k:04d}-s{s}.jsonl", "w") as out:
+                for n in range(k, k + job.PER_EPOCH):
+                    out.write(json.dumps({**job.click(s, n), "amount": 1}) + "\n")
+    table, dead = str(tmp_path / "table"), str(tmp_path / "dead")
+    p = job.file_pipeline("tumbling", str(clicks), table, dead)
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "clicks", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "clicks"))
+    driver.run(max_checkpoints=5)
+    assert not driver.finished and read_table(table).num_rows > 0  # windows closed already
+    assert driver.run().finished
+    late = job.late_records(dead)
+    got = [(u, s, e, c) for u, s, e, c, _ in job.totals(table)]
+    assert got == brute_force("tumbling", late)

@@ -204,6 +204,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             et = spec.event_time
             marks_before: dict[str, SplitWatermark | None] = {}
             marks_after: dict[str, SplitWatermark | None] = {}
+            marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
             chunk_origins: list[int] = []
             for split, wrapped in positions.items():
                 position, mark = unwrap_position(wrapped)
@@ -234,6 +235,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                     epoch_time.start[split] = origin
                     epoch_time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
                 if finished:
+                    marks_done[split] = mark
                     continue
                 marks_after[split] = mark
                 if et is not None and mark is not None:
@@ -271,7 +273,12 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
                 else:
                     before = subtask_watermark(marks_before, now_ms=now, idle_timeout_ms=idle)
                     after = subtask_watermark(
-                        marks_after, now_ms=now, ended=ended, idle_timeout_ms=idle
+                        # no split left: the ones that finished now bound it this epoch (a
+                        # subtask reading one file per epoch advances with its files)
+                        marks_after or marks_done,
+                        now_ms=now,
+                        ended=ended,
+                        idle_timeout_ms=idle,
                     )
                 unit_start.append(before)
                 unit_end.append(after)
