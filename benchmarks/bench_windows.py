@@ -306,7 +306,7 @@ def main() -> None:
         args.upstream, args.partitions, args.chunks, args.records = 4, 4, 8, 100
         args.interval, args.drain = 3.0, 12.0
     units = args.upstream + args.partitions
-    faults = schedule(args.seed, args.p, 10 * args.chunks, units)
+    faults = schedule(args.seed, args.p, 5000, units)  # every checkpoint a run may reach
     work = tempfile.mkdtemp(prefix="regional-bench-windows-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
