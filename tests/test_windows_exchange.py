@@ -208,6 +208,8 @@ def test_events_progress_and_prometheus_show_late_records_and_the_lowest_waterma
     from prometheus_client import generate_latest
 
     from regional.cli.progress import checkpoint_line
+    from regional.report.html import render_html
+    from regional.report.summary import build_report
     from regional.runtime.prometheus import job_registry
 
     events: list[Any] = []
@@ -219,6 +221,11 @@ def test_events_progress_and_prometheus_show_late_records_and_the_lowest_waterma
     assert events[-1].watermark_ms == MAX_WATERMARK  # the input ended: everything fired
     line = checkpoint_line(third)
     assert f"watermark {format_watermark(third.watermark_ms)} (unit {third.watermark_unit})" in line
+    page = render_html(build_report([], events, job_id="clicks"))
+    assert '<h2 id="watermarks">Watermarks</h2>' in page
+    row = f"<tr><td>3</td><td>{format_watermark(third.watermark_ms)}</td>"
+    assert row + f"<td>{third.watermark_unit}</td>" in page
+    assert f"<td>{format_watermark(MAX_WATERMARK)}</td><td>{events[-1].watermark_unit}</td>" in page
     text = generate_latest(job_registry(driver)).decode()
     assert f'regional_records_late_total{{job="clicks"}} {float(len(_late(dead)))}' in text
     last = events[-1]
