@@ -275,3 +275,53 @@ def test_a_subtask_reading_one_file_per_epoch_advances_its_watermark_with_its_fi
     late = job.late_records(dead)
     got = [(u, s, e, c) for u, s, e, c, _ in job.totals(table)]
     assert got == brute_force("tumbling", late)
+
+
+class _QuietAndBusy:
+    """Split "busy" delivers 10 clicks of user u per read, a second apart; split "quiet"
+    never delivers anything (both unbounded)."""
+
+    bounded = False
+
+    def discover(self) -> list[str]:
+        return ["busy", "quiet"]
+
+    def read(self, split: str, position: bytes, max_records: int) -> Any:
+        from regional.sources.base import ReadResult
+
+        start = int(position or b"0")
+        if split == "quiet":
+            return ReadResult([], position, False)
+        rows = [{"user": "u", "ts": n * 1000} for n in range(start, start + 10)]
+        return ReadResult([rows], str(start + 10).encode(), False)
+
+
+def _idle_job(tmp_path: Path, idle: Any) -> tuple[JobDriver, str]:
+    from regional.dataflow.pipeline import Pipeline
+    from regional.dataflow.windows import Tumbling, count
+
+    table = str(tmp_path / "table")
+    p = Pipeline("idle", splits_per_subtask=2)
+    (
+        p.source(_QuietAndBusy(), event_time=lambda r: r["ts"], idle_timeout=idle)
+        .key_by(job.user, partitions=1, name="by-user")
+        .window(Tumbling("5 s"), aggregate=count(), emit=job.emit, name="win")
+        .sink(ParquetSink(table), name="out")
+    )
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "idle", p, unit_timeout=30)
+    return JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "idle")
+    ), table
+
+
+def test_a_quiet_split_holds_the_exchange_watermark_unless_an_idle_timeout_releases_it(
+    tmp_path: Path,
+) -> None:
+    held, held_table = _idle_job(tmp_path / "held", None)
+    held.run(max_checkpoints=6)
+    assert read_table(held_table).num_rows == 0  # the quiet split holds every window open
+    released, table = _idle_job(tmp_path / "released", 0.001)  # 1 ms: idle at once
+    released.run(max_checkpoints=6)
+    rows = job.rows(table)
+    assert rows and rows[0] == ("u", 0, 5_000, 5)  # windows closed by the busy split alone

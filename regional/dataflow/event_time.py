@@ -137,7 +137,7 @@ def advance_split(
     processing time `now_ms`: the largest event time seen minus `bound_ms`, never lower than
     before."""
     wm = MIN_WATERMARK if current is None else current.watermark
-    last = MIN_WATERMARK if current is None else current.last_record_ms
+    last = now_ms if current is None else current.last_record_ms  # idle from its assignment
     seen = max(event_times, default=None)
     if seen is None:
         return SplitWatermark(wm, last)
