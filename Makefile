@@ -7,13 +7,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint bench clean-venv check-java
+.PHONY: demo test docs lint bench clean-venv check-java
 
 $(STAMP): pyproject.toml
 	@scripts/require-python "$(PYTHON)"
 	@test -x $(BIN)/python || "$(PYTHON)" -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[test,paimon,delta,iceberg,kafka,prometheus]'
+	@$(BIN)/python -m pip install --quiet -e '.[test,docs,paimon,delta,iceberg,kafka,prometheus]'
 	@touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
@@ -31,6 +31,11 @@ test: $(STAMP) check-java
 	@$(BIN)/ruff check --quiet .
 	@$(BIN)/mypy
 	@$(BIN)/python -m pytest -q
+
+# The documentation site into site/, every warning an error (tests/test_docs.py builds it too).
+docs: $(STAMP)
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "documentation: site/index.html"
 
 lint: $(STAMP)
 	@$(BIN)/ruff check .

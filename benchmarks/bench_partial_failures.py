@@ -4,9 +4,14 @@ One pipeline, one data set, one failure schedule, every contender in the same ru
 
     generator (64 splits, `--records` records per split and epoch) -> transform -> Parquet table
 
-* `regional`: our runtime, 64 regions, `max-consecutive-regional = "unlimited"` (only the
-  unit-level limit `max-unit-fallbacks = 3` bounds staleness);
-* `regional-default`: the default policy (`max-consecutive-regional = 10`);
+* `regional-default`: our runtime, 64 regions, the default policy (`max-consecutive-regional
+  = "unlimited"`; a unit over `max-unit-fallbacks = 3` is stuck: isolated, and the job fails
+  only once it stays stuck past `max-stuck-time = 15 min`);
+* `regional-force-fresh`: `on-unit-fallback-limit = "force-fresh"` (the unit over the limit must
+  be fresh in the next checkpoint, which aborts if it fails again: the defaults before issue 26,
+  but for the job-level limit);
+* `regional-k10`: `max-consecutive-regional = 10` (the default before issue 26), at the highest
+  p only;
 * `regional-k2`: `max-consecutive-regional = 2` (Flink's default), at the highest p only;
 * `global`: our runtime with `[checkpointing.region] enabled = false`;
 * `structured-streaming`: the same pipeline as a Structured Streaming query (a Python streaming
@@ -215,6 +220,8 @@ class Outcome:
     restarts: int = 0
     #: Structured Streaming: (start, end) of each micro-batch attempt, seconds since `started`
     attempt_times: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    #: our runtime: checkpoint attempts after which some unit was stuck (`CheckpointEvent.stuck`)
+    stuck: int = 0
 
 
 def schedule(seed: int, p: float, epochs: int, units: int) -> frozenset[tuple[int, int]]:
@@ -260,7 +267,8 @@ def run_regional(
         with open(path) as f:
             files = [f"{table}/{x}" for x in json.load(f)["files"]]
         commits.append((os.stat(path).st_mtime, files))
-    return Outcome(name, p, started, seconds, epochs, commits, log)
+    stuck = sum(1 for r in summary.checkpoints if r.stuck)
+    return Outcome(name, p, started, seconds, epochs, commits, log, stuck=stuck)
 
 
 def _regional_epoch(report: CheckpointEvent, units: int) -> tuple[bool, frozenset[int]]:
@@ -454,6 +462,7 @@ def measure(o: Outcome) -> dict[str, Any]:
     return {
         "contender": o.name,
         "p": o.p,
+        "stuck": o.stuck,
         "epochs": len(o.epochs),
         "completed": done,
         "aborted": len(o.epochs) - done,
@@ -475,11 +484,15 @@ def measure(o: Outcome) -> dict[str, Any]:
 # --- main ---------------------------------------------------------------------------------------
 
 CONTENDERS: dict[str, dict[str, Any]] = {
-    "regional": {"checkpointing.region.max-consecutive-regional": "unlimited"},
     "regional-default": {},
+    "regional-force-fresh": {"checkpointing.region.on-unit-fallback-limit": "force-fresh"},
+    "regional-k10": {"checkpointing.region.max-consecutive-regional": 10},
     "regional-k2": {"checkpointing.region.max-consecutive-regional": 2},
     "global": {"checkpointing.region.enabled": False},
 }
+#: Contenders run at the highest p only (they differ from the default only when forced global
+#: checkpoints meet failures).
+HIGHEST_P_ONLY = ("regional-k10", "regional-k2")
 COLUMNS = (
     ("contender", "contender", "<21"),
     ("p", "p", "<5"),
@@ -493,6 +506,7 @@ COLUMNS = (
     ("p99_latency_s", "p99 s", ">6"),
     ("records_reprocessed", "re-processed", ">12"),
     ("max_unit_lag", "max lag", ">7"),
+    ("stuck", "stuck", ">5"),
 )
 
 
@@ -551,7 +565,7 @@ def main() -> None:
         for p in args.p:
             faults = schedule(args.seed, p, args.checkpoints, args.regions)
             for name, overrides in CONTENDERS.items():
-                if name == "regional-k2" and p != max(args.p):
+                if name in HIGHEST_P_ONLY and p != max(args.p):
                     continue
                 outcome = run_regional(spark, name, overrides, faults, args, work, p)
                 rows.append(measure(outcome))

@@ -7,8 +7,12 @@ The demo writes a small clickstream (16 JSON-lines files) to a temporary directo
 pipeline of 8 regions over it: read -> drop bot clicks -> a stateful per-user click count (state
 scoped by input file) -> a Parquet table. Region (unit) 3 fails at checkpoints 2, 3 and 4: those
 checkpoints complete as *regional* checkpoints (unit 3 falls back to its last good state, the
-other 7 regions commit their output), and checkpoint 5 must take unit 3 fresh (max-unit-fallbacks
-= 3). At the end it checks that the committed table equals a fault-free run's, row for row.
+other 7 regions commit their output). After checkpoint 4 unit 3 has fallen back 3 times in a row
+(max-unit-fallbacks = 3): it is reported *stuck*, by name and the file it reads, while the other
+units keep committing; at checkpoint 5 it succeeds again, catches up and the checkpoint is
+global. (Had it stayed stuck longer than max-stuck-time, 15 min by default, the job would have
+failed naming it.) At the end it checks that the committed table equals a fault-free run's, row
+for row.
 """
 
 from __future__ import annotations
@@ -117,8 +121,10 @@ def main() -> int:
             f"fallback {fb:<3}  commit lag {r.commit_lag}  records read {r.records_in}",
             flush=True,
         )
+        for line in r.stuck_lines():  # e.g. "stuck: unit 3 (clicks-003.jsonl) for 1 s ..."
+            print(f"      {line}", flush=True)
 
-    print("\nrun 1: unit 3 fails at checkpoints 2, 3, 4")
+    print("\nrun 1: unit 3 fails at checkpoints 2, 3, 4 (stuck after 3 in a row, then back)")
     faulty = build_pipeline(data, os.path.join(work, "table-faulty"))
     print(f"  {faulty.regions().num_units} regions (fallback units)")
     summary = SparkRuntime(

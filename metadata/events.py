@@ -41,11 +41,13 @@ from metadata.format import DECODE_FAILURES
 from metadata.layout import EVENTS_DIR, event_checkpoint_id, event_path
 from metadata.model import Count, EpochMs, Int64
 from metadata.storage import JobStorage, Problem
+from metadata.unit_names import unit_name
 
 __all__ = [
     "EVENTS_SCHEMA",
     "CheckpointEvent",
     "Outcome",
+    "StuckUnit",
     "decode_event",
     "encode_event",
     "events_table",
@@ -67,6 +69,25 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
 
 
+class StuckUnit(msgspec.Struct, frozen=True, kw_only=True):
+    """A unit over `max-unit-fallbacks` (stuck, DESIGN §4 rule 5) after a checkpoint: what it
+    reads (`splits`), since when (`since_ms`, the driver's clock), the checkpoint whose state
+    it runs on (`owner_checkpoint_id`; 0: its initial state), how many checkpoints in a row it
+    fell back in, and its last cause (one line)."""
+
+    unit_id: Count
+    splits: tuple[str, ...] = ()
+    since_ms: EpochMs
+    owner_checkpoint_id: Int64
+    fallbacks: Count
+    cause: str = ""
+
+    @property
+    def name(self) -> str:
+        """`unit 3 (events:3)` (`metadata.unit_names.unit_name`)."""
+        return unit_name(self.unit_id, self.splits)
+
+
 class CheckpointEvent(
     msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint", tag_field="event"
 ):
@@ -82,9 +103,14 @@ class CheckpointEvent(
     time, `records_late` counts the records windows judged late in it, and `watermark_ms` is the
     lowest watermark of a unit fresh in it, held by unit `watermark_unit`. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
-    None when nothing fell back), `unit_lag` (unit -> completed checkpoints its state is
-    behind; units at 0 left out), and counters since the driver started (they restart at 0
-    after a restore): completions by kind and aborts by rule.
+    None when nothing fell back), `unit_lag` (unit -> checkpoint ids its state is behind:
+    since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and
+    counters since the driver started (they restart at 0 after a restore): completions by kind
+    and aborts by rule.
+
+    `stuck` lists the units stuck after this outcome (`StuckUnit`: what each reads, since
+    when, its cause); `unit_reads` names what each unit in `fallback_units` and `stuck` reads
+    (`unit_label`). Both were added later: older events decode with them empty.
     """
 
     job_id: str
@@ -107,14 +133,41 @@ class CheckpointEvent(
     aborted_by_rule: dict[str, _Tally] = {}
     tracebacks: dict[Count, str] = {}
     records_dead_lettered: Count = 0
+    stuck: tuple[StuckUnit, ...] = ()
+    unit_reads: dict[Count, tuple[str, ...]] = {}
     records_late: Count = 0
     watermark_ms: Int64 | None = None
     watermark_unit: Count | None = None
 
+    def unit_label(self, unit_id: int) -> str:
+        """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""
+        return unit_name(unit_id, self.unit_reads.get(unit_id, ()))
+
     def cause_lines(self) -> list[str]:
         """One line per failed or fallen-back unit and why, for progress lines and reports:
-        ``unit 3: declined: ValueError: boom`` (the first line of each cause)."""
-        return [f"unit {u}: {(c.splitlines() or [''])[0]}" for u, c in sorted(self.causes.items())]
+        ``unit 3 (events:3): declined: ValueError: boom`` (the first line of each cause)."""
+        return [
+            f"{self.unit_label(u)}: {(c.splitlines() or [''])[0]}"
+            for u, c in sorted(self.causes.items())
+        ]
+
+    def stuck_lines(self, now_ms: int | None = None) -> list[str]:
+        """One line per stuck unit: ``stuck: unit 3 (events:3) for 2 min (on checkpoint 4's
+        state; 5 fallbacks in a row): declined: ValueError: boom`` (the cause left out when
+        `cause_lines` shows it already); how long is measured to `now_ms` (default: this
+        event's time)."""
+        at = self.time_ms if now_ms is None else now_ms
+        return [
+            f"stuck: {s.name} for {_elapsed(at - s.since_ms)} (on "
+            + (
+                f"checkpoint {s.owner_checkpoint_id}'s state"
+                if s.owner_checkpoint_id
+                else "its initial state"
+            )
+            + f"; {s.fallbacks} fallbacks in a row)"
+            + ("" if s.unit_id in self.causes else f": {(s.cause.splitlines() or [''])[0]}")
+            for s in self.stuck
+        ]
 
     @property
     def seconds(self) -> float:
@@ -125,6 +178,16 @@ class CheckpointEvent(
     def path(self) -> str:
         """Where the event is stored, relative to the job root."""
         return event_path(self.checkpoint_id, self.trigger_time_ms)
+
+
+def _elapsed(ms: int) -> str:
+    """`"42 s"`, `"3 min"`, `"2 h"`: how long, rounded down to its largest unit."""
+    s = max(0, ms) // 1000
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h"
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -203,6 +266,22 @@ EVENTS_SCHEMA = pa.schema(
         ),
         pa.field("message", pa.string(), nullable=False),
         pa.field("records_dead_lettered", pa.int64(), nullable=False),
+        pa.field(
+            "stuck",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("unit_id", pa.int64()),
+                        ("name", pa.string()),
+                        ("since", _TS),
+                        ("owner_checkpoint_id", pa.int64()),
+                        ("fallbacks", pa.int64()),
+                        ("cause", pa.string()),
+                    ]
+                )
+            ),
+            nullable=False,
+        ),
     ]
 )
 
@@ -217,7 +296,9 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
     outcome; `regional_checkpoint_count`, `global_checkpoint_count`, `aborted_count` (since the
     driver started); `commit_lag`; `causes` (unit_id, cause: one line per failed or
     fallen-back unit); `message` (the coordinator's explanation: why it aborted, why it was
-    global, why the job failed); `records_dead_lettered`. Tracebacks stay in the event files.
+    global, why the job failed); `records_dead_lettered`; `stuck` (unit_id, name: the unit
+    and what it reads, since, owner_checkpoint_id, fallbacks in a row, cause: one row per
+    unit stuck after the outcome). Tracebacks stay in the event files.
     """
     rows = [
         {
@@ -239,6 +320,17 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
             "causes": [{"unit_id": u, "cause": c} for u, c in sorted(e.causes.items())],
             "message": e.message,
             "records_dead_lettered": e.records_dead_lettered,
+            "stuck": [
+                {
+                    "unit_id": s.unit_id,
+                    "name": s.name,
+                    "since": s.since_ms,
+                    "owner_checkpoint_id": s.owner_checkpoint_id,
+                    "fallbacks": s.fallbacks,
+                    "cause": s.cause,
+                }
+                for s in e.stuck
+            ],
         }
         for e in events
     ]

@@ -11,6 +11,8 @@ exchange/<reader>/n<partitions>/p<partition>/<checkpoint:020d>-<writer:05d>.parq
                                     committed segments (published by the commit of <checkpoint>)
 exchange/<reader>/_staging/<job>/...staged     staged by writer subtasks, invisible to readers
 exchange/<reader>/_commits/<user>/<group>/<checkpoint>.json      one record per commit
+                                    (its segments, sizes and checksums: `metadata.commit_log`;
+                                    readers read only recorded segments, verified first)
 ```
 
 `n<partitions>` is the layout: the downstream parallelism the segments were partitioned for. A

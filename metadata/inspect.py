@@ -44,6 +44,7 @@ __all__ = [
     "CHECKPOINTS_SCHEMA",
     "DEFAULT_NUM_RETAINED",
     "DIFF_SCHEMA",
+    "LAG_HELP",
     "LAG_SCHEMA",
     "REFS_SCHEMA",
     "REGIONAL_DISABLED_REASON",
@@ -115,13 +116,22 @@ REFS_SCHEMA = pa.schema(
 LAG_SCHEMA = pa.schema(
     [
         pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("reads", pa.string()),
         pa.field("status", pa.string(), nullable=False),
         pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
         pa.field("checkpoints_behind", pa.int64(), nullable=False),
         pa.field("time_behind_ms", pa.int64()),
-        pa.field("consecutive_fallbacks", pa.int64(), nullable=False),
+        pa.field("stuck_since", pa.timestamp("ms", tz="UTC")),
         pa.field("reason", pa.string()),
     ]
+)
+#: What the columns of the `lag` view mean (printed under it by `regional inspect ROOT lag`).
+LAG_HELP = (
+    "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state "
+    "(its owner), aborted attempts included: the unit committed nothing in any of them; the "
+    "same number as the events' unit_lag and the regional_unit_lag metric. time_behind_ms: the "
+    "newest checkpoint's trigger time minus its owner's. status: fresh, fallback, or stuck "
+    "(over max-unit-fallbacks; stuck_since: when, on the driver's clock, from the event log)."
 )
 SUMMARY_SCHEMA = pa.schema(
     [
@@ -314,14 +324,18 @@ def refs_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
     return _table(rows, REFS_SCHEMA)
 
 
-def lag_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
+def lag_table(
+    checkpoints: Sequence[CheckpointMetadata], events: Sequence[CheckpointEvent] = ()
+) -> pa.Table:
     """Per unit of the newest checkpoint: how far its state is behind (empty without one).
 
-    Columns (`LAG_SCHEMA`): `unit_id`; `status` (fresh | fallback); `owner_checkpoint_id`;
-    `checkpoints_behind` (newest id minus owner id, so aborted attempts count too);
-    `time_behind_ms` (newest trigger time minus the owner's; null when the owner's metadata is
-    gone); `consecutive_fallbacks` (how many of the newest checkpoints in a row it fell back
-    in); `reason` (why it fell back in the newest one).
+    One notion of lag (`LAG_HELP`): checkpoint ids since the unit's owner. Columns
+    (`LAG_SCHEMA`): `unit_id`; `reads` (the splits in its state, for its name:
+    `metadata.unit_names`); `status` (fresh | fallback | stuck: in the stuck list of the
+    newest event, `events` in checkpoint order); `owner_checkpoint_id`; `checkpoints_behind`
+    (newest id minus owner id, so aborted attempts count too); `time_behind_ms` (newest
+    trigger time minus the owner's; null when the owner's metadata is gone); `stuck_since`;
+    `reason` (why it fell back in the newest one).
     """
     ordered = sorted(checkpoints, key=lambda c: c.checkpoint_id)
     if not ordered:
@@ -329,31 +343,40 @@ def lag_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
     newest = ordered[-1]
     by_id = {c.checkpoint_id: c for c in ordered}
     owners: dict[int, int] = {}
+    reads: dict[int, set[str]] = defaultdict(set)
     for s in newest.subtasks:
         owners[s.unit_id] = min(owners.get(s.unit_id, newest.checkpoint_id), owner_of(newest, s))
+        reads[s.unit_id].update(split.split_id for split in s.split_states)
     for u in newest.units:
         owners.setdefault(u.unit_id, u.ref_checkpoint_id or newest.checkpoint_id)
     reasons = {u.unit_id: u.reason for u in newest.units}
-    fell_back = [fallback_unit_ids(c) for c in reversed(ordered)]
+    last = events[-1] if events else None
+    stuck = (
+        {s.unit_id: s for s in last.stuck}
+        if last is not None and last.checkpoint_id >= newest.checkpoint_id
+        else {}
+    )
     rows = []
     for unit in sorted(owners):
         owner = owners[unit]
         owner_md = by_id.get(owner)
-        streak = 0
-        for fb in fell_back:
-            if unit not in fb:
-                break
-            streak += 1
+        st = stuck.get(unit)
+        splits = sorted(reads.get(unit, ())) or (list(st.splits) if st is not None else [])
         rows.append(
             {
                 "unit_id": unit,
-                "status": "fresh" if owner == newest.checkpoint_id else "fallback",
+                "reads": ", ".join(splits) or None,
+                "status": "fresh"
+                if owner == newest.checkpoint_id
+                else "stuck"
+                if st is not None
+                else "fallback",
                 "owner_checkpoint_id": owner,
                 "checkpoints_behind": newest.checkpoint_id - owner,
                 "time_behind_ms": None
                 if owner_md is None
                 else newest.trigger_time_ms - owner_md.trigger_time_ms,
-                "consecutive_fallbacks": streak,
+                "stuck_since": None if st is None else st.since_ms,
                 "reason": reasons.get(unit) if owner != newest.checkpoint_id else None,
             }
         )
@@ -474,7 +497,8 @@ class Inspector:
         else:
             in_force = NumRetained(num_retained, "option", "given")
         self.store = store
-        self.aborted = {e.checkpoint_id: e for e in events if e.kind == Outcome.ABORTED}
+        self.events = list(events)
+        self.aborted = {e.checkpoint_id: e for e in self.events if e.kind == Outcome.ABORTED}
         self.num_retained_in_force = in_force
         self.num_retained = in_force.value
 
@@ -508,7 +532,7 @@ class Inspector:
 
     def lag(self) -> pa.Table:
         """See `lag_table`."""
-        return lag_table(self.store.all())
+        return lag_table(self.store.all(), self.events)
 
     def summary(self) -> pa.Table:
         """See `summary_table` (damaged = the store's skipped checkpoints)."""

@@ -7,7 +7,7 @@
   shared/                          files shared across checkpoints
   savepoints/sp-<id>/...           self-contained savepoints
   events/<id>-<trigger ms>.json    the event log: one JSON line per checkpoint outcome
-  _lease/<ms>-<run>-<n>.json       the driver's lease of the job root (`metadata.lease`)
+  _lease/g<generation>[-r<n>].json the driver's lease of the job root (`metadata.lease`)
 ```
 
 Every path stored in metadata is relative to the job root. `path_problem` (and `check_relative`,

@@ -2,42 +2,49 @@
 
 Two drivers on one job root would overwrite and delete each other's files. Before a driver
 writes anything it takes the root's lease; it renews the lease while it runs and checks it
-before every write that others could see (metadata, commits, cleaning). A second driver is
-refused while the lease is held, with a message naming the holder and when the lease expires.
+before every write that others could see (metadata, commits, events, cleaning). A second driver
+is refused while the lease is held, with a message naming the holder and when the lease expires.
 
-Object stores have no atomic rename and pyarrow offers no conditional put, so the lease is built
-from write-once objects, one holder record per renewal, under `_lease/`:
+The lease is a sequence of **generations**. Taking it means creating the record of the next
+generation, `_lease/g<N>.json`, with an atomic create-if-absent (`JobStorage.create_new`: a
+no-clobber link on a local disk, a conditional `If-None-Match: *` put on S3, a claim protocol
+elsewhere; `metadata.exclusive`). Of drivers racing for generation N exactly one creates it,
+whatever their clocks say and however slow their writes are; the others read it and are refused.
+The holder of N renews by writing `_lease/g<N>-r<k>.json` (names only it writes) and releases
+by writing a renewal marked released:
 
 ```
-_lease/<acquired ms, 15 digits>-<run id>-<renewal, 9 digits>.json   {run_id, host, pid, ...}
+_lease/g000000000007.json              generation 7: {run_id, host, pid, acquired_ms, ...}
+_lease/g000000000007-r000000012.json   its 12th renewal: expires_ms
 ```
 
-A run's newest record says until when it holds the lease (`expires_ms`). To acquire, a driver
-lists `_lease/`; if another run's newest record has not expired it is refused; otherwise it
-writes its own first record and lists again: of the runs with unexpired records, the one that
-acquired first (by name: acquisition time, then run id) holds the lease, and a later one
-withdraws. A driver whose own lease expired (say, storage was unreachable while it should have
-renewed) must not write (`LeaseExpiredError`) until it holds the lease again (`ensure`); one
-that finds another driver holding it has lost it for good (`LeaseLostError`) and stops. A record
-of a driver on this host whose process is gone counts as expired at once, so a killed local
-driver does not block its restart. Clocks of the drivers' hosts must agree to well within the
-TTL, as for any lease.
+The newest generation's newest record says who holds the lease and until when. A driver may
+take generation N+1 only when that record expired, was released, or names a process of this
+host that is gone (a killed local driver does not block its restart). Expiry is the only place
+clocks matter: the drivers' clocks must agree to well within the TTL for a lapsed holder to stop
+before another takes over. The start race does not depend on clocks at all.
+
+Fencing: `check` (before every write that matters) lists `_lease/`: a generation newer than the
+driver's own, or its own record gone, means another driver holds the lease (`LeaseLostError`),
+and the driver stops. It also refuses while its own lease is within a quarter TTL of expiring
+(`LeaseExpiredError`) until `ensure` took it again. The new holder of N+1 deletes the records
+of older generations; the newest generation's record is never deleted, so numbers never repeat.
 
 >>> import tempfile
 >>> from metadata.storage import JobStorage
 >>> storage = JobStorage(tempfile.mkdtemp(), "job")
 >>> now = [1_000_000]
 >>> a = JobLease(storage, "run-a", ttl_ms=60_000, clock=lambda: now[0])
->>> a.acquire(); a.held
-True
+>>> a.acquire(); a.held, a.generation
+(True, 1)
 >>> b = JobLease(storage, "run-b", ttl_ms=60_000, clock=lambda: now[0], host="elsewhere")
 >>> b.acquire()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
 metadata.lease.LeaseHeldError: job root .../job is in use by driver run-a (host ..., pid ...) ...
 >>> now[0] += 61_000  # run-a stopped renewing: its lease expired
->>> b.acquire(); b.held
-True
+>>> b.acquire(); b.held, b.generation
+(True, 2)
 >>> a.check()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
@@ -60,6 +67,7 @@ from collections.abc import Callable
 import msgspec
 
 from metadata.errors import StorageError
+from metadata.exclusive import claim_age_ms
 from metadata.layout import LEASE_DIR
 from metadata.storage import JobStorage
 
@@ -70,13 +78,22 @@ __all__ = [
     "LeaseLostError",
     "LeaseRecord",
     "ensure_free",
+    "lease_record_path",
 ]
 
-_NAME = re.compile(r"^_lease/(\d{15})-([A-Za-z0-9_.-]+)-(\d{9})\.json$")
+_RECORD = re.compile(r"^_lease/g(\d{12})(?:-r(\d{9}))?\.json$")
+_CLAIM = re.compile(r"^_lease/g(\d{12})\.json\.claim-")
+
+#: How many times `_lease/` is listed again when a record vanished between listing and reading
+#: (a renewal replaced it) or another driver created the generation this one tried to create.
+_ATTEMPTS = 10
 
 
 class LeaseHeldError(StorageError):
-    """Another driver holds the job root's lease."""
+    """Another driver holds the job root's lease: this one does not start (exit code 2, as for
+    bad usage: the job root given is in use)."""
+
+    exit_code = 2
 
 
 class LeaseLostError(StorageError):
@@ -89,13 +106,48 @@ class LeaseExpiredError(StorageError):
 
 
 class LeaseRecord(msgspec.Struct, frozen=True):
-    """One renewal of a driver's lease."""
+    """One record of a driver's lease: who holds `generation`, and until when."""
 
     run_id: str
     host: str
     pid: int
     acquired_ms: int
     expires_ms: int
+    generation: int = 0
+    released: bool = False
+
+
+def lease_record_path(generation: int, renewal: int = 0) -> str:
+    """`_lease/g<generation>.json` (the record that takes it), or a renewal's record.
+
+    >>> lease_record_path(7), lease_record_path(7, 12)
+    ('_lease/g000000000007.json', '_lease/g000000000007-r000000012.json')
+    """
+    base = f"{LEASE_DIR}/g{generation:012d}"
+    return f"{base}.json" if renewal == 0 else f"{base}-r{renewal:09d}.json"
+
+
+class _State(msgspec.Struct, frozen=True):
+    """What `_lease/` says: the newest generation (0: none), its newest readable record, the
+    age of the youngest claim when that generation has claims but no record yet (someone is
+    taking it now), and every lease file listed."""
+
+    generation: int
+    record: LeaseRecord | None
+    claim_age_ms: int | None
+    paths: tuple[str, ...]
+
+
+def _generations(paths: list[str]) -> tuple[dict[int, list[tuple[int, str]]], dict[int, list[str]]]:
+    """Record paths by generation as (renewal, path), and claim paths by generation."""
+    records: dict[int, list[tuple[int, str]]] = {}
+    claims: dict[int, list[str]] = {}
+    for path in paths:
+        if (m := _RECORD.match(path)) is not None:
+            records.setdefault(int(m.group(1)), []).append((int(m.group(2) or 0), path))
+        elif (m := _CLAIM.match(path)) is not None:
+            claims.setdefault(int(m.group(1)), []).append(path)
+    return records, claims
 
 
 def _pid_alive(pid: int) -> bool:
@@ -112,9 +164,7 @@ def ensure_free(storage: JobStorage, *, clock: Callable[[], int]) -> None:
     """Raise `LeaseHeldError` if a driver holds `storage`'s job root now (a cheap check before
     starting anything heavy; `JobLease.acquire` still decides)."""
     probe = JobLease(storage, "probe", ttl_ms=1, clock=clock)
-    holder = probe._first_holder(probe._current())
-    if holder is not None:
-        raise probe._held_by(holder)
+    probe._refuse_if_held(probe._state(), ttl_ms=1)
 
 
 class JobLease:
@@ -147,6 +197,7 @@ class JobLease:
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self._record: LeaseRecord | None = None
+        self._generation = 0
         self._renewal = 0
         self._path: str | None = None
         self._lost_why: str | None = None
@@ -158,6 +209,11 @@ class JobLease:
     def held(self) -> bool:
         """True while this driver holds an unexpired lease (as far as it knows)."""
         return self._record is not None and self._clock() < self._record.expires_ms
+
+    @property
+    def generation(self) -> int:
+        """The generation this driver took last (0: never)."""
+        return self._generation
 
     @property
     def renew_due(self) -> bool:
@@ -172,16 +228,30 @@ class JobLease:
             if self.held:
                 self.renew()
                 return
-            holder = self._first_holder(self._current())
-            if holder is not None:
-                raise self._held_by(holder)
-            now = self._clock()
-            self._record, self._lost_why, self._renewal = None, None, 0
-            self._write(LeaseRecord(self.run_id, self.host, self.pid, now, now + self.ttl_ms))
-            holder = self._first_holder(self._current())
-            if holder is not None and holder.run_id != self.run_id:  # lost a race: withdraw
-                self._withdraw()
-                raise self._held_by(holder)
+            for _ in range(_ATTEMPTS):
+                state = self._state()
+                self._refuse_if_held(state, ttl_ms=self.ttl_ms)
+                generation = state.generation + 1
+                now = self._clock()
+                record = LeaseRecord(
+                    self.run_id, self.host, self.pid, now, now + self.ttl_ms, generation
+                )
+                path = lease_record_path(generation)
+                if not self.storage.create_new(path, msgspec.json.encode(record)):
+                    continue  # another driver took this generation first: it holds the lease
+                self._record, self._path, self._lost_why = record, path, None
+                self._generation, self._renewal = generation, 0
+                newer = self._newer_holder()
+                if newer is not None:  # a driver paused long enough for a newer generation
+                    self._record = None
+                    raise self._held_by(newer)
+                self._prune(state.paths)
+                return
+            raise StorageError(
+                f"cannot take the lease of job root {self.storage.describe('')}: its records "
+                f"under {LEASE_DIR}/ kept changing while {_ATTEMPTS} attempts read them; start "
+                "again"
+            )
 
     def ensure(self) -> None:
         """Hold the lease: renew it when due, or take it again after it lapsed. Raises
@@ -206,30 +276,15 @@ class JobLease:
         with self._lock:
             self.check()
             assert self._record is not None
-            records = self._current()
-            holder = self._first_holder(records)
-            # a run that acquired after our lease had expired (by its clock) took over
-            later = [
-                r
-                for _, r in records
-                if r.run_id != self.run_id and r.acquired_ms >= self._record.expires_ms
-            ]
-            holder = later[0] if later else holder
-            if holder is not None and holder.run_id != self.run_id:
-                self._record = None
-                self._lost_why = f"driver {holder.run_id} (host {holder.host}) holds it now"
-                raise self._lost(self._lost_why)
             record = msgspec.structs.replace(self._record, expires_ms=self._clock() + self.ttl_ms)
-            previous = self._path
-            self._write(record)
-            if previous is not None:
-                with contextlib.suppress(StorageError):
-                    self.storage.delete_file(previous)
+            self._put_renewal(record)
 
     def check(self) -> None:
         """Before a write: raise unless the lease is held with a quarter of the TTL to spare
-        (room for the write). `LeaseLostError` if another driver took it over,
-        `LeaseExpiredError` if it lapsed or was never taken."""
+        (room for the write) and no other driver took a newer generation (read from storage,
+        so a driver sees another holder before its write, not at its next renewal).
+        `LeaseLostError` if another driver took it over, `LeaseExpiredError` if it lapsed or was
+        never taken."""
         with self._lock:
             if self._lost_why is not None:
                 raise self._lost(self._lost_why)
@@ -242,6 +297,11 @@ class JobLease:
                     if now >= self._record.expires_ms
                     else "it is about to expire and could not be renewed"
                 )
+            newer = self._newer_holder()
+            if newer is not None:
+                self._record = None
+                self._lost_why = f"driver {newer.run_id} (host {newer.host}) holds it now"
+                raise self._lost(self._lost_why)
 
     def keep_renewed(self) -> None:
         """Renew on a daemon thread every third of the TTL until `release` (for long epochs).
@@ -264,63 +324,110 @@ class JobLease:
         self._keeper.start()
 
     def release(self) -> None:
-        """Give the lease up (a clean stop): the next driver may start at once."""
+        """Give the lease up (a clean stop): the next driver may start at once. Best effort:
+        when storage cannot be reached the lease just expires."""
         self._stop.set()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.join()
         with self._lock:
-            self._withdraw()
+            record, self._record = self._record, None
+            if record is None or self._lost_why is not None:
+                return
+            with contextlib.suppress(StorageError):
+                if self._newer_holder() is None:
+                    done = msgspec.structs.replace(record, expires_ms=self._clock(), released=True)
+                    self._put_renewal(done)
+            self._record = None
 
     # --- records ----------------------------------------------------------------------------
 
-    def _write(self, record: LeaseRecord) -> None:
+    def _put_renewal(self, record: LeaseRecord) -> None:
+        """Write the next renewal record of this driver's generation; drop the previous one
+        (the generation's first record stays: generation numbers never repeat)."""
         self._renewal += 1
-        path = f"{LEASE_DIR}/{record.acquired_ms:015d}-{self.run_id}-{self._renewal:09d}.json"
+        path = lease_record_path(self._generation, self._renewal)
         self.storage.write_new_file(path, msgspec.json.encode(record))
-        self._record, self._path = record, path
+        previous, self._record, self._path = self._path, record, path
+        if previous is not None and previous != lease_record_path(self._generation):
+            with contextlib.suppress(StorageError):
+                self.storage.delete_file(previous)
 
-    def _withdraw(self) -> None:
-        self._record = None
-        for path in self.storage.list_dir(LEASE_DIR):
-            m = _NAME.match(path)
-            if m is not None and m.group(2) == self.run_id:
+    def _prune(self, paths: tuple[str, ...]) -> None:
+        """Delete the records of older generations (best effort; claims are their writers')."""
+        for path in paths:
+            m = _RECORD.match(path)
+            if m is not None and int(m.group(1)) < self._generation:
                 with contextlib.suppress(StorageError):
                     self.storage.delete_file(path)
-        self._path = None
 
-    def _current(self) -> list[tuple[str, LeaseRecord]]:
-        """The newest record of every run that has one, as (name prefix for ordering, record).
-        Unreadable or foreign files under `_lease/` are ignored."""
-        newest: dict[str, tuple[str, str]] = {}
-        for path in self.storage.list_dir(LEASE_DIR):
-            m = _NAME.match(path)
-            if m is None:
-                continue
-            key = f"{m.group(1)}-{m.group(2)}"
-            if m.group(2) not in newest or path > newest[m.group(2)][1]:
-                newest[m.group(2)] = (key, path)
-        out = []
-        for key, path in newest.values():
-            data = self.storage.read_file(path)
-            if data is None:
-                continue
-            try:
-                out.append((key, msgspec.json.decode(data, type=LeaseRecord)))
-            except msgspec.DecodeError:
-                continue
-        return out
+    def _state(self) -> _State:
+        """Read `_lease/`: the newest generation and its newest readable record. A record
+        deleted between listing and reading (replaced by a renewal) makes it list again."""
+        for _ in range(_ATTEMPTS):
+            paths = self.storage.list_dir(LEASE_DIR)
+            records, claims = _generations(paths)
+            top = max([*records, *claims], default=0)
+            if top not in records:
+                now = self._clock()
+                ages = [a for p in claims.get(top, []) if (a := claim_age_ms(p, now)) is not None]
+                return _State(top, None, min(ages, default=None), tuple(paths))
+            vanished = False
+            for _, path in sorted(records[top], reverse=True):
+                data = self.storage.read_file(path)
+                if data is None:
+                    vanished = True
+                    break
+                try:
+                    record = msgspec.json.decode(data, type=LeaseRecord)
+                except msgspec.DecodeError:
+                    continue  # unreadable: an older record of the generation decides
+                return _State(top, record, None, tuple(paths))
+            if not vanished:
+                return _State(top, None, None, tuple(paths))
+        raise StorageError(
+            f"the lease records under {self.storage.describe(LEASE_DIR)} kept changing while "
+            f"{_ATTEMPTS} attempts read them; start again"
+        )
 
-    def _first_holder(self, records: list[tuple[str, LeaseRecord]]) -> LeaseRecord | None:
-        """Of the runs whose lease is live, the one that acquired first."""
-        now = self._clock()
-        live = [
-            (key, r)
-            for key, r in records
-            if now < r.expires_ms
-            and not (r.run_id != self.run_id and r.host == self.host and not _pid_alive(r.pid))
-        ]
-        return min(live, key=lambda kr: kr[0])[1] if live else None
+    def _newer_holder(self) -> LeaseRecord | None:
+        """The record of a generation newer than this driver's (another driver took the lease
+        over), or one made up when this driver's own first record is gone (the lease records
+        were removed: this driver can no longer tell who holds the lease)."""
+        records, _ = _generations(self.storage.list_dir(LEASE_DIR))
+        newer = [g for g in records if g > self._generation]
+        if newer:
+            for _, path in sorted(records[max(newer)], reverse=True):
+                data = self.storage.read_file(path)
+                with contextlib.suppress(msgspec.DecodeError):
+                    if data is not None:
+                        return msgspec.json.decode(data, type=LeaseRecord)
+            return LeaseRecord("(unknown)", "unknown", 0, 0, 0, max(newer))
+        if self._generation not in records:
+            return LeaseRecord(
+                f"(unknown: {LEASE_DIR}/ no longer holds this driver's record)", "unknown", 0, 0, 0
+            )
+        return None
+
+    def _live(self, record: LeaseRecord) -> bool:
+        if record.released or self._clock() >= record.expires_ms:
+            return False
+        foreign = record.run_id != self.run_id
+        return not (foreign and record.host == self.host and not _pid_alive(record.pid))
+
+    def _refuse_if_held(self, state: _State, *, ttl_ms: int) -> None:
+        """`LeaseHeldError` if `state` shows another driver holding the lease, or taking it now
+        (a claim younger than the TTL; `metadata.exclusive`)."""
+        record = state.record
+        if record is not None and record.run_id != self.run_id and self._live(record):
+            raise self._held_by(record)
+        if record is None and state.claim_age_ms is not None and state.claim_age_ms < ttl_ms:
+            raise LeaseHeldError(
+                f"job root {self.storage.describe('')} is being taken by another driver right "
+                f"now (a claim on generation {state.generation} under {LEASE_DIR}/); start "
+                "again in a moment, or use another --job-id or --checkpoint-dir to run a second "
+                "copy of the job"
+            )
 
     def _held_by(self, holder: LeaseRecord) -> LeaseHeldError:
         seconds = max(0, holder.expires_ms - self._clock()) / 1000

@@ -47,7 +47,9 @@ from collections.abc import Mapping, Sequence
 import msgspec
 from pyarrow import fs as pafs
 
+from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError, StorageError
+from metadata.exclusive import create_exclusive
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
 from metadata.layout import (
     EVENTS_DIR,
@@ -245,6 +247,9 @@ class JobStorage:
         self.filesystem, base = resolve_root(root, filesystem)
         self.job_path = f"{base.rstrip('/')}/{job_id}"
         self._local = isinstance(self.filesystem, pafs.LocalFileSystem)
+        #: Use S3 conditional writes for `create_new` where the store has them (False: the
+        #: claim protocol of `metadata.exclusive`, for stores known not to have them).
+        self.conditional_writes = True
 
     def __repr__(self) -> str:
         return f"JobStorage({self.describe('')!r})"
@@ -257,33 +262,13 @@ class JobStorage:
         return full if self._local else f"{self.filesystem.type_name}://{full.lstrip('/')}"
 
     def _full(self, relpath: str) -> str:
-        """The full path of `relpath`; on a local disk, refused if it leads out of the root."""
+        """The full path of `relpath`; on a local disk, refused if it leads out of the root
+        (`metadata.confine.check_confined`, the rule tables and exchanges use too)."""
         rel = check_relative(relpath)
         full = f"{self.job_path}/{rel}"
         if self._local:
-            real, root = os.path.realpath(full), os.path.realpath(self.job_path)
-            if real != root and not real.startswith(root + os.sep):
-                raise self._outside(rel, root)
+            check_confined(self.job_path, rel, describe=self.describe)
         return full
-
-    def _outside(self, rel: str, real_root: str) -> OutsideRootError:
-        """The error for `rel`, naming the link on its way out of the root and its target."""
-        parts = rel.split("/")
-        for i in range(1, len(parts) + 1):
-            link = "/".join(parts[:i])
-            full = f"{self.job_path}/{link}"
-            if os.path.islink(full):
-                target = os.path.realpath(full)
-                if target != real_root and not target.startswith(real_root + os.sep):
-                    break
-        else:  # the job root itself moved: name it
-            link, target = "", os.path.realpath(self.job_path)
-        under = "" if link == rel else f" is under {link}, which"
-        return OutsideRootError(
-            f"{self.describe(rel)}{under} is a symbolic link to {target}, outside the job root "
-            f"{real_root}; regional never reads, writes or deletes through a link out of the "
-            "job root: remove the link"
-        )
 
     # -- jobs and listings -------------------------------------------------------------------
 
@@ -405,6 +390,19 @@ class JobStorage:
         """Paths (relative to the job root, sorted) of the files directly in `reldir`; none if
         it is missing. For small directories read often (the lease), not the whole root."""
         rel = check_relative(reldir)
+        if self._local:  # entries may vanish while listed (temporary files): skip them
+            try:
+                with os.scandir(self._full(rel)) as listing:
+                    names = []
+                    for e in listing:
+                        with contextlib.suppress(FileNotFoundError):
+                            if e.is_file(follow_symlinks=False):
+                                names.append(f"{rel}/{e.name}")
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            except OSError as exc:
+                raise StorageError(f"cannot list {self.describe(rel)}: {exc}") from None
+            return sorted(names)
         selector = pafs.FileSelector(self._full(rel), recursive=False, allow_not_found=True)
         cut = len(self.job_path) + 1
         try:
@@ -499,6 +497,20 @@ class JobStorage:
             raise StorageError(f"{self.describe(rel)} already exists; it is never rewritten")
         try:
             self._put_whole(rel, data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
+
+    def create_new(self, relpath: str, data: bytes) -> bool:
+        """Create the file at `relpath` holding `data` unless one exists: True if this call
+        created it, False if it existed or another writer created it first. Atomic on every
+        store (`metadata.exclusive`): of writers racing for one name, exactly one gets True.
+        `StorageError` if the store fails."""
+        rel = check_relative(relpath)
+        full = self._full(rel)
+        try:
+            return create_exclusive(
+                self.filesystem, full, data, conditional=self.conditional_writes
+            )
         except OSError as exc:
             raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
 
@@ -640,7 +652,7 @@ class JobStorage:
     def delete_file(self, relpath: str) -> bool:
         """Delete one file; False if it was already gone. Paths outside the root are refused.
 
-        On a local file system an emptied `chk-<id>/` or `_lease/` directory is removed too
+        On a local file system an emptied `chk-<id>/` directory is removed too
         (`rmdir` only removes an empty directory, so a concurrent writer cannot lose a file);
         object stores have no directories to remove.
         """
@@ -654,9 +666,7 @@ class JobStorage:
             raise StorageError(f"cannot delete {self.describe(relpath)}: {exc}") from None
         cid = checkpoint_id_of(rel)
         parent = posixpath.dirname(rel)
-        if self._local and (
-            parent == LEASE_DIR or (cid is not None and parent == checkpoint_dir(cid))
-        ):
+        if self._local and cid is not None and parent == checkpoint_dir(cid):
             with contextlib.suppress(OSError):  # not empty (or already gone): keep it
                 os.rmdir(os.path.dirname(full))
         return True

@@ -30,12 +30,15 @@ restore of that checkpoint commit its output again.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import pyarrow as pa
 
+from metadata.commit_log import FileCheck, read_records
 from metadata.errors import MetadataError, StorageError
+from metadata.exchange import EXCHANGE_DIR, kept_by, reader_view, segment_of
+from metadata.format import segment_checksum
 from metadata.layout import metadata_path
 from metadata.model import CheckpointMetadata, StateHandle
 from metadata.storage import JobStorage, Problem, links_of, reference_problems
@@ -43,6 +46,7 @@ from metadata.storage import JobStorage, Problem, links_of, reference_problems
 __all__ = [
     "VALIDATE_SCHEMA",
     "Validation",
+    "exchange_problems",
     "retention_warnings",
     "validate_job",
     "validate_table",
@@ -132,20 +136,89 @@ def validate_job(
     decoded: list[CheckpointMetadata] = []
     for cid in ids:
         try:
-            md = storage.read_metadata(cid)
+            decoded.append(storage.read_metadata(cid))
         except (MetadataError, StorageError) as exc:
             problems.append(Problem(cid, metadata_path(cid), str(exc)))
-            continue
-        decoded.append(md)
+    exchange = exchange_problems(storage, decoded, sizes, verify_checksums=verify_checksums)
+    for md in decoded:
         found = reference_problems(md, sizes, links)
         if verify_checksums:
             found += storage.verify_segments(md, verified)
+        found += [p for p in exchange if p.checkpoint_id == md.checkpoint_id]
         problems += found
         if not found:
-            restore = cid
+            restore = md.checkpoint_id
+    problems.sort(key=lambda p: p.checkpoint_id)
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     warnings = tuple(retention_warnings(decoded, now))
     return Validation(tuple(ids), tuple(problems), restore, warnings)
+
+
+def exchange_problems(
+    storage: JobStorage,
+    decoded: Sequence[CheckpointMetadata],
+    sizes: Mapping[str, int],
+    *,
+    verify_checksums: bool = True,
+) -> list[Problem]:
+    """The keyed exchanges' committed segments that a kept checkpoint still needs
+    (`metadata.exchange.kept_by`) but that are missing, of another size than their commit
+    record says, or (with `verify_checksums`) fail its checksum: one `Problem` per checkpoint
+    whose restore would read the segment. A commit record that cannot be read is a problem of
+    every checkpoint."""
+    readers = sorted(
+        {
+            parts[1]
+            for path in sizes
+            if (parts := path.split("/"))[0] == EXCHANGE_DIR and len(parts) > 3
+        }
+    )
+    problems: list[Problem] = []
+    for reader in readers:
+        directory = f"{storage.job_path}/{EXCHANGE_DIR}/{reader}"
+        try:
+            records = read_records(storage.filesystem, directory)
+        except (MetadataError, StorageError, OSError) as exc:
+            problems += [
+                Problem(md.checkpoint_id, f"{EXCHANGE_DIR}/{reader}/_commits", str(exc))
+                for md in decoded
+            ]
+            continue
+        views = [reader_view(md, reader) for md in decoded]
+        for record in records:
+            for file, check in record.expected().items():
+                path = f"{EXCHANGE_DIR}/{reader}/{file}"
+                segment = segment_of(path)
+                needed = kept_by(segment, views) if segment is not None else []
+                if not needed:
+                    continue  # every kept checkpoint's reader is past it (it may be cleaned)
+                problem = _segment_problem(storage, path, check, sizes, verify_checksums)
+                if problem is not None:
+                    problems += [Problem(cid, path, problem) for cid in needed]
+    return problems
+
+
+def _segment_problem(
+    storage: JobStorage,
+    path: str,
+    check: FileCheck,
+    sizes: Mapping[str, int],
+    verify_checksums: bool,
+) -> str | None:
+    size = sizes.get(path)
+    committed = f"committed with checkpoint {check.identifier}"
+    if size is None:
+        return f"exchange segment {committed} is missing: a restore would lose its records"
+    if check.size is not None and size != check.size:
+        return (
+            f"exchange segment {committed} has {size} bytes, its commit record says "
+            f"{check.size}: truncated or replaced"
+        )
+    if verify_checksums and check.checksum is not None:
+        data = storage.read_file(path) or b""
+        if segment_checksum(data).hex() != check.checksum:
+            return f"exchange segment {committed} fails the checksum of its commit record"
+    return None
 
 
 def validate_table(validation: Validation) -> pa.Table:

@@ -15,6 +15,7 @@ __all__ = [
     "RestoreError",
     "SinkError",
     "StorageError",
+    "UsageError",
 ]
 
 
@@ -40,6 +41,13 @@ class JobFailedError(RegionalError):
 
 class CommitError(RegionalError):
     """A sink commit failed or cannot be made safely (e.g. a committed data file is missing)."""
+
+
+class UsageError(RegionalError):
+    """A command-line option cannot be used (out of range, a checkpoint directory that cannot
+    be one); the message names the option, the value and what is allowed. Exit code 2."""
+
+    exit_code = 2
 
 
 class RestoreError(RegionalError):

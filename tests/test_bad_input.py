@@ -149,21 +149,22 @@ def test_bad_policy_file_stops_run_before_spark(
         ),
         (
             lambda: RegionPolicy(max_unit_fallbacks=-1),
-            "checkpointing.region.max-unit-fallbacks = -1 is invalid; expected a whole number >= 0",
+            "checkpointing.region.max-unit-fallbacks = -1 is invalid; expected a whole number "
+            "from 0 to 1000000",
         ),
         (
             lambda: RegionPolicy(max_consecutive_regional=-3),
             "checkpointing.region.max-consecutive-regional = -3 is invalid; expected a whole "
-            'number >= 0 or "unlimited"',
+            'number from 0 to 1000000 or "unlimited"',
         ),
         (
             lambda: CheckpointingPolicy(num_retained=0),
-            "checkpointing.num-retained = 0 is invalid; expected a whole number >= 1",
+            "checkpointing.num-retained = 0 is invalid; expected a whole number from 1 to 1000000",
         ),
         (
             lambda: CheckpointingPolicy(tolerable_failed_checkpoints=-1),
             "checkpointing.tolerable-failed-checkpoints = -1 is invalid; expected a whole "
-            "number >= 0",
+            "number from 0 to 1000000",
         ),
         (
             lambda: CheckpointingPolicy(timeout=1e308),

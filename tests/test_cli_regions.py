@@ -101,3 +101,33 @@ def test_console_script_runs() -> None:
     out = json.loads(done.stdout)
     assert (out["num_regions"], out["num_units"]) == (8, 8)
     assert out["units"][7] == ["enrich#7", "parse#7", "read#7", "write#7"]
+
+
+PIPELINE = """
+from regional.dataflow.pipeline import Pipeline
+from regional.sinks.parquet import ParquetSink
+from regional.sources.generator import GeneratorSource
+
+pipeline = Pipeline("wide")
+src = pipeline.source(GeneratorSource(8, lambda s, n: {"n": n}), parallelism=4, name="src")
+src.map(lambda r: r, name="copy").sink(ParquetSink("/nonexistent/out"), name="out")
+"""
+
+
+def test_a_pipeline_file_is_analysed_as_regional_run_loads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: `regional regions PIPELINE.py` said "neither valid JSON nor TOML"."""
+    file = tmp_path / "wide.py"
+    file.write_text(PIPELINE)
+    assert main(["regions", str(file), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["num_regions"], out["num_units"]) == (4, 4)
+    assert out["regions"][0] == ["copy#0", "out#0", "src#0"]
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    assert main(["regions", str(empty)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"regional regions: {empty} defines no module-level `pipeline` (a regional.Pipeline); "
+        "assign one, e.g. `pipeline = Pipeline('clicks')`"
+    )

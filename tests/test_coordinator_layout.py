@@ -87,6 +87,7 @@ def test_fallback_state_whose_split_moved_is_not_usable() -> None:
     c.on_metadata_durable(1, 2)
     # a runtime bug hands split "a" of unit 0 to subtask 3 behind the coordinator's back
     enumerator.notify_aborted(0, {0: 0})
+    enumerator.snapshot(1)  # no longer kept for subtask 0
     enumerator.assign(3)
     c.trigger(10)
     for u in (1, 2, 3):

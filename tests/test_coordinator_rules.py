@@ -279,8 +279,8 @@ def test_coordinator_without_fallback_support_aborts_by_rule_3e() -> None:
 
 
 def test_rule_order_must_be_fresh_before_ratio_before_usable_state() -> None:
-    # Unit 0 is at its unit limit and fails together with too many others: rule 3a wins.
-    job = Job(max_unit_fallbacks=1)
+    # Unit 0 is at its unit limit (force-fresh) and fails with too many others: rule 3a wins.
+    job = Job(max_unit_fallbacks=1, on_unit_fallback_limit="force-fresh")
     job.run(failed={0})
     assert abort_of(job.run(failed={0, 1, 2, 3, 4})).rule is Rule.MUST_BE_FRESH
     # Too many failures and a unit without usable state: 3c wins over 3d.
@@ -419,8 +419,10 @@ def test_unlimited_consecutive_regional_never_forces_global() -> None:
         assert metadata_of(job.run(failed={2})).kind is CheckpointKind.REGIONAL
 
 
-def test_unit_limit_makes_that_unit_fresh_while_others_still_fall_back() -> None:
-    job = Job(max_unit_fallbacks=2, max_consecutive_regional=None)
+def test_force_fresh_unit_limit_makes_that_unit_fresh_while_others_still_fall_back() -> None:
+    job = Job(
+        max_unit_fallbacks=2, max_consecutive_regional=None, on_unit_fallback_limit="force-fresh"
+    )
     job.run(failed={7})
     job.run(failed={7})
     t = job.start()
@@ -437,7 +439,7 @@ def test_unit_limit_makes_that_unit_fresh_while_others_still_fall_back() -> None
 
 
 def test_tolerable_failed_checkpoints_then_fail_job_naming_units() -> None:
-    job = Job(tolerable=2, max_unit_fallbacks=1)
+    job = Job(tolerable=2, max_unit_fallbacks=1, on_unit_fallback_limit="force-fresh")
     job.run(failed={4})
     assert not any(isinstance(d, FailJob) for d in job.run(failed={4}))
     assert not any(isinstance(d, FailJob) for d in job.run(failed={4}))

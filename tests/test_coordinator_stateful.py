@@ -45,8 +45,11 @@ POLICY = Policy(
     checkpointing=CheckpointingPolicy(
         tolerable_failed_checkpoints=1000,
         num_retained=2,
-        region=RegionPolicy(
-            max_failure_ratio=0.4, max_consecutive_regional=3, max_unit_fallbacks=2
+        region=RegionPolicy(  # force-fresh: `units_stay_within_their_fallback_limit`
+            max_failure_ratio=0.4,
+            max_consecutive_regional=3,
+            max_unit_fallbacks=2,
+            on_unit_fallback_limit="force-fresh",
         ),
     )
 )

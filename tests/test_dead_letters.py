@@ -59,9 +59,10 @@ def _pipeline(tmp_path: Path, on_error: str = "dead-letter") -> Pipeline:
     return p
 
 
-def _driver(tmp_path: Path, p: Pipeline, **kw: Any) -> JobDriver:
+def _driver(tmp_path: Path, p: Pipeline, region: dict | None = None, **kw: Any) -> JobDriver:
     root = str(tmp_path / "ckpt")
-    policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
+    overrides = {"checkpointing": {"timeout": "30 s", "region": region or {}}}
+    policy = load_policy(env={}, overrides=overrides).policy
     env = TaskEnv(root, "poison", p, unit_timeout=10)
     return JobDriver(p, InProcess(env), storage=JobStorage(root, "poison"), policy=policy, **kw)
 
@@ -119,8 +120,10 @@ def test_dead_letter_counts_reach_the_events_and_the_metrics(tmp_path):
 def test_on_error_fail_still_fails_the_unit_until_the_job_fails(tmp_path):
     p = _pipeline(tmp_path, on_error="fail")
     assert "dead-letters" not in p.vertices
+    # force-fresh: unit 3 must be fresh after 3 fallbacks, so every checkpoint aborts (the
+    # default, isolate, keeps the others committing until max-stuck-time: tests/test_stuck_units)
     with pytest.raises(JobFailedError, match="unit 3"):
-        _driver(tmp_path, p).run()
+        _driver(tmp_path, p, region={"on-unit-fallback-limit": "force-fresh"}).run()
     events, _ = read_events(JobStorage(str(tmp_path / "ckpt"), "poison"))
     assert events[2].causes == {3: "declined: ValueError: n=12 is poison"}
 

@@ -20,12 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metadata.commit_log import CommitRecord
 from metadata.errors import MetadataError
 from metadata.exchange import Cursor, ReaderView, SegmentName, kept_by, segment_of, split_id
+from metadata.format import segment_checksum
 from metadata.storage import JobStorage
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.dataflow.partitioning import partition_of
-from regional.errors import GraphError
+from regional.errors import CommitError, GraphError
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
@@ -82,12 +84,29 @@ def _partition_dir(tmp_path: Path, contents: list[tuple[int, int, int]]) -> Exch
     reader.bind(str(tmp_path / "x"), None)
     directory = tmp_path / "x" / "n1" / "p0"
     directory.mkdir(parents=True, exist_ok=True)
+    committed: dict[int, list[tuple[str, int, str]]] = {}
     for c, w, n in contents:
         rows = [{"c": c, "w": w, "i": i} for i in range(n)]
         table = pa.Table.from_pylist(
             rows, schema=pa.schema([("c", pa.int64()), ("w", pa.int64()), ("i", pa.int64())])
         )
         pq.write_table(table, directory / SegmentName(c, w).file_name())
+        data = (directory / SegmentName(c, w).file_name()).read_bytes()
+        file = f"n1/p0/{SegmentName(c, w).file_name()}"
+        committed.setdefault(c, []).append((file, len(data), segment_checksum(data).hex()))
+    writer = ExchangeWriter("x", lambda r: r, 1)  # the commit records a writer would leave
+    writer.bind(str(tmp_path / "x"), None)
+    for c, files in committed.items():
+        writer.area.write_record(
+            CommitRecord(
+                "user",
+                c,
+                [f for f, _, _ in files],
+                0,
+                sizes=[n for _, n, _ in files],
+                checksums=[h for _, _, h in files],
+            )
+        )
     return reader
 
 
@@ -542,3 +561,79 @@ def test_the_exchange_on_s3_through_a_crash_and_a_rescale(s3_server: Any, tmp_pa
     plan = scan(JobStorage(root, "orders"), num_retained=3)
     assert [d.path for d in plan.deletions if d.path.startswith("exchange/")] == []
     assert not any(segment_of(d.path) and "/n4/" in d.path for d in plan.files)
+
+
+# --- committed segments are verified (issue 25 item 3) ----------------------------------------
+
+
+def _unread_segment(tmp_path: Path) -> Path:
+    """Run 3 checkpoints; the first committed segment of partition 0 that checkpoint 3's
+    reader has not read yet."""
+    _driver(tmp_path, _orders(tmp_path)).run(max_checkpoints=3)
+    md = JobStorage(str(tmp_path / "ckpt"), "orders").read_metadata(3)
+    [state] = [s for s in md.subtasks if s.vertex_id == "by-customer" and s.index == 0]
+    cursor = Cursor.decode(state.split_states[0].position if state.split_states else b"")
+    directory = tmp_path / "ckpt" / "orders" / "exchange" / "by-customer" / "n4" / "p0"
+    unread = sorted(
+        p
+        for p in directory.iterdir()
+        if (s := segment_of(f"exchange/by-customer/n4/p0/{p.name}")) is not None
+        and not cursor.passed(s.segment)
+    )
+    return unread[0]
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_deleted_or_truncated_segment_is_refused_by_the_resume_and_validate(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regional.cli import main
+    from regional.errors import RestoreError
+
+    segment = _unread_segment(tmp_path)
+    if damage == "deleted":
+        segment.unlink()
+        what = "is missing (it was deleted)"
+    else:
+        data = segment.read_bytes()
+        segment.write_bytes(data[: len(data) // 2])
+        what = f"has {len(data) // 2} bytes, its commit record (checkpoint "
+    relative = f"exchange/by-customer/n4/p0/{segment.name}"
+    with pytest.raises(RestoreError) as refused:
+        _driver(tmp_path, _orders(tmp_path)).run()
+    message = str(refused.value)
+    assert message.startswith(
+        f"cannot resume from checkpoint 3: exchange 'by-customer': segment {segment}"
+    )
+    assert what in message
+    assert main(["inspect", str(tmp_path / "ckpt"), "validate", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    problems = [r for r in rows if r["path"] == relative]
+    assert 3 in {r["checkpoint_id"] for r in problems}  # and each older one that needs it
+    assert ("missing" if damage == "deleted" else "truncated or replaced") in problems[0]["problem"]
+
+
+def test_a_segment_replaced_with_other_rows_of_the_same_size_fails_its_checksum(
+    tmp_path: Path,
+) -> None:
+    segment = _unread_segment(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    segment.write_bytes(bytes(data))
+    reader = ExchangeReader("by-customer", 4, bounded=True)
+    reader.bind(str(tmp_path / "ckpt" / "orders" / "exchange" / "by-customer"), None)
+    md = JobStorage(str(tmp_path / "ckpt"), "orders").read_metadata(3)
+    [state] = [s for s in md.subtasks if s.vertex_id == "by-customer" and s.index == 0]
+    position = state.split_states[0].position if state.split_states else b""
+    with pytest.raises(CommitError, match=rf"segment {segment} fails the checksum its commit"):
+        reader.read(split_id(4, 0), position, 10**6)
+
+
+def test_a_segment_without_a_commit_record_before_committed_ones_is_refused(
+    tmp_path: Path,
+) -> None:
+    reader = _partition_dir(tmp_path, [(2, 0, 3)])  # committed, with its record
+    forged = tmp_path / "x" / "n1" / "p0" / SegmentName(1, 0).file_name()
+    pq.write_table(pa.table({"c": [9]}), forged)  # no commit wrote it
+    with pytest.raises(CommitError, match=r"has no commit record, though later segments"):
+        reader.read("n1-p0", b"", 100)

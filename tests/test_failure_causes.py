@@ -77,7 +77,7 @@ def test_a_fallback_carries_the_first_line_and_the_log_the_traceback(tmp_path, c
     # the progress line of `regional run` shows the unit's cause
     print(checkpoint_line(regional))
     out = capsys.readouterr().out.splitlines()
-    assert out[1:] == ["    unit 1: declined: ValueError: poison record 7 of split 1"]
+    assert out[1:] == ["    unit 1 (g1): declined: ValueError: poison record 7 of split 1"]
     # `inspect show 2`: the fallback unit's reason
     assert main(["inspect", str(tmp_path / "ckpt"), "show", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -100,7 +100,8 @@ def test_an_aborted_checkpoint_names_every_failed_unit_everywhere(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("    checkpoint 1 aborted (rule 3c): 3 of 4 units failed")
     assert lines[2:] == [
-        f"    unit {u}: declined: ValueError: poison record 2 of split {u}" for u in (0, 1, 2)
+        f"    unit {u} (g{u}): declined: ValueError: poison record 2 of split {u}"
+        for u in (0, 1, 2)
     ]
 
     root = str(tmp_path / "ckpt")
@@ -116,7 +117,7 @@ def test_an_aborted_checkpoint_names_every_failed_unit_everywhere(tmp_path, caps
     assert main(["inspect", root, "show", "1"]) == 2
     err = capsys.readouterr().err
     assert "checkpoint 1 was aborted (3c-failure-ratio), so it holds no state" in err
-    assert "unit 0: declined: ValueError: poison record 2 of split 0; unit 1: " in err
+    assert "unit 0 (g0): declined: ValueError: poison record 2 of split 0; unit 1 (g1): " in err
     assert "events/000000000001-" in err
 
 

@@ -11,6 +11,7 @@ import pytest
 from metadata.inspect import (
     CHECKPOINTS_SCHEMA,
     DIFF_SCHEMA,
+    LAG_HELP,
     LAG_SCHEMA,
     REFS_SCHEMA,
     SHOW_SCHEMA,
@@ -192,20 +193,19 @@ def test_lag_view(inspector: Inspector) -> None:
     t = inspector.lag()
     assert t.schema == LAG_SCHEMA
     assert t.to_pylist() == [
-        {"unit_id": 0, "status": "fallback", "owner_checkpoint_id": 4, "checkpoints_behind": 1,
-         "time_behind_ms": 10_000, "consecutive_fallbacks": 1, "reason": "timeout"},
-        {"unit_id": 1, "status": "fresh", "owner_checkpoint_id": 5, "checkpoints_behind": 0,
-         "time_behind_ms": 0, "consecutive_fallbacks": 0, "reason": None},
+        {"unit_id": 0, "reads": "part-0", "status": "fallback", "owner_checkpoint_id": 4,
+         "checkpoints_behind": 1, "time_behind_ms": 10_000, "stuck_since": None,
+         "reason": "timeout"},
+        {"unit_id": 1, "reads": "part-1", "status": "fresh", "owner_checkpoint_id": 5,
+         "checkpoints_behind": 0, "time_behind_ms": 0, "stuck_since": None, "reason": None},
     ]  # fmt: skip
     store = inspector.store
     store.remove(5)
     store.remove(4)
     lag = Inspector(store).lag()
-    assert rows(
-        lag, "unit_id", "checkpoints_behind", "time_behind_ms", "consecutive_fallbacks"
-    ) == [
-        (0, 0, 0, 0),
-        (1, 2, 20_000, 2),
+    assert rows(lag, "unit_id", "checkpoints_behind", "time_behind_ms") == [
+        (0, 0, 0),
+        (1, 2, 20_000),
     ]
     store.remove(1)  # the owner's metadata is gone: the time is unknown
     assert Inspector(store).lag()["time_behind_ms"].to_pylist() == [0, None]
@@ -298,7 +298,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
         (["checkpoints"], "checkpoint_id  kind      trigger_time", "5  regional  2025-11-22"),
         (["show", "5"], "unit_id  vertex_id  subtask_index  status", "0  map"),
         (["refs"], "checkpoint_id  owner_checkpoint_id  units", "5                    4  0"),
-        (["lag"], "unit_id  status    owner_checkpoint_id", "0  fallback                    4"),
+        (["lag"], "unit_id  reads   status    owner_checkpoint_id", "0  part-0  fallback"),
         (["summary"], "metric         count  min  median   max", "completed          5"),
         (["diff", "3", "5"], "vertex_id  subtask_index  unit_id  change", "map"),
     ],
@@ -482,3 +482,36 @@ def test_cli_retention_view_shows_the_cleaners_plan_and_deletes_nothing(job, cap
     assert code == 0
     assert out.splitlines()[0].startswith("row         checkpoint_id  path")
     assert "retained checkpoints: 5" in out
+
+
+def test_lag_has_one_notion_of_lag_and_shows_stuck_units_from_the_event_log(job, capsys):
+    """Issue 26 defect 5: `checkpoints_behind` 16 next to `consecutive_fallbacks` 3 for one
+    unit (the streak counted only the retained checkpoints). One number now, explained under
+    the table; a unit in the newest event's stuck list is `stuck`, with since when."""
+    from metadata.events import CheckpointEvent, Outcome, StuckUnit, write_event
+
+    root, storage, _ = job
+    stuck = StuckUnit(
+        unit_id=0, splits=("part-0",), since_ms=T0 + 50_500, owner_checkpoint_id=4, fallbacks=3,
+        cause="timeout",
+    )  # fmt: skip
+    write_event(
+        storage,
+        CheckpointEvent(
+            job_id="orders", checkpoint_id=5, kind=Outcome.REGIONAL, trigger_time_ms=T0 + 50_000,
+            time_ms=T0 + 50_500, fresh_units=1, fallback_units=(0,), stuck=(stuck,),
+        ),
+    )  # fmt: skip
+    code, out, err = run(capsys, root, "lag")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert "consecutive_fallbacks" not in lines[0]
+    assert lines[2].split()[:4] == ["0", "part-0", "stuck", "4"]
+    assert lines[-1] == LAG_HELP
+    assert LAG_HELP.startswith(
+        "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state"
+    )
+    code, out, _ = run(capsys, root, "lag", "--json")
+    [row, _fresh] = json.loads(out)
+    assert (row["status"], row["checkpoints_behind"]) == ("stuck", 1)
+    assert row["stuck_since"] is not None

@@ -3,7 +3,6 @@ the holder's lease expired, and makes a driver that lost it stop before it write
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -50,7 +49,7 @@ def test_a_second_driver_is_refused_with_the_holder_named(tmp_path):
     )
     with pytest.raises(LeaseHeldError):
         ensure_free(storage, clock=clock)
-    assert [p.split("-")[1] for p in storage.list_dir("_lease")] == ["run"]  # b wrote nothing
+    assert storage.list_dir("_lease") == ["_lease/g000000000001.json"]  # b wrote nothing
 
 
 def test_after_the_holder_stops_renewing_another_driver_takes_over_and_the_first_stops(tmp_path):
@@ -96,24 +95,26 @@ def test_a_holder_that_renewed_late_learns_another_driver_holds_it(tmp_path):
         a.renew()
 
 
-def test_of_two_drivers_racing_the_first_to_acquire_keeps_it(tmp_path, monkeypatch):
+def test_of_two_drivers_racing_the_one_that_creates_the_generation_keeps_it(tmp_path):
+    """b acquires between a's reading of `_lease/` and a's create, with an earlier clock (a
+    slower write with an earlier time): the generation record decides, not the time."""
     storage, clock = JobStorage(str(tmp_path), "job"), Clock()
     a = _lease(storage, "run-a", clock, host="host-a")
     b = _lease(storage, "run-b", clock, host="host-b")
-    write = JobLease._write
+    create = storage.create_new
 
-    def b_writes_first(self: JobLease, record: LeaseRecord) -> None:
-        if self is a:  # between a's check and a's write, b acquires with an earlier time
-            clock.now -= 1
-            monkeypatch.setattr(JobLease, "_write", write)
-            b.acquire()
-            clock.now += 1
-        write(self, record)
+    def b_first(path: str, data: bytes) -> bool:
+        storage.create_new = create  # type: ignore[method-assign]
+        clock.now -= 1
+        b.acquire()
+        clock.now += 1
+        return create(path, data)
 
-    monkeypatch.setattr(JobLease, "_write", b_writes_first)
+    storage.create_new = b_first  # type: ignore[method-assign]
     with pytest.raises(LeaseHeldError, match="in use by driver run-b"):
         a.acquire()
-    assert all("run-b" in p for p in storage.list_dir("_lease"))  # a withdrew its record
+    assert storage.list_dir("_lease") == ["_lease/g000000000001.json"]  # a wrote nothing
+    assert not a.held
     b.check()
 
 
@@ -131,23 +132,29 @@ def test_the_lease_of_a_dead_driver_on_this_host_is_taken_over_at_once(tmp_path)
     assert b.held
 
 
-def test_renewals_replace_records_and_release_leaves_nothing(tmp_path):
+def test_renewals_replace_records_and_a_release_frees_the_lease_at_once(tmp_path):
     storage, clock = JobStorage(str(tmp_path), "job"), Clock()
     a = _lease(storage, "run-a", clock)
     a.acquire()
     for _ in range(3):
         clock.now += TTL // 3
         a.renew()
-    [record] = storage.list_dir("_lease")
-    assert record.endswith("-run-a-000000004.json")
+    record, first = storage.list_dir("_lease")
+    assert (first, record) == ("_lease/g000000000001.json", "_lease/g000000000001-r000000003.json")
     data = storage.read_file(record)
     assert data is not None
     assert msgspec.json.decode(data, type=LeaseRecord).expires_ms == clock.now + TTL
     storage.write_new_file("_lease/notes.txt", b"not a lease")  # ignored, never deleted
     a.release()
-    assert storage.list_dir("_lease") == ["_lease/notes.txt"] and not a.held
-    storage.delete_file("_lease/notes.txt")
-    assert not os.path.exists(tmp_path / "job" / "_lease")
+    assert not a.held
+    released = "_lease/g000000000001-r000000004.json"
+    assert storage.list_dir("_lease") == [released, "_lease/g000000000001.json", "_lease/notes.txt"]
+    data = storage.read_file(released)
+    assert data is not None and msgspec.json.decode(data, type=LeaseRecord).released
+    b = _lease(storage, "run-b", clock, host="host-b")
+    b.acquire()  # at once: released
+    assert b.generation == 2
+    assert storage.list_dir("_lease") == ["_lease/g000000000002.json", "_lease/notes.txt"]
 
 
 # --- the driver -------------------------------------------------------------------------------

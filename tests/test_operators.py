@@ -91,6 +91,8 @@ def test_check_fallback_refuses_state_whose_split_moved() -> None:
     state = SubtaskState("src", 0, 0, split_states=(SplitState("a", b"7"),))
     assert e.check_fallback(state, 1) is None
     e.notify_aborted(2, {0: 0})  # subtask 0 went back to its initial state: "a" returned
+    assert e.assign(1) == "b"  # not "a": kept for subtask 0 until the next snapshot
+    e.snapshot(3)
     assert e.assign(1) == "a"
     assert e.check_fallback(state, 1) == (
         "split 'a' in the state of subtask ('src', 0) in checkpoint 1 is now assigned to subtask 1"

@@ -49,6 +49,8 @@ def test_check_prints_every_key_with_value_and_source(
         "checkpointing.region.max-consecutive-regional  unlimited  file policy.toml",
         "checkpointing.region.max-unit-fallbacks        3          default",
         "checkpointing.region.timeout                   2 min      default",
+        "checkpointing.region.on-unit-fallback-limit    isolate    default",
+        "checkpointing.region.max-stuck-time            15 min     default",
         "restore.mode                                   no-claim   env REGIONAL_RESTORE__MODE",
         "event-time.idle-timeout                        off        default",
         "event-time.writer-fallback                     hold       default",
@@ -75,9 +77,19 @@ def test_check_json_gives_the_policy_values(
         {"key": "checkpointing.dir", "value": "/data/chk", "source": source},
         {"key": "checkpointing.region.enabled", "value": True, "source": "default"},
         {"key": "checkpointing.region.max-failure-ratio", "value": 0.3, "source": "default"},
-        {"key": "checkpointing.region.max-consecutive-regional", "value": 10, "source": "default"},
+        {
+            "key": "checkpointing.region.max-consecutive-regional",
+            "value": None,
+            "source": "default",
+        },
         {"key": "checkpointing.region.max-unit-fallbacks", "value": 3, "source": "default"},
         {"key": "checkpointing.region.timeout", "value": 120.0, "source": "default"},
+        {
+            "key": "checkpointing.region.on-unit-fallback-limit",
+            "value": "isolate",
+            "source": "default",
+        },
+        {"key": "checkpointing.region.max-stuck-time", "value": 900.0, "source": "default"},
         {"key": "restore.mode", "value": "claim", "source": "default"},
         {"key": "event-time.idle-timeout", "value": None, "source": "default"},
         {"key": "event-time.writer-fallback", "value": "hold", "source": "default"},
@@ -118,7 +130,7 @@ def test_bad_env_variable_exits_2_naming_it(
     assert capsys.readouterr().err == (
         "regional policy: environment variable REGIONAL_CHECKPOINTING__REGION__MAX_UNIT_FALLBACKS"
         ': checkpointing.region.max-unit-fallbacks = "-2" is invalid; '
-        "expected a whole number >= 0\n"
+        "expected a whole number from 0 to 1000000\n"
     )
 
 

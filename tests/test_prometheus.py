@@ -50,6 +50,7 @@ def test_scraped_during_a_run_with_regional_checkpoints_and_an_abort():
         f"regional_commit_failures_total{{{job}}}": 0.0,
         f"regional_commit_lag{{{job}}}": 0.0,
         f'regional_unit_lag{{{job},unit="1"}}': 2.0,
+        f"regional_stuck_units{{{job}}}": 0.0,
         f"regional_latest_completed_checkpoint_id{{{job}}}": 3.0,
         f"regional_oldest_ref_checkpoint_id{{{job}}}": 1.0,
         f"regional_last_checkpoint_duration_seconds{{{job}}}": 0.01,
@@ -85,3 +86,25 @@ def test_a_taken_port_names_itself_and_the_fix():
         f"cannot serve metrics on 127.0.0.1:{port}: Address already in use; pick a free port "
         "(--metrics-port) or stop what uses it"
     )
+
+
+def test_a_stuck_unit_is_a_gauge_named_by_what_it_reads():
+    faults = {(c, 1): "decline" for c in range(1, 10)}
+    sim = Simulation(4, Policy(), faults=faults, bounded=False)
+    driver = sim.new_driver()
+    scraped: dict[int, dict[str, float]] = {}
+
+    def progress(event) -> None:
+        sim.clock.sleep(2.0)
+        scraped[event.checkpoint_id] = _scrape(port)
+
+    driver.progress = progress
+    with serve_metrics(driver, port=0) as port:
+        driver.run(max_checkpoints=5)
+    job = 'job="sim"'
+    assert scraped[2][f"regional_stuck_units{{{job}}}"] == 0.0
+    assert not [k for k in scraped[2] if k.startswith("regional_unit_stuck_seconds")]
+    assert scraped[5][f"regional_stuck_units{{{job}}}"] == 1.0
+    # stuck since checkpoint 3 completed: its scrape's 2 s wait and two more 2 s waits and two
+    # 10 ms epochs later, on the driver's (simulated) clock
+    assert scraped[5][f'regional_unit_stuck_seconds{{{job},reads="s1",unit="1"}}'] == 6.02

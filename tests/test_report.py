@@ -416,3 +416,44 @@ def test_a_job_without_checkpoints_gets_a_page_that_says_so() -> None:
     assert "No unit fell back or failed in these checkpoints." in page
     assert "No event log (events/): lag over time needs it." in page
     assert '<h2 id="aborts">Aborted checkpoints (0)</h2>' in page
+
+
+def test_stuck_units_dead_letters_and_records_per_second_are_on_the_page() -> None:
+    """Issue 26: the report shows the stuck units by name (what they read), and per
+    checkpoint the records read, records/s and the dead letters."""
+    from metadata.events import StuckUnit
+
+    stuck = StuckUnit(
+        unit_id=3, splits=("events:3",), since_ms=T0 + 2_000, owner_checkpoint_id=1,
+        fallbacks=3, cause="declined: ValueError: bad record",
+    )  # fmt: skip
+    events = [
+        CheckpointEvent(
+            job_id="j", checkpoint_id=1, kind=Outcome.GLOBAL, trigger_time_ms=T0,
+            time_ms=T0 + 500, fresh_units=4, records_in=1_000, records_dead_lettered=2,
+        ),
+        CheckpointEvent(
+            job_id="j", checkpoint_id=2, kind=Outcome.REGIONAL, trigger_time_ms=T0 + 1_000,
+            time_ms=T0 + 1_250, fresh_units=3, fallback_units=(3,), records_in=750,
+            causes={3: "declined: ValueError: bad record"}, unit_reads={3: ("events:3",)},
+            stuck=(stuck,),
+        ),
+    ]  # fmt: skip
+    report = build_report([], events, job_id="j")
+    assert report.timeline.select(
+        ["checkpoint_id", "records_in", "records_per_s", "records_dead_lettered"]
+    ).to_pylist() == [
+        {"checkpoint_id": 1, "records_in": 1_000, "records_per_s": 2_000.0,
+         "records_dead_lettered": 2},
+        {"checkpoint_id": 2, "records_in": 750, "records_per_s": 3_000.0,
+         "records_dead_lettered": 0},
+    ]  # fmt: skip
+    assert report.stuck.select(["name", "fallbacks"]).to_pylist() == [
+        {"name": "unit 3 (events:3)", "fallbacks": 3}
+    ]
+    page = render_html(report)
+    assert '<h2 id="stuck">Stuck units (1)</h2>' in page
+    assert "<td>unit 3 (events:3)</td>" in page
+    assert '<th class="n">records/s</th>' in page and '<td class="n">3,000</td>' in page
+    assert '<th class="n">dead letters</th>' in page
+    assert page.index('id="stuck"') < page.index('id="timeline"')  # loud: first

@@ -99,6 +99,8 @@ def test_json_lines_are_the_events_and_nothing_else():
         "watermark_ms": None,
         "watermark_unit": None,
         "tracebacks": {},
+        "stuck": [],
+        "unit_reads": {},
     }
 
 

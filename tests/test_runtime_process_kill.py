@@ -103,7 +103,7 @@ def test_a_second_driver_is_refused_then_takes_over_once_the_first_is_killed(tmp
                 break
         assert any(line.startswith("checkpoint") for line in seen), seen
         second = _run(file, root)
-        assert second.returncode == 1
+        assert second.returncode == 2
         [message] = second.stderr.strip().splitlines()
         assert message.startswith(f"regional run: job root {root}/leased is in use by driver ")
         assert f"pid {first.pid})" in message
@@ -117,3 +117,31 @@ def test_a_second_driver_is_refused_then_takes_over_once_the_first_is_killed(tmp
     rows = read_table(root + "-table")
     got = sorted(zip(rows.column("s").to_pylist(), rows.column("n").to_pylist(), strict=True))
     assert got == [(s, n) for s in range(4) for n in range(30)]
+
+
+def test_two_drivers_started_together_one_runs_the_other_is_refused_and_no_row_doubles(tmp_path):
+    file = tmp_path / "job.py"
+    file.write_text(PIPELINE)
+    root = str(tmp_path / "ckpt")
+    cmd = [sys.executable, "-m", "regional.cli", "run", str(file), "--master", "local[1]"]
+    drivers = [
+        subprocess.Popen(
+            [*cmd, "--checkpoint-dir", root],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [d.communicate(timeout=300) for d in drivers]
+    codes = sorted(d.returncode for d in drivers)
+    assert codes == [0, 2], outputs
+    [(ran, winner)] = [(o, d) for o, d in zip(outputs, drivers, strict=True) if d.returncode == 0]
+    [refused] = [o for o, d in zip(outputs, drivers, strict=True) if d.returncode == 2]
+    assert "job finished" in ran[0]
+    [message] = refused[1].strip().splitlines()
+    assert message.startswith(f"regional run: job root {root}/killed is in use by driver ")
+    assert f"pid {winner.pid})" in message
+    rows = read_table(root + "-table")
+    got = sorted(zip(rows.column("s").to_pylist(), rows.column("n").to_pylist(), strict=True))
+    assert got == [(s, n) for s in range(4) for n in range(20)]

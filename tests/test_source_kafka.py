@@ -5,6 +5,7 @@ broker behind a `TcpProxy` that is cut, then restored)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import uuid
@@ -462,3 +463,131 @@ def test_a_broker_outage_mid_run_makes_units_fall_back_then_catch_up(spark, cut_
     assert [c.causes for c in caught_up if c.fallback_units] == []
     caught_up += rt.run(max_checkpoints=1).checkpoints  # one more epoch: nothing read twice
     assert _table_rows(table) == _expected(range(PARTS), PER_PART)
+
+
+# --- issue 26: more partitions than subtasks; a poison record and a stuck unit ------------------
+
+
+def test_eight_partitions_on_four_subtasks_are_all_read(broker, tmp_path):
+    """Issue 26 defect 1: with the default `splits_per_subtask=1` half the partitions were
+    never read (every checkpoint global, no warning). Run in this process, no Spark."""
+    from test_dead_letters import InProcess
+
+    from metadata.storage import JobStorage
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+
+    topic = _topic(broker, PARTS, PER_PART)
+    source = KafkaSource(broker.bootstrap, topic, value="json", timeout=5)  # unbounded
+    table, root = str(tmp_path / "table"), str(tmp_path / "ckpt")
+    p = _kafka_pipeline(source, table, parallelism=4)
+    env = TaskEnv(root, p.name, p, unit_timeout=30)
+    driver = JobDriver(p, InProcess(env), storage=JobStorage(root, p.name), policy=_policy())
+    for _ in range(PER_PART // (PER_EPOCH // 2) + 2):  # 2 partitions share a subtask's budget
+        driver.run(max_checkpoints=1)
+        if len(_table_rows(table)) >= PARTS * PER_PART:
+            break
+    assert _table_rows(table) == _expected(range(PARTS), PER_PART)
+
+
+POISON_PART, STUCK_PART, POISON_AT = 2, 5, 10
+
+
+def _enrich(batch):
+    """The user function: one row per record. For partition 5 it returns the rows as a list
+    (a bug: `map_batches` must return Arrow), so that unit fails every epoch; a failure of
+    that kind is never dead-lettered."""
+    import pyarrow as pa
+
+    rows = batch.to_pylist()
+    if any(r["partition"] == STUCK_PART for r in rows):
+        return rows
+    return pa.RecordBatch.from_pylist(
+        [{"p": r["value"]["p"], "n": r["value"]["n"], "offset": r["offset"]} for r in rows]
+    )
+
+
+@pytest.mark.spark
+def test_a_poison_record_and_a_stuck_unit_never_stop_the_healthy_partitions(
+    spark, broker, tmp_path
+):
+    """Issue 26, done when: 8 partitions, one holding a record that never decodes, one unit
+    whose user function fails every epoch. With the default policy (a short max-stuck-time)
+    every other unit commits every checkpoint, the poison record is one dead-letter row, the
+    failing unit is reported stuck by name and partition, and the job fails with the
+    stuck-unit error once the bound passes; the healthy partitions' rows are a fault-free
+    run's."""
+    from regional.dataflow.pipeline import Pipeline
+    from regional.errors import JobFailedError
+    from regional.runtime.spark import SparkRuntime
+    from regional.sinks.parquet import ParquetSink, read_table
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    broker.create_topic(topic, PARTS)
+    records = []
+    for p in range(PARTS):
+        for n in range(PER_PART):
+            if (p, n) == (POISON_PART, POISON_AT):
+                records.append((p, None, b'{"p": 2, "n": oops'))  # never decodes as JSON
+            records.append((p, None, _value(p, n)))
+    broker.produce(topic, records)
+    table, dead = str(tmp_path / "table"), str(tmp_path / "dead")
+    pipeline = Pipeline(
+        "kafka-users",
+        records_per_epoch=PER_EPOCH,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(dead),
+    )
+    source = KafkaSource(broker.bootstrap, topic, value="json", bounded=True, timeout=5)
+    src = pipeline.source(source, parallelism=PARTS, name="kafka")
+    src.map_batches(_enrich, name="enrich").sink(ParquetSink(table), name="out")
+    events: list = []
+    policy = _policy(region={"timeout": "20 s", "max-stuck-time": "4 s"})
+    rt = SparkRuntime(pipeline, spark, root=str(tmp_path / "ckpt"), policy=policy,
+                      progress=events.append)  # fmt: skip
+    with pytest.raises(JobFailedError) as failed:
+        rt.run(max_checkpoints=200)
+    # every checkpoint completed regionally: only the failing unit fell back, 7 units committed
+    assert events and {(e.kind, e.fallback_units) for e in events} == {("regional", (5,))}
+    assert all("TypeError: operator 'enrich'" in e.causes[5] for e in events)
+    # stuck from the third checkpoint on, by name and partition, since that checkpoint's end
+    assert [bool(e.stuck) for e in events[:3]] == [False, False, True]
+    for e in events[2:]:
+        [stuck] = e.stuck
+        assert (stuck.unit_id, stuck.splits, stuck.name) == (
+            5, (f"{topic}:5",), f"unit 5 ({topic}:5)"
+        )  # fmt: skip
+        assert events[2].trigger_time_ms <= stuck.since_ms <= events[2].time_ms
+    message = str(failed.value)
+    assert message.startswith(
+        f"job kafka-users failed: unit 5 ({topic}:5) has been stuck for "
+    )
+    assert "(max-stuck-time = 4 s): it fell back in the last " in message
+    assert "last cause: declined: TypeError: operator 'enrich': the map_batches function " in (
+        message
+    )
+    assert message.endswith(
+        'or raise checkpointing.region.max-stuck-time ("unlimited" never fails the job)'
+    )
+    assert events[-1].message == message  # the job's last event says why it failed
+    # the poison record: one dead-letter row naming its topic, partition and offset
+    [row] = read_table(dead).to_pylist()
+    assert (row["operator"], row["split_id"], row["error_type"]) == (
+        "kafka", f"{topic}:{POISON_PART}", "KafkaSourceError"
+    )  # fmt: skip
+    assert json.loads(row["record"]) == {
+        "topic": topic, "partition": 2, "offset": POISON_AT, "key": None,
+        "value": '{"p": 2, "n": oops',
+    }  # fmt: skip
+    assert row["error_message"].startswith(
+        f"record at offset {POISON_AT} of topic {topic!r} partition 2 does not decode as json"
+    )
+    # the healthy partitions' committed rows: every record, once, as a fault-free run commits
+    t = read_table(table)
+    got = sorted(zip(*(t.column(c).to_pylist() for c in ("p", "n", "offset")), strict=True))
+    assert got == sorted(
+        (p, n, n + (p == POISON_PART and n >= POISON_AT))
+        for p in range(PARTS)
+        if p != STUCK_PART
+        for n in range(PER_PART)
+    )

@@ -26,7 +26,7 @@ import pyarrow as pa
 from cleaner.run import scan
 from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
-from metadata.inspect import Inspector
+from metadata.inspect import LAG_HELP, Inspector
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -44,7 +44,8 @@ _VIEWS: dict[str, str] = {
     "checkpoints": "history, newest first, with references and retention",
     "show": "the units and subtasks of one checkpoint",
     "refs": "which checkpoint takes which units' state from which owner",
-    "lag": "per unit, how far its state is behind the newest checkpoint",
+    "lag": "per unit and what it reads, how far its state is behind the newest checkpoint "
+    "(checkpoint ids since its owner) and whether it is stuck",
     "validate": "check files, sizes, checksums and references; which checkpoint a restore uses",
     "summary": "counts and min/median/max of duration and size",
     "diff": "per subtask, what changed between two checkpoints",
@@ -134,7 +135,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         num_retained = retention.in_force(
             args, lambda: recorded_num_retained(reversed(store.all()))
         )
-    events = read_events(storage)[0] if args.view in ("show", "diff") else []
+    events = read_events(storage)[0] if args.view in ("show", "diff", "lag") else []
     inspector = Inspector(
         store,
         num_retained=None if num_retained is None else num_retained.value,
@@ -148,6 +149,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     else:
         table = getattr(inspector, args.view)()
     print_table(table, as_json=args.json)
+    if args.view == "lag" and not args.json:
+        print(LAG_HELP)
     if num_retained is not None and not args.json:
         print(retention.note(num_retained))
     return 0

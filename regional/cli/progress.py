@@ -12,6 +12,17 @@ them the same way.
 ...     trigger_time_ms=1000, time_ms=1500, fresh_units=3, fallback_units=(1,), records_in=35)
 >>> print(checkpoint_line(event))
 checkpoint    2  regional  fresh   3  fallback 1           commit lag 0  records      35   0.50 s
+>>> from metadata.events import StuckUnit
+>>> stuck = StuckUnit(unit_id=1, splits=("events:1",), since_ms=500, owner_checkpoint_id=0,
+...     fallbacks=3, cause="declined: ValueError: boom")
+>>> event = CheckpointEvent(job_id="clicks", checkpoint_id=5, kind=Outcome.REGIONAL,
+...     trigger_time_ms=180_000, time_ms=180_500, fresh_units=3, fallback_units=(1,),
+...     causes={1: "declined: ValueError: boom"}, unit_reads={1: ("events:1",)},
+...     stuck=(stuck,))
+>>> print(checkpoint_line(event))  # doctest: +NORMALIZE_WHITESPACE
+checkpoint    5  regional  fresh   3  fallback 1           commit lag 0  records       0   0.50 s
+    unit 1 (events:1): declined: ValueError: boom
+    stuck: unit 1 (events:1) for 3 min (on its initial state; 3 fallbacks in a row)
 """
 
 from __future__ import annotations
@@ -34,8 +45,9 @@ __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
 
 
 def checkpoint_line(r: CheckpointEvent) -> str:
-    """One line per checkpoint outcome, then the abort's explanation and why each unit fell
-    back or failed (one line per unit, at most 5; the tracebacks are in the event log)."""
+    """One line per checkpoint outcome, then the abort's explanation, why each unit fell
+    back or failed and the units stuck (one line per unit, at most 5 of each, named by what
+    they read; the tracebacks are in the event log)."""
     fallback = ",".join(map(str, r.fallback_units)) or "-"
     line = (
         f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
@@ -53,6 +65,11 @@ def checkpoint_line(r: CheckpointEvent) -> str:
         line += f"\n    {cause}"
     if len(causes) > 5:
         line += f"\n    +{len(causes) - 5} more (regional inspect ROOT events)"
+    stuck = r.stuck_lines()
+    for s in stuck[:5]:
+        line += f"\n    {s}"
+    if len(stuck) > 5:
+        line += f"\n    +{len(stuck) - 5} more stuck (regional inspect ROOT lag)"
     return line
 
 

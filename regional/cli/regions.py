@@ -23,7 +23,9 @@ import msgspec
 import pyarrow as pa
 
 from regional.cli.render import print_table
+from regional.errors import GraphError
 from regional.graph.files import load_graph
+from regional.graph.job_graph import JobGraph
 from regional.graph.regions import RegionPlan, Subtask, analyse
 
 __all__ = ["plan_json", "register"]
@@ -37,9 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "regions",
         help="analyse a job graph's regions and fallback units",
         description="Compute the pipelined regions and fallback units of GRAPH (our JSON/TOML "
-        "job graph or a Flink plan JSON) and say whether regional checkpoints can run.",
+        "job graph, a Flink plan JSON, or a PIPELINE.py file as `regional run` loads it: its "
+        "module-level `pipeline`) and say whether regional checkpoints can run.",
     )
-    parser.add_argument("graph", metavar="GRAPH", type=Path, help="job-graph or Flink plan file")
+    parser.add_argument(
+        "graph", metavar="GRAPH", type=Path, help="job-graph, Flink plan or pipeline (.py) file"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--limit",
@@ -52,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def show_regions(args: argparse.Namespace) -> int:
-    """Load, analyse and print `args.graph`."""
-    graph = load_graph(args.graph)
+    """Load, analyse and print `args.graph` (a `.py` file: the graph of its `pipeline`)."""
+    graph = _pipeline_graph(args.graph) if args.graph.suffix == ".py" else load_graph(args.graph)
     plan = analyse(graph)
     if args.json:
         sys.stdout.write(msgspec.json.encode(plan_json(plan)).decode() + "\n")
@@ -89,6 +94,21 @@ def show_regions(args: argparse.Namespace) -> int:
     if shown < plan.num_units:
         print(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
     return 0
+
+
+def _pipeline_graph(file: Path) -> JobGraph:
+    """The job graph of the `pipeline` a PIPELINE.py defines, loaded as `regional run` loads
+    it (`regional.cli.run.load_pipeline_file`); `GraphError` naming the file otherwise."""
+    from regional.cli.run import load_pipeline_file
+    from regional.dataflow.pipeline import Pipeline
+
+    pipeline = load_pipeline_file(file).get("pipeline")
+    if not isinstance(pipeline, Pipeline):
+        raise GraphError(
+            f"{file} defines no module-level `pipeline` (a regional.Pipeline); assign one, "
+            "e.g. `pipeline = Pipeline('clicks')`"
+        )
+    return pipeline.job_graph()
 
 
 def _vertex_table(plan: RegionPlan, ids: Sequence[str]) -> pa.Table:

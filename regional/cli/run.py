@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
-from metadata.errors import RegionalError, StorageError
+from metadata.errors import MetadataError, RegionalError, StorageError
 from metadata.events import Outcome
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
-from regional.errors import GraphError, RestoreError
+from regional.errors import GraphError, RestoreError, UsageError
 from regional.policy import (
     MAX_DURATION_SECONDS,
     Policy,
@@ -87,7 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "records follow each other at once. 0: never wait",
     )
     parser.add_argument(
-        "--max-checkpoints", type=int, default=None, help="stop after this many epochs"
+        "--max-checkpoints",
+        type=int,
+        default=None,
+        help=f"stop after this many epochs (1 to {MAX_EPOCHS:,})",
     )
     parser.add_argument(
         "--job-id", help="the job's directory under the checkpoint root (default: pipeline name)"
@@ -222,8 +225,16 @@ def run_pipeline(args: argparse.Namespace) -> int:
         )
     if args.job_id is not None:
         check_job_id(args.job_id, "--job-id")
+    if args.max_checkpoints is not None and not 1 <= args.max_checkpoints <= MAX_EPOCHS:
+        raise UsageError(
+            f"--max-checkpoints {args.max_checkpoints} is out of range; give 1 to "
+            f"{MAX_EPOCHS:,} epochs, or leave it out to run until the sources end"
+        )
+    if args.metrics_port is not None:
+        check_prometheus()
     # nothing is created before the pipeline file loaded: a bad file leaves nothing behind
     root, origin = checkpoint_root(args.checkpoint_dir, policy.checkpointing.dir, args.file)
+    check_checkpoint_root(root, origin)
     os.environ["REGIONAL_CHECKPOINT_DIR"] = root
     namespace = load_pipeline_file(args.file)
     pipeline = namespace.get("pipeline")
@@ -316,6 +327,57 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The most epochs `--max-checkpoints` takes (a billion: more than any run could make).
+MAX_EPOCHS = 1_000_000_000
+
+
+def check_prometheus() -> None:
+    """`--metrics-port` needs prometheus-client: refuse before Spark starts without it."""
+    from regional.runtime.prometheus import MetricsPortError
+
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise MetricsPortError(
+            "--metrics-port needs prometheus-client, which is not installed for "
+            f"{sys.executable}: pip install 'regional-checkpoints[prometheus]', or leave "
+            "--metrics-port out"
+        ) from None
+
+
+def check_checkpoint_root(root: str, origin: str) -> None:
+    """Refuse a local checkpoint root that cannot be one, before Spark starts: a file, or a
+    directory that cannot be created (a probe directory is made and removed in its nearest
+    existing ancestor, so nothing is left behind). Object-store roots are checked by the
+    driver.
+
+    >>> check_checkpoint_root("/proc/x", "--checkpoint-dir")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    regional.errors.UsageError: checkpoint root /proc/x (--checkpoint-dir) cannot be created: ...
+    """
+    if "://" in root:
+        return
+    path = os.path.abspath(root)
+    where = f"checkpoint root {root} ({origin})"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{where} is a file, not a directory; give a directory")
+    ancestor = path
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(
+            f"{where} cannot be created: {ancestor} is a file, not a directory; give a directory"
+        )
+    try:
+        probe = tempfile.mkdtemp(prefix=".regional-probe-", dir=ancestor)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise UsageError(
+            f"{where} cannot be {'written' if ancestor == path else 'created'}: "
+            f"{exc.strerror or exc} in {ancestor}; give a directory you can write"
+        ) from None
+
+
 def run_interval(given: float | None, policy: Policy) -> float:
     """The driver's idle wait: `--interval` when given, else the policy's
     `checkpointing.interval`.
@@ -393,6 +455,12 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
         return runpy.run_path(str(file), run_name="regional_pipeline")
     except RegionalError:
         raise  # the pipeline API's own errors already name the vertex or edge
+    except SystemExit as exc:  # sys.exit() while loading: not a pipeline definition
+        raise GraphError(
+            f"pipeline file {file} called sys.exit({exc.code!r}) while it was loaded; a "
+            "pipeline file defines `pipeline` and returns, it does not exit: remove the call "
+            "or guard it with `if __name__ == '__main__':`"
+        ) from None
     except SyntaxError as exc:  # also binary content: null bytes, not UTF-8
         where = f"{file}, line {exc.lineno}" if exc.lineno else str(file)
         raise GraphError(
@@ -433,6 +501,10 @@ def _check_restore_source(storage: JobStorage, path: str) -> None:
         open_restore_source(storage, path)
     except (JobSelectionError, CheckpointPathError):
         raise  # already bad input (exit 2) naming the path
+    except MetadataError as exc:  # truncated, corrupt, of an unknown version: the user's input
+        raise RestoreError(
+            f"--from {path} cannot be restored: {exc}; give another checkpoint or savepoint"
+        ) from exc
     except StorageError as exc:
         raise RestoreError(
             f"--from cannot be reached: {exc}; check the path, the endpoint and the credentials"

@@ -38,7 +38,7 @@ durable, commit) share the per-unit owners, states and limits; the rule evaluati
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain, compress, islice, repeat
 from operator import attrgetter, sub
 
@@ -55,6 +55,7 @@ from metadata.model import (
     VertexInfo,
 )
 from metadata.retention import Retention
+from metadata.unit_names import unit_name
 from regional.coordinator.decisions import (
     INITIAL_STATE_ID,
     AbortCheckpoint,
@@ -82,7 +83,7 @@ from regional.coordinator.operator_coordinator import (
 from regional.coordinator.pending import PendingCheckpoint
 from regional.coordinator.verdict import Verdict, evaluate, failure_ratio, name_units
 from regional.errors import JobFailedError
-from regional.policy import Policy, policy_fingerprint
+from regional.policy import Policy, format_duration, policy_fingerprint
 
 __all__ = ["CheckpointCoordinator", "CoordinatorStateError"]
 
@@ -106,7 +107,9 @@ class CheckpointCoordinator:
     """Drives checkpoints of one job over the fallback units of `layout` under `policy`.
 
     `coordinators` maps a vertex id to its operator coordinator (`SplitEnumerator`,
-    `CommitCoordinator`, or any `OperatorCoordinator`).
+    `CommitCoordinator`, or any `OperatorCoordinator`). `reads` gives the splits a unit reads
+    (for its name in messages: `metadata.unit_names.unit_name`); by default its subtasks'
+    split states in the latest completed checkpoint.
     """
 
     def __init__(
@@ -116,8 +119,10 @@ class CheckpointCoordinator:
         *,
         job_id: str,
         coordinators: Mapping[str, OperatorCoordinator] | None = None,
+        reads: Callable[[int], Sequence[str]] | None = None,
     ) -> None:
         self._layout = layout
+        self._reads = reads
         self._policy = policy
         self._region = policy.checkpointing.region
         self._job_id = job_id
@@ -173,6 +178,8 @@ class CheckpointCoordinator:
         self._failed: str | None = None
         self._retention = Retention(policy.checkpointing.num_retained)
         self.limits = Limits(self._region, policy.checkpointing.tolerable_failed_checkpoints)
+        #: unit -> why it failed or fell back most recently (kept while it is behind or stuck)
+        self.last_cause: dict[int, str] = {}
         self.metrics = CoordinatorMetrics()
 
     # --- what the runtime reads --------------------------------------------------------------
@@ -200,6 +207,18 @@ class CheckpointCoordinator:
         """The checkpoint whose state `unit_id` restarts from (`INITIAL_STATE_ID`: none)."""
         return self._owner[unit_id]
 
+    def unit_name(self, unit_id: int) -> str:
+        """`unit 3 (events:3)`: the unit and the splits it reads (`metadata.unit_names`)."""
+        if self._reads is not None:
+            return unit_name(unit_id, self._reads(unit_id))
+        states = self._unit_states[unit_id] or ()
+        return unit_name(unit_id, (s.split_id for t in states for s in t.split_states))
+
+    @property
+    def stuck_units(self) -> dict[int, int]:
+        """Stuck unit -> since when (driver ms): over `max-unit-fallbacks` in isolate mode."""
+        return dict(self.limits.stuck)
+
     def unit_states(self, unit_id: int) -> tuple[SubtaskState, ...]:
         """The subtask states `unit_id` restarts from (empty for its initial state)."""
         cached = self._restore_states[unit_id]
@@ -223,6 +242,7 @@ class CheckpointCoordinator:
             )
         if self._finished:
             raise CoordinatorStateError(f"job {self._job_id} has finished; nothing to checkpoint")
+        self.limits.note_time(now_ms)
         final = self._all_bounded_finished()
         self._final_mode |= final
         reasons: list[str] = []
@@ -577,7 +597,8 @@ class CheckpointCoordinator:
         self._mismatch = {}
         self._latest_id = checkpoint_id
         savepoint = p.kind is CheckpointKind.SAVEPOINT
-        self.limits.completed(fallback, savepoint=savepoint)
+        self.limits.completed(fallback, now_ms=now_ms, savepoint=savepoint)
+        self._note_causes(fallback)
         if savepoint:
             self.metrics.savepoint_count += 1
             self._global_until_success = (
@@ -615,7 +636,8 @@ class CheckpointCoordinator:
             )
         if p.final and not fallback:
             self._final_checkpoint = checkpoint_id
-        return out + self._pump()
+        out += self._pump()
+        return out + self._stuck_too_long(now_ms)
 
     def on_metadata_failed(self, checkpoint_id: int, message: str, now_ms: int) -> list[Decision]:
         """Writing the metadata failed: the checkpoint is aborted."""
@@ -624,6 +646,7 @@ class CheckpointCoordinator:
             done.pending,
             Rule.METADATA_WRITE,
             f"checkpoint {checkpoint_id} aborted: writing its metadata failed: {message}",
+            now_ms,
             extra_failed=tuple(done.fallback),
         )
 
@@ -701,6 +724,7 @@ class CheckpointCoordinator:
             self._global_until_success = (
                 f"restored savepoint {cid} is user-owned: no unit may fall back to it"
             )
+        self.last_cause = {u.unit_id: u.reason for u in metadata.fallback_units if u.reason}
         m = self._region.max_unit_fallbacks
         self.limits.streak = {
             u: min(m, cid - self._owner[u])
@@ -742,15 +766,17 @@ class CheckpointCoordinator:
             return self._abort(
                 p,
                 Rule.MUST_BE_FRESH,
-                f"checkpoint {cid} aborted (rule 3a): unit {unit_id} had to be fresh ({why}) but "
-                f"failed: {cause}",
+                f"checkpoint {cid} aborted (rule 3a): {self.unit_name(unit_id)} had to be fresh "
+                f"({why}) but failed: {cause}",
+                now_ms,
             )
         if not p.regional_allowed:
             return self._abort(
                 p,
                 Rule.REGIONAL_DISABLED,
-                f"checkpoint {cid} aborted: unit {unit_id} failed ({cause}) and regional "
-                "checkpoints are disabled (checkpointing.region.enabled = false)",
+                f"checkpoint {cid} aborted: {self.unit_name(unit_id)} failed ({cause}) and "
+                "regional checkpoints are disabled (checkpointing.region.enabled = false)",
+                now_ms,
             )
         return self._decide(p, now_ms) if p.outstanding == 0 else []
 
@@ -783,7 +809,7 @@ class CheckpointCoordinator:
             fallback_snapshots=fallback_snapshots,
         )
         if verdict.rule is not None:
-            return self._abort(p, verdict.rule, verdict.message)
+            return self._abort(p, verdict.rule, verdict.message, now_ms)
         return self._complete(p, now_ms, dict(failed), dict(verdict.snapshots), by_vertex)
 
     def _first_unusable(self, units: Sequence[int]) -> tuple[int, str] | None:
@@ -957,13 +983,20 @@ class CheckpointCoordinator:
         )
 
     def _abort(
-        self, p: PendingCheckpoint, rule: Rule, message: str, extra_failed: tuple[int, ...] = ()
+        self,
+        p: PendingCheckpoint,
+        rule: Rule,
+        message: str,
+        now_ms: int,
+        extra_failed: tuple[int, ...] = (),
     ) -> list[Decision]:
         """Abort `p`: every unit restarts from its latest completed state (`unit_states`), so
-        the state and staged output of every attempt of `p` is garbage."""
+        the state and staged output of every attempt of `p` is garbage. An abort whose failed
+        units are all stuck is left to `max-stuck-time` (`Limits.governed_by_stuck_time`)."""
         cid = p.checkpoint_id
         failed = tuple(sorted({*p.declined, *extra_failed}))
         causes = {u: p.declined[u] for u in failed if u in p.declined}
+        self.last_cause.update(causes)
         out: list[Decision] = [AbortCheckpoint(cid, rule, message, failed, causes)]
         out += _discards(p)
         if self._coordinators:
@@ -978,13 +1011,53 @@ class CheckpointCoordinator:
         self._pending = None
         self._completing = None
         self.metrics.aborted_by_rule[rule] += 1
-        failure = self.limits.aborted(
-            failed, tier1=p.tier1, counted=p.kind is not CheckpointKind.SAVEPOINT
+        counted = p.kind is not CheckpointKind.SAVEPOINT and not (
+            self.limits.governed_by_stuck_time(failed)
         )
+        failure = self.limits.aborted(failed, tier1=p.tier1, counted=counted, name=self.unit_name)
         if failure is not None:
             self._failed = failure
             out.append(FailJob(f"job {self._job_id} failed: {failure}", self.limits.at_fault()))
-        return out
+            return out
+        return out + self._stuck_too_long(now_ms)
+
+    def _note_causes(self, fallback: Mapping[int, str]) -> None:
+        """Keep why each unit behind fell back; forget units that are fresh again."""
+        if self.last_cause:
+            behind = self._behind
+            self.last_cause = {u: c for u, c in self.last_cause.items() if u in behind}
+        self.last_cause.update(fallback)
+
+    def stuck_message(self, unit_id: int, now_ms: int) -> str:
+        """Why stuck unit `unit_id` fails the job at `now_ms` (DESIGN §4 rule 5): the unit,
+        what it reads, how long, its last cause and the fix."""
+        since = self.limits.stuck.get(unit_id, now_ms)
+        bound = self.limits.max_stuck_ms
+        owner = self._owner[unit_id]
+        state = (
+            "its initial state (it never completed a checkpoint)"
+            if owner == INITIAL_STATE_ID
+            else f"checkpoint {owner}'s state"
+        )
+        limit = "" if bound is None else f" (max-stuck-time = {format_duration(bound / 1000)})"
+        cause = (self.last_cause.get(unit_id) or "unknown").splitlines() or ["unknown"]
+        return (
+            f"{self.unit_name(unit_id)} has been stuck for {_seconds(now_ms - since)}{limit}: "
+            f"it fell back in the last {self.limits.streak.get(unit_id, 0)} checkpoints and "
+            f"still runs on {state}; last cause: {cause[0]}; fix what makes "
+            "it fail (it is retried every epoch while the healthy units keep committing), or "
+            'raise checkpointing.region.max-stuck-time ("unlimited" never fails the job)'
+        )
+
+    def _stuck_too_long(self, now_ms: int) -> list[Decision]:
+        """`FailJob` when a unit has been stuck longer than `max-stuck-time`, else nothing."""
+        overdue = self.limits.overdue(now_ms)
+        if not overdue or self._failed is not None:
+            return []
+        reasons = [self.stuck_message(u, now_ms) for u in overdue[:5]]
+        more = f"; +{len(overdue) - 5} more stuck units" if len(overdue) > 5 else ""
+        self._failed = "; ".join(reasons) + more
+        return [FailJob(f"job {self._job_id} failed: {self._failed}", tuple(overdue))]
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -1069,6 +1142,22 @@ class CheckpointCoordinator:
         """Keep the newest `num-retained`; subsumed(id) for ids no retained one refers to
         (`metadata.retention`, the rule the cleaner and the inspector use too)."""
         return [NotifySubsumed(c) for c in self._retention.add(checkpoint_id, refs)]
+
+
+def _seconds(ms: int) -> str:
+    """A length of time as people read it: `"42 s"`, `"15 min 3 s"`, `"2 h 5 min"`.
+
+    >>> _seconds(4_200), _seconds(5_010), _seconds(903_000), _seconds(7_500_000)
+    ('4.2 s', '5.01 s', '15 min 3 s', '2 h 5 min')
+    """
+    s = ms / 1000
+    if s < 59.995:
+        return f"{round(s, 2):g} s"
+    minutes, sec = divmod(round(s), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec} s" if sec else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 def _discard(

@@ -152,7 +152,9 @@ class Commit(msgspec.Struct, frozen=True):
 
 
 class FailJob(msgspec.Struct, frozen=True):
-    """Give up: more consecutive aborted checkpoints than `tolerable-failed-checkpoints`."""
+    """Give up: more consecutive aborted checkpoints than `tolerable-failed-checkpoints`, or a
+    unit stuck longer than `max-stuck-time` (DESIGN §4 rule 5). `units`: the units at fault;
+    `message` names them with what they read, the cause and the fix."""
 
     message: str
     units: tuple[int, ...]

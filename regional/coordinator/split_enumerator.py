@@ -4,7 +4,11 @@ It hands out splits to the subtasks of one source vertex, each split at most onc
 records in which epoch each assignment happened (epoch Y = the work that checkpoint Y captures).
 When a subtask restarts from its owner checkpoint X (a fallback in Y or an aborted Y), the splits
 it was given after X go back to the front of the unassigned queue; its state in X knows nothing
-of them. Splits are static (given at construction) or discovered while running (`discover`).
+of them. Until the next checkpoint they are kept for that subtask (another subtask with a free
+slot does not take them), so a split that fails its unit every epoch stays with that unit: the
+unit is the one that falls back, gets stuck and is named (DESIGN §4 rule 5), instead of the
+split hopping from unit to unit and resetting every streak. Splits are static (given at
+construction) or discovered while running (`discover`).
 
 >>> e = SplitEnumerator("src", ["a", "b", "c"])
 >>> e.assign(0), e.assign(1)
@@ -15,6 +19,8 @@ of them. Splits are static (given at construction) or discovered while running (
 >>> e.notify_aborted(2, {0: 1})   # subtask 0 restarts from checkpoint 1: "c" comes back
 >>> e.unassigned
 ('c',)
+>>> e.assign(1), e.assign(0)      # ... kept for subtask 0 until the next checkpoint
+(None, 'c')
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class SplitEnumerator:
         # default owner and at its other subtasks, not at every subtask
         self._latest: dict[int, int] = {}
         self._holders: dict[int, set[int]] = {}
+        #: split -> the subtask it came back from (kept for it until the next snapshot)
+        self._kept: dict[str, int] = {}
         self.discover(splits)
 
     @property
@@ -75,16 +83,29 @@ class SplitEnumerator:
         return new
 
     def assign(self, index: int) -> str | None:
-        """The next unassigned split for subtask `index`, or None when there is none."""
+        """The next unassigned split for subtask `index` (first one that came back from it,
+        never one kept for another subtask), or None when there is none."""
         if not self._unassigned:
             return None
-        split = self._unassigned.popleft()
+        if self._kept:
+            split = next((s for s in self._unassigned if self._kept.get(s, index) == index), None)
+            if split is None:
+                return None
+            self._unassigned.remove(split)
+            self._kept.pop(split, None)
+        else:
+            split = self._unassigned.popleft()
         self._owner[split] = index
         self._assigned_in[split] = self._epoch
         self._by_subtask.setdefault(index, []).append(split)
         latest = self._latest.get(index)
         self._hold(index, self._epoch if latest is None else max(latest, self._epoch))
         return split
+
+    @property
+    def num_known(self) -> int:
+        """How many splits it knows: handed out (still read or finished) or unassigned."""
+        return len(self._owner) + len(self._unassigned)
 
     @property
     def owners(self) -> dict[str, int]:
@@ -99,10 +120,12 @@ class SplitEnumerator:
 
     def snapshot(self, checkpoint_id: int) -> bytes:
         self._epoch = checkpoint_id + 1
+        self._kept = {}
         return self._encode({})
 
     def snapshot_for_fallback(self, checkpoint_id: int, fallback: Mapping[int, int]) -> bytes:
         self._epoch = checkpoint_id + 1
+        self._kept = {}
         return self._encode(fallback)
 
     def check_fallback(self, state: SubtaskState, owner: int) -> str | None:
@@ -131,6 +154,7 @@ class SplitEnumerator:
                 f"owns split {stray[0]!r} without its epoch; the checkpoint is damaged"
             )
         self._epoch = state.epoch
+        self._kept = {}
         self._unassigned = deque(state.unassigned)
         self._owner = state.owner
         self._assigned_in = state.assigned_in
@@ -197,6 +221,7 @@ class SplitEnumerator:
             held = self._by_subtask[index]
             self._hold(index, max(map(self._assigned_in.__getitem__, held)) if held else None)
         self._unassigned.extendleft(reversed([s for s, _ in returned]))
+        self._kept.update(returned)
 
     def _hold(self, index: int, latest: int | None) -> None:
         """Subtask `index`'s latest assignment epoch is now `latest` (None: it holds none)."""

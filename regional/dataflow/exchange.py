@@ -58,6 +58,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from metadata.commit_log import CommitRecord, FileCheck, read_records
+from metadata.confine import check_confined
+from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
     Cursor,
@@ -66,6 +69,7 @@ from metadata.exchange import (
     split_id,
     split_partition,
 )
+from metadata.format import segment_checksum
 from metadata.model import SinkRetention
 from metadata.watermarks import (
     MIN_WATERMARK,
@@ -78,12 +82,13 @@ from regional.dataflow.event_time import reader_watermark, released_writers
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
-from regional.sinks.staging import StagingArea
+from regional.sinks.staging import StagedSink, StagingArea
 from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
 
 __all__ = [
     "ORIGIN_KEY",
+    "REPARTITION_USER",
     "Backlog",
     "ExchangeReader",
     "ExchangeWriter",
@@ -91,6 +96,9 @@ __all__ = [
     "exchange_path",
     "repartition",
 ]
+
+#: The commit user of the records a restore writes for the segments it repartitions.
+REPARTITION_USER = "_repartition"
 
 _STAGED_NAME = re.compile(r"n(\d+)-p(\d+)-c(\d{20})-w(\d{5})-.*\.staged")
 _STAGED_MARK = re.compile(r"wm-c(\d{20})-w(\d{5})-(-?\d+)-.*\.staged")
@@ -133,6 +141,24 @@ class _Unread(NamedTuple):
     published: str
 
 
+def _job_root(base: str) -> tuple[str, str]:
+    """The directory an exchange at `base` (`<job root>/exchange/<reader>`) is confined to."""
+    return posixpath.dirname(posixpath.dirname(base)), "job root"
+
+
+def _check_inside(fs: pafs.FileSystem, base: str, full: str, reader: str) -> str:
+    """`full`, unless on a local disk it leads out of the exchange's job root through a
+    symbolic link (`metadata.confine`): then `CommitError` naming the link."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        root, what = _job_root(base)
+        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
+        try:
+            check_confined(root, rel, what=what, describe=lambda _: f"exchange {reader!r}: {full}")
+        except OutsideRootError as exc:
+            raise CommitError(str(exc)) from None
+    return full
+
+
 class _Bound:
     """The exchange directory, set by the driver (`bind`) before any task runs."""
 
@@ -155,13 +181,79 @@ class _Bound:
     def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
         """The published segments of one partition, in cursor order."""
         fs, base = self._fs()
-        selector = pafs.FileSelector(f"{base}/n{layout}/p{partition}", allow_not_found=True)
+        directory = _check_inside(fs, base, f"{base}/n{layout}/p{partition}", self.reader)
+        selector = pafs.FileSelector(directory, allow_not_found=True)
         out = []
         for info in fs.get_file_info(selector):
             segment = segment_name(_name(info))
             if segment is not None and info.type == pafs.FileType.File:
+                _check_inside(fs, base, info.path, self.reader)  # a segment linked out
                 out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
+
+    def committed(
+        self, layout: int, partition: int, cursor: Cursor
+    ) -> list[tuple[SegmentName, pafs.FileInfo, FileCheck]]:
+        """The committed segments of one partition after `cursor`, in read order, each with
+        what its commit record says (DESIGN §4 rule 14): the reader knows which segments were
+        committed from the writer's commit records (`metadata.commit_log`) and checks each
+        exists with its recorded size. A published segment whose record is not written yet
+        (a commit in progress) ends the list. `CommitError` naming the segment when one is
+        missing, resized, or published without a record before recorded ones."""
+        fs, base = self._fs()
+        listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
+        prefix = f"n{layout}/p{partition}/"
+        try:
+            records = read_records(fs, base, since=cursor.checkpoint_id)
+        except (MetadataError, OutsideRootError) as exc:
+            raise CommitError(f"exchange {self.reader!r}: {exc}") from None
+        expected: dict[SegmentName, FileCheck] = {}
+        for record in records:
+            for file, recorded in record.expected().items():
+                segment = segment_name(file[len(prefix) :]) if file.startswith(prefix) else None
+                if segment is not None and not cursor.passed(segment):
+                    expected[segment] = recorded
+        newest = max(expected, default=None)
+        out = []
+        for segment in sorted(set(listed) | set(expected)):
+            where = f"exchange {self.reader!r}: segment {base}/{prefix}{segment.file_name()}"
+            check, info = expected.get(segment), listed.get(segment)
+            if check is None:
+                if newest is not None and segment < newest:
+                    raise CommitError(
+                        f"{where} has no commit record, though later segments have one: no "
+                        "commit of this exchange wrote it (forged, or left by another tool); "
+                        "remove it"
+                    )
+                break  # published by a commit that has not written its record yet
+            if info is None:
+                raise CommitError(
+                    f"{where}, committed with checkpoint {check.identifier}, is missing (it "
+                    "was deleted): its records would be lost. Put the file back, or restore a "
+                    "checkpoint whose readers had read it; `regional inspect ROOT validate` "
+                    "lists what is missing"
+                )
+            if check.size is not None and info.size != check.size:
+                raise CommitError(
+                    f"{where} has {info.size} bytes, its commit record (checkpoint "
+                    f"{check.identifier}) says {check.size}: it was truncated or replaced. Put "
+                    "the committed file back, or restore a checkpoint whose readers had read it"
+                )
+            out.append((segment, info, check))
+        return out
+
+    def read_segment(self, info: pafs.FileInfo, check: FileCheck) -> pa.Table:
+        """A committed segment's rows, after its bytes matched the recorded checksum."""
+        fs, _ = self._fs()
+        with fs.open_input_file(info.path) as f:
+            data = f.read()
+        if check.checksum is not None and segment_checksum(data).hex() != check.checksum:
+            raise CommitError(
+                f"exchange {self.reader!r}: segment {info.path} fails the checksum its commit "
+                f"record (checkpoint {check.identifier}) holds: it was damaged or replaced. "
+                "Put the committed file back, or restore a checkpoint whose readers had read it"
+            )
+        return pq.read_table(pa.BufferReader(data))
 
 
 class ExchangeReader(_Bound):
@@ -207,25 +299,7 @@ class ExchangeReader(_Bound):
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         """Up to `max_records` records of the partition after `position`, and the cursor
         after them (the split never finishes)."""
-        layout, partition = self._split(split_id)
-        cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
-        fs, _ = self._fs()
-        batches: list[pa.RecordBatch] = []
-        budget = max_records
-        for segment, info in self._segments(layout, partition):
-            if cursor.passed(segment) or budget <= 0:
-                continue
-            table = pq.read_table(info.path, filesystem=fs)
-            start = cursor.first_row(segment)
-            taken = min(budget, table.num_rows - start)
-            if taken > 0:
-                batches += table.slice(start, taken).to_batches()
-                budget -= taken
-            if start + taken >= table.num_rows:
-                cursor = Cursor(segment.checkpoint_id, segment.writer + 1, 0)
-            else:
-                cursor = Cursor(segment.checkpoint_id, segment.writer, start + taken)
-        return ReadResult([b for b in batches if b.num_rows], cursor.encode(), False)
+        return self.read_timed(split_id, position, max_records)[0]
 
     def read_timed(
         self, split_id: str, position: bytes, max_records: int
@@ -234,14 +308,13 @@ class ExchangeReader(_Bound):
         Parquet metadata; -inf for segments without one: a repartitioned backlog)."""
         layout, partition = self._split(split_id)
         cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
-        fs, _ = self._fs()
         batches: list[pa.RecordBatch] = []
         origins: list[int] = []
         budget = max_records
-        for segment, info in self._segments(layout, partition):
-            if cursor.passed(segment) or budget <= 0:
-                continue
-            table = pq.read_table(info.path, filesystem=fs)
+        for segment, info, check in self.committed(layout, partition, cursor):
+            if budget <= 0:
+                break
+            table = self.read_segment(info, check)
             meta = table.schema.metadata or {}
             origin = int(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else MIN_WATERMARK
             start = cursor.first_row(segment)
@@ -309,16 +382,14 @@ class ExchangeReader(_Bound):
         cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
         fs, _ = self._fs()
         segments = records = size = 0
-        for segment, info in self._segments(layout, partition):
-            if cursor.passed(segment):
-                continue
+        for segment, info, _ in self.committed(layout, partition, cursor):
             rows = pq.read_metadata(info.path, filesystem=fs).num_rows
             rows -= cursor.first_row(segment)
             segments, records, size = segments + 1, records + rows, size + (info.size or 0)
         return Backlog(segments, records, size)
 
 
-class ExchangeWriter(_Bound):
+class ExchangeWriter(_Bound, StagedSink):
     """The upstream side: a sink (`regional.sinks.base.Sink`) that stages one segment per
     partition per epoch and publishes them with the checkpoint's commit (see the module
     docstring). Staging, publishing and the commit log are a `StagingArea` shared with the
@@ -340,6 +411,7 @@ class ExchangeWriter(_Bound):
             publish_threads=1,
             make_dirs=True,
             noun="exchange",
+            confine_to=_job_root,
         )
 
     def bind(self, path: str, filesystem: pafs.FileSystem | None) -> None:
@@ -390,39 +462,7 @@ class ExchangeWriter(_Bound):
                 return int(m[3])
         return None
 
-    def sync_staged(self) -> None:
-        """Make the segments this writer staged durable (`StagingArea.sync`)."""
-        self.area.sync()
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the segments a declined or aborted attempt staged."""
-        self.area.discard(committables)
-
-    # --- committer side (on the driver) -----------------------------------------------------
-
-    def commit(
-        self,
-        commit_user: str,
-        identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
-    ) -> None:
-        """Publish the segments behind `committables` in (checkpoint, writer) order, then
-        write the commit record (`StagingArea.commit`)."""
-        self.area.commit(commit_user, identifier, committables, fallback=fallback)
-
-    def latest_committed(self, commit_user: str) -> int | None:
-        """The highest identifier `commit_user` committed, or None."""
-        return self.area.latest_committed(commit_user)
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The staged segments behind `committables` that are neither staged nor published."""
-        return self.area.missing_files(committables)
-
-    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
-        """Delete job `job_id`'s staged segments that no committable in `keep` names."""
-        return self.area.clean_staged(job_id, keep)
+    # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 
     def marker_retention(self) -> SinkRetention:
         """Commit records are kept until someone deletes them (as for a Parquet table)."""
@@ -460,6 +500,8 @@ class ExchangeWriter(_Bound):
         published segment of a later checkpoint that no record names (an interrupted commit, a
         repartitioned backlog): a restore from `identifier` must not read them."""
         undone = self.area.rollback(commit_user, identifier)
+        if commit_user != REPARTITION_USER:
+            self.area.rollback(REPARTITION_USER, identifier)
         fs, base = self._fs()
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
@@ -467,12 +509,12 @@ class ExchangeWriter(_Bound):
                     segment = segment_name(_name(info))
                     if segment is not None and segment.checkpoint_id > identifier:
                         with contextlib.suppress(FileNotFoundError):
-                            fs.delete_file(info.path)
+                            fs.delete_file(self.area.inside(fs, info.path))
         for info in self.area.listing(f"{base}/{WATERMARK_DIR}"):
             mark = parse_mark(_name(info))
             if mark is not None and mark.checkpoint_id > identifier:
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(info.path)
+                    fs.delete_file(self.area.inside(fs, info.path))
         return undone
 
     def _children(self, directory: str, prefix: str) -> list[str]:
@@ -490,10 +532,10 @@ class ExchangeWriter(_Bound):
         for layout in self._children(base, "n"):
             for partition in self._children(f"{base}/{layout}", "p"):
                 gone += len(self.area.listing(f"{base}/{layout}/{partition}"))
-            fs.delete_dir(f"{base}/{layout}")
+            fs.delete_dir(self.area.inside(fs, f"{base}/{layout}"))
         for directory in ("_commits", WATERMARK_DIR):
             with contextlib.suppress(FileNotFoundError):
-                fs.delete_dir(f"{base}/{directory}")
+                fs.delete_dir(self.area.inside(fs, f"{base}/{directory}"))
         self.area.forget()
         return gone
 
@@ -539,9 +581,12 @@ class ExchangeWriter(_Bound):
             if _STAGED_MARK.fullmatch(posixpath.basename(item.file)):
                 continue  # a watermark mark: no records
             published = self._published(item.file)
-            if fs.get_file_info(f"{base}/{published}").type != pafs.FileType.File:
+            if fs.get_file_info(self.area.inside(fs, f"{base}/{published}")).type != (
+                pafs.FileType.File
+            ):
                 segment = SegmentName(*self._order(item.file)[:2])  # else listed above
-                out.append(_Unread(segment, 0, f"{base}/{item.file}", published))
+                path = self.area.inside(fs, f"{base}/{item.file}")
+                out.append(_Unread(segment, 0, path, published))
         return sorted(out, key=lambda u: (u.segment, u.path))
 
     def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:
@@ -578,12 +623,27 @@ def repartition(
         rows += pq.read_table(u.path, filesystem=fs).slice(u.first_row).to_pylist()
     grouped = target.partition(rows, new_layout)
     out_fs, out_base = target._fs()
+    files, sizes, checksums = [], [], []
     for partition in range(new_layout):
-        name = f"{out_base}/n{new_layout}/p{partition}/{SegmentName(checkpoint_id, 0).file_name()}"
+        relative = f"n{new_layout}/p{partition}/{SegmentName(checkpoint_id, 0).file_name()}"
+        name = target.area.inside(out_fs, f"{out_base}/{relative}")
         out_fs.create_dir(posixpath.dirname(name), recursive=True)
         if part := grouped.get(partition):
-            pq.write_table(pa.Table.from_pylist(part), name, filesystem=out_fs)
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.Table.from_pylist(part), sink)
+            data = sink.getvalue()
+            with out_fs.open_output_stream(name) as out:
+                out.write(data)
+            files.append(relative)
+            sizes.append(data.size)
+            checksums.append(segment_checksum(data).hex())
         else:
             with contextlib.suppress(FileNotFoundError):
                 out_fs.delete_file(name)
+    # the readers verify segments against commit records: these are committed by the restore
+    target.area.write_record(
+        CommitRecord(
+            REPARTITION_USER, checkpoint_id, files, len(rows), sizes=sizes, checksums=checksums
+        )
+    )
     return len(rows)

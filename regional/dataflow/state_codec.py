@@ -44,7 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import hmac
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
@@ -59,6 +59,7 @@ __all__ = [
     "HEADER_MSGPACK_TTL",
     "HEADER_PICKLE",
     "INT_RANGE",
+    "MAX_NESTING",
     "PickledState",
     "StateCodec",
     "StateDecodeError",
@@ -395,10 +396,10 @@ class StateCodec:
                     f"for state; declare it: Pipeline(state_types=[{exc.name.split(':')[-1]}]) "
                     f"(declared: {', '.join(self.types) or 'none'})"
                 ) from None
-            except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
+            except Exception as exc:  # anything crafted data can raise: only ours leaves
                 raise StateDecodeError(
-                    f"{of} does not decode ({exc}); the file is damaged or was not written by "
-                    "regional: restore another checkpoint"
+                    f"{of} does not decode ({self._diagnose(data, exc)}); the file is damaged "
+                    "or was not written by regional: restore another checkpoint"
                 ) from None
             return keyed, lists
         if header == HEADER_PICKLE:
@@ -447,31 +448,68 @@ class StateCodec:
             raise StateDecodeError(f"{of} does not unpickle: {type(exc).__name__}: {exc}") from None
         return keyed, lists
 
-    def _ext(self, code: int, data: memoryview) -> Any:
+    def _ext(
+        self, code: int, data: memoryview, decode: Callable[[memoryview], Any] | None = None
+    ) -> Any:
+        items = self._items.decode if decode is None else decode
         if code == _TUPLE:
-            return tuple(self._items.decode(data))
+            return tuple(items(data))
         if code == _DECIMAL:
-            return Decimal(str(data, "utf-8"))
+            text = str(data, "utf-8")
+            try:
+                return Decimal(text)
+            except ArithmeticError:  # decimal.InvalidOperation
+                raise ValueError(f"{_short(text)} is not a decimal number") from None
         if code in (_DATETIME, _TIME):
-            iso, zone, fold = self._items.decode(data)
+            iso, zone, fold = items(data)
             kind = dt.datetime if code == _DATETIME else dt.time
             value = kind.fromisoformat(iso)
             if zone is not None:
-                value = value.replace(tzinfo=ZoneInfo(zone))
+                value = value.replace(tzinfo=_zone_info(zone))
             return value.replace(fold=fold)
         if code == _DATE:
             return dt.date.fromisoformat(str(data, "utf-8"))
         if code == _SET:
-            return set(self._items.decode(data))
+            return set(items(data))
         if code == _FROZENSET:
-            return frozenset(self._items.decode(data))
+            return frozenset(items(data))
         if code == _STRUCT:
-            name, fields = self._items.decode(data)
+            name, fields = items(data)
+            if not isinstance(name, str) or not isinstance(fields, dict):
+                raise ValueError(f"a Struct needs a class name and fields, got {_short(name)}")
             cls = self.types.get(name)
             if cls is None:
                 raise _UnknownStruct(name)
             return cls(**fields)
         raise ValueError(f"unknown msgpack extension type {code}")
+
+    def _diagnose(self, data: bytes, exc: BaseException) -> str:
+        """What is wrong with a snapshot that failed to decode with `exc`, and where: decoded
+        again tolerantly (each extension value on its own, nesting bounded), the first bad
+        value's state, split, key and item path (slow, errors only)."""
+        depth = [0]
+
+        def hook(code: int, payload: memoryview) -> Any:
+            if depth[0] >= MAX_NESTING:
+                return _Bad(f"values nested deeper than {MAX_NESTING} levels")
+            depth[0] += 1
+            try:
+                return self._ext(code, payload, decode=inner.decode)
+            except _UnknownStruct as unknown:
+                return _Bad(f"a {unknown.name} Struct, a class not declared for state")
+            except Exception as bad:
+                return _Bad(_what(bad))
+            finally:
+                depth[0] -= 1
+
+        inner = msgspec.msgpack.Decoder(ext_hook=hook)
+        try:
+            decoded = msgspec.msgpack.decode(memoryview(data)[5:], ext_hook=hook)
+            keyed, lists = decoded
+            found = _find_bad(keyed, lists)
+        except Exception:
+            return _what(exc)
+        return _what(exc) if found is None else found
 
     def _locate(self, data: bytes) -> str:
         """Where the first undeclared Struct sits, for the error message (slow, errors only)."""
@@ -499,6 +537,92 @@ class StateCodec:
             if _contains_marker(entries):
                 return f" in list state {name!r}"
         return ""
+
+
+def _zone_info(key: Any) -> ZoneInfo:
+    """The zone named `key` in a snapshot; `ValueError` for anything that is not a zoneinfo
+    key (too long, a path, unknown), never the file system's own error."""
+    if not isinstance(key, str) or not 0 < len(key) <= 255:
+        raise ValueError(f"time zone {_short(key)} is not a zoneinfo key")
+    try:
+        return ZoneInfo(key)
+    except (OSError, ValueError, LookupError) as exc:  # ZoneInfoNotFoundError is a KeyError
+        raise ValueError(
+            f"time zone {_short(key)} is not a zoneinfo key ({type(exc).__name__})"
+        ) from None
+
+
+def _short(value: Any) -> str:
+    """`repr(value)`, cut to 40 characters, for messages about crafted data."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+
+
+#: How deep `StateCodec._diagnose` follows nested extension values (tuples, sets, Structs) of a
+#: snapshot that failed to decode (deeper ones are reported as too deep, not followed).
+MAX_NESTING = 100
+
+
+class _Bad:
+    """A value that did not decode, in `StateCodec._diagnose`'s tolerant decoding."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return "<undecodable>"
+
+
+def _what(exc: BaseException) -> str:
+    """An exception as words for a message: `RecursionError` as too deep, else type: text."""
+    if isinstance(exc, RecursionError):
+        return "values nested too deeply"
+    text = str(exc)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _find_bad(keyed: Any, lists: Any) -> str | None:
+    """Where the first `_Bad` sits in decoded `[keyed, lists]`, with why, or None."""
+    if isinstance(keyed, dict):
+        for split, slots in keyed.items():
+            if not isinstance(slots, dict):
+                continue
+            for key, slot in slots.items():
+                if (found := _bad_in(key)) is not None:
+                    bad, path = found
+                    return f"{bad.why}, in a key of split {split!r}{path}"
+                if not isinstance(slot, dict):
+                    continue
+                for name, value in slot.items():
+                    if (found := _bad_in(value)) is not None:
+                        bad, path = found
+                        return (
+                            f"{bad.why}, in state {name!r} (split {split!r}, key {key!r}) "
+                            f"at value{path}"
+                        )
+    if isinstance(lists, dict):
+        for name, entries in lists.items():
+            if (found := _bad_in(entries)) is not None:
+                bad, path = found
+                return f"{bad.why}, in list state {name!r} at value{path}"
+    return None
+
+
+def _bad_in(value: Any) -> tuple[_Bad, str] | None:
+    """The first `_Bad` in `value` and its item path (`[0]['a']`), without recursion."""
+    todo: list[tuple[Any, str]] = [(value, "")]
+    while todo:
+        v, path = todo.pop()
+        if isinstance(v, _Bad):
+            return v, path if len(path) <= 80 else f"{path[:80]}..."
+        if isinstance(v, dict):
+            todo.extend((x, f"{path}[{k!r}]") for k, x in reversed(list(v.items())))
+            todo.extend((k, f"{path} (a key)") for k in v if not isinstance(k, str | int))
+        elif isinstance(v, list | tuple | set | frozenset):
+            todo.extend((x, f"{path}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 class _UnknownStruct(Exception):

@@ -96,6 +96,39 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[i
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _count(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _stuck_section(report: Report) -> str:
+    """The units stuck after the newest checkpoint attempt: loud, above everything else."""
+    rows = report.stuck.to_pylist()
+    if not rows:
+        return ""
+    table = _table(
+        ["unit (what it reads)", "stuck since (UTC)", "on the state of", "fallbacks", "cause"],
+        (
+            [
+                _e(r["name"]),
+                _when(r["since"]),
+                "its initial state"
+                if r["owner_checkpoint_id"] == 0
+                else f"checkpoint {r['owner_checkpoint_id']}",
+                str(r["fallbacks"]),
+                _e(r["cause"]),
+            ]
+            for r in rows
+        ),
+        {3},
+    )
+    return (
+        f'<h2 id="stuck">Stuck units ({len(rows)})</h2><p class="note">These units fell back '
+        "in max-unit-fallbacks checkpoints in a row or more: checkpoints complete without them "
+        "(the other units keep committing) and they are retried every epoch; the job fails "
+        "once one stays stuck longer than max-stuck-time (docs/stuck-units.md).</p>" + table
+    )
+
+
 def _legend() -> str:
     return "".join(f'<span class="sw k-{k}"></span>{k}' for k in _KINDS)
 
@@ -128,7 +161,17 @@ def _timeline_section(report: Report) -> str:
         f"{charted[-1]['checkpoint_id']}</text>{''.join(bars)}</svg>"
     )
     table = _table(
-        ["checkpoint", "kind", "triggered (UTC)", "duration", "units fallen back / failed", "rule"],
+        [
+            "checkpoint",
+            "kind",
+            "triggered (UTC)",
+            "duration",
+            "units fallen back / failed",
+            "rule",
+            "records",
+            "records/s",
+            "dead letters",
+        ],
         (
             [
                 str(r["checkpoint_id"]),
@@ -137,10 +180,13 @@ def _timeline_section(report: Report) -> str:
                 _ms(r["duration_ms"]),
                 str(r["num_fallback_units"]),
                 _e(r["abort_rule"] or ""),
+                _count(r["records_in"]),
+                "-" if r["records_per_s"] is None else f"{r['records_per_s']:,.0f}",
+                _count(r["records_dead_lettered"]),
             ]
             for r in reversed(rows[-TABLE_ROWS:])
         ),
-        {0, 3, 4},
+        {0, 3, 4, 6, 7, 8},
     )
     shown = f"the newest {len(charted)} of {len(rows)}" if len(charted) < len(rows) else "all"
     return (
@@ -295,8 +341,9 @@ def _lag_section(report: Report) -> str:
     )
     worst = max(rows, key=lambda r: (r["max_lag"], r["checkpoint_id"]))
     return (
-        '<h2 id="lag">Unit lag</h2><p class="muted">Completed checkpoints a unit\'s state is '
-        "behind, after each checkpoint attempt (from the event log): "
+        '<h2 id="lag">Unit lag</h2><p class="muted">Checkpoint ids a unit\'s state is behind '
+        "(since the checkpoint that wrote it, aborted attempts included), after each checkpoint "
+        "attempt (from the event log): "
         '<span class="sw" style="background:#d64541"></span>max over units'
         '<span class="sw" style="background:#3b6fb6"></span>mean over '
         f"{report.num_units} units. Worst: {worst['max_lag']} after checkpoint "
@@ -362,7 +409,12 @@ def _aborts_section(report: Report) -> str:
         assert isinstance(listed, list)
         if not listed:
             return _e(r["message"])
-        items = "".join(f"<li>unit {c['unit_id']}: {_e(c['cause'])}</li>" for c in listed)
+        names = report.unit_names
+        items = "".join(
+            f"<li>{_e(names.get(c['unit_id']) or 'unit ' + str(c['unit_id']))}: "
+            f"{_e(c['cause'])}</li>"
+            for c in listed
+        )
         return f"{_e(r['message'])}<ul>{items}</ul>"
 
     table = _table(
@@ -404,6 +456,7 @@ def render_html(report: Report) -> str:
         + "".join(f'<div class="kpi"><b>{n}</b>{_e(k)}</div>' for k, n in kpis)
         + "</div>"
         + "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
+        + _stuck_section(report)
         + _timeline_section(report)
         + _grid_section(report)
         + _lag_section(report)

@@ -66,6 +66,7 @@ __all__ = [
     "GRID_SCHEMA",
     "GRID_UNITS",
     "LAG_HISTORY_SCHEMA",
+    "STUCK_SCHEMA",
     "TIMELINE_SCHEMA",
     "Report",
     "ReportError",
@@ -88,6 +89,19 @@ TIMELINE_SCHEMA = pa.schema(
         pa.field("num_fallback_units", pa.int64(), nullable=False),  # fell back, or failed
         pa.field("abort_rule", pa.string()),
         pa.field("has_metadata", pa.bool_(), nullable=False),  # its _metadata is still stored
+        pa.field("records_in", pa.int64()),  # from the event log (null without an event)
+        pa.field("records_per_s", pa.float64()),  # records_in / duration
+        pa.field("records_dead_lettered", pa.int64()),
+    ]
+)
+STUCK_SCHEMA = pa.schema(
+    [
+        pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),  # `unit 3 (events:3)`
+        pa.field("since", _TS, nullable=False),
+        pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("fallbacks", pa.int64(), nullable=False),
+        pa.field("cause", pa.string(), nullable=False),
     ]
 )
 GRID_SCHEMA = pa.schema(
@@ -168,6 +182,9 @@ class Report:
     totals: pa.Table
     notes: tuple[str, ...] = ()
     retention_note: str = ""
+    #: the units stuck after the newest event (`STUCK_SCHEMA`), and unit -> its name
+    stuck: pa.Table = dataclasses.field(default_factory=STUCK_SCHEMA.empty_table)
+    unit_names: dict[int, str] = dataclasses.field(default_factory=dict)
     watermarks: pa.Table = dataclasses.field(default_factory=WATERMARK_SCHEMA.empty_table)
 
 
@@ -206,9 +223,23 @@ def _timeline(completed: Sequence[CheckpointMetadata], events: pa.Table) -> pa.T
             "num_fallback_units": len(e["fallback_units"]),
             "abort_rule": e["abort_rule"],
             "has_metadata": False,
+            "records_in": e["records_in"],
+            "records_per_s": e["records_in"] / (e["duration_ms"] / 1000)
+            if e["duration_ms"] > 0
+            else None,
+            "records_dead_lettered": e["records_dead_lettered"],
         }
     for c in checkpoints_table(completed, num_retained=1).to_pylist():
-        row = rows.setdefault(c["checkpoint_id"], {"kind": c["kind"], "abort_rule": None})
+        row = rows.setdefault(
+            c["checkpoint_id"],
+            {
+                "kind": c["kind"],
+                "abort_rule": None,
+                "records_in": None,
+                "records_per_s": None,
+                "records_dead_lettered": None,
+            },
+        )
         row.update(
             checkpoint_id=c["checkpoint_id"],
             trigger_time=c["trigger_time"],
@@ -303,6 +334,33 @@ def _aborts(events: Iterable[CheckpointEvent]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ABORTS_SCHEMA)
 
 
+def _stuck(events: Sequence[CheckpointEvent]) -> pa.Table:
+    """The units stuck after the newest event, with what they read, since when and why."""
+    newest = events[-1] if events else None
+    rows = [
+        {
+            "unit_id": s.unit_id,
+            "name": s.name,
+            "since": s.since_ms,
+            "owner_checkpoint_id": s.owner_checkpoint_id,
+            "fallbacks": s.fallbacks,
+            "cause": s.cause,
+        }
+        for s in (newest.stuck if newest is not None else ())
+    ]
+    return pa.Table.from_pylist(rows, schema=STUCK_SCHEMA)
+
+
+def _unit_names(events: Sequence[CheckpointEvent]) -> dict[int, str]:
+    """unit -> `unit 3 (events:3)`, from what the events recorded each unit reads (newest
+    wins); units no event named are left out."""
+    names: dict[int, str] = {}
+    for e in events:
+        for u in e.unit_reads:
+            names[u] = e.unit_label(u)
+    return names
+
+
 def build_report(
     completed: Sequence[CheckpointMetadata],
     events: Sequence[CheckpointEvent],
@@ -353,5 +411,7 @@ def build_report(
         totals=TOTALS_SCHEMA.empty_table() if plan is None else retention_totals(plan),
         notes=tuple(notes),
         retention_note=retention_note,
+        stuck=_stuck(events),
+        unit_names=_unit_names(events),
         watermarks=_watermarks(events),
     )

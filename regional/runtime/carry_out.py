@@ -1,6 +1,6 @@
 """Carrying out the checkpoint coordinator's decisions: one handler per decision type.
 
-`DecisionHandlers` is the part of `regional.runtime.driver.JobDriver` that turns decisions into
+`DecisionHandlers` is what `regional.runtime.driver.JobDriver` composes to turn decisions into
 effects, in order: write metadata (and a savepoint's self-contained copy), commit to sinks,
 discard failed attempts, fail or finish the job; then hand the deletions the epoch made due to
 the background cleaner (`regional.runtime.cleaning`). Each handler returns the coordinator's
@@ -42,7 +42,7 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.commit import perform_commit, sink_retention
+from regional.coordinator.commit import CommitCoordinator, perform_commit, sink_retention
 from regional.coordinator.messages import Answer, Decline
 from regional.dataflow.exchange import ExchangeWriter, exchange_path
 from regional.dataflow.pipeline import Pipeline
@@ -91,41 +91,57 @@ class _Answered:
 
 
 class DecisionHandlers:
-    """Carries out decisions for a driver that provides the attributes below."""
+    """Carries out the coordinator's decisions for one driver (`JobDriver.decisions`).
 
-    pipeline: Pipeline
-    storage: JobStorage
-    policy: Policy
-    coordinator: CheckpointCoordinator
-    lease: JobLease
-    faults: Faults
-    job_id: str
-    _commit_failures: dict[tuple[str, int], int]
-    _deferred: list[Decision]
-    _outcomes: dict[int, EpochOutcome]
-    _savepoints: dict[int, str]
-    cleaning: JobCleaning
-    _stopwatch: EpochStopwatch
-    _finished: bool
-    _restore_base: RestoreBase | None
-    #: records dead-lettered by completed checkpoints since the driver started
-    _records_dead_lettered: int = 0
-    #: records judged late by completed checkpoints since the driver started (event time)
-    _records_late: int = 0
+    Its collaborators are given; its own state is what the decisions leave behind: each
+    checkpoint's `outcomes` until the driver records them, the commits `deferred` to the next
+    epoch, the `savepoints` written, whether the job `finished`, and the records dead-lettered
+    by completed checkpoints. `now` is the driver's clock (ms); `seen` sees every decision as it
+    is carried out."""
 
-    def _now(self) -> int:
-        raise NotImplementedError
+    def __init__(
+        self,
+        *,
+        pipeline: Pipeline,
+        storage: JobStorage,
+        policy: Policy,
+        coordinator: CheckpointCoordinator,
+        committers: dict[str, CommitCoordinator],
+        lease: JobLease,
+        faults: Faults,
+        cleaning: JobCleaning,
+        stopwatch: EpochStopwatch,
+        now: Callable[[], int],
+        seen: Callable[[Decision | TriggerCheckpoint], None],
+    ) -> None:
+        self.pipeline = pipeline
+        self.storage = storage
+        self.job_id = storage.job_id
+        self.policy = policy
+        self.coordinator = coordinator
+        self.committers = committers
+        self.lease = lease
+        self.faults = faults
+        self.cleaning = cleaning
+        self.stopwatch = stopwatch
+        self._now = now
+        self._seen = seen
+        self.commit_failures: dict[tuple[str, int], int] = {}  # (sink, checkpoint) -> refusals
+        self.deferred: list[Decision] = []  # commits to retry at the next epoch
+        self.outcomes: dict[int, EpochOutcome] = {}
+        self.savepoints: dict[int, str] = {}
+        #: the checkpoint the job was restored from and how (set by the driver's restore)
+        self.restore_base: RestoreBase | None = None
+        self.finished = False
+        #: records dead-lettered by completed checkpoints since the driver started
+        self.records_dead_lettered = 0
+        #: records judged late by completed checkpoints since the driver started (event time)
+        self.records_late = 0
+        #: checkpoint id -> what its answers said beyond the coordinator's view (until the
+        #: checkpoint's outcome)
+        self._answered: dict[int, _Answered] = {}
 
-    def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
-        raise NotImplementedError
-
-    @functools.cached_property
-    def _answered(self) -> dict[int, _Answered]:
-        """checkpoint id -> what its answers said beyond the coordinator's view (until the
-        checkpoint's outcome)."""
-        return {}
-
-    def _note_answers(self, answers: Sequence[Answer]) -> None:
+    def note_answers(self, answers: Sequence[Answer]) -> None:
         """Keep the tracebacks of declines and the dead-letter counts of acks for the
         checkpoint's event (the coordinator only sees each decline's one-line reason)."""
         answered = self._answered
@@ -167,12 +183,12 @@ class DecisionHandlers:
         if outcome is not Outcome.ABORTED and seen.dead_lettered:
             fell_back = frozenset(fallback_units)  # 100,000 units: never a tuple scan per unit
             dead = sum(n for u, n in seen.dead_lettered.items() if u not in fell_back)
-            self._records_dead_lettered += dead
+            self.records_dead_lettered += dead
         late, low, holder = 0, None, None
         if outcome is not Outcome.ABORTED and seen.watermarks:
             fell_back = frozenset(fallback_units)
             late = sum(n for u, n in seen.late.items() if u not in fell_back)
-            self._records_late += late
+            self.records_late += late
             fresh = [(w, u) for u, w in seen.watermarks.items() if u not in fell_back]
             if fresh:
                 low, holder = min(fresh)
@@ -214,10 +230,10 @@ class DecisionHandlers:
         """The sinks' table retention, read once per driver (`TableRetention`)."""
         return sink_retention({v: s.sink for v, s in self.pipeline.sinks.items()})
 
-    def _carry_out(self, decisions: list[Decision]) -> None:
+    def carry_out(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order; the follow-ups of each are carried out after the ones
         already queued. Then hands the deletions they made due to the cleaner."""
-        self._deferred = []
+        self.deferred = []
         queue = collections.deque(decisions)
         while queue:
             d = queue.popleft()
@@ -226,9 +242,9 @@ class DecisionHandlers:
             if part is None:
                 queue += self._handlers[type(d)](d)
             else:
-                with self._stopwatch.part(part):
+                with self.stopwatch.part(part):
                     queue += self._handlers[type(d)](d)
-        with self._stopwatch.part("clean"):
+        with self.stopwatch.part("clean"):
             self._clean()
 
     def _write_metadata(self, d: WriteMetadata) -> list[Decision]:
@@ -243,7 +259,7 @@ class DecisionHandlers:
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
             if d.savepoint is not None:
-                self._savepoints[cid] = write_savepoint(
+                self.savepoints[cid] = write_savepoint(
                     self.storage, d.savepoint, before_metadata=self._exchange_backlog(d.savepoint)
                 )
             self.storage.write_metadata(md)
@@ -253,7 +269,7 @@ class DecisionHandlers:
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
         self.faults.crash_point(cid, "after-metadata")
         self.cleaning.completed(md)
-        self._outcomes[cid] = self._outcome_of(
+        self.outcomes[cid] = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
@@ -275,8 +291,8 @@ class DecisionHandlers:
         except LeaseLostError:
             raise
         except CommitError as exc:
-            self._commit_failures[key] = self._commit_failures.get(key, 0) + 1
-            if self._commit_failures[key] >= COMMIT_ATTEMPTS:
+            self.commit_failures[key] = self.commit_failures.get(key, 0) + 1
+            if self.commit_failures[key] >= COMMIT_ATTEMPTS:
                 raise CommitError(
                     f"commit of checkpoint {commit.checkpoint_id} to sink {commit.vertex_id!r} "
                     f"failed {COMMIT_ATTEMPTS} times: {exc}"
@@ -292,18 +308,21 @@ class DecisionHandlers:
                 type(exc).__name__,
                 exc,
             )
-            self._deferred += self.coordinator.on_commit_failed(
+            self.deferred += self.coordinator.on_commit_failed(
                 commit.vertex_id, commit.checkpoint_id, str(exc)
             )
             return []
-        self._commit_failures.pop(key, None)
+        self.commit_failures.pop(key, None)
         if isinstance(sink, ExchangeWriter):  # its segments are garbage once all are read
             self.cleaning.segments_published(sink.published_paths(commit.committables))
-        self.faults.crash_point(commit.checkpoint_id, "after-commit")
-        return self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+        follow = self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
+        if not any(commit.checkpoint_id in c.queued for c in self.committers.values()):
+            # every sink has committed the checkpoint: "after-commit" means after all of them
+            self.faults.crash_point(commit.checkpoint_id, "after-commit")
+        return follow
 
     def _aborted(self, d: AbortCheckpoint) -> list[Decision]:
-        self._outcomes[d.checkpoint_id] = self._outcome_of(
+        self.outcomes[d.checkpoint_id] = self._outcome_of(
             Outcome.ABORTED,
             d.failed_units,
             d.message,
@@ -356,7 +375,7 @@ class DecisionHandlers:
         raise JobFailedError(d.message)
 
     def _finish(self, d: FinishJob) -> list[Decision]:
-        self._finished = True
+        self.finished = True
         return []
 
     def _notified(self, d: NotifyComplete | NotifyFallback) -> list[Decision]:
@@ -371,6 +390,6 @@ class DecisionHandlers:
         def progress(_: object) -> None:
             self.faults.crash_point(latest, "mid-clean")
 
-        self.cleaning.clean(self._restore_base, progress)
+        self.cleaning.clean(self.restore_base, progress)
         if self.faults.crash_at == (latest, "mid-clean"):
             self.cleaning.drain()

@@ -39,9 +39,8 @@ from typing import Protocol
 
 import msgspec
 
-from cleaner.model import RestoreBase
 from metadata.errors import StorageError
-from metadata.events import CheckpointEvent, Outcome, write_event
+from metadata.events import CheckpointEvent, Outcome, StuckUnit, write_event
 from metadata.lease import JobLease, LeaseLostError
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -64,7 +63,12 @@ from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
 from regional.runtime.dispatch import TaskDispatcher
-from regional.runtime.epoch_plan import drained_exchanges, finished_sources, plan_works
+from regional.runtime.epoch_plan import (
+    drained_exchanges,
+    finished_sources,
+    plan_works,
+    unit_reads,
+)
 from regional.runtime.faults import Faults
 from regional.runtime.metrics import MetricsSnapshot, checkpoint_event, metrics_snapshot
 from regional.runtime.restore import (
@@ -73,6 +77,7 @@ from regional.runtime.restore import (
     first_free_checkpoint_id,
     reset_exchanges,
     roll_back_sinks,
+    verify_exchanges,
 )
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
@@ -147,7 +152,7 @@ def feed(coordinator: CheckpointCoordinator, answer: Answer, now_ms: int) -> lis
     )
 
 
-class JobDriver(DecisionHandlers):
+class JobDriver:
     """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
 
     `progress` is called with every checkpoint outcome, `watch` sees the running epoch.
@@ -237,32 +242,41 @@ class JobDriver(DecisionHandlers):
             self.policy,
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
+            reads=self.unit_reads,
         )
-        self._commit_failures: dict[tuple[str, int], int] = {}
-        self._deferred: list[Decision] = []  # commits to retry at the next epoch
-        self._outcomes: dict[int, EpochOutcome] = {}
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
         )
         self._stopwatch = EpochStopwatch()
+        self.decisions = DecisionHandlers(
+            pipeline=pipeline,
+            storage=storage,
+            policy=self.policy,
+            coordinator=self.coordinator,
+            committers=self.committers,
+            lease=self.lease,
+            faults=self.faults,
+            cleaning=self.cleaning,
+            stopwatch=self._stopwatch,
+            now=self._now,
+            seen=self._seen,
+        )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
-        self._finished = False
         self._started = False
         self._stop_requested = False
-        self._savepoints: dict[int, str] = {}
-        self._restore_base: RestoreBase | None = None
         self.restored_from: int | None = None
         self.restored_location: str | None = None
         self.restore_notes: tuple[str, ...] = ()
         self.last_event: CheckpointEvent | None = None  # the latest outcome (metrics endpoint)
         self.records_in_total = 0  # records read by acked units since the driver started
+        self._assigned: dict[int, tuple[str, ...]] = {}  # unit -> its latest new splits
 
     # --- the loop ---------------------------------------------------------------------------
 
     @property
     def finished(self) -> bool:
         """True once the job ended: every bounded source read and its output committed."""
-        return self._finished
+        return self.decisions.finished
 
     def run(
         self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
@@ -283,7 +297,7 @@ class JobDriver(DecisionHandlers):
                 summary.restore_notes = self.restore_notes
             epochs = 0
             while (
-                not self._finished
+                not self.decisions.finished
                 and not self._stop_requested
                 and (max_checkpoints is None or epochs < max_checkpoints)
             ):
@@ -293,20 +307,20 @@ class JobDriver(DecisionHandlers):
                 if event.records_in == 0 and (max_checkpoints is None or epochs < max_checkpoints):
                     self._idle_until(event.trigger_time_ms + round(self.interval * 1000))
             self._stop_requested = False  # a later run() runs again
-            if stop_with_savepoint and not self._finished:
+            if stop_with_savepoint and not self.decisions.finished:
                 summary.savepoint = self._take_savepoint(summary)
             self.cleaning.drain()
         finally:
             self.cleaning.close()
             self.lease.release()
-        summary.finished = self._finished
+        summary.finished = self.decisions.finished
         summary.seconds = (self.clock.now_ms() - started) / 1000
         return summary
 
     def _idle_until(self, next_trigger_ms: int) -> None:
         """Wait for the next trigger after an epoch that read nothing (unless the job finished
         or a stop was requested meanwhile: a stop ends the wait within `IDLE_SLICE_S`)."""
-        while not self._finished and not self._stop_requested:
+        while not self.decisions.finished and not self._stop_requested:
             left = (next_trigger_ms - self.clock.now_ms()) / 1000
             if left <= 0:
                 return
@@ -336,7 +350,7 @@ class JobDriver(DecisionHandlers):
         event = self.epoch(savepoint=True)
         if summary is not None:
             summary.checkpoints.append(event)
-        location = self._savepoints.get(event.checkpoint_id)
+        location = self.decisions.savepoints.get(event.checkpoint_id)
         if event.kind != Outcome.SAVEPOINT or location is None:
             raise CheckpointAbortedError(
                 f"savepoint {event.checkpoint_id} of job {self.job_id} failed: "
@@ -388,7 +402,8 @@ class JobDriver(DecisionHandlers):
             next_checkpoint_id=point.next_checkpoint_id,
             global_until_success=point.global_until_success,
         )
-        self._restore_base = point.restore_base
+        self.lease.check()  # the rollback below writes to the sinks: fenced like any write
+        self.decisions.restore_base = point.restore_base
         self.restored_from = point.checkpoint_id
         self.restored_location = point.location
         self.restore_notes = point.notes + roll_back_sinks(
@@ -400,7 +415,8 @@ class JobDriver(DecisionHandlers):
         self.restore_notes += clean_staged_sinks(
             self.pipeline, self.committers, self.job_id, point.metadata
         )
-        self._carry_out(decisions)
+        self.decisions.carry_out(decisions)
+        verify_exchanges(self.pipeline, point.metadata)
         self._check_sources_finished()
 
     def epoch(self, *, savepoint: bool = False) -> CheckpointEvent:
@@ -442,7 +458,7 @@ class JobDriver(DecisionHandlers):
         records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
         self.faults.crash_point(cid, "after-acks")
         try:
-            self._carry_out(self._deferred + decisions)
+            self.decisions.carry_out(self.decisions.deferred + decisions)
         except JobFailedError as failed:  # the job's last event says why it failed
             self._record(cid, records_in, trigger_ms, str(failed))
             raise
@@ -474,7 +490,7 @@ class JobDriver(DecisionHandlers):
 
     def handle_answer(self, answer: Answer) -> None:
         """Feed one (possibly late) unit answer to the coordinator and carry out the result."""
-        self._carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
+        self.decisions.carry_out(feed(self.coordinator, answer, self.clock.now_ms()))
 
     # --- reporting --------------------------------------------------------------------------
 
@@ -486,8 +502,8 @@ class JobDriver(DecisionHandlers):
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
-            records_dead_lettered=self._records_dead_lettered,
-            records_late=self._records_late,
+            records_dead_lettered=self.decisions.records_dead_lettered,
+            records_late=self.decisions.records_late,
         )
 
     @property
@@ -500,8 +516,13 @@ class JobDriver(DecisionHandlers):
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
-        o = self._outcomes.pop(cid, None) or EpochOutcome(Outcome.ABORTED, message="no decision")
+        o = self.decisions.outcomes.pop(cid, None)
+        o = o or EpochOutcome(Outcome.ABORTED, message="no decision")
         completed = o.outcome is not Outcome.ABORTED
+        stuck = self.stuck_units()
+        shown = {*o.fallback_units, *o.causes}
+        reads = {u: self.unit_reads(u) for u in sorted(shown)[:100]}
+        reads.update((s.unit_id, s.splits) for s in stuck)
         event = checkpoint_event(
             self.job_id,
             cid,
@@ -519,18 +540,42 @@ class JobDriver(DecisionHandlers):
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
+            stuck=stuck,
+            unit_reads={u: r for u, r in reads.items() if r},
         )
         self.records_in_total += records_in
         self.last_event = event
         try:
             with self._stopwatch.part("event"):
+                self.lease.check()  # fenced: a driver that lost the lease writes no event
                 self.cleaning.event_written(write_event(self.storage, event))
+        except LeaseLostError:
+            raise
         except (RegionalError, OSError) as exc:
             log.warning("event of checkpoint %d not written: %s", cid, exc)
         self.last_timing = self._stopwatch.timing(cid)
         if self.progress is not None:
             self.progress(event)
         return event
+
+    def unit_reads(self, unit_id: int) -> tuple[str, ...]:
+        """The splits `unit_id` reads (its name: `metadata.unit_names.unit_name`)."""
+        return unit_reads(unit_id, self.layout, self.enumerators, self.coordinator, self._assigned)
+
+    def stuck_units(self) -> tuple[StuckUnit, ...]:
+        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why."""
+        c = self.coordinator
+        return tuple(
+            StuckUnit(
+                unit_id=u,
+                splits=self.unit_reads(u),
+                since_ms=since,
+                owner_checkpoint_id=c.unit_owner(u),
+                fallbacks=c.limits.streak.get(u, 0),
+                cause=(c.last_cause.get(u, "").splitlines() or [""])[0],
+            )
+            for u, since in sorted(c.stuck_units.items())
+        )
 
     def _now(self) -> int:
         return self.clock.now_ms()
@@ -542,7 +587,11 @@ class JobDriver(DecisionHandlers):
     # --- planning and dispatching -----------------------------------------------------------
 
     def _works(self, trigger: TriggerCheckpoint) -> list[UnitWork]:
-        return plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
+        works = plan_works(trigger, self.pipeline, self.layout, self.enumerators, self.coordinator)
+        for w in works:
+            if w.new_splits:  # what a unit that never checkpointed reads: its name
+                self._assigned[w.unit_id] = tuple(split for _, _, split in w.new_splits)
+        return works
 
     def _feed(
         self, answers: Sequence[Answer], arrived: Sequence[Answer | AckBatch] | None = None
@@ -550,7 +599,7 @@ class JobDriver(DecisionHandlers):
         """Hand a dispatch's answers to the coordinator as one batch (`on_answers`): `arrived`
         as the dispatcher returned them (`Dispatch.arrived`, default `answers`), `answers` the
         same with every `AckBatch` replaced by its acks."""
-        self._note_answers(answers)
+        self.decisions.note_answers(answers)
         if self.watch is not None:
             for a in answers:
                 self.watch.unit_answered(a)

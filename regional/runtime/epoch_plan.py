@@ -12,8 +12,16 @@ from regional.coordinator.messages import UnitWork
 from regional.coordinator.split_enumerator import SplitEnumerator
 from regional.dataflow.exchange import ExchangeReader
 from regional.dataflow.pipeline import Pipeline
+from regional.sources.base import endless_splits
 
-__all__ = ["discover_splits", "drained_exchanges", "finished_sources", "plan_works"]
+__all__ = [
+    "discover_splits",
+    "drained_exchanges",
+    "finished_sources",
+    "open_split_caps",
+    "plan_works",
+    "unit_reads",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +54,13 @@ def plan_works(
     cid, attempt = trigger.checkpoint_id, trigger.attempt
     unit_states = coordinator.unit_states  # built once per change of a unit's state
     ended = tuple(sorted(coordinator.finished_sources)) if pipeline.timed else ()
+    caps = open_split_caps(pipeline, enumerators)
     for unit_id in range(layout.num_units):
         restore = unit_states(unit_id)
         new: list[tuple[str, int, str]] = []
         for state in restore:
-            if (open_slots := per - len(state.split_states)) <= 0:
+            cap = caps.get(state.vertex_id, per)
+            if (open_slots := cap - len(state.split_states)) <= 0:
                 continue  # the common case at scale: the subtask's splits are all open
             assigner = enumerators.get(state.vertex_id)
             if assigner is None:
@@ -62,6 +72,55 @@ def plan_works(
                 new.append((state.vertex_id, state.index, split))
         works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new), ended))
     return works
+
+
+def open_split_caps(
+    pipeline: Pipeline, enumerators: Mapping[str, SplitEnumerator]
+) -> dict[str, int]:
+    """Per source: how many open splits a subtask may hold. `splits_per_subtask`, except for
+    a source whose splits never finish while it runs (`endless_splits`: a Kafka topic's
+    partitions, a log's partitions, an unbounded generator): there a subtask holding its
+    share never frees a slot, so every subtask may hold ceil(known splits / parallelism) and
+    every split discovered is read (8 Kafka partitions on 4 subtasks: 2 each, never 4 left
+    unread). Files of an unbounded file source do finish: they wait for a free slot.
+
+    >>> from regional.sources.generator import GeneratorSource
+    >>> p = Pipeline("j")
+    >>> _ = p.source(GeneratorSource(8, lambda s, n: n), parallelism=4, name="src")
+    >>> open_split_caps(p, {"src": SplitEnumerator("src", [f"g{k}" for k in range(8)])})
+    {'src': 2}
+    """
+    caps: dict[str, int] = {}
+    per = pipeline.splits_per_subtask
+    for vertex_id, enumerator in enumerators.items():
+        spec = pipeline.vertices[vertex_id]
+        if spec.source is None or not endless_splits(spec.source):
+            continue
+        caps[vertex_id] = max(per, -(-enumerator.num_known // spec.parallelism))
+    return caps
+
+
+def unit_reads(
+    unit_id: int,
+    layout: JobLayout,
+    enumerators: Mapping[str, SplitEnumerator],
+    coordinator: CheckpointCoordinator,
+    assigned: Mapping[int, tuple[str, ...]] | None = None,
+) -> tuple[str, ...]:
+    """The splits unit `unit_id` reads, for its name (`metadata.unit_names.unit_name`): the
+    open splits in the state it restarts from, else the splits it was last given
+    (`assigned`: unit -> the new splits of its latest `UnitWork`; a unit that never
+    checkpointed gets its splits anew every epoch) or the enumerators assign to it, sorted."""
+    states = coordinator.unit_states(unit_id)
+    found = {s.split_id for state in states for s in state.split_states}
+    if not found and assigned:
+        found.update(assigned.get(unit_id, ()))
+    if not found:
+        for vertex_id, enumerator in enumerators.items():
+            for split, index in enumerator.owners.items():
+                if layout.unit_of(vertex_id, index) == unit_id:
+                    found.add(split)
+    return tuple(sorted(found))
 
 
 def finished_sources(

@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 #: Where `Faults.crash_at` can stop the driver: after every unit answered (before the metadata
-#: write), after the metadata write, after the sink commit, in the middle of cleaning.
+#: write), after the metadata write, after every sink committed the checkpoint, in the middle
+#: of cleaning.
 CRASH_STEPS = ("after-acks", "after-metadata", "after-commit", "mid-clean")
 
 #: fail: raise in the unit after its sources read (like user code failing on data); hang: block

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from metadata.events import CheckpointEvent, Outcome
+from metadata.events import CheckpointEvent, Outcome, StuckUnit
 from regional.coordinator import CoordinatorMetrics
 
 __all__ = ["MetricsSnapshot", "checkpoint_event", "metrics_snapshot"]
@@ -29,7 +29,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     `oldest_ref_checkpoint_id` is the oldest owner the latest completed checkpoint's fallback
     state refers to (None when it is global); `unit_lag` maps each unit whose state is behind
-    the latest completed checkpoint to how many checkpoints behind it is (units at 0 left
+    the latest completed checkpoint to how many checkpoint ids behind it is (the latest
+    completed id minus its owner's, the lag of `regional inspect ROOT lag`; units at 0 left
     out); `commit_lag` counts completed checkpoints whose output is not committed yet;
     `records_dead_lettered` the records user functions failed on that completed checkpoints
     sent to the dead-letter sink (`on_error="dead-letter"`); `records_late` the records event-time
@@ -103,13 +104,16 @@ def checkpoint_event(
     records_in: int = 0,
     tracebacks: Mapping[int, str] | None = None,
     records_dead_lettered: int = 0,
+    stuck: tuple[StuckUnit, ...] = (),
+    unit_reads: Mapping[int, tuple[str, ...]] | None = None,
     records_late: int = 0,
     watermark: tuple[int | None, int | None] = (None, None),
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
     `fallback_units` fell back (completed) or failed (aborted), with `causes` (one line) and
-    `tracebacks` per unit.
+    `tracebacks` per unit; `stuck` the units stuck after it; `unit_reads` what the units in
+    either read (their names).
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
     completed = outcome is not Outcome.ABORTED
@@ -134,6 +138,8 @@ def checkpoint_event(
         aborted_by_rule=metrics.aborted_by_rule,
         tracebacks=dict(tracebacks or {}),
         records_dead_lettered=records_dead_lettered,
+        stuck=stuck,
+        unit_reads=dict(unit_reads or {}),
         records_late=records_late,
         watermark_ms=watermark[0],
         watermark_unit=watermark[1],

@@ -98,12 +98,32 @@ class JobCollector:
         yield commit_lag
         lag = GaugeMetricFamily(
             "regional_unit_lag",
-            "Completed checkpoints a unit's state is behind the latest one (units that lag only).",
+            "Checkpoint ids a unit's state is behind the latest completed one (units that lag "
+            "only; aborted attempts count: the unit committed nothing in them either).",
             labels=["job", "unit"],
         )
         for unit, behind in m.unit_lag.items():
             lag.add_metric([*job, str(unit)], behind)
         yield lag
+        stuck_units = d.stuck_units()
+        count = GaugeMetricFamily(
+            "regional_stuck_units",
+            "Units over max-unit-fallbacks that checkpoints complete without (stuck; the job "
+            "fails once one stays stuck longer than max-stuck-time).",
+            labels=["job"],
+        )
+        count.add_metric(job, len(stuck_units))
+        yield count
+        stuck = GaugeMetricFamily(
+            "regional_unit_stuck_seconds",
+            "How long each stuck unit has been stuck, by unit and what it reads (stuck units "
+            "only).",
+            labels=["job", "unit", "reads"],
+        )
+        now = d.clock.now_ms()
+        for s in stuck_units:
+            stuck.add_metric([*job, str(s.unit_id), ",".join(s.splits)], (now - s.since_ms) / 1000)
+        yield stuck
         if m.latest_completed_id is not None:
             latest = GaugeMetricFamily(
                 "regional_latest_completed_checkpoint_id",

@@ -29,14 +29,14 @@ import msgspec
 
 from cleaner.model import RestoreBase
 from metadata.exchange import Cursor, reader_view, split_id
-from metadata.layout import METADATA_NAME, checkpoint_id_of, state_file_path
+from metadata.layout import METADATA_NAME, checkpoint_id_of, event_checkpoint_id, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
 from regional.coordinator.commit import CommitCoordinator
 from regional.coordinator.layout import JobLayout
 from regional.coordinator.split_enumerator import SplitEnumerator
-from regional.dataflow.exchange import ExchangeWriter, exchange_path, repartition
+from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path, repartition
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import CommitError, RestoreError
@@ -61,6 +61,7 @@ __all__ = [
     "reset_exchanges",
     "rewrite_for_pipeline",
     "roll_back_sinks",
+    "verify_exchanges",
     "vertex_shapes",
 ]
 
@@ -182,10 +183,19 @@ def _restore_given(
 
 
 def first_free_checkpoint_id(storage: JobStorage) -> int:
-    """The first checkpoint id no file under the job root uses (ids of checkpoints in flight
-    at a crash are never reused)."""
-    used = [c for f in storage.list_files() if (c := checkpoint_id_of(f.path)) is not None]
-    return max(used, default=0) + 1
+    """The first checkpoint id after every id the job root has seen: completed checkpoints,
+    attempts that left files (in flight at a crash) and the event log, which is the only
+    trace of an aborted attempt (its files are discarded). So ids only grow within a root
+    (DESIGN §5): a run after a failed one never writes a second event or a second checkpoint
+    under an id the first one used."""
+    used = 0
+    for f in storage.list_files():
+        c = checkpoint_id_of(f.path)
+        if c is None:
+            c = event_checkpoint_id(f.path)
+        if c is not None and c > used:
+            used = c
+    return used + 1
 
 
 def open_restore_source(target: JobStorage, path: str) -> CheckpointSource:
@@ -422,8 +432,11 @@ def roll_back_sinks(
     """Sinks holding commits newer than the restored checkpoint (its newer checkpoints were
     damaged) would get that output twice. Resuming in the job's `own_root`, such a sink is
     rolled back when it can (`TableRollback`); otherwise the restore is refused
-    (`RestoreError`). Returns what was rolled back, for the user."""
-    notes: list[str] = []
+    (`RestoreError`). Every sink's (and exchange's) case is decided before any is rolled back,
+    so a refused restore leaves every table as it was. Returns what was rolled back, for the
+    user."""
+    rollbacks: list[tuple[str, str, TableRollback, str]] = []
+    refusals: list[str] = []
     for vertex_id, committer in committers.items():
         sink = pipeline.sink_of(vertex_id)
         user = committer.commit_user
@@ -434,22 +447,54 @@ def roll_back_sinks(
             f"sink {vertex_id!r} holds commits of commit user {user!r} up to {latest}, "
             f"newer than the restored checkpoint {restored_id}"
         )
-        if not own_root or not isinstance(sink, TableRollback):
-            how = (
-                "they may belong to another run of the job"
-                if not own_root
-                else "the sink cannot roll back"
-            )
-            raise RestoreError(
-                f"{what}; restoring would write their output again and {how}. Restore a "
-                f"checkpoint at or after {latest}, or remove those commits from the table "
-                "by hand and start again"
-            )
-        undone = sink.rollback(user, restored_id)
+        if own_root and isinstance(sink, TableRollback):
+            rollbacks.append((vertex_id, user, sink, what))
+            continue
+        how = (
+            "they may belong to another run of the job"
+            if not own_root
+            else "the sink cannot roll back"
+        )
+        refusals.append(
+            f"{what}; restoring would write their output again and {how}. Restore a "
+            f"checkpoint at or after {latest}, or remove those commits from the table by hand "
+            "and start again"
+        )
+    if refusals:
+        untouched = (
+            f" (nothing was rolled back: {', '.join(repr(v) for v, *_ in rollbacks)} left as "
+            "they were)"
+            if rollbacks
+            else ""
+        )
+        raise RestoreError("; ".join(refusals) + untouched)
+    notes = []
+    for _vertex_id, user, table, what in rollbacks:
+        undone = table.rollback(user, restored_id)
         done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
         log.warning("%s: %s (their output is written again)", what, done)
         notes.append(f"{what}: {done}, their output is written again")
     return tuple(notes)
+
+
+def verify_exchanges(pipeline: Pipeline, restored: CheckpointMetadata) -> None:
+    """Before the first epoch of a resumed job: every keyed exchange's committed segments
+    after the restored readers' cursors exist with their recorded sizes
+    (`ExchangeReader.committed`); `RestoreError` naming the first that does not (a deleted or
+    truncated segment would otherwise be data lost or a reader that never gets past it)."""
+    for reader_id, (_, reader_spec) in pipeline.exchanges.items():
+        reader = reader_spec.source
+        assert isinstance(reader, ExchangeReader)
+        view = reader_view(restored, reader_id)
+        if view.layout != reader.partitions:
+            continue  # repartitioned by this restore: its records were just written
+        for partition in range(reader.partitions):
+            try:
+                reader.committed(view.layout, partition, view.cursors.get(partition, Cursor()))
+            except CommitError as exc:
+                raise RestoreError(
+                    f"cannot resume from checkpoint {restored.checkpoint_id}: {exc}"
+                ) from None
 
 
 def reset_exchanges(pipeline: Pipeline) -> tuple[str, ...]:
@@ -488,6 +533,8 @@ def clean_staged_sinks(
             ]
         try:
             deleted = sink.clean_staged(job_id, keep)
+        except CommitError:  # a link out of the table (or bad names): refuse to start
+            raise
         except Exception as exc:  # storage trouble: the next start tries again
             log.warning("sink %r: staged files of lost attempts left: %s", vertex_id, exc)
             continue

@@ -36,12 +36,20 @@ import msgspec
 
 from metadata.events import CheckpointEvent
 from metadata.storage import JobStorage
-from regional.coordinator.messages import AckBatch, Answer, UnitWork, answers_of, packed
+from regional.coordinator.messages import (
+    AckBatch,
+    Answer,
+    Decline,
+    UnitWork,
+    answers_of,
+    packed,
+)
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import EpochWatch, JobDriver, RunSummary
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
+from regional.runtime.spark_errors import spark_failure
 from regional.runtime.task import TaskEnv, run_units
 
 if TYPE_CHECKING:
@@ -227,7 +235,10 @@ class SparkDispatcher:
         def alone(w: UnitWork) -> None:  # a failed job loses only this unit
             name = f"{group}-u{w.unit_id}-a{w.attempt}"
             got = self._submit(name, f"checkpoint {cid} unit {w.unit_id}", [w], deadline_ms)
-            out.extend(answers_of(got.arrived()))
+            answers = answers_of(got.arrived())
+            if not answers and got.error is not None:  # lost again: its own job's reason
+                answers = [Decline(w.checkpoint_id, w.unit_id, w.attempt, got.error)]
+            out.extend(answers)
 
         threads = [threading.Thread(target=alone, args=(w,), daemon=True) for w in works]
         for t in threads:
@@ -268,10 +279,12 @@ class SparkDispatcher:
         if "answers" in box:
             return _answers(box["answers"])
         blobs = dict(acc.value).values()
-        if "error" in box and not cancelled:
-            first = str(box["error"]).strip().splitlines()
-            why = first[0][:300] if first else repr(box["error"])
-            return _answers(blobs, f"spark job failed: {why}")
+        if "error" in box and not cancelled:  # name the lost task's units and Spark's reason
+            n = len(works)
+            units = [[w.unit_id for w in works[i * n // parts : (i + 1) * n // parts]]
+                     for i in range(parts)]  # fmt: skip  # as `_work_blobs` slices them
+            why = spark_failure(str(box["error"]) or repr(box["error"]), units)
+            return _answers(blobs, why)
         return _answers(blobs)
 
     def _report_live(self, acc: Any, reported: set[Any]) -> None:

@@ -182,8 +182,10 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
     dead = (
         DeadLetters(work.checkpoint_id, start_positions)
         if pipeline.on_error == "dead-letter"
+        and any(pipeline.vertices[v].dead_letter for v in order)
         else None
     )
+    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
         old = restore[vertex_id]
@@ -206,17 +208,26 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             marks_after: dict[str, SplitWatermark | None] = {}
             marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
             chunk_origins: list[int] = []
+            left = len(positions)
             for split, wrapped in positions.items():
                 position, mark = unwrap_position(wrapped)
                 start_positions[split] = position.decode("utf-8", "backslashreplace")
                 marks_before[split] = mark
                 first = len(chunks)
                 finished = False
-                if budget > 0:
+                # a fair share of what is left, so one split with a backlog never starves the
+                # others (what a split leaves unused goes to the next)
+                share = -(-budget // left) if budget > 0 else 0
+                left -= 1
+                if share > 0:
                     if epoch_time is not None and isinstance(spec.source, ExchangeReader):
-                        result, read_origins = spec.source.read_timed(split, position, budget)
+                        result, read_origins = spec.source.read_timed(split, position, share)
                     else:
-                        result, read_origins = spec.source.read(split, position, budget), None
+                        result, read_origins = spec.source.read(split, position, share), None
+                    for poison in result.poison:  # records the source could not decode
+                        if dead is None:
+                            raise poison.error
+                        dead.add(vertex_id, split, poison.ordinal, poison.record, poison.error)
                     for b in result.batches:
                         chunks.append((split, b))
                         n = num_records(b)
@@ -320,7 +331,7 @@ def _process(env: TaskEnv, storage: JobStorage, work: UnitWork) -> _Snapshot:
             else:  # a sink, or the dead letters of this chain's operators
                 if spec.dead_letter:
                     assert dead is not None
-                    batches = [dead.batch(spec.inputs)]
+                    batches = [dead.batch((*spec.inputs, *sources))]
                     dead_lettered += batches[0].num_rows
                 else:
                     batches = [

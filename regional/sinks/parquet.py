@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,6 +63,7 @@ from regional.errors import CommitError
 from regional.sinks.base import WriteContext
 from regional.sinks.staging import (
     COMMIT_GROUP,
+    StagedSink,
     StagingArea,
     open_location,
     published_in_directory,
@@ -111,7 +112,7 @@ def read_table(path: str) -> pa.Table:
     )
 
 
-class ParquetSink:
+class ParquetSink(StagedSink):
     """A Parquet table at `path`: writers stage files, the commit coordinator publishes them
     (`regional.sinks.base.Sink`).
 
@@ -150,49 +151,12 @@ class ParquetSink:
         )
         return (self.area.stage(c.job_id, stem, table),)
 
-    def sync_staged(self) -> None:
-        """Make the files this writer staged durable (`StagingArea.sync`)."""
-        self.area.sync()
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete staged files of a declined or aborted attempt (`StagingArea.discard`)."""
-        self.area.discard(committables)
-
-    # --- committer side (on the driver): regional.sinks.base.TableCommitter -----------------
-
-    def commit(
-        self,
-        commit_user: str,
-        identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
-    ) -> None:
-        """Publish the files behind `committables` into the table and write the commit record
-        last (`StagingArea.commit`)."""
-        self.area.commit(commit_user, identifier, committables, fallback=fallback)
-
-    def latest_committed(self, commit_user: str) -> int | None:
-        """The highest identifier `commit_user` committed, or None."""
-        return self.area.latest_committed(commit_user)
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The staged files behind `committables` that are neither staged nor published."""
-        return self.area.missing_files(committables)
-
-    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
-        """Delete job `job_id`'s staged files that no committable in `keep` names
-        (`regional.sinks.base.TableStaging`)."""
-        return self.area.clean_staged(job_id, keep)
+    # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 
     def marker_retention(self) -> SinkRetention:
         """Commit records are kept until someone deletes them: no retention to warn about
         (`regional.sinks.base.TableRetention`)."""
         return SinkRetention("", "parquet", self.path)
-
-    def rows_of(self, committables: Iterable[bytes]) -> int:
-        """How many rows `committables` hold (for progress displays)."""
-        return self.area.rows_of(committables)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo `commit_user`'s commits after `identifier`, newest first

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +41,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.format import DECODE_FAILURES
+from metadata.commit_log import COMMIT_GROUP, COMMITS, GROUP_NAME, RECORD_NAME, CommitRecord
+from metadata.confine import check_confined
+from metadata.errors import OutsideRootError
+from metadata.format import DECODE_FAILURES, segment_checksum
 from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
 from regional.sinks.durability import StagedFiles, fsync_path
@@ -54,6 +56,7 @@ __all__ = [
     "STAGING",
     "CommitRecord",
     "StagedFile",
+    "StagedSink",
     "StagingArea",
     "file_name",
     "open_location",
@@ -61,31 +64,19 @@ __all__ = [
 ]
 
 STAGING = "_staging"
-COMMITS = "_commits"
 STAGED = ".staged"
-#: Commit records per group directory of `_commits/<user>/`.
-COMMIT_GROUP = 1000
 _LEGACY_DATA = "data"  # tables written before staging: committed files stayed in data/
-#: The name of a commit record (and of a group directory): an identifier, zero-padded.
-RECORD_NAME = re.compile(r"\d{20}\.json")
-GROUP_NAME = re.compile(r"\d{20}")
 
 
 class StagedFile(msgspec.Struct, frozen=True, array_like=True):
-    """A committable: the staged `file` (relative to the area's directory) and its rows."""
+    """A committable: the staged `file` (relative to the area's directory), its rows, and (since
+    the exchange's segments are verified) its size and checksum (hex; -1 and "" in committables
+    of older versions)."""
 
     file: str
     rows: int
-
-
-class CommitRecord(msgspec.Struct, frozen=True):
-    """One commit: the files it published (relative to the directory) and their rows."""
-
-    commit_user: str
-    identifier: int
-    files: list[str]
-    rows: int
-    fallback: dict[int, int] = {}  # unit -> owner checkpoint, for units that fell back
+    size: int = -1
+    checksum: str = ""
 
 
 #: The local file system (stateless: one for every directory; a writer opens it once per file).
@@ -127,6 +118,7 @@ class StagingArea:
         publish_threads: int = 8,
         make_dirs: bool = False,
         noun: str = "table",
+        confine_to: Callable[[str], tuple[str, str]] | None = None,
     ) -> None:
         self.describe = describe
         self.noun = noun
@@ -135,6 +127,7 @@ class StagingArea:
         self.order = order
         self.publish_threads = publish_threads
         self.make_dirs = make_dirs
+        self.confine_to = confine_to
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
         self._staged = StagedFiles()  # local staged files not durable yet (`sync`)
 
@@ -143,6 +136,22 @@ class StagingArea:
         """An area at a local path or URI whose files are published into the directory itself
         as ``<stem>.parquet`` (the Parquet sink's layout)."""
         return cls(describe, lambda: open_location(path), published=published_in_directory)
+
+    def inside(self, fs: pafs.FileSystem, full: str) -> str:
+        """`full` (a path under the directory), refused (`CommitError` naming the link) when on
+        a local disk it resolves outside the directory through a symbolic link: the one
+        confinement rule of job roots (`metadata.confine`). `confine_to(base)` widens the
+        directory (the exchange: its job root) and names it."""
+        if not isinstance(fs, pafs.LocalFileSystem):
+            return full
+        base = self.location()[1]
+        root, what = self.confine_to(base) if self.confine_to else (base, self.noun)
+        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
+        try:
+            check_confined(root, rel, what=what, describe=lambda _: f"{self.describe}: {full}")
+        except OutsideRootError as exc:
+            raise CommitError(str(exc)) from None
+        return full
 
     def forget(self) -> None:
         """Drop what is kept in memory (the directory moved: `ExchangeWriter.bind`)."""
@@ -160,14 +169,20 @@ class StagingArea:
         name = f"{STAGING}/{job_id}/{stem}{STAGED}"
         fs, base = self.location()
         staging = f"{base}/{STAGING}/{job_id}"
+        self.inside(fs, f"{base}/{name}")
         fs.create_dir(staging, recursive=True)
         local = isinstance(fs, pafs.LocalFileSystem)
         if local:  # durable before it is acknowledged: `sync`, before the task answers
             self._staged.directory(staging)
-        pq.write_table(table, f"{base}/{name}", filesystem=fs)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue()
+        with fs.open_output_stream(f"{base}/{name}") as out:
+            out.write(data)
         if local:
             self._staged.file(f"{base}/{name}")
-        return msgspec.msgpack.encode(StagedFile(name, table.num_rows))
+        checksum = segment_checksum(data).hex()
+        return msgspec.msgpack.encode(StagedFile(name, table.num_rows, data.size, checksum))
 
     def sync(self) -> None:
         """Make the files staged here, and their directories' entries, durable
@@ -185,7 +200,7 @@ class StagingArea:
                 continue
             if item.file.startswith(f"{STAGING}/"):  # never a published file
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(f"{base}/{item.file}")
+                    fs.delete_file(self.inside(fs, f"{base}/{item.file}"))
 
     # --- committer side (on the driver) -----------------------------------------------------
 
@@ -232,10 +247,14 @@ class StagingArea:
         fs, base = self.location()
         if not items:
             return []
-        infos = fs.get_file_info([f"{base}/{i.file}" for i in items])
+        infos = fs.get_file_info([self.inside(fs, f"{base}/{i.file}") for i in items])
         staged = [i.type == pafs.FileType.File for i in infos]
         gone = [i.file for i, here in zip(items, staged, strict=True) if not here]
-        infos = fs.get_file_info([f"{base}/{self.published(f)}" for f in gone]) if gone else []
+        infos = (
+            fs.get_file_info([self.inside(fs, f"{base}/{self.published(f)}") for f in gone])
+            if gone
+            else []
+        )
         published = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
         return [(here, i.file in published) for i, here in zip(items, staged, strict=True)]
 
@@ -277,7 +296,7 @@ class StagingArea:
         local = isinstance(fs, pafs.LocalFileSystem)
         targets = [self.published(i.file) for i in items]
         moves = [
-            (f"{base}/{item.file}", f"{base}/{target}")
+            (self.inside(fs, f"{base}/{item.file}"), self.inside(fs, f"{base}/{target}"))
             for item, target, (staged, _) in zip(items, targets, where, strict=True)
             if staged and item.file != target  # else published already
         ]
@@ -291,13 +310,27 @@ class StagingArea:
         if local and items:
             for directory in sorted({posixpath.dirname(t) for t in targets}):
                 fsync_path(f"{base}/{directory}".rstrip("/"))
+        known = all(i.size >= 0 and i.checksum for i in items)
         record = CommitRecord(
-            commit_user, identifier, targets, sum(i.rows for i in items), dict(fallback or {})
+            commit_user,
+            identifier,
+            targets,
+            sum(i.rows for i in items),
+            dict(fallback or {}),
+            sizes=[i.size for i in items] if known else [],
+            checksums=[i.checksum for i in items] if known else [],
         )
-        final = self._record_path(base, commit_user, identifier)
+        self.write_record(record)
+        self._latest[commit_user] = identifier
+
+    def write_record(self, record: CommitRecord) -> None:
+        """Write `record` as its commit user's record of its identifier, atomically (replacing
+        one there: a retried restore writes the same record)."""
+        fs, base = self.location()
+        final = self.inside(fs, self._record_path(base, record.commit_user, record.identifier))
         fs.create_dir(posixpath.dirname(final), recursive=True)
         data = msgspec.json.encode(record)
-        if local:
+        if isinstance(fs, pafs.LocalFileSystem):
             tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             with fs.open_output_stream(tmp) as out:
                 out.write(data)
@@ -307,7 +340,6 @@ class StagingArea:
         else:
             with fs.open_output_stream(final) as out:  # one PUT on object stores
                 out.write(data)
-        self._latest[commit_user] = identifier
 
     def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
         if self.make_dirs:
@@ -340,6 +372,7 @@ class StagingArea:
     def listing(self, directory: str) -> list[pafs.FileInfo]:
         """The entries of `directory` (a full path; none when it does not exist)."""
         fs, _ = self.location()
+        self.inside(fs, directory)
         selector = pafs.FileSelector(directory, recursive=False, allow_not_found=True)
         return fs.get_file_info(selector)
 
@@ -381,7 +414,7 @@ class StagingArea:
             name = f"{STAGING}/{job_id}/{file_name(info)}"
             if info.type == pafs.FileType.File and name not in kept:
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(info.path)
+                    fs.delete_file(self.inside(fs, info.path))
                 deleted.append(name)
         return sorted(deleted)
 
@@ -406,22 +439,17 @@ class StagingArea:
                         records[int(n[:-5])] = i.path
         undone = sorted(i for i in records if i > identifier)
         for i in reversed(undone):
-            with fs.open_input_stream(records[i]) as f:
-                data = f.read()
-            try:
-                record = msgspec.json.decode(data, type=CommitRecord)
-            except DECODE_FAILURES as exc:
-                raise CommitError(
-                    f"{self.describe}: cannot roll back commit {i} of user {commit_user!r}: "
-                    f"{records[i]} is not a commit record ({exc}); restore it from a backup, or "
-                    "delete it and that commit's data files by hand"
-                ) from None
+            record = self._read_record(
+                fs,
+                records[i],
+                f"cannot roll back commit {i} of user {commit_user!r}: {records[i]}",
+                "delete it and that commit's data files by hand",
+            )
             for file in record.files:
-                self.check_committed(file, f"commit record {records[i]}")
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(f"{base}/{file}")
+                    fs.delete_file(self.inside(fs, f"{base}/{file}"))
             with contextlib.suppress(FileNotFoundError):
-                fs.delete_file(records[i])
+                fs.delete_file(self.inside(fs, records[i]))
         self._latest.pop(commit_user, None)
         return undone
 
@@ -442,7 +470,7 @@ class StagingArea:
         """Every commit record, by commit user and identifier. A file named like one that
         does not decode as one is a `CommitError` naming it; other files are ignored."""
         fs, base = self.location()
-        root = f"{base}/{COMMITS}"
+        root = self.inside(fs, f"{base}/{COMMITS}")
         selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
         out = []
         for info in fs.get_file_info(selector):
@@ -453,20 +481,78 @@ class StagingArea:
                 len(relative) == 2 or (len(relative) == 3 and GROUP_NAME.fullmatch(relative[1]))
             ):
                 continue
-            with fs.open_input_stream(info.path) as f:
-                data = f.read()
-            try:
-                record = msgspec.json.decode(data, type=CommitRecord)
-            except DECODE_FAILURES as exc:
-                raise CommitError(
-                    f"{self.describe}: {COMMITS}/{'/'.join(relative)} is not a commit record "
-                    f"({exc}); restore it from a backup, or move it out of the {self.noun} to "
-                    "drop that commit"
-                ) from None
-            for file in record.files:
-                self.check_committed(file, f"commit record {info.path}")
-            out.append(record)
+            out.append(
+                self._read_record(
+                    fs,
+                    info.path,
+                    f"{COMMITS}/{'/'.join(relative)}",
+                    f"move it out of the {self.noun} to drop that commit",
+                )
+            )
         return sorted(out, key=lambda r: (r.commit_user, r.identifier))
+
+    def _read_record(self, fs: pafs.FileSystem, path: str, what: str, fix: str) -> CommitRecord:
+        """The commit record at `path`, every file it names checked (`check_committed`); one
+        that does not decode is a `CommitError`: "`what` is not a commit record (why); restore
+        it from a backup, or `fix`"."""
+        with fs.open_input_stream(self.inside(fs, path)) as f:
+            data = f.read()
+        try:
+            record = msgspec.json.decode(data, type=CommitRecord)
+        except DECODE_FAILURES as exc:
+            raise CommitError(
+                f"{self.describe}: {what} is not a commit record ({exc}); restore it from a "
+                f"backup, or {fix}"
+            ) from None
+        for file in record.files:
+            self.check_committed(file, f"commit record {path}")
+        return record
+
+
+class StagedSink:
+    """The parts of the sink contract (`regional.sinks.base.Sink`) that a sink staging files in
+    a `StagingArea` (its `area`) delegates to it: `sync_staged` and `discard` in tasks, the
+    committer side on the driver. The Parquet sink and the keyed exchange's writer are such
+    sinks; each adds how it writes, where it publishes, and how it rolls back."""
+
+    area: StagingArea
+
+    def sync_staged(self) -> None:
+        """Make the files this writer staged durable (`StagingArea.sync`)."""
+        self.area.sync()
+
+    def discard(self, committables: Iterable[bytes]) -> None:
+        """Delete staged files of a declined or aborted attempt (`StagingArea.discard`)."""
+        self.area.discard(committables)
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """Publish the files behind `committables` and write the commit record last
+        (`StagingArea.commit`)."""
+        self.area.commit(commit_user, identifier, committables, fallback=fallback)
+
+    def latest_committed(self, commit_user: str) -> int | None:
+        """The highest identifier `commit_user` committed, or None."""
+        return self.area.latest_committed(commit_user)
+
+    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        """The staged files behind `committables` that are neither staged nor published."""
+        return self.area.missing_files(committables)
+
+    def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
+        """Delete job `job_id`'s staged files that no committable in `keep` names
+        (`regional.sinks.base.TableStaging`)."""
+        return self.area.clean_staged(job_id, keep)
+
+    def rows_of(self, committables: Iterable[bytes]) -> int:
+        """How many rows `committables` hold (for progress displays)."""
+        return self.area.rows_of(committables)
 
 
 def published_in_directory(staged: str) -> str:

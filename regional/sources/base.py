@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["Batch", "ReadResult", "Source", "num_records"]
+__all__ = ["Batch", "PoisonRecord", "ReadResult", "Source", "endless_splits", "num_records"]
 
 #: Records read or passed on together: an Arrow record batch, or a list of Python records (a
 #: source that makes Python objects hands them on as they are; the engine converts them to
@@ -24,12 +24,28 @@ def num_records(batch: Batch) -> int:
     return batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
 
 
+class PoisonRecord(NamedTuple):
+    """A record a source read but cannot decode (a Kafka value that is not JSON, a malformed
+    JSON line, an unreadable Parquet row group). `ordinal`: its index among the records of this
+    read (decoded or not); `record`: what it holds, as a JSON-able value naming where it is
+    (e.g. topic, partition, offset and the raw bytes as text); `error`: what to raise when the
+    pipeline fails on errors (its message names the split, the position and the fix)."""
+
+    ordinal: int
+    record: Any
+    error: Exception
+
+
 class ReadResult(NamedTuple):
-    """Batches read from a split, the position after them, and whether the split is done."""
+    """Batches read from a split, the position after them (past any poison record), whether
+    the split is done, and the records it could not decode (`poison`). With
+    `Pipeline(on_error="dead-letter")` each poison record becomes a dead-letter row and the unit
+    goes on; otherwise the first one's error declines the unit."""
 
     batches: list[Batch]
     position: bytes
     finished: bool
+    poison: tuple[PoisonRecord, ...] = ()
 
 
 @runtime_checkable
@@ -46,3 +62,10 @@ class Source(Protocol):
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         """Up to `max_records` records of `split_id` from `position` (called in tasks)."""
         ...
+
+
+def endless_splits(source: object) -> bool:
+    """Whether `source`'s splits never finish while it runs (its optional `endless_splits`
+    attribute, False when absent): then every split it discovers is given a subtask at once,
+    whatever `splits_per_subtask` says (`regional.runtime.epoch_plan.open_split_caps`)."""
+    return bool(getattr(source, "endless_splits", False))

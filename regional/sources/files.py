@@ -22,19 +22,20 @@ looking for new files.
 
 from __future__ import annotations
 
+import json
 import posixpath
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.errors import MetadataError
+from metadata.errors import MetadataError, RegionalError
 from metadata.layout import name_problem
-from regional.sources.base import ReadResult
+from regional.sources.base import PoisonRecord, ReadResult
 
-__all__ = ["FileSource"]
+__all__ = ["FileSource", "FileSourceError"]
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -49,6 +50,12 @@ def _file_name(split_id: str, source: str) -> str:
             "with: restore another checkpoint"
         )
     return split_id
+
+
+class FileSourceError(RegionalError):
+    """A record of a file cannot be read (a line that is not JSON, a Parquet row group that
+    does not decode); the message names the file, the line or row group, and the fix. With
+    `Pipeline(on_error="dead-letter")` the record becomes a dead letter instead."""
 
 
 class FileSource:
@@ -89,36 +96,93 @@ class FileSource:
         names = (posixpath.basename(i.path) for i in fs.get_file_info(selector))
         return sorted(n for n in names if n.endswith(_SUFFIX[self.format]))
 
-    def _table(self, split_id: str) -> pa.Table:
+    def _path(self, split_id: str) -> tuple[pafs.FileSystem, str]:
         fs, base = self._fs()
-        with fs.open_input_stream(f"{base.rstrip('/')}/{_file_name(split_id, self.path)}") as f:
-            return pajson.read_json(f)
+        return fs, f"{base.rstrip('/')}/{_file_name(split_id, self.path)}"
 
-    def _parquet_rows(self, split_id: str, start: int, count: int) -> tuple[pa.Table, int]:
-        """Rows `start .. start+count` of a Parquet file, reading only the row groups needed."""
-        fs, base = self._fs()
-        path = f"{base.rstrip('/')}/{_file_name(split_id, self.path)}"
-        with pq.ParquetFile(path, filesystem=fs) as f:
+    def _jsonl_rows(
+        self, split_id: str, start: int, count: int
+    ) -> tuple[pa.Table, int, int, tuple[PoisonRecord, ...]]:
+        """Rows `start .. start+count` of a JSON-lines file (a row per non-empty line), the
+        position after them, the file's rows, and the lines that are not JSON objects."""
+        fs, path = self._path(split_id)
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+        try:
+            table = pajson.read_json(pa.BufferReader(data))
+        except pa.ArrowInvalid:  # some line is not JSON: read line by line, keep the others
+            return self._jsonl_lenient(split_id, data, start, count)
+        part = table.slice(start, count)
+        return part, start + part.num_rows, table.num_rows, ()
+
+    def _jsonl_lenient(
+        self, split_id: str, data: bytes, start: int, count: int
+    ) -> tuple[pa.Table, int, int, tuple[PoisonRecord, ...]]:
+        lines = [(n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+        good: list[Any] = []
+        poison: list[PoisonRecord] = []
+        for i, (n, line) in enumerate(lines[start : start + count]):
+            text = line.decode("utf-8", "backslashreplace")
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"a JSON {type(row).__name__}, not an object")
+            except ValueError as exc:
+                where = f"line {n} of {split_id!r} in the file source at {self.path}"
+                error = FileSourceError(
+                    f"{where} is not a JSON object ({exc}); fix or remove the line, or run "
+                    "the pipeline with on_error='dead-letter' to set such lines aside"
+                )
+                poison.append(PoisonRecord(i, {"file": split_id, "line": n, "text": text}, error))
+                continue
+            good.append(row)
+        end = min(start + count, len(lines))
+        return pa.Table.from_pylist(good), end, len(lines), tuple(poison)
+
+    def _parquet_rows(
+        self, split_id: str, start: int, count: int
+    ) -> tuple[pa.Table, int, int, tuple[PoisonRecord, ...]]:
+        """Rows `start .. start+count` of a Parquet file, reading only the row groups needed
+        (their page checksums verified where the writer wrote them), the position after
+        them, the file's rows, and the row groups that do not decode (a bad group is skipped
+        whole, so the position may move past `start+count` to its end)."""
+        fs, path = self._path(split_id)
+        parts: list[pa.Table] = []
+        poison: list[PoisonRecord] = []
+        end = start
+        with pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True) as f:
             meta = f.metadata
-            groups, first, offset = [], None, 0
+            offset = 0
             for g in range(meta.num_row_groups):
                 n = meta.row_group(g).num_rows
-                if offset + n > start and offset < start + count:
-                    groups.append(g)
-                    first = offset if first is None else first
+                lo, hi = max(start, offset), min(start + count, offset + n)
+                if lo < hi:
+                    try:
+                        parts.append(f.read_row_group(g).slice(lo - offset, hi - lo))
+                        end = hi
+                    except (OSError, pa.ArrowException) as exc:
+                        where = (
+                            f"row group {g} (rows {offset}..{offset + n - 1}) of {split_id!r} "
+                            f"in the file source at {self.path}"
+                        )
+                        error = FileSourceError(
+                            f"{where} does not decode ({type(exc).__name__}: {exc}); replace "
+                            "the file, or run the pipeline with on_error='dead-letter' to set "
+                            "such row groups aside"
+                        )
+                        record = {"file": split_id, "row_group": g, "rows": [offset, offset + n]}
+                        poison.append(PoisonRecord(lo - start, record, error))
+                        end = offset + n
                 offset += n
-            if not groups:
-                return pa.table({}), meta.num_rows
-            table = f.read_row_groups(groups)
-        return table.slice(start - (first or 0), count), meta.num_rows
+            total = meta.num_rows
+        table = pa.concat_tables(parts) if parts else pa.table({})
+        return table, end, total, tuple(poison)
 
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         start = int(position) if position else 0
-        if self.format == "parquet":
-            part, total = self._parquet_rows(split_id, start, max_records)
-        else:
-            table = self._table(split_id)
-            part, total = table.slice(start, max_records), table.num_rows
-        end = start + part.num_rows
-        batches = part.to_batches(max_chunksize=self.batch_size)
-        return ReadResult([b for b in batches if b.num_rows], str(end).encode(), end >= total)
+        rows = self._parquet_rows if self.format == "parquet" else self._jsonl_rows
+        part, end, total, poison = rows(split_id, start, max_records)
+        batches = part.to_batches(max_chunksize=self.batch_size) if part.num_columns else []
+        return ReadResult(
+            [b for b in batches if b.num_rows], str(end).encode(), end >= total, poison
+        )

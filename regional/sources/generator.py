@@ -59,6 +59,11 @@ class GeneratorSource:
     def bounded(self) -> bool:
         return self.records_per_split is not None
 
+    @property
+    def endless_splits(self) -> bool:
+        """Unbounded, a split never finishes (`regional.sources.base.endless_splits`)."""
+        return self.records_per_split is None
+
     def discover(self) -> list[str]:
         return [f"g{i}" for i in range(self.num_splits)]
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from metadata.errors import MetadataError, RegionalError
-from regional.sources.base import ReadResult
+from regional.sources.base import PoisonRecord, ReadResult
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
@@ -134,6 +134,11 @@ def decode_value(
             f"decode as {how} ({type(exc).__name__}: {exc}); fix the producer or pass a "
             "decoder that accepts it (value=... / key=...)"
         ) from None
+
+
+def _text(data: bytes | None) -> str | None:
+    """Raw record bytes as text for a dead letter (undecodable bytes escaped)."""
+    return None if data is None else data.decode("utf-8", "backslashreplace")
 
 
 def out_of_range(topic: str, partition: int, offset: int, low: int, high: int) -> str:
@@ -257,6 +262,11 @@ class KafkaSource:
     @property
     def bounded(self) -> bool:
         return self._bounded
+
+    @property
+    def endless_splits(self) -> bool:
+        """Unbounded, a partition never finishes (`regional.sources.base.endless_splits`)."""
+        return not self._bounded
 
     def __repr__(self) -> str:
         what = f"pattern={self.pattern!r}" if self.pattern is not None else f"topics={self.topics}"
@@ -385,8 +395,40 @@ class KafkaSource:
         if messages:
             next_offset = int(messages[-1].offset() or 0) + 1
         finished = stop is not None and next_offset is not None and next_offset >= stop
-        batches = [self._batch(messages)] if messages else []
-        return ReadResult(batches, encode_position(next_offset, stop), finished)
+        good, poison = self._decode(messages)
+        batches = [self._batch(*good)] if good[0] else []
+        return ReadResult(batches, encode_position(next_offset, stop), finished, poison)
+
+    def _decode(
+        self, messages: list[Message]
+    ) -> tuple[tuple[list[Message], list[Any], list[Any]], tuple[PoisonRecord, ...]]:
+        """The messages whose key and value decode, with their decoded keys and values, and
+        the others as poison records (each with its topic, partition, offset, key and value
+        as text, and the decode error)."""
+        good: list[Message] = []
+        keys: list[Any] = []
+        values: list[Any] = []
+        poison: list[PoisonRecord] = []
+        for i, m in enumerate(messages):
+            where = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
+            try:
+                key = decode_value(m.key(), self.key, *where)
+                value = decode_value(m.value(), self.value, *where)
+            except KafkaSourceError as exc:
+                topic, partition, offset = where
+                record = {
+                    "topic": topic,
+                    "partition": partition,
+                    "offset": offset,
+                    "key": _text(m.key()),
+                    "value": _text(m.value()),
+                }
+                poison.append(PoisonRecord(i, record, exc))
+            else:
+                good.append(m)
+                keys.append(key)
+                values.append(value)
+        return (good, keys, values), tuple(poison)
 
     def _watermarks(self, consumer: Consumer, tp: Any, at: str) -> tuple[int, int]:
         from confluent_kafka import KafkaException
@@ -472,10 +514,8 @@ class KafkaSource:
         except KafkaException as exc:
             log.warning("Kafka commit of %s:%d@%d failed: %s", topic, partition, offset, exc)
 
-    def _batch(self, messages: list[Message]) -> pa.RecordBatch:
-        def field(m: Message, decoder: Decoder, data: bytes | None) -> Any:
-            where = str(m.topic()), int(m.partition() or 0), int(m.offset() or 0)
-            return decode_value(data, decoder, *where)
+    def _batch(self, messages: list[Message], keys: list[Any], values: list[Any]) -> pa.RecordBatch:
+        """The decoded `messages` (with their decoded `keys` and `values`) as one batch."""
 
         def typed(decoder: Decoder, values: list[Any]) -> pa.Array:
             if decoder == "bytes":
@@ -490,8 +530,8 @@ class KafkaSource:
             "partition": pa.array([m.partition() for m in messages], pa.int32()),
             "offset": pa.array([m.offset() for m in messages], pa.int64()),
             "timestamp": pa.array([ms if kind else None for kind, ms in stamps], pa.int64()),
-            "key": typed(self.key, [field(m, self.key, m.key()) for m in messages]),
-            "value": typed(self.value, [field(m, self.value, m.value()) for m in messages]),
+            "key": typed(self.key, keys),
+            "value": typed(self.value, values),
             "headers": pa.array(
                 [[{"key": h[0], "value": h[1]} for h in m.headers() or ()] for m in messages],
                 HEADERS_TYPE,

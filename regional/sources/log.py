@@ -52,6 +52,11 @@ class LogSource:
     def bounded(self) -> bool:
         return False
 
+    @property
+    def endless_splits(self) -> bool:
+        """A partition never finishes (`regional.sources.base.endless_splits`)."""
+        return True
+
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         if "://" in self.path:
             return pafs.FileSystem.from_uri(self.path)

@@ -1,0 +1,64 @@
+"""One confinement rule for every path regional reads, writes or deletes on a local disk.
+
+A directory regional owns (a job root, a table, an exchange) may hold symbolic links put there
+by someone else. Following one out of the directory would read, overwrite or delete files that
+are not ours. `check_confined` resolves a path (through every link on its way, also a link to a
+file) and refuses it when it leaves the directory, naming the link and where it points. Object
+stores have no links: callers skip the check there.
+
+>>> import os, tempfile
+>>> root, outside = tempfile.mkdtemp(), tempfile.mkdtemp()
+>>> os.symlink(outside, f"{root}/_staging")
+>>> check_confined(root, "data/part-1.parquet")
+>>> check_confined(root, "_staging/job/x.staged", what="table")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+metadata.errors.OutsideRootError: .../_staging/job/x.staged is under _staging, which is a ...
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from metadata.errors import OutsideRootError
+
+__all__ = ["check_confined", "is_confined"]
+
+
+def is_confined(root: str, full: str) -> bool:
+    """Whether the local path `full` resolves (through links) to `root` or inside it."""
+    real, real_root = os.path.realpath(full), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def check_confined(
+    root: str,
+    rel: str,
+    *,
+    what: str = "job root",
+    describe: Callable[[str], str] | None = None,
+) -> None:
+    """Raise `OutsideRootError` when `root/rel` (a local path) resolves outside `root`; the
+    message names the link on the way out and its target. `what` names the directory kind
+    (job root, table, exchange); `describe(rel)` names the path (default: the full path)."""
+    full = f"{root.rstrip('/')}/{rel}" if rel else root
+    if is_confined(root, full):
+        return
+    real_root = os.path.realpath(root)
+    parts = rel.split("/") if rel else []
+    for i in range(1, len(parts) + 1):
+        link = "/".join(parts[:i])
+        path = f"{root.rstrip('/')}/{link}"
+        if os.path.islink(path) and not is_confined(root, path):
+            target = os.path.realpath(path)
+            break
+    else:  # the directory itself resolves elsewhere than before (moved): name it
+        link, target = "", os.path.realpath(full)
+    name = describe(rel) if describe is not None else full
+    under = "" if link == rel else f" is under {link}, which"
+    raise OutsideRootError(
+        f"{name}{under} is a symbolic link to {target}, outside the {what} {real_root}; "
+        f"regional never reads, writes or deletes through a link out of the {what}: remove "
+        "the link"
+    )

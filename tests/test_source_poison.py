@@ -1,0 +1,140 @@
+"""Poison records at the source (issue 26): a JSON line that does not parse, a Parquet row
+group that does not decode, a Kafka value that is not JSON. With `on_error="dead-letter"` each
+becomes one dead-letter row (the record, its split, where it was, the error), committed exactly
+once with its checkpoint, and the unit keeps going; with `on_error="fail"` the unit declines
+with an error naming the file and line (or row group). Kafka against a real broker is in
+tests/test_source_kafka.py (the Spark test of issue 26)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_dead_letters import InProcess
+
+from metadata.storage import JobStorage
+from regional.dataflow.pipeline import Pipeline
+from regional.policy import load_policy
+from regional.runtime.driver import JobDriver
+from regional.runtime.task import TaskEnv
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.files import FileSource, FileSourceError
+
+
+def _lines(path: Path, bad_at: int | None = None, n: int = 12) -> None:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write("{oops\n" if i == bad_at else json.dumps({"file": path.stem, "n": i}) + "\n")
+
+
+def test_a_malformed_json_line_is_a_poison_record_naming_its_line(tmp_path):
+    _lines(tmp_path / "clicks-07.jsonl", bad_at=4)
+    src = FileSource(str(tmp_path), format="jsonl")
+    first = src.read("clicks-07.jsonl", b"", 3)
+    assert (first.poison, first.position) == ((), b"3")
+    second = src.read("clicks-07.jsonl", first.position, 3)
+    assert [r["n"] for b in second.batches for r in b.to_pylist()] == [3, 5]
+    assert second.position == b"6"  # the bad line takes its place: positions stay line numbers
+    [poison] = second.poison
+    assert (poison.ordinal, poison.record) == (
+        1,
+        {"file": "clicks-07.jsonl", "line": 5, "text": "{oops"},
+    )
+    assert isinstance(poison.error, FileSourceError)
+    assert str(poison.error).startswith(
+        f"line 5 of 'clicks-07.jsonl' in the file source at {tmp_path} is not a JSON object ("
+    )
+
+
+def test_an_unreadable_parquet_row_group_is_a_poison_record_and_is_skipped_whole(tmp_path):
+    path = tmp_path / "part-0.parquet"
+    table = pa.table({"n": pa.array(range(30), pa.int64())})
+    pq.write_table(
+        table,
+        path,
+        row_group_size=10,
+        write_page_checksum=True,
+        compression="none",
+        use_dictionary=False,
+    )
+    meta = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    middle = meta.data_page_offset + meta.total_compressed_size // 2
+    data[middle : middle + 8] = b"\xde\xad\xbe\xef" * 2  # damage row group 1's data page
+    path.write_bytes(bytes(data))
+    src = FileSource(str(tmp_path))
+    r = src.read("part-0.parquet", b"5", 10)  # rows 5..14: the end of group 0, group 1 is bad
+    assert [x["n"] for b in r.batches for x in b.to_pylist()] == [5, 6, 7, 8, 9]
+    assert r.position == b"20"  # past the whole bad group, so it is reported once
+    [poison] = r.poison
+    assert (poison.ordinal, poison.record) == (
+        5,
+        {"file": "part-0.parquet", "row_group": 1, "rows": [10, 20]},
+    )
+    assert str(poison.error).startswith(
+        f"row group 1 (rows 10..19) of 'part-0.parquet' in the file source at {tmp_path} does "
+        "not decode ("
+    )
+    rest = src.read("part-0.parquet", r.position, 100)
+    assert [x["n"] for b in rest.batches for x in b.to_pylist()] == list(range(20, 30))
+    assert rest.finished and rest.poison == ()
+
+
+def _copy(r: dict) -> dict:
+    return {"file": r["file"], "n": r["n"]}
+
+
+def _job(tmp_path: Path, on_error: str) -> tuple[JobDriver, Pipeline]:
+    data = tmp_path / "in"
+    data.mkdir(exist_ok=True)
+    _lines(data / "clicks-00.jsonl")
+    _lines(data / "clicks-01.jsonl", bad_at=6)
+    dead = ParquetSink(str(tmp_path / "dead")) if on_error == "dead-letter" else None
+    p = Pipeline("files", records_per_epoch=4, on_error=on_error, dead_letter=dead)
+    src = p.source(FileSource(str(data), format="jsonl"), parallelism=2, name="src")
+    src.map(_copy, name="copy").sink(ParquetSink(str(tmp_path / "out")), name="out")
+    root = str(tmp_path / "ckpt")
+    policy = load_policy(
+        env={}, overrides={"checkpointing": {"timeout": "30 s", "tolerable-failed-checkpoints": 0}}
+    ).policy
+    env = TaskEnv(root, "files", p, unit_timeout=10)
+    return JobDriver(p, InProcess(env), storage=JobStorage(root, "files"), policy=policy), p
+
+
+def test_a_poison_line_is_one_dead_letter_row_and_the_unit_keeps_going(tmp_path):
+    driver, _ = _job(tmp_path, "dead-letter")
+    summary = driver.run()
+    assert summary.finished and {c.kind for c in summary.checkpoints} == {"global"}
+    out = read_table(str(tmp_path / "out")).to_pylist()
+    assert sorted((r["file"], r["n"]) for r in out) == sorted(
+        [("clicks-00", n) for n in range(12)] + [("clicks-01", n) for n in range(12) if n != 6]
+    )
+    [row] = read_table(str(tmp_path / "dead")).to_pylist()
+    assert {k: row[k] for k in ("checkpoint_id", "operator", "split_id", "split_position")} == {
+        "checkpoint_id": 2,
+        "operator": "src",
+        "split_id": "clicks-01.jsonl",
+        "split_position": "4",
+    }
+    assert (row["record_index"], json.loads(row["record"])) == (
+        2,
+        {"file": "clicks-01.jsonl", "line": 7, "text": "{oops"},
+    )
+    assert row["error_type"] == "FileSourceError"
+    assert row["error_message"].startswith("line 7 of 'clicks-01.jsonl' in the file source at ")
+    assert [c.records_dead_lettered for c in summary.checkpoints] == [0, 1, 0, 0]
+
+
+def test_without_dead_letters_the_poison_line_declines_its_unit_naming_the_line(tmp_path):
+    driver, _ = _job(tmp_path, "fail")
+    from regional.errors import JobFailedError
+
+    with pytest.raises(JobFailedError):
+        driver.run()
+    [event] = [e for e in [driver.last_event] if e is not None]
+    assert event.causes[1].startswith(
+        "declined: FileSourceError: line 7 of 'clicks-01.jsonl' in the file source at "
+    )
