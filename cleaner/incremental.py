@@ -68,13 +68,14 @@ from cleaner.model import (
 )
 from cleaner.plan import (
     BLIND_DETAIL,
+    MARK_SUPERSEDED_DETAIL,
     exchange_verdict,
     expired_event_verdict,
     file_kind,
     garbage_verdict,
     reader_views,
 )
-from metadata.exchange import ExchangeFile, ReaderView, segment_of
+from metadata.exchange import ExchangeFile, ReaderView, SegmentName, segment_of
 from metadata.layout import (
     DEFAULT_RETAINED_EVENTS,
     EVENTS_DIR,
@@ -84,6 +85,7 @@ from metadata.layout import (
     path_problem,
 )
 from metadata.model import CheckpointKind, CheckpointMetadata
+from metadata.watermarks import WatermarkMark, mark_kept_by, mark_path_of
 
 __all__ = ["CleaningStep", "IncrementalPlanner", "merge_steps"]
 
@@ -155,6 +157,7 @@ class IncrementalPlanner:
         self._newest = -1
         self._kept_md: dict[int, CheckpointMetadata] = {}  # kept checkpoint -> its metadata
         self._segments: dict[str, ExchangeFile] = {}  # exchange segments not deleted yet
+        self._marks: dict[str, tuple[str, WatermarkMark]] = {}  # watermark marks, by path
         self._exchange_blind = False  # some checkpoint's cursors unknown: keep every segment
 
     @classmethod
@@ -286,11 +289,14 @@ class IncrementalPlanner:
         for path in paths:
             if (file := segment_of(path)) is not None:
                 self._segments[path] = file
+            elif (marked := mark_path_of(path)) is not None:
+                self._marks[path] = marked
         return CleaningStep()
 
     def _consumed(self) -> list[FileDecision]:
-        """The known exchange segments no kept checkpoint needs any more (rule 2a)."""
-        if not self._segments or self._exchange_blind:
+        """The known exchange segments and watermark marks no kept checkpoint needs any more
+        (rule 2a)."""
+        if not (self._segments or self._marks) or self._exchange_blind:
             return []
         kept = [self._kept_md[c] for c in sorted(self._kept_md)]
         views: dict[str, list[ReaderView] | str] = {}
@@ -302,6 +308,39 @@ class IncrementalPlanner:
             if phase is not None:
                 out.append(FileDecision(path, 0, Action.DELETE, reason, detail, None, (), phase))
                 del self._segments[path]
+        if self._marks:
+            out += self._superseded_marks(kept, views)
+        return out
+
+    def _superseded_marks(
+        self, kept: list[CheckpointMetadata], views: dict[str, list[ReaderView] | str]
+    ) -> list[FileDecision]:
+        """The known watermark marks a later mark of their writer superseded for every kept
+        checkpoint's reader (`metadata.watermarks.mark_kept_by`)."""
+        segments: dict[tuple[str, int, int], list[SegmentName]] = {}
+        for file in self._segments.values():
+            segments.setdefault((file.reader, file.layout, file.partition), []).append(file.segment)
+        marks: dict[str, list[WatermarkMark]] = {}
+        for reader, mark in self._marks.values():
+            marks.setdefault(reader, []).append(mark)
+        out = []
+        for path, (reader, mark) in list(self._marks.items()):
+            if reader not in views:
+                views[reader] = reader_views(kept, reader)
+            reader_view_list = views[reader]
+            if isinstance(reader_view_list, str):
+                continue
+
+            def listed(n: int, q: int, r: str = reader) -> list[SegmentName]:
+                return segments.get((r, n, q), [])
+
+            if not mark_kept_by(mark, reader_view_list, listed, marks[reader]):
+                out.append(
+                    FileDecision(
+                        path, 0, Action.DELETE, Reason.CONSUMED, MARK_SUPERSEDED_DETAIL, None, (), 2
+                    )
+                )
+                del self._marks[path]
         return out
 
     def event_written(self, path: str, size: int = 0) -> CleaningStep:

@@ -22,7 +22,10 @@ Rules, in the order they apply to a file (the first that matches decides):
    `metadata.exchange`) is kept while some kept checkpoint's reader has not read it
    (`exchange-backlog`, naming those checkpoints) and deleted once every one has (`consumed`);
    all of them are kept while a checkpoint's metadata is damaged or none is kept. Its staged
-   segments and commit records are the exchange writer's (`exchange`, kept).
+   segments and commit records are the exchange writer's (`exchange`, kept). A watermark mark
+   (`exchange/<reader>/_watermarks/...`, `metadata.watermarks`) is kept while a kept
+   checkpoint's reader may still compute its watermark from it, and deleted (`consumed`) once
+   a later mark of the same writer superseded it for every one.
 3. `savepoints/...` is user-owned: always kept. Unreferenced `shared/` files are orphans. The
    event log (`events/<id>-<ms>.json`, `metadata.events`) keeps its newest
    `num_retained_events` files; older ones are deleted as `expired-event`. `_lease/` records
@@ -107,6 +110,7 @@ from metadata.exchange import (
     EXCHANGE_DIR,
     ExchangeFile,
     ReaderView,
+    SegmentName,
     kept_by,
     reader_view,
     segment_of,
@@ -124,6 +128,7 @@ from metadata.layout import (
 from metadata.liveness import FileLiveness, file_liveness, live_totals
 from metadata.model import CheckpointMetadata
 from metadata.retention import retain
+from metadata.watermarks import WatermarkMark, mark_kept_by, mark_path_of
 
 __all__ = [
     "Action",
@@ -277,6 +282,10 @@ def expired_event_verdict(num_retained_events: int) -> tuple[Reason, str, int]:
 BLIND_DETAIL = "no kept checkpoint with readable metadata says which segments were read"
 #: Why an exchange segment is deleted.
 CONSUMED_DETAIL = "exchange segment every kept checkpoint's reader has read"
+#: Why an exchange's watermark mark is deleted.
+MARK_SUPERSEDED_DETAIL = (
+    "watermark mark superseded by a later one of its writer for every kept checkpoint's reader"
+)
 
 
 def reader_views(kept: Iterable[CheckpointMetadata], reader: str) -> list[ReaderView] | str:
@@ -552,6 +561,9 @@ class _Rules:
         self.deleted_bytes: dict[int, int] = defaultdict(int)
         self.kept_files: dict[int, int] = defaultdict(int)
         self.exchange_views: dict[str, list[ReaderView] | str] = {}  # reader -> `reader_views`
+        self.exchange_listings: dict[
+            str, tuple[dict[tuple[int, int], list[SegmentName]], list[WatermarkMark]]
+        ] = {}
         self.kept_total = 0
         self.deleted_total = 0
 
@@ -660,6 +672,8 @@ class _Rules:
     def _exchange_rule(self, path: str) -> tuple[Reason, str, int | None, tuple[int, ...]]:
         """A file of a keyed exchange (rule 2a, `exchange_verdict`); the kept checkpoints'
         reader views are built once per reader."""
+        if (marked := mark_path_of(path)) is not None:
+            return self._mark_rule(*marked)
         file = segment_of(path)
         if file is None:
             detail = "staged segment or commit record of an exchange: its writer cleans it"
@@ -671,6 +685,49 @@ class _Rules:
             kept = [self.by_id[k] for k in sorted(self.kept_ids) if k in self.by_id]
             views = self.exchange_views[file.reader] = reader_views(kept, file.reader)
         return exchange_verdict(file, views)
+
+    def _mark_rule(
+        self, reader: str, mark: WatermarkMark
+    ) -> tuple[Reason, str, int | None, tuple[int, ...]]:
+        """A watermark mark of exchange `reader` (rule 2a): kept while a kept checkpoint's
+        reader may compute its watermark from it (`metadata.watermarks.mark_kept_by`),
+        deleted once a later mark of its writer superseded it for every one."""
+        if self.damaged_ids or not self.kept_ids & self.by_id.keys():
+            return Reason.BACKLOG, BLIND_DETAIL, None, ()
+        views = self.exchange_views.get(reader)
+        if views is None:
+            kept = [self.by_id[k] for k in sorted(self.kept_ids) if k in self.by_id]
+            views = self.exchange_views[reader] = reader_views(kept, reader)
+        if isinstance(views, str):
+            return Reason.BACKLOG, views, None, ()
+        listing = self._exchange_listing(reader)
+        keepers = tuple(
+            mark_kept_by(mark, views, lambda n, q: listing[0].get((n, q), ()), listing[1])
+        )
+        if keepers:
+            detail = f"watermark mark kept checkpoint(s) {_ids(keepers)} may still need"
+            return Reason.BACKLOG, detail, None, keepers
+        return Reason.CONSUMED, MARK_SUPERSEDED_DETAIL, 2, ()
+
+    def _exchange_listing(
+        self, reader: str
+    ) -> tuple[dict[tuple[int, int], list[SegmentName]], list[WatermarkMark]]:
+        """The committed segments (by layout and partition) and marks of exchange `reader`
+        among the listed files, once per reader."""
+        cached = self.exchange_listings.get(reader)
+        if cached is None:
+            segments: dict[tuple[int, int], list[SegmentName]] = defaultdict(list)
+            marks: list[WatermarkMark] = []
+            prefix = f"{EXCHANGE_DIR}/{reader}/"
+            for path in self.listed_paths:
+                if not path.startswith(prefix):
+                    continue
+                if (file := segment_of(path)) is not None:
+                    segments[file.layout, file.partition].append(file.segment)
+                elif (marked := mark_path_of(path)) is not None:
+                    marks.append(marked[1])
+            cached = self.exchange_listings[reader] = (dict(segments), marks)
+        return cached
 
     def _rule(
         self, top: str, cid: int | None, kind: str

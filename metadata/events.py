@@ -99,7 +99,9 @@ class CheckpointEvent(
     `tracebacks` per unit whose task sent one (its last 4096 characters); `abort_rule` is the
     DESIGN §4 rule that aborted it (e.g. ``3c-failure-ratio``) and `message` the coordinator's
     explanation. `records_dead_lettered` counts the records user functions failed on that went
-    to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. Metrics:
+    to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. With event
+    time, `records_late` counts the records windows judged late in it, and `watermark_ms` is the
+    lowest watermark of a unit fresh in it, held by unit `watermark_unit`. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
     None when nothing fell back), `unit_lag` (unit -> checkpoint ids its state is behind:
     since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and
@@ -133,6 +135,9 @@ class CheckpointEvent(
     records_dead_lettered: Count = 0
     stuck: tuple[StuckUnit, ...] = ()
     unit_reads: dict[Count, tuple[str, ...]] = {}
+    records_late: Count = 0
+    watermark_ms: Int64 | None = None
+    watermark_unit: Count | None = None
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_COUNT",
     "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
+    "EventTimePolicy",
     "Policy",
     "PolicyKey",
     "RegionPolicy",
@@ -82,8 +83,19 @@ _SecondsOrUnlimited = (
         msgspec.Meta(
             gt=0,
             le=MAX_DURATION_SECONDS,
-            description='a duration > 0 and at most 365 d ("30 s", "15 min", "1 h") or '
-            '"unlimited"',
+            description='a duration > 0 and at most 365 d ("30 s", "15 min", "1 h") or "unlimited"',
+        ),
+    ]
+    | None
+)
+#: A duration, or "off" (None): the idle timeout.
+_OptionalSeconds = (
+    Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=MAX_DURATION_SECONDS,
+            description='a duration > 0 and at most 365 d ("30 s", "5 min") or "off"',
         ),
     ]
     | None
@@ -176,11 +188,25 @@ class RestorePolicy(_Section, frozen=True):
     mode: Literal["claim", "no-claim"] = "claim"
 
 
+class EventTimePolicy(_Section, frozen=True):
+    """`[event-time]`: watermarks (DESIGN §4 rule 15, docs/event-time.md). `idle-timeout`:
+    a source split that delivered nothing for that long (processing time) stops holding its
+    subtask's watermark back ("off" by default: outside the determinism rule when on).
+    `writer-fallback`: an exchange writer that fell back `hold`s the downstream watermark
+    (exact results, the default) or, with `exclude`, is left out after `exclude-after`
+    fallbacks in a row (fresher results; its records may then be late)."""
+
+    idle_timeout: _OptionalSeconds = None
+    writer_fallback: Literal["hold", "exclude"] = "hold"
+    exclude_after: _Retained = 3
+
+
 class Policy(_Section, frozen=True):
     """The whole policy. `Policy()` is the default policy."""
 
     checkpointing: CheckpointingPolicy = CheckpointingPolicy()
     restore: RestorePolicy = RestorePolicy()
+    event_time: EventTimePolicy = EventTimePolicy()
 
 
 # --- durations --------------------------------------------------------------------------------
@@ -416,6 +442,8 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
             value = parse_duration(value)
         elif key.type == _SecondsOrUnlimited:
             value = None if value == "unlimited" else parse_duration(value)
+        elif key.type == _OptionalSeconds:
+            value = None if value == "off" else parse_duration(value)
         elif key.type == _Limit and value == "unlimited":
             value = None
         elif from_text and value == "null":
@@ -445,7 +473,10 @@ def policy_fingerprint(policy: Policy) -> str:
     >>> policy_fingerprint(Policy()) == policy_fingerprint(load_policy(env={}).policy)
     True
     """
-    return hashlib.sha256(msgspec.json.encode(policy)).hexdigest()
+    data = msgspec.to_builtins(policy)
+    if policy.event_time == EventTimePolicy():  # added later: defaults keep older fingerprints
+        del data["event-time"]
+    return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,6 +517,8 @@ def _readable(path: str, value: Any) -> str | None:
     key = _KEYS[path]
     if key.type in (_Seconds, _SecondsOrUnlimited) and value is not None:
         return format_duration(value)
+    if key.type == _OptionalSeconds:
+        return "off" if value is None else format_duration(value)
     if key.type in (_Limit, _SecondsOrUnlimited) and value is None:
         return "unlimited"
     if isinstance(value, bool):
@@ -551,91 +584,110 @@ def load_policy(
 #: from these and the Structs: `policy_keys`; a test checks that every key has its text).
 KEY_DOCS: Mapping[str, str] = {
     "checkpointing.interval": (
-        'The time from one trigger to the next **after an epoch that read no records** '
-        '(measured from the previous trigger, as Flink does): an idle streaming job '
-        'checkpoints every interval instead of spinning. Epochs that read records follow each'
-        ' other at once, so a backlog or a bounded job (a backfill) runs at full speed; every'
-        ' checkpoint is an epoch here, so spacing busy epochs would only slow the job down. '
-        '`regional run --interval` overrides it; `SparkRuntime` takes `interval=` (default '
-        '0). An epoch on Spark costs about 0.3 s of fixed overhead for a few region tasks '
-        '(measured for the Spark runtime), about 3 % at 10 s.'
+        "The time from one trigger to the next **after an epoch that read no records** "
+        "(measured from the previous trigger, as Flink does): an idle streaming job "
+        "checkpoints every interval instead of spinning. Epochs that read records follow each"
+        " other at once, so a backlog or a bounded job (a backfill) runs at full speed; every"
+        " checkpoint is an epoch here, so spacing busy epochs would only slow the job down. "
+        "`regional run --interval` overrides it; `SparkRuntime` takes `interval=` (default "
+        "0). An epoch on Spark costs about 0.3 s of fixed overhead for a few region tasks "
+        "(measured for the Spark runtime), about 3 % at 10 s."
     ),
-    "checkpointing.timeout": (
-        "Flink's default: a checkpoint not decided by then is aborted."
-    ),
+    "checkpointing.timeout": ("Flink's default: a checkpoint not decided by then is aborted."),
     "checkpointing.num-retained": (
-        'Flink keeps 1. We keep 3 so a damaged latest checkpoint still leaves an older one to'
-        ' restore (DESIGN §4 rule 12). Because fallback state points at its owner, keeping '
-        'more checkpoints costs only the files they do not share.'
+        "Flink keeps 1. We keep 3 so a damaged latest checkpoint still leaves an older one to"
+        " restore (DESIGN §4 rule 12). Because fallback state points at its owner, keeping "
+        "more checkpoints costs only the files they do not share."
     ),
     "checkpointing.tolerable-failed-checkpoints": (
         "Aborted checkpoints in a row before the job fails. Flink's default is 0, but with "
-        'regional checkpoints some aborts are expected, e.g. while a unit over its fallback '
-        'limit is still failing. 10 gives such a unit about 10 intervals to recover.'
+        "regional checkpoints some aborts are expected, e.g. while a unit over its fallback "
+        "limit is still failing. 10 gives such a unit about 10 intervals to recover."
     ),
     "checkpointing.dir": (
-        'The checkpoint root. In code the job gets its root explicitly; `regional run` '
-        'without it and without `--checkpoint-dir` uses `.regional/checkpoints` in the '
+        "The checkpoint root. In code the job gets its root explicitly; `regional run` "
+        "without it and without `--checkpoint-dir` uses `.regional/checkpoints` in the "
         "pipeline file's folder (see `regional run --help`). A relative path is relative to "
-        'the working directory of the process that runs the job.'
+        "the working directory of the process that runs the job."
     ),
     "checkpointing.region.enabled": (
-        'This is what the product is for. Jobs that cannot use it (one fallback unit, '
-        'changelog state, union state) are detected and run with global checkpoints, with a '
+        "This is what the product is for. Jobs that cannot use it (one fallback unit, "
+        "changelog state, union state) are detected and run with global checkpoints, with a "
         "message saying why. Flink's default is `false`."
     ),
     "checkpointing.region.max-failure-ratio": (
-        'Same as FLIP-600. A checkpoint with more failed units than this share of all units '
-        'is aborted; a share equal to the limit passes, because the comparison is exact '
-        '(rational). Above about 30 % the likely cause is a system-wide problem such as a '
-        'storage outage, not one slow region. `1` allows checkpoints made only of old state.'
+        "Same as FLIP-600. A checkpoint with more failed units than this share of all units "
+        "is aborted; a share equal to the limit passes, because the comparison is exact "
+        "(rational). Above about 30 % the likely cause is a system-wide problem such as a "
+        "storage outage, not one slow region. `1` allows checkpoints made only of old state."
     ),
     "checkpointing.region.max-consecutive-regional": (
-        'After this many regional checkpoints in a row, the next checkpoint must be global '
-        '(tier 1; if it fails, it is aborted and the count starts again). `0` means never '
+        "After this many regional checkpoints in a row, the next checkpoint must be global "
+        "(tier 1; if it fails, it is aborted and the count starts again). `0` means never "
         'regional; `"unlimited"` (the default) turns the job-level limit off. A forced global'
-        ' checkpoint needs every unit to succeed in one epoch: with 64 regions failing '
-        'independently at p = 0.05 per epoch that happens 3.7 % of the time, so a forced '
-        'global aborts about 96 % of the time and every region redoes the epoch, without '
-        'bounding staleness better. Staleness is bounded per unit instead '
+        " checkpoint needs every unit to succeed in one epoch: with 64 regions failing "
+        "independently at p = 0.05 per epoch that happens 3.7 % of the time, so a forced "
+        "global aborts about 96 % of the time and every region redoes the epoch, without "
+        "bounding staleness better. Staleness is bounded per unit instead "
         "(`max-unit-fallbacks`, `max-stuck-time`). Set a number (Flink's default is 2) when a"
-        ' downstream system needs global checkpoints at a bounded interval.'
+        " downstream system needs global checkpoints at a bounded interval."
     ),
     "checkpointing.region.max-unit-fallbacks": (
-        'A unit that fell back in this many checkpoints in a row is *stuck*. What happens '
+        "A unit that fell back in this many checkpoints in a row is *stuck*. What happens "
         "then is `on-unit-fallback-limit`: by default it stays on its owner's state while "
-        'checkpoints complete around it, shown loudly (event, progress, metric, report, '
-        '`inspect lag`), until `max-stuck-time` fails the job. `0` means a unit is stuck from'
-        ' its first fallback.'
+        "checkpoints complete around it, shown loudly (event, progress, metric, report, "
+        "`inspect lag`), until `max-stuck-time` fails the job. `0` means a unit is stuck from"
+        " its first fallback."
     ),
     "checkpointing.region.timeout": (
-        'A region that has not answered by then is declined, so the rest of the checkpoint '
-        'completes long before `checkpointing.timeout`. Keep it below '
-        '`checkpointing.timeout`, or it never fires (not enforced).'
+        "A region that has not answered by then is declined, so the rest of the checkpoint "
+        "completes long before `checkpointing.timeout`. Keep it below "
+        "`checkpointing.timeout`, or it never fires (not enforced)."
     ),
     "restore.mode": (
-        'Resuming from your own latest checkpoint, the common case, is a claim: the cleaner '
+        "Resuming from your own latest checkpoint, the common case, is a claim: the cleaner "
         'may delete it later, and regional checkpoints go on at once. Use `"no-claim"` for a '
-        'savepoint or a checkpoint you must not touch; checkpoints are then global until one '
+        "savepoint or a checkpoint you must not touch; checkpoints are then global until one "
         "succeeds. Flink's default is NO_CLAIM."
     ),
     "checkpointing.region.on-unit-fallback-limit": (
         '`"isolate"` (the default): a stuck unit never stops the healthy ones; it stays on '
         "its owner's state, is retried every epoch, and the job fails once it has been stuck "
         'longer than `max-stuck-time`. `"force-fresh"`: the stuck unit must be fresh in the '
-        'next checkpoint, and if it fails again that checkpoint aborts (rule 3a) and counts '
-        'towards `tolerable-failed-checkpoints` (the behaviour before; an abort does not help'
-        ' the stuck unit, it only makes the healthy units redo their epoch).'
+        "next checkpoint, and if it fails again that checkpoint aborts (rule 3a) and counts "
+        "towards `tolerable-failed-checkpoints` (the behaviour before; an abort does not help"
+        " the stuck unit, it only makes the healthy units redo their epoch)."
     ),
     "checkpointing.region.max-stuck-time": (
-        'How long a unit may stay stuck before the job fails with an error naming the unit, '
+        "How long a unit may stay stuck before the job fails with an error naming the unit, "
         "what it reads, its last cause and the fix; measured on the driver's clock from the "
-        'checkpoint that made it stuck. 15 minutes rides out a broker restart or a lost '
-        'worker (the unit is retried every epoch and recovers on its own) and still pages '
+        "checkpoint that made it stuck. 15 minutes rides out a broker restart or a lost "
+        "worker (the unit is retried every epoch and recovers on its own) and still pages "
         'someone the same quarter hour for a real bug. `"unlimited"`: never fail, only report'
-        ' (alert on `regional_unit_stuck_seconds`).'
+        " (alert on `regional_unit_stuck_seconds`)."
+    ),
+    "event-time.idle-timeout": (
+        "A source split that delivered no record for this long (processing time) stops "
+        "holding its subtask's watermark back. Off by default: processing time is outside "
+        "the determinism rule (DESIGN §4 rule 13), so with it on a replay after a fallback may"
+        " judge records differently. Turn it on when some splits go quiet for good and their "
+        "windows must still close (docs/event-time.md)."
+    ),
+    "event-time.writer-fallback": (
+        '`"hold"` (the default): an exchange writer that fell back holds the downstream '
+        "watermark where its committed data is, so none of its records is late because of "
+        'the fallback and windows equal a fault-free run\'s row for row. `"exclude"`: a '
+        "writer that fell back `exclude-after` checkpoints in a row is left out, so windows "
+        "close without it; its records behind the watermark are then late (exactness traded "
+        "for freshness)."
+    ),
+    "event-time.exclude-after": (
+        'With `writer-fallback = "exclude"`: how many checkpoints in a row a writer must have '
+        "fallen back before it is left out. 3 matches `max-unit-fallbacks`: a writer that is "
+        "about to be reported stuck."
     ),
 }
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyKey:

@@ -52,6 +52,9 @@ def test_check_prints_every_key_with_value_and_source(
         "checkpointing.region.on-unit-fallback-limit    isolate    default",
         "checkpointing.region.max-stuck-time            15 min     default",
         "restore.mode                                   no-claim   env REGIONAL_RESTORE__MODE",
+        "event-time.idle-timeout                        off        default",
+        "event-time.writer-fallback                     hold       default",
+        "event-time.exclude-after                       3          default",
         "",
         "checkpointing.interval: the wait from one trigger to the next after an epoch that read "
         "no records; epochs that read records follow at once (regional run --interval overrides "
@@ -88,6 +91,9 @@ def test_check_json_gives_the_policy_values(
         },
         {"key": "checkpointing.region.max-stuck-time", "value": 900.0, "source": "default"},
         {"key": "restore.mode", "value": "claim", "source": "default"},
+        {"key": "event-time.idle-timeout", "value": None, "source": "default"},
+        {"key": "event-time.writer-fallback", "value": "hold", "source": "default"},
+        {"key": "event-time.exclude-after", "value": 3, "source": "default"},
     ]
 
 

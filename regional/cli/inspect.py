@@ -31,6 +31,7 @@ from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
+from metadata.watermarks import watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
@@ -52,6 +53,7 @@ _VIEWS: dict[str, str] = {
     "events": "the event log: every checkpoint outcome with the coordinator's metrics",
     "report": "one self-contained HTML page: timeline, unit x checkpoint grid, lag, bytes, aborts",
     "exchange": "per keyed-exchange partition: the newest checkpoint's cursor and what is unread",
+    "watermarks": "per event-time split and exchange partition: the watermark and what holds it",
 }
 
 
@@ -117,6 +119,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _report(storage, args)
     if args.view == "exchange":
         return _exchange(storage, args)
+    if args.view == "watermarks":
+        return _watermarks(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -217,6 +221,23 @@ def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
                 f"checkpoint {newest.checkpoint_id}: {records} record(s), {size} byte(s) "
                 "committed and not read yet"
             )
+    return 0
+
+
+def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The watermarks of the newest checkpoint and what holds them back
+    (`metadata.watermarks.watermarks_table`)."""
+    store = CompletedCheckpointStore.load(storage)
+    for d in store.damaged:
+        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+    newest = store.latest()
+    if newest is None:
+        print("no completed checkpoint: no watermark to show")
+        return 0
+    table = watermarks_table(storage, newest)
+    print_table(table, as_json=args.json)
+    if not args.json and table.num_rows == 0:
+        print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
     return 0
 
 

@@ -38,6 +38,7 @@ from rich.live import Live
 from rich.text import Text
 
 from metadata.events import CheckpointEvent, Outcome
+from metadata.watermarks import format_watermark
 from regional.coordinator.messages import Ack, Answer
 
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
@@ -53,6 +54,10 @@ def checkpoint_line(r: CheckpointEvent) -> str:
         f"fresh {r.fresh_units:>3}  fallback {fallback:<10}  "
         f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"
     )
+    if r.watermark_ms is not None:  # event time: the lowest unit watermark, and late records
+        line += f"  watermark {format_watermark(r.watermark_ms)} (unit {r.watermark_unit})"
+        if r.records_late:
+            line += f"  late {r.records_late}"
     if r.kind == Outcome.ABORTED:
         line += f"\n    {r.message}"
     causes = r.cause_lines()

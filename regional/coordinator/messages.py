@@ -41,13 +41,15 @@ __all__ = [
 class UnitWork(msgspec.Struct, frozen=True):
     """One unit's work for one epoch: restore `restore` (the unit's subtask states, in layout
     order), read `new_splits` (`(vertex, index, split)`) from their start, snapshot as
-    checkpoint `checkpoint_id` attempt `attempt`."""
+    checkpoint `checkpoint_id` attempt `attempt`. `ended`: the sources whose input has ended
+    (every split read; their watermark is +inf: event-time windows and timers flush)."""
 
     checkpoint_id: int
     attempt: int
     unit_id: int
     restore: tuple[SubtaskState, ...]
     new_splits: tuple[tuple[str, int, str], ...] = ()
+    ended: tuple[str, ...] = ()
 
 
 class Ack(msgspec.Struct, frozen=True, tag="ack"):
@@ -57,7 +59,9 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     how many records its dead-letter sink staged (`on_error="dead-letter"`). The task's seconds
     per phase of the unit: `restore_s` (reading and decoding its operator state), `process_s`
     (sources, operators, staging sink files), `snapshot_s` (encoding the state and writing the
-    local file), `upload_s` (uploading it, reading it back, verifying)."""
+    local file), `upload_s` (uploading it, reading it back, verifying). With event time:
+    `records_late`, the records its window operators judged late, and `watermark`, the unit's
+    watermark (ms) after the epoch (DESIGN §4 rule 15)."""
 
     checkpoint_id: int
     unit: int
@@ -71,6 +75,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     process_s: float = 0.0
     snapshot_s: float = 0.0
     upload_s: float = 0.0
+    records_late: int = 0  # records its window operators found late (event time)
+    watermark: int | None = None  # its subtask watermark after the epoch (event time)
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -88,9 +88,7 @@ class SplitEnumerator:
         if not self._unassigned:
             return None
         if self._kept:
-            split = next(
-                (s for s in self._unassigned if self._kept.get(s, index) == index), None
-            )
+            split = next((s for s in self._unassigned if self._kept.get(s, index) == index), None)
             if split is None:
                 return None
             self._unassigned.remove(split)

@@ -25,6 +25,13 @@ owning the keys with `partition_of(key, N) == q` (`regional.dataflow.partitionin
 two
   stages are separate fallback units. A failing upstream unit never stops downstream units from
   checkpointing, and the other way round.
+* **Watermarks** (DESIGN §4 rule 15). With event time, writer subtask `w` also stages, every
+  epoch Y, a *watermark mark* ``(Y, w, watermark)`` (`metadata.watermarks`), published by the
+  same commit after its segments as ``_watermarks/<Y>-<w>.<watermark>.wm``; each segment
+  carries in its Parquet metadata the writer's watermark *before* the epoch (the records'
+  origin watermark, `regional.dataflow.epoch_time`). A reader's watermark is the minimum over
+  the writers of the highest mark its cursor has reached (`watermark`): a writer that fell
+  back commits no mark, so it holds the downstream watermark where its committed data is.
 * **Retention.** A segment is garbage once no kept checkpoint's cursor still needs it
   (`metadata.exchange.kept_by`, applied by the cleaner).
 * **Rescale.** Restoring with another number of partitions repartitions the backlog the
@@ -64,6 +71,14 @@ from metadata.exchange import (
 )
 from metadata.format import segment_checksum
 from metadata.model import SinkRetention
+from metadata.watermarks import (
+    MIN_WATERMARK,
+    WATERMARK_DIR,
+    WatermarkMark,
+    mark_name,
+    parse_mark,
+)
+from regional.dataflow.event_time import reader_watermark, released_writers
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
@@ -72,10 +87,12 @@ from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
 
 __all__ = [
+    "ORIGIN_KEY",
     "REPARTITION_USER",
     "Backlog",
     "ExchangeReader",
     "ExchangeWriter",
+    "WatermarkView",
     "exchange_path",
     "repartition",
 ]
@@ -84,6 +101,20 @@ __all__ = [
 REPARTITION_USER = "_repartition"
 
 _STAGED_NAME = re.compile(r"n(\d+)-p(\d+)-c(\d{20})-w(\d{5})-.*\.staged")
+_STAGED_MARK = re.compile(r"wm-c(\d{20})-w(\d{5})-(-?\d+)-.*\.staged")
+#: The Parquet metadata key of a segment's origin watermark (the writer's, before its epoch).
+ORIGIN_KEY = b"regional.origin_watermark"
+
+
+class WatermarkView(NamedTuple):
+    """A reader subtask's watermark at a cursor, and what holds it: the writer subtasks at the
+    minimum, the checkpoint of their last reached mark (None: none yet), and the writers the
+    `exclude` policy released."""
+
+    watermark: int
+    holders: tuple[int, ...]
+    held_since: int | None
+    released: tuple[int, ...]
 
 
 def exchange_path(job_path: str, reader: str) -> str:
@@ -231,10 +262,11 @@ class ExchangeReader(_Bound):
     Its splits are fixed (``n<partitions>-p<q>`` for subtask q, `metadata.exchange.split_id`)
     and never finish: the driver decides when a bounded exchange is drained (`backlog`)."""
 
-    def __init__(self, reader: str, partitions: int, *, bounded: bool) -> None:
+    def __init__(self, reader: str, partitions: int, *, bounded: bool, writers: int = 1) -> None:
         self.reader = reader
         self.partitions = partitions
         self._bounded = bounded
+        self.writers = writers  # the writer subtasks upstream (watermarks)
         self.path = ""
         self._filesystem = None
 
@@ -267,24 +299,82 @@ class ExchangeReader(_Bound):
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         """Up to `max_records` records of the partition after `position`, and the cursor
         after them (the split never finishes)."""
+        return self.read_timed(split_id, position, max_records)[0]
+
+    def read_timed(
+        self, split_id: str, position: bytes, max_records: int
+    ) -> tuple[ReadResult, list[int]]:
+        """`read`, and the origin watermark of each batch (its segment's, from the segment's
+        Parquet metadata; -inf for segments without one: a repartitioned backlog)."""
         layout, partition = self._split(split_id)
         cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
         batches: list[pa.RecordBatch] = []
+        origins: list[int] = []
         budget = max_records
         for segment, info, check in self.committed(layout, partition, cursor):
             if budget <= 0:
                 break
             table = self.read_segment(info, check)
+            meta = table.schema.metadata or {}
+            origin = int(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else MIN_WATERMARK
             start = cursor.first_row(segment)
             taken = min(budget, table.num_rows - start)
             if taken > 0:
-                batches += table.slice(start, taken).to_batches()
+                got = [b for b in table.slice(start, taken).to_batches() if b.num_rows]
+                batches += got
+                origins += [origin] * len(got)
                 budget -= taken
             if start + taken >= table.num_rows:
                 cursor = Cursor(segment.checkpoint_id, segment.writer + 1, 0)
             else:
                 cursor = Cursor(segment.checkpoint_id, segment.writer, start + taken)
-        return ReadResult([b for b in batches if b.num_rows], cursor.encode(), False)
+        return ReadResult(batches, cursor.encode(), False), origins
+
+    def marks(self) -> list[WatermarkMark]:
+        """Every committed watermark mark of the exchange."""
+        fs, base = self._fs()
+        selector = pafs.FileSelector(f"{base}/{WATERMARK_DIR}", allow_not_found=True)
+        return sorted(m for i in fs.get_file_info(selector) if (m := parse_mark(_name(i))))
+
+    def watermark(
+        self,
+        split_id: str,
+        position: bytes,
+        marks: list[WatermarkMark],
+        *,
+        exclude_after: int | None = None,
+    ) -> WatermarkView:
+        """The watermark of the reader of `split_id` at cursor `position`: the minimum over the
+        writers of their highest mark in `marks` whose segments of this partition the cursor
+        has all consumed (`regional.dataflow.event_time.reader_watermark`). With
+        `exclude_after`, a writer that committed no mark in the last that many checkpoints in
+        which others did (it fell back that often in a row) is left out: the `exclude`
+        policy, which can move the watermark back once the writer commits again (the window
+        operator never fires below what it fired at)."""
+        layout, partition = self._split(split_id)
+        cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
+        unread = [s for s, _ in self._segments(layout, partition) if not cursor.passed(s)]
+        first = min(unread, default=None)
+
+        def reached(m: WatermarkMark) -> bool:
+            return first is None or (m.checkpoint_id, m.writer) < tuple(first)
+
+        seen = [m for m in marks if reached(m)]
+        released = released_writers(marks, self.writers, exclude_after)
+        wm = reader_watermark(seen, self.writers, lambda m: True, released)
+        best: dict[int, WatermarkMark] = {}
+        for m in seen:
+            if m.writer < self.writers and (
+                m.writer not in best or m.watermark >= best[m.writer].watermark
+            ):
+                best[m.writer] = m
+        holders = tuple(
+            w
+            for w in range(self.writers)
+            if w not in released and (best[w].watermark if w in best else MIN_WATERMARK) == wm
+        )
+        since = [best[w].checkpoint_id for w in holders if w in best]
+        return WatermarkView(wm, holders, min(since, default=None), tuple(sorted(released)))
 
     def backlog(self, split_id: str, position: bytes) -> Backlog:
         """What partition `split_id` holds after `position` (reads Parquet footers only)."""
@@ -344,15 +434,33 @@ class ExchangeWriter(_Bound, StagedSink):
         that gets records; their committables."""
         c = context
         records = [r for b in batches for r in b.to_pylist()]
-        return tuple(
-            self.area.stage(
-                c.job_id,
-                f"n{self.partitions}-p{partition}-c{c.checkpoint_id:020d}-w{c.index:05d}-"
-                f"{c.run_id or 'run'}-a{c.attempt}-{uuid.uuid4().hex[:8]}",
-                pa.Table.from_pylist(rows),
+        tail = f"{c.run_id or 'run'}-a{c.attempt}-{uuid.uuid4().hex[:8]}"
+        out = []
+        for partition, rows in self.partition(records, self.partitions).items():
+            table = pa.Table.from_pylist(rows)
+            if c.watermarks is not None:  # the records' origin watermark (event time)
+                table = table.replace_schema_metadata({ORIGIN_KEY: str(c.watermarks[0])})
+            out.append(
+                self.area.stage(
+                    c.job_id,
+                    f"n{self.partitions}-p{partition}-c{c.checkpoint_id:020d}-w{c.index:05d}-"
+                    f"{tail}",
+                    table,
+                )
             )
-            for partition, rows in self.partition(records, self.partitions).items()
-        )
+        if c.watermarks is not None:  # the mark, published after the segments
+            stem = f"wm-c{c.checkpoint_id:020d}-w{c.index:05d}-{c.watermarks[1]}-{tail}"
+            out.append(self.area.stage(c.job_id, stem, pa.table({})))
+        return tuple(out)
+
+    def committed_watermark(self, committables: Iterable[bytes]) -> int | None:
+        """The watermark a writer subtask's `committables` (from its restored state) commit,
+        or None (no mark: the writer never ran with event time)."""
+        for item in self.area.files(committables):
+            m = _STAGED_MARK.fullmatch(posixpath.basename(item.file))
+            if m is not None:
+                return int(m[3])
+        return None
 
     # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 
@@ -361,6 +469,8 @@ class ExchangeWriter(_Bound, StagedSink):
         return SinkRetention("", "parquet", self.path)
 
     def _published(self, staged: str) -> str:
+        if (mark := _STAGED_MARK.fullmatch(posixpath.basename(staged))) is not None:
+            return f"{WATERMARK_DIR}/{mark_name(int(mark[1]), int(mark[2]), int(mark[3]))}"
         m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
         if m is None:
             raise CommitError(
@@ -376,9 +486,14 @@ class ExchangeWriter(_Bound, StagedSink):
         prefix = f"{EXCHANGE_DIR}/{self.reader}"
         return [f"{prefix}/{self._published(i.file)}" for i in self.area.files(committables)]
 
-    def _order(self, staged: str) -> tuple[int, int]:
-        m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
-        return (int(m[3]), int(m[4])) if m else (0, 0)
+    def _order(self, staged: str) -> tuple[int, int, int]:
+        """(checkpoint, writer, 0) for a segment, (checkpoint, writer, 1) for a watermark mark:
+        a mark is published after its writer's segments of the same commit."""
+        name = posixpath.basename(staged)
+        if (mark := _STAGED_MARK.fullmatch(name)) is not None:
+            return (int(mark[1]), int(mark[2]), 1)
+        m = _STAGED_NAME.fullmatch(name)
+        return (int(m[3]), int(m[4]), 0) if m else (0, 0, 0)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo commits after `identifier` (`StagingArea.rollback`), then delete every
@@ -395,6 +510,11 @@ class ExchangeWriter(_Bound, StagedSink):
                     if segment is not None and segment.checkpoint_id > identifier:
                         with contextlib.suppress(FileNotFoundError):
                             fs.delete_file(self.area.inside(fs, info.path))
+        for info in self.area.listing(f"{base}/{WATERMARK_DIR}"):
+            mark = parse_mark(_name(info))
+            if mark is not None and mark.checkpoint_id > identifier:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(self.area.inside(fs, info.path))
         return undone
 
     def _children(self, directory: str, prefix: str) -> list[str]:
@@ -413,8 +533,9 @@ class ExchangeWriter(_Bound, StagedSink):
             for partition in self._children(f"{base}/{layout}", "p"):
                 gone += len(self.area.listing(f"{base}/{layout}/{partition}"))
             fs.delete_dir(self.area.inside(fs, f"{base}/{layout}"))
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(self.area.inside(fs, f"{base}/_commits"))
+        for directory in ("_commits", WATERMARK_DIR):
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_dir(self.area.inside(fs, f"{base}/{directory}"))
         self.area.forget()
         return gone
 
@@ -457,11 +578,13 @@ class ExchangeWriter(_Bound, StagedSink):
                     relative = f"n{layout}/p{partition}/{segment.file_name()}"
                     out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
         for item in self.area.files(staged):
+            if _STAGED_MARK.fullmatch(posixpath.basename(item.file)):
+                continue  # a watermark mark: no records
             published = self._published(item.file)
             if fs.get_file_info(self.area.inside(fs, f"{base}/{published}")).type != (
                 pafs.FileType.File
             ):
-                segment = SegmentName(*self._order(item.file))  # else listed above
+                segment = SegmentName(*self._order(item.file)[:2])  # else listed above
                 path = self.area.inside(fs, f"{base}/{item.file}")
                 out.append(_Unread(segment, 0, path, published))
         return sorted(out, key=lambda u: (u.segment, u.path))

@@ -34,8 +34,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import EventTime
 from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import PickledState, StateCodec
+from regional.dataflow.timers import bind, fire_timers
+from regional.dataflow.window_operator import ON_LATE, WindowSpec, run_windows
+from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
 from regional.errors import GraphError
 from regional.graph.job_graph import Edge, JobGraph, Vertex
 from regional.sinks.base import Sink
@@ -60,17 +65,63 @@ def _batch(data: pa.RecordBatch | list[Any]) -> pa.RecordBatch:
 
 @dataclasses.dataclass(frozen=True)
 class Operator:
-    """One transformation. `kind` is map, flat_map, filter, map_batches or process."""
+    """One transformation. `kind` is map, flat_map, filter, map_batches, process or window
+    (`fn` is then a `regional.dataflow.window_operator.WindowSpec`)."""
 
     kind: str
     fn: Callable[..., Any]
     key: Callable[[Any], Any] | None = None
     name: str = ""  # the vertex id, for errors (set when the operator is added)
     scope: str = "split"  # keyed state per (split, key), or per "key" after an exchange
+    on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None
 
     @property
     def stateful(self) -> bool:
-        return self.kind == "process"
+        return self.kind in ("process", "window")
+
+    @property
+    def timed(self) -> bool:
+        """True for operators that need watermarks (windows, processes with timers)."""
+        return self.kind == "window" or self.on_timer is not None
+
+    def apply_timed(
+        self,
+        chunks: list[Chunk],
+        origins: list[int],
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime,
+    ) -> tuple[list[Chunk], list[int]]:
+        """`apply` with event time: each chunk comes with its origin watermark
+        (`regional.dataflow.epoch_time`); the output chunks with theirs. Windows and timers
+        fire at the end, against `time.end`."""
+        if self.kind == "window":
+            assert state is not None and self.key is not None
+            return run_windows(
+                self.fn,  # type: ignore[arg-type]
+                self.name,
+                self.key,
+                self.scope,
+                chunks,
+                origins,
+                state,
+                time,
+                dead_letters,
+                _records,
+            )
+        out: list[Chunk] = []
+        out_origins: list[int] = []
+        seen: dict[str, int] = {}
+        for (split, data), origin in zip(chunks, origins, strict=True):
+            before = len(out)
+            out += self._chunk(split, data, seen, state, dead_letters, time, origin)
+            out_origins += [origin] * (len(out) - before)
+        if self.on_timer is not None:
+            assert state is not None
+            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
+            out += fired
+            out_origins += fired_origins
+        return out, out_origins
 
     def apply(
         self,
@@ -84,42 +135,60 @@ class Operator:
         out: list[Chunk] = []
         seen: dict[str, int] = {}  # split -> records of it before this chunk (dead letters)
         for split, data in chunks:
-            base = seen.get(split, 0)
-            if self.kind == "map_batches":
-                batch = _batch(data)
-                seen[split] = base + batch.num_rows
-                try:
-                    result = self.fn(batch)
-                except Exception as exc:
-                    if dead_letters is None:
-                        raise
-                    for i, record in enumerate(batch.to_pylist()):
-                        dead_letters.add(self.name, split, base + i, record, exc)
-                    continue
-                out += self._batch_output(split, result)
-                continue
-            records = _records(data)
-            seen[split] = base + len(records)
-            if dead_letters is not None:
-                produced = []
-                for i, record in enumerate(records):
-                    try:
-                        produced += self._one(split, record, state)
-                    except Exception as exc:
-                        dead_letters.add(self.name, split, base + i, record, exc)
-            elif self.kind == "map":
-                produced = [self.fn(r) for r in records]
-            elif self.kind == "filter":
-                produced = [r for r in records if self.fn(r)]
-            elif self.kind == "flat_map":
-                produced = [o for r in records for o in (self.fn(r) or ())]
-            else:  # process
-                produced = [o for r in records for o in self._one(split, r, state)]
-            if produced:
-                out.append((split, produced))
+            out += self._chunk(split, data, seen, state, dead_letters)
         return out
 
-    def _one(self, split: str, record: Any, state: OperatorState | None) -> list[Any]:
+    def _chunk(
+        self,
+        split: str,
+        data: Batch,
+        seen: dict[str, int],
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None = None,
+        origin: int = 0,
+    ) -> list[Chunk]:
+        """The output chunks of one input chunk (`seen`: records of each split before it)."""
+        base = seen.get(split, 0)
+        if self.kind == "map_batches":
+            batch = _batch(data)
+            seen[split] = base + batch.num_rows
+            try:
+                result = self.fn(batch)
+            except Exception as exc:
+                if dead_letters is None:
+                    raise
+                for i, record in enumerate(batch.to_pylist()):
+                    dead_letters.add(self.name, split, base + i, record, exc)
+                return []
+            return self._batch_output(split, result)
+        records = _records(data)
+        seen[split] = base + len(records)
+        if dead_letters is not None:
+            produced = []
+            for i, record in enumerate(records):
+                try:
+                    produced += self._one(split, record, state, time, origin)
+                except Exception as exc:
+                    dead_letters.add(self.name, split, base + i, record, exc)
+        elif self.kind == "map":
+            produced = [self.fn(r) for r in records]
+        elif self.kind == "filter":
+            produced = [r for r in records if self.fn(r)]
+        elif self.kind == "flat_map":
+            produced = [o for r in records for o in (self.fn(r) or ())]
+        else:  # process
+            produced = [o for r in records for o in self._one(split, r, state, time, origin)]
+        return [(split, produced)] if produced else []
+
+    def _one(
+        self,
+        split: str,
+        record: Any,
+        state: OperatorState | None,
+        time: EpochTime | None = None,
+        origin: int = 0,
+    ) -> list[Any]:
         """The outputs of one record (record-wise kinds)."""
         if self.kind == "map":
             return [self.fn(record)]
@@ -128,9 +197,10 @@ class Operator:
         if self.kind == "flat_map":
             return list(self.fn(record) or ())
         assert state is not None and self.key is not None  # process
-        ctx: KeyedContext = state.context(
-            split if self.scope == "split" else KEY_SCOPE, self.key(record)
-        )
+        scope = split if self.scope == "split" else KEY_SCOPE
+        ctx: KeyedContext = state.context(scope, self.key(record))
+        if time is not None and self.on_timer is not None:
+            bind(ctx, state, scope, time.start_of(scope))
         return list(self.fn(ctx, record) or ())
 
     def _batch_output(self, split: str, result: Any) -> list[Chunk]:
@@ -162,6 +232,7 @@ class VertexSpec:
     sink: Sink | None = None
     dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
     exchange_from: str | None = None  # an exchange reader: its writer vertex (a durable edge)
+    event_time: EventTime | None = None  # a source read with event time (watermarks)
 
 
 class Stream:
@@ -248,7 +319,12 @@ class Stream:
             reader,
             (),
             parallelism=partitions,
-            source=ExchangeReader(reader, partitions, bounded=bounded),
+            source=ExchangeReader(
+                reader,
+                partitions,
+                bounded=bounded,
+                writers=pipeline.vertices[self.vertex_id].parallelism,
+            ),
             exchange_from=writer,
         )
         return stream
@@ -275,14 +351,70 @@ class KeyedStream:
         self._key = key
 
     def process(
-        self, fn: Callable[[KeyedContext, Any], Iterable[Any] | None], *, name: str | None = None
+        self,
+        fn: Callable[[KeyedContext, Any], Iterable[Any] | None],
+        *,
+        on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
+        name: str | None = None,
     ) -> Stream:
         """A stateful operator; `ctx` gives value/map state of the key (per split on a forward
-        chain, per key after a keyed exchange) and list state."""
+        chain, per key after a keyed exchange) and list state. With `on_timer`, `ctx.timers`
+        sets event-time and processing-time timers of the key, and `on_timer(ctx, ts)` is
+        called when one is due (`regional.dataflow.timers`); its outputs join the stream."""
         stream = self._stream
         scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
-        op = Operator("process", fn, self._key, scope=scope)
+        if on_timer is not None:
+            stream.pipeline._event_time_of(stream.vertex_id, None, name or "process")
+        op = Operator("process", fn, self._key, scope=scope, on_timer=on_timer)
         return stream.pipeline._add("process", name, (stream.vertex_id,), operator=op)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        aggregate: Aggregate | None = None,
+        reduce: Callable[[Any, Any], Any] | None = None,
+        allowed_lateness: Any = 0,
+        on_late: str = "drop",
+        emit: Callable[[Any, Window, Any], Any] | None = None,
+        event_time: Callable[[Any], Any] | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Event-time windows of the key (`regional.dataflow.windows`: `Tumbling`, `Sliding`,
+        `Session`), aggregated with `aggregate` (`count()`, `sum_of(field)`, an `Aggregate`)
+        or `reduce(a, b)`; one row per (key, window), ``emit(key, window, value)`` (default
+        ``{key, window_start, window_end, value}``), once the watermark passes the window's end
+        plus `allowed_lateness`. Late records are dropped and counted, or with
+        ``on_late="dead-letter"`` also written to the pipeline's dead-letter sink. The event
+        time of a record is `event_time(record)`, by default the source's `event_time`."""
+        stream = self._stream
+        pipeline = stream.pipeline
+        what = f"window {name or '(unnamed)'!r}"
+        if (aggregate is None) == (reduce is None):
+            raise GraphError(
+                f"{what}: give aggregate=<count(), sum_of('field') or an Aggregate> or "
+                "reduce=<a function of two records>, one of them"
+            )
+        if on_late not in ON_LATE:
+            raise GraphError(f"{what}: on_late={on_late!r}; use 'drop' or 'dead-letter'")
+        if on_late == "dead-letter" and pipeline.dead_letter is None:
+            raise GraphError(
+                f"{what}: on_late='dead-letter' writes late records to the pipeline's "
+                "dead-letter sink; build the pipeline with on_error='dead-letter', "
+                "dead_letter=<a sink>"
+            )
+        time_of = pipeline._event_time_of(stream.vertex_id, event_time, what)
+        scope = pipeline._key_scope(stream.vertex_id, self._key, name)
+        spec = WindowSpec(
+            assigner,
+            aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
+            time_of=time_of,
+            allowed_lateness=allowed_lateness,
+            on_late=on_late,
+            emit=emit,
+        )
+        op = Operator("window", spec, self._key, scope=scope)  # type: ignore[arg-type]
+        return pipeline._add("window", name, (stream.vertex_id,), operator=op)
 
 
 class Pipeline:
@@ -332,14 +464,74 @@ class Pipeline:
         self.on_error = on_error
         self.dead_letter = dead_letter
 
-    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> Stream:
-        """A source vertex with `parallelism` subtasks reading `source`'s splits."""
+    def source(
+        self,
+        source: Source,
+        *,
+        parallelism: int = 1,
+        name: str | None = None,
+        event_time: Callable[[Any], Any] | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
+    ) -> Stream:
+        """A source vertex with `parallelism` subtasks reading `source`'s splits.
+
+        With `event_time` (a function of a record giving a datetime or ms since the epoch),
+        each split keeps a watermark, the largest event time read minus `max_out_of_orderness`
+        (`"5 s"`, a timedelta or seconds), in its split state (`regional.dataflow.event_time`).
+        `idle_timeout` (off by default) lets a split that delivered nothing for that long stop
+        holding its subtask's watermark back: processing time, so outside the determinism
+        rule (docs/event-time.md)."""
         if not isinstance(source, Source):
             raise GraphError(
                 f"{type(source).__name__} is not a source; give a FileSource, LogSource, "
                 "GeneratorSource or an object with bounded/discover/read"
             )
-        return self._add("source", name, (), source=source, parallelism=parallelism)
+        et = None
+        if event_time is not None:
+            try:
+                et = EventTime(event_time, max_out_of_orderness, idle_timeout)
+            except (TypeError, ValueError) as exc:
+                raise GraphError(f"source {name or '(unnamed)'!r}: {exc}") from None
+        return self._add("source", name, (), source=source, parallelism=parallelism, event_time=et)
+
+    @property
+    def timed(self) -> bool:
+        """True when some source reads with event time or some operator needs watermarks."""
+        return any(
+            v.event_time is not None or (v.operator is not None and v.operator.timed)
+            for v in self.vertices.values()
+        )
+
+    def _event_time_of(
+        self, vertex_id: str, given: Callable[[Any], Any] | None, what: str
+    ) -> Callable[[Any], Any]:
+        """`given`, else the event-time function of the sources `vertex_id` reads (through
+        exchanges); `GraphError` when no source upstream reads with event time."""
+        found: list[EventTime] = []
+        todo = [vertex_id]
+        while todo:
+            spec = self.vertices[todo.pop()]
+            if spec.event_time is not None:
+                found.append(spec.event_time)
+            todo += spec.inputs
+            if spec.exchange_from is not None:
+                todo.append(spec.exchange_from)
+        if not found:
+            raise GraphError(
+                f"{what}: no source upstream reads with event time, so no watermark would "
+                "ever close it; give the source event_time=<function of a record>, e.g. "
+                "p.source(src, event_time=lambda r: r['ts'], max_out_of_orderness='5 s')"
+            )
+        if given is not None:
+            return given
+        fns = {id(e.fn): e.fn for e in found}
+        if len(fns) > 1:
+            raise GraphError(
+                f"{what}: the sources upstream have different event_time functions; give "
+                "the window its own: window(..., event_time=lambda r: r['ts'])"
+            )
+        return next(iter(fns.values()))
 
     def _add(
         self,

@@ -209,12 +209,29 @@ class MapState(MutableMapping[Any, Any]):
         return sum(1 for _ in self)
 
 
+class _NoTimers:
+    """`ctx.timers` of a `process` without `on_timer`: every use says how to get timers."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise TypeError(
+            f"ctx.timers.{name}: this process has no timer callback; give one: "
+            "keyed.process(fn, on_timer=lambda ctx, ts: ...)"
+        )
+
+
+_NO_TIMERS = _NoTimers()
+
+
 class KeyedContext:
-    """What a stateful function sees for one record: its `split_id`, its `key`, and state."""
+    """What a stateful function sees for one record: its `split_id`, its `key`, and state
+    (and `timers`, in a `process(fn, on_timer=...)`: `regional.dataflow.timers`)."""
 
     def __init__(self, state: OperatorState, split_id: str, key: Any) -> None:
         self.split_id = split_id
         self.key = key
+        self.timers: Any = _NO_TIMERS
         self._state = state
         slots = state.keyed.get(split_id)
         if slots is None:

@@ -10,6 +10,7 @@ import html
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from metadata.watermarks import format_watermark
 from regional.report.summary import Report
 
 __all__ = ["render_html"]
@@ -275,6 +276,35 @@ def _grid_section(report: Report) -> str:
     )
 
 
+def _watermark_section(report: Report) -> str:
+    """Event-time jobs only: per checkpoint the lowest unit watermark, who holds it, how far
+    it is behind the checkpoint's trigger time, and the late records (newest last)."""
+    rows = report.watermarks.to_pylist()[-CHART_CHECKPOINTS:]
+    if not rows:
+        return ""
+
+    def cells(r: dict[str, object]) -> str:
+        unit = "-" if r["watermark_unit"] is None else str(r["watermark_unit"])
+        lag = r["lag_ms"]
+        behind = "-" if not isinstance(lag, int) else f"{lag / 1000:.1f} s"
+        mark = r["watermark_ms"]
+        assert isinstance(mark, int)
+        return (
+            f"<tr><td>{r['checkpoint_id']}</td><td>{_e(format_watermark(mark))}</td>"
+            f"<td>{unit}</td><td>{behind}</td><td>{r['records_late']}</td></tr>"
+        )
+
+    body = "".join(cells(r) for r in rows)
+    return (
+        '<h2 id="watermarks">Watermarks</h2><p class="muted">Per checkpoint, the lowest '
+        "event-time watermark of a unit fresh in it, the unit holding it, its lag behind the "
+        "checkpoint's trigger time, and the records windows judged late "
+        "(regional inspect ROOT watermarks: per split and exchange partition).</p>"
+        "<table><tr><th>checkpoint</th><th>watermark</th><th>held by unit</th><th>lag</th>"
+        f"<th>late</th></tr>{body}</table>"
+    )
+
+
 def _lag_section(report: Report) -> str:
     rows = report.lag.to_pylist()[-CHART_CHECKPOINTS:]
     if not rows:
@@ -432,6 +462,7 @@ def render_html(report: Report) -> str:
         + _timeline_section(report)
         + _grid_section(report)
         + _lag_section(report)
+        + _watermark_section(report)
         + _retention_section(report)
         + _aborts_section(report)
         + "</body></html>\n"

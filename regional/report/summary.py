@@ -144,6 +144,19 @@ class ReportError(RegionalError):
     exit_code = 2
 
 
+#: Per completed checkpoint of an event-time job: the lowest watermark of a fresh unit, the unit
+#: holding it, its lag behind the checkpoint's trigger (processing time), the late records.
+WATERMARK_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("watermark_ms", pa.int64(), nullable=False),
+        pa.field("watermark_unit", pa.int64()),
+        pa.field("lag_ms", pa.int64()),  # trigger time - watermark (null at +/-infinity)
+        pa.field("records_late", pa.int64(), nullable=False),
+    ]
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """Everything the page shows, as tables (schemas above and `cleaner.views`).
@@ -172,6 +185,25 @@ class Report:
     #: the units stuck after the newest event (`STUCK_SCHEMA`), and unit -> its name
     stuck: pa.Table = dataclasses.field(default_factory=STUCK_SCHEMA.empty_table)
     unit_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    watermarks: pa.Table = dataclasses.field(default_factory=WATERMARK_SCHEMA.empty_table)
+
+
+def _watermarks(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """The events that carry a watermark (`WATERMARK_SCHEMA`), oldest first."""
+    rows = [
+        {
+            "checkpoint_id": e.checkpoint_id,
+            "watermark_ms": e.watermark_ms,
+            "watermark_unit": e.watermark_unit,
+            "lag_ms": (
+                e.trigger_time_ms - e.watermark_ms if -(2**62) < e.watermark_ms < 2**62 else None
+            ),
+            "records_late": e.records_late,
+        }
+        for e in events
+        if e.watermark_ms is not None
+    ]
+    return pa.Table.from_pylist(rows, schema=WATERMARK_SCHEMA)
 
 
 # --- the tables ------------------------------------------------------------------------------
@@ -381,4 +413,5 @@ def build_report(
         retention_note=retention_note,
         stuck=_stuck(events),
         unit_names=_unit_names(events),
+        watermarks=_watermarks(events),
     )

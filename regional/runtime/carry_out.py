@@ -74,6 +74,9 @@ class EpochOutcome:
     abort_rule: str | None = None
     tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
     records_dead_lettered: int = 0  # committed with this checkpoint (0 when aborted)
+    records_late: int = 0  # judged late by the fresh units' windows (0 when aborted)
+    watermark: int | None = None  # the lowest watermark of a fresh unit (event time)
+    watermark_unit: int | None = None  # the unit holding it
 
 
 @dataclasses.dataclass
@@ -83,6 +86,8 @@ class _Answered:
 
     tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
     dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
+    late: dict[int, int] = dataclasses.field(default_factory=dict)
+    watermarks: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class DecisionHandlers:
@@ -130,6 +135,8 @@ class DecisionHandlers:
         self.finished = False
         #: records dead-lettered by completed checkpoints since the driver started
         self.records_dead_lettered = 0
+        #: records judged late by completed checkpoints since the driver started (event time)
+        self.records_late = 0
         #: checkpoint id -> what its answers said beyond the coordinator's view (until the
         #: checkpoint's outcome)
         self._answered: dict[int, _Answered] = {}
@@ -160,6 +167,10 @@ class DecisionHandlers:
                     dead_lettered[a.unit] = a.records_dead_lettered
                 elif dead_lettered:  # only units that dead-lettered are kept
                     dead_lettered.pop(a.unit, None)
+                if a.watermark is not None:  # event time: the unit's watermark and late count
+                    seen = answered[cid]
+                    seen.watermarks[a.unit] = a.watermark
+                    seen.late[a.unit] = a.records_late
 
     def _outcome_of(
         self, outcome: Outcome, fallback_units: tuple[int, ...], message: str, **kw: Any
@@ -173,12 +184,23 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)  # 100,000 units: never a tuple scan per unit
             dead = sum(n for u, n in seen.dead_lettered.items() if u not in fell_back)
             self.records_dead_lettered += dead
+        late, low, holder = 0, None, None
+        if outcome is not Outcome.ABORTED and seen.watermarks:
+            fell_back = frozenset(fallback_units)
+            late = sum(n for u, n in seen.late.items() if u not in fell_back)
+            self.records_late += late
+            fresh = [(w, u) for u, w in seen.watermarks.items() if u not in fell_back]
+            if fresh:
+                low, holder = min(fresh)
         return EpochOutcome(
             outcome,
             fallback_units,
             message,
             tracebacks={u: seen.tracebacks[u] for u in fallback_units if u in seen.tracebacks},
             records_dead_lettered=dead,
+            records_late=late,
+            watermark=low,
+            watermark_unit=holder,
             **kw,
         )
 

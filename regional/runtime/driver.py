@@ -647,6 +647,7 @@ class JobDriver:
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
             records_dead_lettered=self.decisions.records_dead_lettered,
+            records_late=self.decisions.records_late,
         )
 
     @property
@@ -678,6 +679,8 @@ class JobDriver:
             causes=o.causes,
             tracebacks=o.tracebacks,
             records_dead_lettered=o.records_dead_lettered,
+            records_late=o.records_late,
+            watermark=(o.watermark, o.watermark_unit),
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
@@ -701,9 +704,7 @@ class JobDriver:
 
     def unit_reads(self, unit_id: int) -> tuple[str, ...]:
         """The splits `unit_id` reads (its name: `metadata.unit_names.unit_name`)."""
-        return unit_reads(
-            unit_id, self.layout, self.enumerators, self.coordinator, self._assigned
-        )
+        return unit_reads(unit_id, self.layout, self.enumerators, self.coordinator, self._assigned)
 
     def stuck_units(self) -> tuple[StuckUnit, ...]:
         """The units stuck now (DESIGN §4 rule 5), each with what it reads and why."""

@@ -53,6 +53,7 @@ def plan_works(
     per = pipeline.splits_per_subtask
     cid, attempt = trigger.checkpoint_id, trigger.attempt
     unit_states = coordinator.unit_states  # built once per change of a unit's state
+    ended = tuple(sorted(coordinator.finished_sources)) if pipeline.timed else ()
     caps = open_split_caps(pipeline, enumerators)
     for unit_id in range(layout.num_units):
         restore = unit_states(unit_id)
@@ -69,7 +70,7 @@ def plan_works(
                 if split is None:
                     break
                 new.append((state.vertex_id, state.index, split))
-        works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new)))
+        works.append(UnitWork(cid, attempt, unit_id, restore, tuple(new), ended))
     return works
 
 

@@ -33,7 +33,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     completed id minus its owner's, the lag of `regional inspect ROOT lag`; units at 0 left
     out); `commit_lag` counts completed checkpoints whose output is not committed yet;
     `records_dead_lettered` the records user functions failed on that completed checkpoints
-    sent to the dead-letter sink (`on_error="dead-letter"`).
+    sent to the dead-letter sink (`on_error="dead-letter"`); `records_late` the records event-time
+    windows of completed checkpoints judged late.
     Counters run since the driver started (a restored job starts them at 0).
     """
 
@@ -47,6 +48,7 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     commit_lag: int
     commit_failures: int
     records_dead_lettered: int = 0
+    records_late: int = 0
 
     @property
     def max_unit_lag(self) -> int:
@@ -63,6 +65,7 @@ def metrics_snapshot(
     latest_completed_id: int | None,
     commit_lag: int,
     records_dead_lettered: int = 0,
+    records_late: int = 0,
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics into a `MetricsSnapshot`."""
     oldest = (
@@ -81,6 +84,7 @@ def metrics_snapshot(
         commit_lag=commit_lag,
         commit_failures=metrics.commit_failures,
         records_dead_lettered=records_dead_lettered,
+        records_late=records_late,
     )
 
 
@@ -102,6 +106,8 @@ def checkpoint_event(
     records_dead_lettered: int = 0,
     stuck: tuple[StuckUnit, ...] = (),
     unit_reads: Mapping[int, tuple[str, ...]] | None = None,
+    records_late: int = 0,
+    watermark: tuple[int | None, int | None] = (None, None),
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
@@ -134,4 +140,7 @@ def checkpoint_event(
         records_dead_lettered=records_dead_lettered,
         stuck=stuck,
         unit_reads=dict(unit_reads or {}),
+        records_late=records_late,
+        watermark_ms=watermark[0],
+        watermark_unit=watermark[1],
     )

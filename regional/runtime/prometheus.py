@@ -75,6 +75,15 @@ class JobCollector:
         )
         records.add_metric(job, d.records_in_total)
         yield records
+        if d.pipeline.timed:  # event time
+            late = CounterMetricFamily(
+                "regional_records_late",
+                "Records event-time windows judged late (behind the watermark past the allowed "
+                "lateness) in completed checkpoints.",
+                labels=["job"],
+            )
+            late.add_metric(job, m.records_late)
+            yield late
         failures = CounterMetricFamily(
             "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
         )
@@ -132,6 +141,16 @@ class JobCollector:
             ref = m.oldest_ref_checkpoint_id
             oldest.add_metric(job, m.latest_completed_id if ref is None else ref)
             yield oldest
+        if d.last_event is not None and d.last_event.watermark_ms is not None:
+            wm = GaugeMetricFamily(
+                "regional_watermark_seconds",
+                "The lowest event-time watermark of a unit fresh in the latest checkpoint "
+                "(seconds since the Unix epoch; +/-9.2e15 for +/-infinity), and the unit.",
+                labels=["job", "unit"],
+            )
+            holder = str(d.last_event.watermark_unit)
+            wm.add_metric([*job, holder], d.last_event.watermark_ms / 1000)
+            yield wm
         if d.last_event is not None:
             duration = GaugeMetricFamily(
                 "regional_last_checkpoint_duration_seconds",

@@ -303,6 +303,16 @@ class SparkDispatcher:
                     self.on_answer(answer)
 
 
+def event_time_env(policy: Policy) -> dict[str, int | None]:
+    """The `TaskEnv` fields of the policy's `[event-time]` table."""
+    et = policy.event_time
+    idle = et.idle_timeout
+    return {
+        "exclude_after": et.exclude_after if et.writer_fallback == "exclude" else None,
+        "idle_timeout_ms": None if idle is None else max(1, round(idle * 1000)),
+    }
+
+
 class SparkRuntime(JobDriver):
     """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI):
     a `JobDriver` with a `SparkDispatcher`.
@@ -368,6 +378,8 @@ class SparkRuntime(JobDriver):
             faults=faults.unit_faults(),
             run_id=run_id,
             merge_state=merge_state,
+            exclude_after=event_time_env(policy)["exclude_after"],
+            idle_timeout_ms=event_time_env(policy)["idle_timeout_ms"],
         )
         tasks = tasks or max(1, sc.defaultParallelism)
         super().__init__(

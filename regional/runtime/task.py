@@ -50,12 +50,15 @@ import pyarrow as pa
 from metadata.layout import state_file_path
 from metadata.model import SplitState, StateHandle, SubtaskState
 from metadata.storage import JobStorage
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
 from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Chunk, Pipeline
-from regional.dataflow.state import OperatorState
+from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import WriteContext
 from regional.sources.base import num_records
@@ -102,6 +105,10 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     upload_latency: UploadLatency | None = None
     upload_in_sync_phase: bool = False
     faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
+    #: event time: release an exchange writer that fell back this many checkpoints in a row
+    #: (the `exclude` policy; None: `hold`, the default), and the default idle timeout (ms)
+    exclude_after: int | None = None
+    idle_timeout_ms: int | None = None
     run_id: str | None = None  # the driver run: state file names carry it (fencing)
     merge_state: bool = True  # one state file per task (DESIGN §4 rule 16); False: per unit
 
@@ -116,6 +123,8 @@ class _Snapshot(msgspec.Struct):
     states: list[SubtaskState]  # in layout order, without handles yet
     records_in: int
     records_out: int
+    records_late: int = 0
+    watermark: int | None = None  # the unit's subtask watermark after the epoch (event time)
     serialise_s: float = 0.0  # writing the local state file (the sync part of the snapshot)
     records_dead_lettered: int = 0
     restore_s: float = 0.0  # reading and decoding operator state
@@ -176,6 +185,12 @@ def _process(
     restore = {s.vertex_id: s for s in work.restore}  # a unit has one subtask per vertex
     order = [v for v in pipeline.topological_order() if v in restore]
     outputs: dict[str, list[Chunk]] = {}
+    # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
+    # watermarks by scope; None when the pipeline has no event time (nothing changes then)
+    epoch_time = EpochTime(int(time.time() * 1000)) if pipeline.timed else None
+    origins: dict[str, list[int]] = {}
+    unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
+    unit_end: list[int] = []
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
     records_in = records_out = dead_lettered = 0
@@ -205,15 +220,27 @@ def _process(
             chunks: list[Chunk] = []
             budget = pipeline.records_per_epoch
             kept = []
+            et = spec.event_time
+            marks_before: dict[str, SplitWatermark | None] = {}
+            marks_after: dict[str, SplitWatermark | None] = {}
+            marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
+            chunk_origins: list[int] = []
             left = len(positions)
-            for split, position in positions.items():
+            for split, wrapped in positions.items():
+                position, mark = unwrap_position(wrapped)
                 start_positions[split] = position.decode("utf-8", "backslashreplace")
+                marks_before[split] = mark
+                first = len(chunks)
+                finished = False
                 # a fair share of what is left, so one split with a backlog never starves the
                 # others (what a split leaves unused goes to the next)
                 share = -(-budget // left) if budget > 0 else 0
                 left -= 1
                 if share > 0:
-                    result = spec.source.read(split, position, share)
+                    if epoch_time is not None and isinstance(spec.source, ExchangeReader):
+                        result, read_origins = spec.source.read_timed(split, position, share)
+                    else:
+                        result, read_origins = spec.source.read(split, position, share), None
                     # records the source could not decode (a source of its own may return a
                     # ReadResult made before `poison` existed: a plain 3-tuple)
                     for poison in getattr(result, "poison", ()):
@@ -225,17 +252,75 @@ def _process(
                         n = num_records(b)
                         budget -= n
                         records_in += n
+                    if read_origins is not None:
+                        chunk_origins += read_origins
                     position = result.position
-                    if result.finished:
-                        continue
+                    finished = result.finished
+                if et is not None and epoch_time is not None:
+                    stamps = (et.of(r) for _, b in chunks[first:] for r in _rows(b))
+                    mark = advance_split(mark, stamps, et.bound_ms, epoch_time.now_ms)
+                if epoch_time is not None and not isinstance(spec.source, ExchangeReader):
+                    origin = mark_of(marks_before[split])
+                    chunk_origins += [origin] * (len(chunks) - first)
+                    epoch_time.start[split] = origin
+                    epoch_time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
+                if finished:
+                    marks_done[split] = mark
+                    continue
+                marks_after[split] = mark
+                if et is not None and mark is not None:
+                    position = wrap_position(position, mark)
                 kept.append(SplitState(split, position))
             split_states = tuple(kept)
             live_splits.update(s.split_id for s in kept)
             outputs[vertex_id] = chunks
+            if epoch_time is not None:
+                ended = vertex_id in work.ended
+                idle = et.idle_timeout_ms if et is not None else None
+                idle = env.idle_timeout_ms if idle is None else idle
+                now = epoch_time.now_ms
+                if isinstance(spec.source, ExchangeReader):
+                    split = spec.source.split_of(index)
+                    if ended:
+                        before = after = MAX_WATERMARK
+                    else:
+                        marks = spec.source.marks()
+                        hold = env.exclude_after
+                        before = spec.source.watermark(
+                            split, positions[split], marks, exclude_after=hold
+                        ).watermark
+                        after = max(
+                            before,
+                            spec.source.watermark(
+                                split,
+                                next(k.position for k in kept if k.split_id == split),
+                                marks,
+                                exclude_after=hold,
+                            ).watermark,
+                        )
+                    epoch_time.start[split], epoch_time.end[split] = before, after
+                    epoch_time.key_split = split
+                else:
+                    before = subtask_watermark(marks_before, now_ms=now, idle_timeout_ms=idle)
+                    after = subtask_watermark(
+                        # no split left: the ones that finished now bound it this epoch (a
+                        # subtask reading one file per epoch advances with its files)
+                        marks_after or marks_done,
+                        now_ms=now,
+                        ended=ended,
+                        idle_timeout_ms=idle,
+                    )
+                unit_start.append(before)
+                unit_end.append(after)
+                origins[vertex_id] = chunk_origins
+                epoch_time.start[KEY_SCOPE] = min(unit_start)
+                epoch_time.end[KEY_SCOPE] = min(unit_end)
         else:
             if faults is not None:  # after the sources read, like user code failing on data
                 faults.after_sources(work)
             inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
+            if epoch_time is not None:
+                input_origins = [o for i in spec.inputs for o in origins.get(i, ())]
             if spec.operator is not None:
                 op_state = None
                 if spec.operator.stateful:
@@ -252,7 +337,12 @@ def _process(
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
                     restore_s += time.perf_counter() - restore_started
-                outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
+                if epoch_time is not None:
+                    outputs[vertex_id], origins[vertex_id] = spec.operator.apply_timed(
+                        inputs, input_origins, op_state, dead, epoch_time
+                    )
+                else:
+                    outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
                 if op_state is not None:
                     # keyed state of finished splits leaves with this snapshot, which is also
                     # the first without the split in its source's state (DESIGN §4 rule 4);
@@ -274,6 +364,11 @@ def _process(
                     ]
                     if not isinstance(spec.sink, ExchangeWriter):  # records leaving the job
                         records_out += sum(b.num_rows for b in batches)
+                watermarks = None
+                if epoch_time is not None and isinstance(spec.sink, ExchangeWriter):
+                    held = spec.sink.committed_watermark(old.committables)
+                    before = MIN_WATERMARK if held is None else held
+                    watermarks = (before, max(before, epoch_time.end.get(KEY_SCOPE, before)))
                 committables = pipeline.sink_of(vertex_id).write(
                     batches,
                     WriteContext(
@@ -284,6 +379,7 @@ def _process(
                         unit_id=work.unit_id,
                         vertex_id=vertex_id,
                         index=index,
+                        watermarks=watermarks,
                     ),
                 )
         states.append(
@@ -323,6 +419,8 @@ def _process(
         ordered,
         records_in,
         records_out,
+        epoch_time.late if epoch_time is not None else 0,
+        epoch_time.end.get(KEY_SCOPE) if epoch_time is not None else None,
         time.monotonic() - serialise_started,
         dead_lettered,
         restore_s,
@@ -330,6 +428,15 @@ def _process(
         encode_s,
         spool_offset,
     )
+
+
+def mark_of(mark: SplitWatermark | None) -> int:
+    """A split's watermark (-inf before its first record)."""
+    return MIN_WATERMARK if mark is None else mark.watermark
+
+
+def _rows(batch: Any) -> list[Any]:
+    return batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
@@ -461,6 +568,8 @@ def _ack(snap: _Snapshot, handles: dict[tuple[str, int], StateHandle], upload_s:
         process_s=snap.process_s,
         snapshot_s=snap.encode_s + snap.serialise_s,
         upload_s=upload_s,
+        records_late=snap.records_late,
+        watermark=snap.watermark,
     )
 
 

@@ -55,7 +55,9 @@ __all__ = [
 class WriteContext(msgspec.Struct, frozen=True, kw_only=True):
     """Who writes: sink subtask `index` of vertex `vertex_id`, in unit `unit_id`, staging for
     checkpoint `checkpoint_id` as attempt `attempt`, in job `job_id` and driver run `run_id`.
-    Names of staged files are made from these, so two attempts never collide."""
+    Names of staged files are made from these, so two attempts never collide. `watermarks`:
+    with event time, the subtask's watermark (ms) before and after the epoch (the keyed
+    exchange commits them, DESIGN §4 rule 15; other sinks ignore them)."""
 
     job_id: str
     run_id: str
@@ -64,6 +66,7 @@ class WriteContext(msgspec.Struct, frozen=True, kw_only=True):
     unit_id: int
     vertex_id: str
     index: int
+    watermarks: tuple[int, int] | None = None
 
 
 @runtime_checkable

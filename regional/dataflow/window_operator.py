@@ -1,0 +1,220 @@
+"""The window operator: `keyed.window(Tumbling("1 min"), aggregate=count())` over one epoch.
+
+Window state is keyed state of the operator (`regional.dataflow.state.OperatorState`): per
+(scope, key) the open windows and their accumulators, so it is snapshotted, falls back,
+restores and rescales like any keyed state. Per epoch:
+
+1. every record is assigned its windows (`regional.dataflow.windows`); a record whose windows
+   are all closed at its origin watermark (`regional.dataflow.epoch_time`) is **late**: counted,
+   and with ``on_late="dead-letter"`` written to the dead-letter sink with the reason; otherwise
+   it is added to its windows that are still open (for sessions: merged into the key's
+   sessions; a session record is late when it is more than the allowed lateness behind);
+2. at the end of the epoch, every window whose end plus the allowed lateness the scope's
+   watermark reached emits **one final row** (``emit(key, window, value)``) and leaves the
+   state, in (end, start, key) order.
+
+With an aggregate that is commutative and associative (count, sum, min, max, ...) the rows are
+the same whichever units fell back when (DESIGN §4 rule 15).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from metadata.watermarks import MIN_WATERMARK, format_watermark
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import span_ms, to_millis
+from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.windows import (
+    Aggregate,
+    Window,
+    WindowAssigner,
+    closed,
+    is_late,
+    merge_sessions,
+)
+from regional.sources.base import Batch
+
+__all__ = ["ON_LATE", "LateRecord", "WindowSpec", "default_emit", "run_windows"]
+
+#: What `window(on_late=...)` does with a late record: count it and drop it, or also write it
+#: to the pipeline's dead-letter sink.
+ON_LATE = ("drop", "dead-letter")
+_WINDOWS = "w"  # slot entry: {start: [end, acc]} (tumbling, sliding)
+_SESSIONS = "s"  # slot entry: [[start, end, acc], ...] (sessions)
+_FLOOR = "\x00fired-watermark"  # list state of a key-scoped window operator: [watermark]
+_ENCODE = msgspec.msgpack.Encoder()
+
+
+class LateRecord(Exception):
+    """A record behind the watermark (the error of its dead letter)."""
+
+
+def _utc(ms: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+
+
+def default_emit(key: Any, window: Window, value: Any) -> dict[str, Any]:
+    """The default result row: ``{key, window_start, window_end, value}`` (UTC datetimes)."""
+    return {
+        "key": key,
+        "window_start": _utc(window.start),
+        "window_end": _utc(window.end),
+        "value": value,
+    }
+
+
+class WindowSpec:
+    """A window operator's definition (`KeyedStream.window` builds it)."""
+
+    def __init__(
+        self,
+        assigner: WindowAssigner,
+        aggregate: Aggregate,
+        *,
+        time_of: Callable[[Any], Any],
+        allowed_lateness: Any = 0,
+        on_late: str = "drop",
+        emit: Callable[[Any, Window, Any], Any] | None = None,
+    ) -> None:
+        self.assigner = assigner
+        self.aggregate = aggregate
+        self.time_of = time_of
+        self.lateness = span_ms(allowed_lateness, "allowed_lateness")
+        self.on_late = on_late
+        self.emit = emit or default_emit
+
+    def ts(self, record: Any) -> int:
+        return to_millis(self.time_of(record), f"the event time of {record!r:.200}")
+
+
+def _late_reason(op: str, ts: int, origin: int, lateness: int) -> LateRecord:
+    return LateRecord(
+        f"window operator {op!r}: event time {format_watermark(ts)} is behind the watermark "
+        f"{format_watermark(origin)} by more than the allowed lateness of {lateness} ms: every "
+        "window of the record had closed; raise allowed_lateness or max_out_of_orderness to "
+        "keep such records"
+    )
+
+
+def run_windows(
+    spec: WindowSpec,
+    operator: str,
+    key_fn: Callable[[Any], Any],
+    scope_kind: str,
+    chunks: Sequence[tuple[str, Batch]],
+    origins: Sequence[int],
+    state: OperatorState,
+    time: EpochTime,
+    dead: DeadLetters | None,
+    records: Callable[[Batch], list[Any]],
+) -> tuple[list[tuple[str, Batch]], list[int]]:
+    """One epoch of a window operator: add the records, then fire the closed windows. Returns
+    the output chunks and their origin watermarks; late records are counted in `time.late`."""
+    agg = spec.aggregate
+    lateness = spec.lateness
+    session = spec.assigner.session
+    # after an exchange: the highest watermark this subtask fired at (the `exclude` policy can
+    # move the reader's watermark back; a window never fires twice)
+    floor = state.lists.setdefault(_FLOOR, [MIN_WATERMARK]) if scope_kind == "key" else None
+    if floor is not None and time.start_of(KEY_SCOPE) < floor[0]:
+        time.start[KEY_SCOPE] = floor[0]
+    seen: dict[str, int] = {}
+    for (split, data), origin in zip(chunks, origins, strict=True):
+        rows = records(data)
+        base = seen.get(split, 0)
+        seen[split] = base + len(rows)
+        scope = split if scope_kind == "split" else KEY_SCOPE
+        slots = state.keyed.setdefault(scope, {})
+        # never behind what already fired (equal to the origin under `hold`, see above)
+        origin = max(origin, time.start_of(scope))
+        for i, record in enumerate(rows):
+            ts = spec.ts(record)
+            windows = spec.assigner.assign(ts)
+            late = ts + lateness < origin if session else is_late(windows, origin, lateness)
+            if late:
+                time.late += 1
+                if dead is not None and spec.on_late == "dead-letter":
+                    dead.add(
+                        operator,
+                        split,
+                        base + i,
+                        record,
+                        _late_reason(operator, ts, origin, lateness),
+                    )
+                continue
+            key = key_fn(record)
+            slot = slots.get(key)
+            if slot is None:
+                state.codec.check(key, what=f"the key of split {scope!r}", operator=operator)
+                slot = slots[key] = {}
+            if session:
+                (w,) = windows
+                new = [w.start, w.end, agg.add(agg.init(), record)]
+                slot[_SESSIONS] = [
+                    list(s) for s in merge_sessions(slot.get(_SESSIONS, []), new, agg.merge)
+                ]
+                continue
+            open_windows = slot.setdefault(_WINDOWS, {})
+            for w in windows:
+                if closed(w, origin, lateness):
+                    continue
+                entry = open_windows.get(w.start)
+                acc = agg.add(agg.init() if entry is None else entry[1], record)
+                open_windows[w.start] = [w.end, acc]
+    out = _fire(spec, state, time, scope_kind)
+    if floor is not None:
+        floor[0] = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
+    return out
+
+
+def _fire(
+    spec: WindowSpec, state: OperatorState, time: EpochTime, scope_kind: str
+) -> tuple[list[tuple[str, Batch]], list[int]]:
+    """Emit and drop every window whose end plus the lateness its scope's watermark reached."""
+    out: list[tuple[str, Batch]] = []
+    origins: list[int] = []
+    agg, lateness = spec.aggregate, spec.lateness
+    for scope, slots in state.keyed.items():
+        watermark = time.end.get(scope)
+        if watermark is None:
+            continue
+        fired: list[tuple[int, int, bytes, Any, Any]] = []
+        for key in list(slots):
+            slot = slots[key]
+            if (sessions := slot.get(_SESSIONS)) is not None:
+                left = []
+                for s in sessions:
+                    if s[1] + lateness < watermark:  # see `Session`
+                        fired.append((s[1], s[0], _ENCODE.encode(key), key, s[2]))
+                    else:
+                        left.append(s)
+                if left:
+                    slot[_SESSIONS] = left
+                else:
+                    del slot[_SESSIONS]
+            if (windows := slot.get(_WINDOWS)) is not None:
+                for start in [s for s, (end, _) in windows.items() if end + lateness <= watermark]:
+                    end, acc = windows.pop(start)
+                    fired.append((end, start, _ENCODE.encode(key), key, acc))
+                if not windows:
+                    del slot[_WINDOWS]
+            if not slot:
+                del slots[key]
+        if fired:
+            fired.sort(key=lambda f: (f[0], f[1], f[2]))
+            rows = [
+                spec.emit(key, Window(start, end), agg.result(acc))
+                for end, start, _, key, acc in fired
+            ]
+            split = scope if scope_kind == "split" else time.key_split
+            out.append((split, rows))
+            origins.append(time.start_of(scope))
+    for scope in [s for s, slots in state.keyed.items() if not slots]:
+        del state.keyed[scope]
+    return out, origins

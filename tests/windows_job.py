@@ -1,0 +1,279 @@
+"""Event-time jobs for the window and timer tests: clicks of a few users from generator splits,
+out of order within a bound, with a few records far behind (late); windows per user on a
+forward chain (state per split) or after a durable exchange (state per user), and an
+independent model of what they must emit (per split, epoch by epoch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any
+
+from metadata.watermarks import MIN_WATERMARK
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.windows import Aggregate, Session, Sliding, Tumbling, Window, count
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.files import FileSource
+from regional.sources.generator import GeneratorSource
+
+SPLITS, PER_SPLIT, PER_EPOCH, USERS = 4, 120, 15, 5
+BOUND_MS = 4_000
+
+
+def click(split: int, n: int) -> dict[str, Any]:
+    """Click n of split `split`: about one per second, up to 3 s out of order, every 23rd
+    click 40 s behind (late), users u0..u4; user u4 stops clicking after 40 s (quiet)."""
+    ts = 1_000_000 + split * 700 + n * 1_000 - (n * 7919 % 4) * 1_000
+    if n % 23 == 22:
+        ts -= 40_000
+    user = f"u{(n * 3 + split) % USERS}"
+    if user == "u4" and n > 40:
+        user = "u3"
+    return {"user": user, "ts": ts, "split": split, "n": n}
+
+
+def user(r: dict[str, Any]) -> str:
+    return str(r["user"])
+
+
+def ts_of(r: dict[str, Any]) -> int:
+    return int(r["ts"])
+
+
+def emit(key: Any, w: Window, value: Any) -> dict[str, Any]:
+    return {"user": key, "start": w.start, "end": w.end, "value": value}
+
+
+ASSIGNERS: dict[str, Any] = {
+    "tumbling": Tumbling("10 s"),
+    "sliding": Sliding("10 s", "5 s"),
+    "session": Session("2 s"),
+}
+
+
+def pipeline(
+    kind: str,
+    table: str,
+    *,
+    partitions: int | None = None,
+    parallelism: int = 2,
+    on_late: str = "drop",
+    dead_letter: Any = None,
+) -> Pipeline:
+    """clicks (`parallelism` subtasks) -> [exchange by user] -> window `kind` -> Parquet."""
+    p = Pipeline(
+        "clicks",
+        records_per_epoch=PER_EPOCH,
+        on_error="dead-letter" if dead_letter is not None else "fail",
+        dead_letter=dead_letter,
+    )
+    src = GeneratorSource(SPLITS, click, records_per_split=PER_SPLIT)
+    stream = p.source(
+        src,
+        parallelism=parallelism,
+        name="clicks",
+        event_time=ts_of,
+        max_out_of_orderness=BOUND_MS / 1000,
+    )
+    keyed = stream.key_by(user, partitions=partitions, name="by-user" if partitions else None)
+    keyed.window(ASSIGNERS[kind], aggregate=count(), emit=emit, on_late=on_late, name="win").sink(
+        ParquetSink(table), name="out"
+    )
+    return p
+
+
+def rows(table: str) -> list[tuple[Any, ...]]:
+    """The committed window rows, sorted (a multiset: one row per emitted window)."""
+    t = read_table(table)
+    if t.num_rows == 0:
+        return []
+    return sorted(
+        zip(*(t.column(c).to_pylist() for c in ("user", "start", "end", "value")), strict=True)
+    )
+
+
+def forward_model(kind: str) -> tuple[list[tuple[Any, ...]], int]:
+    """What the forward-chain job must emit, computed independently: per split, epoch by epoch
+    (PER_EPOCH records), a record is late when all its windows closed at the split's
+    watermark before the epoch (sessions: when it is behind that watermark); one row per
+    (split, user, window). Returns (sorted rows, late records)."""
+    assigner = ASSIGNERS[kind]
+    out: list[tuple[Any, ...]] = []
+    late = 0
+    for split in range(SPLITS):
+        records = [click(split, n) for n in range(PER_SPLIT)]
+        per: Counter[tuple[Any, ...]] = Counter()
+        kept: list[dict[str, Any]] = []
+        top = None
+        for i in range(0, PER_SPLIT, PER_EPOCH):
+            chunk = records[i : i + PER_EPOCH]
+            origin = MIN_WATERMARK if top is None else top - BOUND_MS
+            for r in chunk:
+                if kind == "session":
+                    if r["ts"] < origin:
+                        late += 1
+                    else:
+                        kept.append(r)
+                    continue
+                open_ = [w for w in assigner.assign(r["ts"]) if w.end > origin]
+                late += not open_
+                for w in open_:
+                    per[(r["user"], w.start, w.end)] += 1
+            top = max([r["ts"] for r in chunk] + ([top] if top is not None else []))
+        out += [(*k, n) for k, n in per.items()]
+        for u in sorted({r["user"] for r in kept}):
+            for start, end, n in batch_sessions([r["ts"] for r in kept if r["user"] == u]):
+                out.append((u, start, end, n))
+    return sorted(out), late
+
+
+def batch_sessions(stamps: list[int], gap: int = 2_000) -> list[tuple[int, int, int]]:
+    """Sessions of sorted-by-time event times: (start, end = last + gap, records)."""
+    out: list[tuple[int, int, int]] = []
+    for ts in sorted(stamps):
+        if out and ts <= out[-1][1]:  # touching sessions merge
+            start, end, n = out[-1]
+            out[-1] = (start, max(end, ts + gap), n + 1)
+        else:
+            out.append((ts, ts + gap, 1))
+    return out
+
+
+# --- the same clicks as JSON-lines files, for the Spark tests ------------------------------
+
+
+def write_clicks(directory: str) -> str:
+    """One file per split (`clicks-<s>.jsonl`), each click with an `amount` to sum."""
+    os.makedirs(directory, exist_ok=True)
+    for s in range(SPLITS):
+        with open(os.path.join(directory, f"clicks-{s}.jsonl"), "w") as out:
+            for n in range(PER_SPLIT):
+                out.write(json.dumps({**click(s, n), "amount": (s * 31 + n * 17) % 50}) + "\n")
+    return directory
+
+
+def count_and_sum() -> Aggregate:
+    """[clicks, amount] per window."""
+    return Aggregate(
+        lambda: [0, 0],
+        lambda acc, r: [acc[0] + 1, acc[1] + r["amount"]],
+        lambda a, b: [a[0] + b[0], a[1] + b[1]],
+        lambda acc: acc,
+    )
+
+
+def emit_totals(key: Any, w: Window, value: Any) -> dict[str, Any]:
+    return {"user": key, "start": w.start, "end": w.end, "clicks": value[0], "amount": value[1]}
+
+
+def file_pipeline(kind: str, clicks: str, table: str, dead: str) -> Pipeline:
+    """clicks files (one subtask per file) -> exchange by user (3) -> window `kind` -> Parquet;
+    late records dead-lettered (`dead`)."""
+    p = Pipeline(
+        "clicks",
+        records_per_epoch=PER_EPOCH,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(dead),
+    )
+    (
+        p.source(
+            FileSource(clicks, format="jsonl"),
+            parallelism=SPLITS,
+            name="clicks",
+            event_time=ts_of,
+            max_out_of_orderness=BOUND_MS / 1000,
+        )
+        .key_by(user, partitions=3, name="by-user")
+        .window(
+            ASSIGNERS[kind],
+            aggregate=count_and_sum(),
+            emit=emit_totals,
+            on_late="dead-letter",
+            name="win",
+        )
+        .sink(ParquetSink(table), name="out")
+    )
+    return p
+
+
+def totals(table: str) -> list[tuple[Any, ...]]:
+    """The committed (user, start, end, clicks, amount) rows, sorted."""
+    t = read_table(table)
+    columns = ("user", "start", "end", "clicks", "amount")
+    return sorted(zip(*(t.column(c).to_pylist() for c in columns), strict=True))
+
+
+def late_records(dead: str) -> list[tuple[int, int]]:
+    """(split, n) of every click dead-lettered as late, sorted."""
+    t = read_table(dead)
+    if t.num_rows == 0:
+        return []
+    out = []
+    for r in t.to_pylist():
+        assert r["error_type"] == "LateRecord", r
+        record = json.loads(r["record"])
+        out.append((int(record["split"]), int(record["n"])))
+    return sorted(out)
+
+
+# --- a sessionizer with timers --------------------------------------------------------
+
+GAP = 5_000
+
+
+def sessionize(ctx: Any, click: dict[str, Any]) -> list[dict[str, Any]]:
+    """A session per user: a click more than `GAP` after the last one ends the old session;
+    a timer at last + GAP closes the session of a user who went quiet."""
+    last, clicks = ctx.value_state("last"), ctx.value_state("clicks", 0)
+    out = []
+    if last.value() is not None:
+        ctx.timers.delete(last.value() + GAP)
+        if click["ts"] > last.value() + GAP:
+            out.append({"user": ctx.key, "clicks": clicks.value(), "end": last.value() + GAP})
+            clicks.update(0)
+    last.update(max(click["ts"], last.value() or click["ts"]))
+    clicks.update(clicks.value() + 1)
+    ctx.timers.at_event_time(last.value() + GAP)
+    return out
+
+
+def close_session(ctx: Any, ts: int) -> list[dict[str, Any]]:
+    row = {"user": ctx.key, "clicks": ctx.value_state("clicks", 0).value(), "end": ts}
+    ctx.value_state("last").clear()
+    ctx.value_state("clicks").clear()
+    return [row]
+
+
+def quiet_clicks(split: int, n: int) -> dict[str, Any]:
+    """In time order; user q<split> clicks only 10 times, then is quiet for good; user
+    a<split> clicks every second, with a 9 s pause every 40 clicks."""
+    if n < 10:
+        return {"user": f"q{split}", "ts": n * 1_000}
+    return {"user": f"a{split}", "ts": n * 1_000 + (n // 40) * 9_000}
+
+
+def sessionizer(table: str, partitions: int | None = None) -> Pipeline:
+    p = Pipeline("sessions", records_per_epoch=10)
+    (
+        p.source(
+            GeneratorSource(2, quiet_clicks, records_per_split=200),
+            parallelism=2,
+            event_time=lambda r: r["ts"],
+        )
+        .key_by(user, partitions=partitions, name="by-user" if partitions else None)
+        .process(sessionize, on_timer=close_session, name="sessionize")
+        .sink(ParquetSink(table), name="out")
+    )
+    return p
+
+
+def expected_sessions() -> list[tuple[str, int, int]]:
+    """(user, clicks, last click + GAP) of every session of the sessionizer's input."""
+    want = []
+    for s in range(2):
+        stamps = [quiet_clicks(s, n) for n in range(200)]
+        for u in sorted({c["user"] for c in stamps}):
+            times = [c["ts"] for c in stamps if c["user"] == u]
+            want += [(u, n, end) for _, end, n in batch_sessions(times, GAP)]
+    return sorted(want)
