@@ -75,10 +75,13 @@ def test_the_quickstart_commands_run_as_written(tmp_path: Path) -> None:
     outputs = []
     for command in commands:
         argv = [
-            str(BIN / a[len(".venv/bin/") :]) if a.startswith(".venv/bin/") else a
+            str(BIN / a[len(".venv/bin/") :])
+            if a.startswith(".venv/bin/")
+            else f"{tmp_path}/{a[len('/tmp/') :]}"
+            if a.startswith("/tmp/")
+            else a
             for a in command.split()
         ]
-        argv = [a.replace("/tmp/", f"{tmp_path}/") for a in argv]
         run = subprocess.run(
             argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600, check=False
         )
