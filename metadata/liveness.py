@@ -5,8 +5,9 @@ every unit it ran. The file is **live while any kept (retained or pending) check
 any of its segments**: a unit that falls back keeps its owner's segment, and with it the whole
 file, until the checkpoints referencing it are subsumed. Only the referenced segments are *live
 bytes*; the rest of a kept file is space amplification, which `live / physical bytes` shows
-(`regional inspect ROOT retention`, the report) and `[checkpointing.file-merging]
-min-live-share` bounds (`regional.runtime.compaction`).
+(`regional inspect ROOT retention`, the report). Nothing bounds it yet but how long a unit may
+stay on fallback (`max-unit-fallbacks`, `max-stuck-time`): compacting a kept file's live
+segments is not built (docs: File merging).
 
 `file_liveness(kept)` answers, for the kept checkpoints, every referenced file's physical size,
 its live bytes (distinct referenced segments) and the fallback references that keep segments of
