@@ -27,6 +27,7 @@ from cleaner.run import scan
 from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
 from metadata.inspect import LAG_HELP, Inspector
+from metadata.model import CheckpointMetadata
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -200,15 +201,23 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
     return 0
 
 
-def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
-    """The committed backlog of every exchange partition after the newest checkpoint's cursors
-    (`metadata.exchange.backlog_table`)."""
+def _newest(storage: JobStorage, missing: str) -> CheckpointMetadata | None:
+    """The newest completed checkpoint, after a warning per damaged one skipped; None (and a
+    line saying `missing`) when there is none."""
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
     newest = store.latest()
     if newest is None:
-        print("no completed checkpoint: no reader cursors to measure a backlog from")
+        print(f"no completed checkpoint: {missing}")
+    return newest
+
+
+def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The committed backlog of every exchange partition after the newest checkpoint's cursors
+    (`metadata.exchange.backlog_table`)."""
+    newest = _newest(storage, "no reader cursors to measure a backlog from")
+    if newest is None:
         return 0
     table = backlog_table(storage, newest)
     print_table(table, as_json=args.json)
@@ -227,12 +236,8 @@ def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
 def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     """The watermarks of the newest checkpoint and what holds them back
     (`metadata.watermarks.watermarks_table`)."""
-    store = CompletedCheckpointStore.load(storage)
-    for d in store.damaged:
-        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
-    newest = store.latest()
+    newest = _newest(storage, "no watermark to show")
     if newest is None:
-        print("no completed checkpoint: no watermark to show")
         return 0
     table = watermarks_table(storage, newest)
     print_table(table, as_json=args.json)

@@ -263,7 +263,7 @@ class JobDriver:
             v: CommitCoordinator(v, commit_user=f"{self.job_id}-{self.run_id}-{v}")
             for v in pipeline.sinks
         }
-        self.coordinator = CheckpointCoordinator(
+        coordinator = CheckpointCoordinator(
             self.layout,
             self.policy,
             job_id=self.job_id,
@@ -278,7 +278,7 @@ class JobDriver:
             pipeline=pipeline,
             storage=storage,
             policy=self.policy,
-            coordinator=self.coordinator,
+            coordinator=coordinator,
             committers=self.committers,
             lease=self.lease,
             faults=self.faults,
@@ -298,6 +298,15 @@ class JobDriver:
         self._assigned: dict[int, tuple[str, ...]] = {}  # unit -> its latest new splits
 
     # --- the loop ---------------------------------------------------------------------------
+
+    @property
+    def coordinator(self) -> CheckpointCoordinator:
+        """The checkpoint coordinator, held once: by the handlers of its decisions."""
+        return self.decisions.coordinator
+
+    @coordinator.setter
+    def coordinator(self, coordinator: CheckpointCoordinator) -> None:
+        self.decisions.coordinator = coordinator
 
     @property
     def finished(self) -> bool:

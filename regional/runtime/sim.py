@@ -469,9 +469,7 @@ class Simulation:
             observe=self._observe,
             lease_ttl=self._lease_ttl,
         )
-        # the driver and the handlers of its decisions share one coordinator: time both's calls
-        counted = _CountedCoordinator(driver.coordinator, self)
-        driver.coordinator = driver.decisions.coordinator = counted  # type: ignore[assignment]
+        driver.coordinator = _CountedCoordinator(driver.coordinator, self)  # type: ignore[assignment]
         return driver
 
     def run(self, max_checkpoints: int) -> SimResult:
