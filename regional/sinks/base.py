@@ -13,6 +13,9 @@ protocols, checked with `isinstance`: `TableRollback` (undo commits after an ide
 `TableStaging` (clean staged files a crash orphaned), `TableRetention` (how long the table keeps
 what its deduplication relies on).
 
+A writer that is also a `MergingWriter` stages one file per task and epoch for all the units
+the task ran (`regional.sinks.merging`), instead of one per unit.
+
 `Sink` is both sides in one object, which is what `Stream.sink` takes: `ParquetSink`,
 `DeltaSink`, `IcebergSink`, `PaimonSink` and the keyed exchange's writer implement it.
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "MergingWriter",
     "Sink",
     "SinkWriter",
     "TableCommitter",
@@ -86,6 +90,22 @@ class SinkWriter(Protocol):
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete what `committables` staged (a declined or aborted attempt); already gone is
         fine, and committables of other sinks' formats are skipped."""
+        ...
+
+
+@runtime_checkable
+class MergingWriter(Protocol):
+    """A writer that stages the rows of many units of one task in **one** data file per epoch
+    (DESIGN §4 rule 16; `regional.sinks.merging`). A task hands it every unit's batches at
+    once, after its last unit; each unit's committables name its part of the file, and the
+    committer commits the file whole, or rewritten without the rows of units that are not in
+    the commit (declared fallen back after staging)."""
+
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Stage the rows of every part (one sink subtask of one unit each, all of one task
+        and epoch) as one file; per part, in order, its committables (none without rows)."""
         ...
 
 

@@ -112,6 +112,15 @@ def read_table(path: str) -> pa.Table:
     )
 
 
+def _stem(c: WriteContext) -> str:
+    """The stem of a staged file of `c` (`part-` first: a job id may start with `_` or `.`)."""
+    return _UNSAFE.sub(
+        "_",
+        f"part-{c.job_id}-{c.run_id}-c{c.checkpoint_id}-{c.vertex_id}-{c.index}-"
+        f"u{c.unit_id}-a{c.attempt}-{uuid.uuid4().hex[:8]}",
+    )
+
+
 class ParquetSink(StagedSink):
     """A Parquet table at `path`: writers stage files, the commit coordinator publishes them
     (`regional.sinks.base.Sink`).
@@ -143,13 +152,18 @@ class ParquetSink(StagedSink):
                 [pa.Table.from_batches([b]) for b in batches], promote_options="default"
             )
         )
-        c = context
-        stem = _UNSAFE.sub(  # `part-` first: a job id may start with `_` or `.`
-            "_",
-            f"part-{c.job_id}-{c.run_id}-c{c.checkpoint_id}-{c.vertex_id}-{c.index}-"
-            f"u{c.unit_id}-a{c.attempt}-{uuid.uuid4().hex[:8]}",
-        )
-        return (self.area.stage(c.job_id, stem, table),)
+        return (self.area.stage(context.job_id, _stem(context), table),)
+
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Stage the rows of every part (the units of one task and epoch) as one file under
+        `_staging/<job_id>/`, named after the first part; per part, its committables
+        (`regional.sinks.base.MergingWriter`)."""
+        if not parts:
+            return []
+        first = parts[0][0]
+        return self.area.stage_parts(first.job_id, _stem(first), [b for _, b in parts])
 
     # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 

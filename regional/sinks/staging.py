@@ -35,6 +35,7 @@ import posixpath
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -48,6 +49,14 @@ from metadata.format import DECODE_FAILURES, segment_checksum
 from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
 from regional.sinks.durability import StagedFiles, fsync_path
+from regional.sinks.merging import (
+    DiscardedParts,
+    FilePart,
+    kept_ranges,
+    kept_stem,
+    merged_table,
+    take_ranges,
+)
 
 __all__ = [
     "COMMITS",
@@ -71,12 +80,35 @@ _LEGACY_DATA = "data"  # tables written before staging: committed files stayed i
 class StagedFile(msgspec.Struct, frozen=True, array_like=True):
     """A committable: the staged `file` (relative to the area's directory), its rows, and (since
     the exchange's segments are verified) its size and checksum (hex; -1 and "" in committables
-    of older versions)."""
+    of older versions). A part of a merged file (`regional.sinks.merging`) names the whole
+    file's size and checksum, and where its `rows` are: from `first_row` of the file's
+    `file_rows` (-1: the committable is the whole file)."""
 
     file: str
     rows: int
     size: int = -1
     checksum: str = ""
+    first_row: int = 0
+    file_rows: int = -1
+
+    @property
+    def part(self) -> FilePart | None:
+        """Its part of a merged file, or None when it is a whole file."""
+        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
+
+
+class _Output(NamedTuple):
+    """One data file a commit publishes: `staged` (relative), made from staged file `source`
+    (the same file, or, for `keep` ranges, a rewrite of it without other rows) and published
+    as `target`."""
+
+    source: str
+    staged: str
+    target: str
+    rows: int
+    size: int
+    checksum: str
+    keep: tuple[tuple[int, int], ...] | None = None
 
 
 #: The local file system (stateless: one for every directory; a writer opens it once per file).
@@ -130,6 +162,7 @@ class StagingArea:
         self.confine_to = confine_to
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
         self._staged = StagedFiles()  # local staged files not durable yet (`sync`)
+        self._discarded = DiscardedParts()  # parts of merged staged files discarded so far
 
     @classmethod
     def at(cls, path: str, describe: str) -> StagingArea:
@@ -161,6 +194,32 @@ class StagingArea:
 
     def stage(self, job_id: str, stem: str, table: pa.Table) -> bytes:
         """Write `table` as `_staging/<job_id>/<stem>.staged`; its committable."""
+        name, size, checksum = self._write_staged(job_id, stem, table)
+        return msgspec.msgpack.encode(StagedFile(name, table.num_rows, size, checksum))
+
+    def stage_parts(
+        self, job_id: str, stem: str, parts: Sequence[Sequence[pa.RecordBatch]]
+    ) -> list[tuple[bytes, ...]]:
+        """Write the rows of every part (one unit's batches each) as one merged staged file
+        `_staging/<job_id>/<stem>.staged` (`regional.sinks.merging`); per part, its
+        committables (none for a part without rows)."""
+        table, places = merged_table(parts)
+        if table is None:
+            return [() for _ in parts]
+        name, size, checksum = self._write_staged(job_id, stem, table)
+        return [
+            ()
+            if p is None
+            else (
+                msgspec.msgpack.encode(
+                    StagedFile(name, p.rows, size, checksum, p.first_row, p.file_rows)
+                ),
+            )
+            for p in places
+        ]
+
+    def _write_staged(self, job_id: str, stem: str, table: pa.Table) -> tuple[str, int, str]:
+        """Write `table` as `_staging/<job_id>/<stem>.staged`: its name, size and checksum."""
         if (problem := name_problem(job_id)) is not None:
             raise CommitError(
                 f"{self.describe}: job id {job_id!r} cannot name a directory under "
@@ -174,15 +233,20 @@ class StagingArea:
         local = isinstance(fs, pafs.LocalFileSystem)
         if local:  # durable before it is acknowledged: `sync`, before the task answers
             self._staged.directory(staging)
+        size, checksum = self._write(fs, f"{base}/{name}", table)
+        if local:
+            self._staged.file(f"{base}/{name}")
+        return name, size, checksum
+
+    @staticmethod
+    def _write(fs: pafs.FileSystem, path: str, table: pa.Table) -> tuple[int, str]:
+        """Write `table` as a Parquet file at `path`: its size and checksum (hex)."""
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         data = sink.getvalue()
-        with fs.open_output_stream(f"{base}/{name}") as out:
+        with fs.open_output_stream(path) as out:
             out.write(data)
-        if local:
-            self._staged.file(f"{base}/{name}")
-        checksum = segment_checksum(data).hex()
-        return msgspec.msgpack.encode(StagedFile(name, table.num_rows, data.size, checksum))
+        return data.size, segment_checksum(data).hex()
 
     def sync(self) -> None:
         """Make the files staged here, and their directories' entries, durable
@@ -191,12 +255,16 @@ class StagingArea:
 
     def discard(self, committables: Iterable[bytes]) -> None:
         """Delete staged files of a declined or aborted attempt (already gone is fine);
-        committables of other formats are skipped."""
+        committables of other formats are skipped. A merged file is deleted once all of its
+        parts were discarded (through this area): other units' rows in it may still commit."""
         fs, base = self.location()
         for c in committables:
             try:
                 [item] = self.files([c])
             except CommitError:  # another sink's format, or a name out of the directory
+                continue
+            part = item.part
+            if part is not None and not self._discarded.add(item.file, part):
                 continue
             if item.file.startswith(f"{STAGING}/"):  # never a published file
                 with contextlib.suppress(FileNotFoundError):
@@ -240,28 +308,56 @@ class StagingArea:
                 "or written by another tool"
             )
 
-    def _where(self, items: Sequence[StagedFile]) -> list[tuple[bool, bool]]:
-        """For each item: (its staged file exists, its published file exists). One call for
-        the staged files; the published name is looked up only where the staged file is gone
+    def _outputs(self, items: Sequence[StagedFile]) -> list[_Output]:
+        """The data files a commit of `items` publishes, in order: a whole staged file each,
+        and one per merged staged file (its first part's place), whole when the commit holds
+        every part of it, else rewritten keeping the committed parts' rows
+        (`regional.sinks.merging.kept_ranges`)."""
+        parts: dict[str, list[FilePart]] = {}
+        for i in items:
+            if (part := i.part) is not None:
+                parts.setdefault(i.file, []).append(part)
+        outputs: list[_Output] = []
+        for i in items:
+            if i.part is None:
+                outputs.append(
+                    _Output(i.file, i.file, self.published(i.file), i.rows, i.size, i.checksum)
+                )
+                continue
+            if i.file not in parts:  # its file is out already
+                continue
+            keep = kept_ranges(parts.pop(i.file), i.file)
+            if keep is None:
+                rows = i.file_rows
+                outputs.append(
+                    _Output(i.file, i.file, self.published(i.file), rows, i.size, i.checksum)
+                )
+                continue
+            stem = posixpath.basename(i.file)[: -len(STAGED)]
+            staged = f"{posixpath.dirname(i.file)}/{kept_stem(stem, keep)}{STAGED}"
+            rows = sum(n for _, n in keep)
+            outputs.append(_Output(i.file, staged, self.published(staged), rows, -1, "", keep))
+        return outputs
+
+    def _where(self, outputs: Sequence[_Output]) -> list[tuple[bool, bool]]:
+        """For each output: (its source staged file exists, its published file exists). One
+        call for the sources; the published name is looked up only where the source is gone
         (a commit retried after a crash), so a usual commit asks once per file."""
         fs, base = self.location()
-        if not items:
+        if not outputs:
             return []
-        infos = fs.get_file_info([self.inside(fs, f"{base}/{i.file}") for i in items])
+        infos = fs.get_file_info([self.inside(fs, f"{base}/{o.source}") for o in outputs])
         staged = [i.type == pafs.FileType.File for i in infos]
-        gone = [i.file for i, here in zip(items, staged, strict=True) if not here]
-        infos = (
-            fs.get_file_info([self.inside(fs, f"{base}/{self.published(f)}") for f in gone])
-            if gone
-            else []
-        )
-        published = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
-        return [(here, i.file in published) for i, here in zip(items, staged, strict=True)]
+        gone = [o.target for o, here in zip(outputs, staged, strict=True) if not here]
+        infos = fs.get_file_info([self.inside(fs, f"{base}/{t}") for t in gone]) if gone else []
+        published = {t for t, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
+        return [(here, o.target in published) for o, here in zip(outputs, staged, strict=True)]
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
         """The staged files behind `committables` that are neither staged nor published."""
-        items = self.files(committables)
-        return [i.file for i, (s, p) in zip(items, self._where(items), strict=True) if not (s or p)]
+        outputs = self._outputs(self.files(committables))
+        where = self._where(outputs)
+        return [o.source for o, (s, p) in zip(outputs, where, strict=True) if not (s or p)]
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold."""
@@ -277,16 +373,18 @@ class StagingArea:
     ) -> None:
         """Publish the files behind `committables` and write the commit record (with
         `fallback`: unit -> owner checkpoint) last. Files published by an earlier, interrupted
-        try of the same commit are not published again."""
+        try of the same commit are not published again. A merged staged file of which the
+        commit holds only some parts is rewritten with just their rows first (under a name the
+        kept rows decide), and deleted after the record."""
         latest = self.latest_committed(commit_user)
         if latest is not None and identifier <= latest:
             raise CommitError(
                 f"{self.describe}: commit {identifier} of user {commit_user!r} is not after its "
                 f"latest commit {latest}; commits must be in checkpoint order"
             )
-        items = self.files(committables)
-        where = self._where(items)
-        if missing := [i.file for i, (s, p) in zip(items, where, strict=True) if not (s or p)]:
+        outputs = self._outputs(self.files(committables))
+        where = self._where(outputs)
+        if missing := [o.source for o, (s, p) in zip(outputs, where, strict=True) if not (s or p)]:
             raise CommitError(
                 f"{self.describe}: cannot commit checkpoint {identifier}: data file(s) "
                 f"{', '.join(missing[:5])} are missing (were they deleted?); nothing was "
@@ -294,11 +392,14 @@ class StagingArea:
             )
         fs, base = self.location()
         local = isinstance(fs, pafs.LocalFileSystem)
-        targets = [self.published(i.file) for i in items]
+        outputs = [
+            self._rewrite(fs, o, staged) if o.keep is not None else o
+            for o, (staged, _) in zip(outputs, where, strict=True)
+        ]
         moves = [
-            (self.inside(fs, f"{base}/{item.file}"), self.inside(fs, f"{base}/{target}"))
-            for item, target, (staged, _) in zip(items, targets, where, strict=True)
-            if staged and item.file != target  # else published already
+            (self.inside(fs, f"{base}/{o.staged}"), self.inside(fs, f"{base}/{o.target}"))
+            for o, (staged, _) in zip(outputs, where, strict=True)
+            if staged and o.staged != o.target  # else published already
         ]
         if self.publish_threads > 1 and len(moves) > 1 and not local:
             threads = min(self.publish_threads, len(moves))
@@ -307,21 +408,42 @@ class StagingArea:
         else:
             for staged_path, target_path in moves:
                 self._publish(fs, staged_path, target_path)
-        if local and items:
-            for directory in sorted({posixpath.dirname(t) for t in targets}):
+        if local and outputs:
+            for directory in sorted({posixpath.dirname(o.target) for o in outputs}):
                 fsync_path(f"{base}/{directory}".rstrip("/"))
-        known = all(i.size >= 0 and i.checksum for i in items)
+        known = all(o.size >= 0 and o.checksum for o in outputs)
         record = CommitRecord(
             commit_user,
             identifier,
-            targets,
-            sum(i.rows for i in items),
+            [o.target for o in outputs],
+            sum(o.rows for o in outputs),
             dict(fallback or {}),
-            sizes=[i.size for i in items] if known else [],
-            checksums=[i.checksum for i in items] if known else [],
+            sizes=[o.size for o in outputs] if known else [],
+            checksums=[o.checksum for o in outputs] if known else [],
         )
         self.write_record(record)
         self._latest[commit_user] = identifier
+        for o in outputs:  # the merged files rewritten without other units' rows
+            if o.keep is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(self.inside(fs, f"{base}/{o.source}"))
+
+    def _rewrite(self, fs: pafs.FileSystem, output: _Output, source_here: bool) -> _Output:
+        """Write the kept rows of `output`'s merged source file as its staged file (fsynced on
+        a local disk), or, when the source is gone (published by an interrupted try), read
+        the published file's size and checksum; `output` with them."""
+        base = self.location()[1]
+        if not source_here:
+            with fs.open_input_stream(self.inside(fs, f"{base}/{output.target}")) as f:
+                data = f.read()
+            return output._replace(size=len(data), checksum=segment_checksum(data).hex())
+        assert output.keep is not None
+        table = pq.read_table(self.inside(fs, f"{base}/{output.source}"), filesystem=fs)
+        path = self.inside(fs, f"{base}/{output.staged}")
+        size, checksum = self._write(fs, path, take_ranges(table, output.keep))
+        if isinstance(fs, pafs.LocalFileSystem):
+            fsync_path(path)
+        return output._replace(size=size, checksum=checksum)
 
     def write_record(self, record: CommitRecord) -> None:
         """Write `record` as its commit user's record of its identifier, atomically (replacing
