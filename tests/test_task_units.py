@@ -112,7 +112,8 @@ def test_failed_upload_declines_and_deletes_the_staged_sink_file(
     [answer] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     assert isinstance(answer, Decline)
     assert answer.reason == "upload failed: OSError: disk full"
-    assert list((tmp_path / "t" / "_staging" / "job").iterdir()) == []
+    # staged and deleted again, or (sink files merged per task) never staged
+    assert list((tmp_path / "t" / "_staging" / "job").glob("*")) == []
 
 
 def test_upload_latency_is_seeded_and_heavy_tailed():
@@ -216,7 +217,11 @@ def test_staged_files_made_durable_by_one_syncfs_per_task_and_a_failed_one_decli
     )
 
 
-def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(env, monkeypatch):
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "per-unit"])
+def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(
+    env, monkeypatch, merged
+):
+    env = msgspec.structs.replace(env, merge_sink_files=merged)
     synced: list[str] = []
     monkeypatch.setattr("regional.sinks.durability._syncfs", lambda: None)  # another system
     monkeypatch.setattr("regional.sinks.durability.fsync_path", synced.append)
@@ -224,7 +229,8 @@ def test_without_syncfs_each_staged_file_is_fsynced_then_the_directory_once(env,
     assert all(isinstance(a, Ack) for a in acks)
     staging = [p for p in synced if p.endswith("/_staging/job")]
     assert len(staging) == 1 and synced[-1] == staging[0]  # the directory once, last
-    assert len(synced) == 3  # and each of the two staged files once, before it
+    # and each staged file once, before it: the task's one merged file, or one per unit
+    assert len(synced) == (2 if merged else 3)
 
     def broken(path: str) -> None:
         if path.endswith(".staged"):  # a staged file's data does not reach the disk

@@ -336,6 +336,8 @@ class SparkRuntime(JobDriver):
     for Prometheus on `metrics_host`:PORT while `run` runs (`regional.runtime.prometheus`).
     `merge_state` (default on) writes one physical state file per Spark task and checkpoint
     (DESIGN §4 rule 16); off, one per unit attempt (the layout before file merging).
+    `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
+    sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit.
     """
 
     def __init__(
@@ -359,6 +361,7 @@ class SparkRuntime(JobDriver):
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         merge_state: bool = True,
+        merge_sink_files: bool = True,
     ) -> None:
         policy = policy or Policy()
         faults = faults or Faults()
@@ -378,6 +381,7 @@ class SparkRuntime(JobDriver):
             faults=faults.unit_faults(),
             run_id=run_id,
             merge_state=merge_state,
+            merge_sink_files=merge_sink_files,
             exclude_after=event_time_env(policy)["exclude_after"],
             idle_timeout_ms=event_time_env(policy)["idle_timeout_ms"],
         )

@@ -40,7 +40,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -60,7 +60,7 @@ from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Chunk, Pipeline
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.runtime.faults import UnitFaults
-from regional.sinks.base import WriteContext
+from regional.sinks.base import MergingWriter, WriteContext
 from regional.sources.base import num_records
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
@@ -111,6 +111,9 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     idle_timeout_ms: int | None = None
     run_id: str | None = None  # the driver run: state file names carry it (fencing)
     merge_state: bool = True  # one state file per task (DESIGN §4 rule 16); False: per unit
+    #: one staged data file per task per merging sink (`regional.sinks.base.MergingWriter`)
+    #: and epoch; False: one per unit (the layout before merging)
+    merge_sink_files: bool = True
 
 
 class _Snapshot(msgspec.Struct):
@@ -131,6 +134,10 @@ class _Snapshot(msgspec.Struct):
     process_s: float = 0.0  # sources, operators, sink staging
     encode_s: float = 0.0  # encoding operator state (to_bytes)
     spool_offset: int = 0  # where its segments start in the task's spool file (merged uploads)
+    #: what the unit's merging sinks stage after the task's last unit: (vertex, context, rows)
+    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = msgspec.field(
+        default_factory=list
+    )
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -172,10 +179,13 @@ def _process(
     work: UnitWork,
     spool: _Spool | None = None,
     reads: _RestoreReads | None = None,
+    merging: frozenset[str] = frozenset(),
 ) -> _Snapshot:
     """Restore, read, transform, write sinks, and serialise state locally (sync phase): to the
     task's `spool` when given (merged uploads), else to a local file of the unit's own. State
-    files several of the task's units restore from are read once (`reads`)."""
+    files several of the task's units restore from are read once (`reads`). The sink vertices
+    in `merging` do not stage now: their rows wait in the snapshot (`sink_parts`) for the
+    task's one merged file per sink."""
     pipeline: Pipeline = env.pipeline
     faults = env.faults
     if faults is not None:
@@ -194,6 +204,7 @@ def _process(
     states: list[SubtaskState] = []
     blobs: dict[tuple[str, int], bytes] = {}
     records_in = records_out = dead_lettered = 0
+    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = []
     start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
     live_splits: set[str] = set()  # splits the unit's sources read so far still hold
     dead = (
@@ -369,19 +380,20 @@ def _process(
                     held = spec.sink.committed_watermark(old.committables)
                     before = MIN_WATERMARK if held is None else held
                     watermarks = (before, max(before, epoch_time.end.get(KEY_SCOPE, before)))
-                committables = pipeline.sink_of(vertex_id).write(
-                    batches,
-                    WriteContext(
-                        job_id=env.job_id,
-                        run_id=env.run_id or "",
-                        checkpoint_id=work.checkpoint_id,
-                        attempt=work.attempt,
-                        unit_id=work.unit_id,
-                        vertex_id=vertex_id,
-                        index=index,
-                        watermarks=watermarks,
-                    ),
+                context = WriteContext(
+                    job_id=env.job_id,
+                    run_id=env.run_id or "",
+                    checkpoint_id=work.checkpoint_id,
+                    attempt=work.attempt,
+                    unit_id=work.unit_id,
+                    vertex_id=vertex_id,
+                    index=index,
+                    watermarks=watermarks,
                 )
+                if vertex_id in merging:  # staged with the task's other units, at its end
+                    sink_parts.append((vertex_id, context, batches))
+                else:
+                    committables = pipeline.sink_of(vertex_id).write(batches, context)
         states.append(
             SubtaskState(
                 vertex_id,
@@ -427,6 +439,7 @@ def _process(
         processed - started - restore_s - encode_s,
         encode_s,
         spool_offset,
+        sink_parts,
     )
 
 
@@ -595,8 +608,16 @@ def run_units(
     answers: dict[int, Answer] = {}  # by position in `works`
     pending: list[tuple[int, _Snapshot, Future[Ack], float]] = []
     merged: list[tuple[int, _Snapshot]] = []  # units with segments in the spool, in its order
+    staging: list[tuple[int, _Snapshot]] = []  # units with rows for the merged sink files
     spool = _Spool() if env.merge_state and not env.upload_in_sync_phase else None
     reads = _RestoreReads(works)
+    merging = (
+        frozenset(
+            v for v, spec in env.pipeline.sinks.items() if isinstance(spec.sink, MergingWriter)
+        )
+        if env.merge_sink_files
+        else frozenset()
+    )
     try:
         with (
             ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
@@ -608,7 +629,7 @@ def run_units(
                 spooled = spool.size if spool is not None else 0
                 try:
                     with timeout():
-                        snap = _process(env, storage, work, spool, reads)
+                        snap = _process(env, storage, work, spool, reads, merging)
                         inline = env.upload_in_sync_phase or not snap.seg_keys
                         if env.upload_in_sync_phase:  # the unit blocks until its upload is done
                             upload_started = time.monotonic()
@@ -623,6 +644,8 @@ def run_units(
                     prefix = "upload failed: " if snap is not None else ""
                     answers[at] = _decline(work, failure_line(exc, prefix), failure_trace(exc))
                 else:
+                    if snap.sink_parts:
+                        staging.append((at, snap))
                     if inline:
                         answers[at] = answer
                     elif spool is not None:
@@ -635,6 +658,12 @@ def run_units(
                     spool.truncate(spooled)
                 if snap is not None:  # the sync-phase upload failed or ran out of time
                     _discard_staged(env.pipeline, snap.states)
+            finishing = time.monotonic()
+            sinks = (
+                pool.submit(_stage_merged, env.pipeline, [s for _, s in staging])
+                if staging
+                else None
+            )
             for at, snap, future, started in pending:
                 left = env.unit_timeout - (time.monotonic() - started)
                 answers[at] = _awaited(future, left, snap, env.pipeline)
@@ -643,6 +672,9 @@ def run_units(
                 acks = pool.submit(_upload_merged, env, storage, snaps, spool)
                 outcome = _awaited_all(acks, env.unit_timeout, snaps, env.pipeline)
                 answers.update(zip((at for at, _ in merged), outcome, strict=True))
+            if sinks is not None:
+                left = env.unit_timeout - (time.monotonic() - finishing)
+                answers.update(_staged_answers(sinks, left, staging, answers, env.pipeline))
     finally:
         if spool is not None:
             spool.close()
@@ -651,6 +683,87 @@ def run_units(
         for a in ordered:
             on_answer(a)
     return ordered
+
+
+_Committables = dict[tuple[str, int], tuple[bytes, ...]]
+
+
+def _stage_merged(
+    pipeline: Pipeline, snaps: Sequence[_Snapshot]
+) -> tuple[list[_Committables], float]:
+    """Stage the rows every unit of `snaps` left for the merging sinks: one file per sink
+    (`MergingWriter.write_merged`), every unit's rows a part of it. Per unit (in `snaps`
+    order), its committables by sink subtask, and the seconds it took. If a sink fails, what
+    the others staged is deleted before the error propagates."""
+    started = time.perf_counter()
+    by_vertex: dict[str, list[tuple[int, WriteContext, list[pa.RecordBatch]]]] = {}
+    for at, snap in enumerate(snaps):
+        for vertex_id, context, batches in snap.sink_parts:
+            by_vertex.setdefault(vertex_id, []).append((at, context, batches))
+    out: list[_Committables] = [{} for _ in snaps]
+    staged: list[tuple[str, tuple[bytes, ...]]] = []
+    try:
+        for vertex_id, parts in by_vertex.items():
+            sink = pipeline.sink_of(vertex_id)
+            assert isinstance(sink, MergingWriter)
+            written = sink.write_merged([(c, b) for _, c, b in parts])
+            for (at, context, _), committables in zip(parts, written, strict=True):
+                out[at][vertex_id, context.index] = committables
+                staged.append((vertex_id, committables))
+    except BaseException:
+        for vertex_id, committables in staged:
+            with contextlib.suppress(Exception):
+                pipeline.sink_of(vertex_id).discard(committables)
+        raise
+    return out, time.perf_counter() - started
+
+
+def _staged_answers(
+    future: Future[tuple[list[_Committables], float]],
+    left: float,
+    staging: Sequence[tuple[int, _Snapshot]],
+    answers: Mapping[int, Answer],
+    pipeline: Pipeline,
+) -> dict[int, Answer]:
+    """The answers of the units in `staging` (by position) once their merged sink files are
+    staged: an ack gains its committables (and its share of the staging seconds in
+    `process_s`); a unit that declined meanwhile gives its parts back (`discard`: the file
+    goes once no unit in it commits). If staging failed or ran past `left` seconds, every
+    unit with rows in it declines."""
+    try:
+        committables, seconds = future.result(timeout=max(left, 0.001))
+    except TimeoutError:
+        reason, trace = "timeout: staging the sink files did not finish in time", None
+    except Exception as exc:
+        reason, trace = failure_line(exc, "staging sink files failed: "), failure_trace(exc)
+    else:
+        share = seconds / len(staging)
+        out: dict[int, Answer] = {}
+        for (at, _), mine in zip(staging, committables, strict=True):
+            answer = answers[at]
+            if isinstance(answer, Ack):
+                out[at] = _with_committables(answer, mine, share)
+                continue
+            for (vertex_id, _), c in mine.items():
+                with contextlib.suppress(Exception):
+                    pipeline.sink_of(vertex_id).discard(c)
+        return out
+    declines: dict[int, Answer] = {}
+    for at, snap in staging:
+        if isinstance(answers[at], Ack):
+            declines[at] = _decline(snap.work, reason, trace)
+    return declines
+
+
+def _with_committables(ack: Ack, committables: _Committables, seconds: float) -> Ack:
+    """`ack` with its sink subtasks holding `committables`, `seconds` more of processing."""
+    states = tuple(
+        msgspec.structs.replace(s, committables=committables[s.vertex_id, s.index])
+        if (s.vertex_id, s.index) in committables
+        else s
+        for s in ack.states
+    )
+    return msgspec.structs.replace(ack, states=states, process_s=ack.process_s + seconds)
 
 
 def _awaited(future: Future[Ack], left: float, snap: _Snapshot, pipeline: Pipeline) -> Answer:

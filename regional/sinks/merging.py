@@ -86,8 +86,9 @@ def merged_table(
 
 
 def _table(batches: Sequence[pa.RecordBatch]) -> pa.Table:
-    if len({b.schema for b in batches}) == 1:
-        return pa.Table.from_batches(batches)
+    first = batches[0].schema  # schemas with metadata do not hash: compare, do not collect
+    if all(b.schema.equals(first) for b in batches[1:]):
+        return pa.Table.from_batches(batches, schema=first)
     return pa.concat_tables(
         [pa.Table.from_batches([b]) for b in batches], promote_options="default"
     )
