@@ -1,0 +1,170 @@
+"""Sink output merging in the lakehouse sinks (Delta, Iceberg, Paimon; the extras
+regional-checkpoints[delta,iceberg,paimon]): `write_merged` stages one data file for the units
+of a task; a commit of every part adds that one file, a commit of some parts adds a rewrite of it
+with exactly their rows; a retried commit never duplicates a row; discarding deletes a merged file
+only with its last part; committables of older versions (without the part fields) still commit.
+Rows are read back with each table's own reader, and with DuckDB over the table's data files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+
+import duckdb
+import msgspec
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from regional.coordinator import Commit
+from regional.coordinator.commit import perform_commit
+from regional.errors import CommitError
+from regional.sinks.base import MergingWriter, WriteContext
+from regional.sinks.delta import DeltaSink
+
+SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
+
+A = [("a", 1), ("b", 2)]
+B = [("c", 3)]
+C = [("d", 4), ("e", 5)]
+
+
+def _batch(rows: list[tuple[str, int]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"user": u, "n": n} for u, n in rows])
+
+
+def _context(cid: int, unit: int, job: str = "job") -> WriteContext:
+    return WriteContext(
+        job_id=job,
+        run_id="r1",
+        checkpoint_id=cid,
+        attempt=0,
+        unit_id=unit,
+        vertex_id="out",
+        index=0,
+    )
+
+
+def _merged(sink, cid: int, parts: list[list[tuple[str, int]]]) -> list[tuple[bytes, ...]]:
+    """`write_merged` of one part per unit (unit i: `parts[i]`) by a writer as a Spark task
+    gets it (through pickle)."""
+    writer = pickle.loads(pickle.dumps(sink))
+    assert isinstance(writer, MergingWriter)
+    return writer.write_merged(
+        [(_context(cid, unit), [_batch(rows)] if rows else []) for unit, rows in enumerate(parts)]
+    )
+
+
+def _flat(*committables: tuple[bytes, ...]) -> list[bytes]:
+    return [c for cs in committables for c in cs]
+
+
+# --- Delta ---------------------------------------------------------------------------------------
+
+
+def _delta(tmp_path) -> DeltaSink:
+    return DeltaSink(str(tmp_path / "delta"), schema=SCHEMA)
+
+
+def _delta_rows(path: str) -> list[tuple]:
+    t = DeltaTable(path).to_pyarrow_table()
+    return sorted(zip(t.column("user").to_pylist(), t.column("n").to_pylist(), strict=True))
+
+
+def _delta_duckdb(path: str) -> list[tuple]:
+    files = DeltaTable(path).file_uris()
+    if not files:
+        return []
+    return sorted(duckdb.execute(f"SELECT user, n FROM read_parquet({files!r})").fetchall())
+
+
+def _delta_adds(path: str) -> list[tuple[str, int]]:
+    """(file, numRecords) of every data file in the table."""
+    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return sorted(
+        zip(adds.column("path").to_pylist(), adds.column("num_records").to_pylist(), strict=True)
+    )
+
+
+def _parquet_files(directory: str) -> list[str]:
+    return sorted(f for f in os.listdir(directory) if f.endswith(".parquet"))
+
+
+def test_delta_a_merged_file_committed_whole_is_one_add_with_every_row(tmp_path):
+    sink = _delta(tmp_path)
+    a, empty, c = _merged(sink, 1, [A, [], C])
+    assert empty == () and len(a) == len(c) == 1
+    [staged] = _parquet_files(sink.path)
+    assert sink.rows_of(_flat(a, c)) == 4 and sink.missing_files(_flat(a, c)) == []
+    assert sink.data_files(_flat(a, c)) == [f"{sink.path}/{staged}"]
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c)), sink) is True
+    assert _delta_rows(sink.path) == sorted(A + C) == _delta_duckdb(sink.path)
+    assert _delta_adds(sink.path) == [(staged, 4)]  # one add action, the whole file's rows
+
+
+def test_delta_a_part_not_committed_is_rewritten_out_and_the_merged_file_deleted(tmp_path):
+    sink = _delta(tmp_path)
+    a, _b, c = _merged(sink, 1, [A, B, C])
+    [merged] = _parquet_files(sink.path)
+    sink.commit("job", 1, _flat(a, c))  # unit 1 was declared fallen back after it was staged
+    assert _delta_rows(sink.path) == sorted(A + C) == _delta_duckdb(sink.path)
+    rewritten = merged.removesuffix(".parquet") + "-k0.2_3.2.parquet"
+    assert _delta_adds(sink.path) == [(rewritten, 4)]
+    assert _parquet_files(sink.path) == [rewritten]  # the merged file is gone
+    assert sink.missing_files(_flat(a, c)) == []  # resolved through its rewrite
+
+
+def test_delta_a_commit_retried_after_a_crash_before_or_after_the_table_commit_adds_rows_once(
+    tmp_path, monkeypatch
+):
+    sink = _delta(tmp_path)
+    a, _b, c = _merged(sink, 1, [A, B, C])
+    [merged] = _parquet_files(sink.path)
+    saved = (tmp_path / "saved.parquet").as_posix()
+    shutil.copy(f"{sink.path}/{merged}", saved)
+
+    # crash after the rewrite, before the table commit
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("driver killed")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sink.commit("job", 1, _flat(a, c))
+    monkeypatch.undo()
+    assert _delta_rows(sink.path) == [] and len(_parquet_files(sink.path)) == 2
+    after_crash = DeltaSink(sink.path)
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c), recommit=True), after_crash)
+    assert _delta_rows(sink.path) == sorted(A + C) == _delta_duckdb(sink.path)
+
+    # crash after the table commit, before the merged file was deleted: a new driver skips it
+    shutil.copy(saved, f"{sink.path}/{merged}")
+    again = DeltaSink(sink.path)
+    assert again.missing_files(_flat(a, c)) == []
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c), recommit=True), again) is False
+    with pytest.raises(CommitError, match="not after its latest commit 1"):
+        again.commit("job", 1, _flat(a, c))
+    assert _delta_rows(sink.path) == sorted(A + C) == _delta_duckdb(sink.path)
+    assert len(_delta_adds(sink.path)) == 1
+
+
+def test_delta_discarding_a_merged_file_deletes_it_with_its_last_part(tmp_path):
+    sink = _delta(tmp_path)
+    a, b, c = _merged(sink, 1, [A, B, C])
+    [merged] = _parquet_files(sink.path)
+    writer = pickle.loads(pickle.dumps(sink))
+    writer.discard(b)
+    writer.discard(a)
+    assert _parquet_files(sink.path) == [merged]  # unit 2's rows may still commit
+    writer.discard(c)
+    assert _parquet_files(sink.path) == []
+
+
+def test_delta_a_committable_of_the_old_format_still_decodes_and_commits(tmp_path):
+    sink = _delta(tmp_path)
+    [new] = pickle.loads(pickle.dumps(sink)).write([_batch(A)], _context(1, 0))
+    old = msgspec.msgpack.encode(msgspec.msgpack.decode(new)[:6])  # no part fields
+    assert len(msgspec.msgpack.decode(old)) == 6
+    assert sink.rows_of([old]) == 2 and sink.missing_files([old]) == []
+    sink.commit("job", 1, [old])
+    assert _delta_rows(sink.path) == sorted(A) == _delta_duckdb(sink.path)
