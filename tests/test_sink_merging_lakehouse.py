@@ -14,14 +14,17 @@ import shutil
 import duckdb
 import msgspec
 import pyarrow as pa
+import pyiceberg.table
 import pytest
 from deltalake import DeltaTable
+from pyiceberg.catalog import load_catalog
 
 from regional.coordinator import Commit
 from regional.coordinator.commit import perform_commit
 from regional.errors import CommitError
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.delta import DeltaSink
+from regional.sinks.iceberg import IcebergSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
@@ -168,3 +171,135 @@ def test_delta_a_committable_of_the_old_format_still_decodes_and_commits(tmp_pat
     assert sink.rows_of([old]) == 2 and sink.missing_files([old]) == []
     sink.commit("job", 1, [old])
     assert _delta_rows(sink.path) == sorted(A) == _delta_duckdb(sink.path)
+
+
+# --- Iceberg -------------------------------------------------------------------------------------
+
+ICEBERG_USER = "clicks-0123456789ab-out"  # as the driver makes them: <job>-<run id>-<sink>
+
+
+def _iceberg(tmp_path) -> IcebergSink:
+    return IcebergSink(str(tmp_path / "warehouse"), "db.clicks", schema=SCHEMA)
+
+
+def _iceberg_table(sink: IcebergSink):
+    """The table as a user loads it, with pyiceberg alone."""
+    return load_catalog("regional", **sink.catalog_properties).load_table(sink.table_name)
+
+
+def _iceberg_rows(sink: IcebergSink) -> list[tuple]:
+    t = _iceberg_table(sink).scan().to_arrow()
+    return sorted(zip(t.column("user").to_pylist(), t.column("n").to_pylist(), strict=True))
+
+
+def _iceberg_files(sink: IcebergSink) -> list[tuple[str, int]]:
+    """(file name, record count) of the current snapshot's data files, from its manifests."""
+    table = _iceberg_table(sink)
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    return sorted(
+        (e.data_file.file_path.rsplit("/", 1)[-1], e.data_file.record_count)
+        for m in snapshot.manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
+    )
+
+
+def _iceberg_duckdb(sink: IcebergSink) -> list[tuple]:
+    files = [f.removeprefix("file://") for f in sink.current_files()]
+    if not files:
+        return []
+    return sorted(duckdb.execute(f'SELECT "user", n FROM read_parquet({files!r})').fetchall())
+
+
+def _local_data_files(sink: IcebergSink) -> list[str]:
+    """Names of the Parquet files under the table's data location (committed or not)."""
+    data = _iceberg_table(sink).location_provider().data_path.removeprefix("file://")
+    return sorted(f for _, _, files in os.walk(data) for f in files if f.endswith(".parquet"))
+
+
+def test_iceberg_a_merged_file_committed_whole_is_one_data_file_with_every_row(tmp_path):
+    sink = _iceberg(tmp_path)
+    a, empty, c = _merged(sink, 1, [A, [], C])
+    assert empty == () and len(a) == len(c) == 1
+    [staged] = _local_data_files(sink)
+    assert sink.rows_of(_flat(a, c)) == 4 and sink.missing_files(_flat(a, c)) == []
+    assert [f.rsplit("/", 1)[-1] for f in sink.data_files(_flat(a, c))] == [staged]
+    assert perform_commit(Commit(1, "out", ICEBERG_USER, _flat(a, c)), sink) is True
+    assert _iceberg_rows(sink) == sorted(A + C) == _iceberg_duckdb(sink)
+    assert _iceberg_files(sink) == [(staged, 4)]  # one data file, its metrics the whole file's
+
+
+def test_iceberg_a_part_not_committed_is_rewritten_out_and_the_merged_file_deleted(tmp_path):
+    sink = _iceberg(tmp_path)
+    a, _, c = _merged(sink, 1, [A, B, C])
+    [merged] = _local_data_files(sink)
+    sink.commit(ICEBERG_USER, 1, _flat(a, c))  # unit 1 was declared fallen back after staging
+    assert _iceberg_rows(sink) == sorted(A + C) == _iceberg_duckdb(sink)
+    rewritten = merged.removesuffix(".parquet") + "-k0.2_3.2.parquet"
+    assert _iceberg_files(sink) == [(rewritten, 4)]
+    assert _local_data_files(sink) == [rewritten]  # the merged file is gone
+    assert sink.missing_files(_flat(a, c)) == []  # resolved through its rewrite
+    # the rewrite keeps the table's field ids: pyiceberg projects its columns by them
+    assert _iceberg_table(sink).scan(selected_fields=("n",)).to_arrow().column("n").to_pylist()
+
+
+def test_iceberg_a_commit_retried_after_a_crash_before_or_after_the_table_commit_adds_rows_once(
+    tmp_path, monkeypatch
+):
+    sink = _iceberg(tmp_path)
+    a, _, c = _merged(sink, 1, [A, B, C])
+    [merged] = _local_data_files(sink)
+    [merged_path] = {p.removeprefix("file://") for p in sink.data_files(_flat(a, c))}
+    saved = (tmp_path / "saved.parquet").as_posix()
+    shutil.copy(merged_path, saved)
+
+    # crash after the rewrite, before the table commit
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("driver killed")
+
+    monkeypatch.setattr(pyiceberg.table.Transaction, "commit_transaction", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sink.commit(ICEBERG_USER, 1, _flat(a, c))
+    monkeypatch.undo()
+    assert _iceberg_rows(sink) == [] and len(_local_data_files(sink)) == 2
+    after_crash = IcebergSink(sink.warehouse, "db.clicks")
+    assert perform_commit(Commit(1, "out", ICEBERG_USER, _flat(a, c), recommit=True), after_crash)
+    assert _iceberg_rows(sink) == sorted(A + C) == _iceberg_duckdb(sink)
+
+    # crash after the table commit, before the merged file was deleted: a new driver skips it
+    shutil.copy(saved, merged_path)
+    again = IcebergSink(sink.warehouse, "db.clicks")
+    assert again.missing_files(_flat(a, c)) == []
+    assert (
+        perform_commit(Commit(1, "out", ICEBERG_USER, _flat(a, c), recommit=True), again) is False
+    )
+    with pytest.raises(CommitError, match="not after its latest commit 1"):
+        again.commit(ICEBERG_USER, 1, _flat(a, c))
+    # a commit of the same checkpoint by another commit user meets the duplicate-file backstop
+    with pytest.raises(CommitError, match="already committed by snapshot"):
+        again.commit("other-0123456789ab-out", 1, _flat(a, c))
+    assert _iceberg_rows(sink) == sorted(A + C) == _iceberg_duckdb(sink)
+    assert len(_iceberg_files(sink)) == 1 and merged in _local_data_files(sink)
+
+
+def test_iceberg_discarding_a_merged_file_deletes_it_with_its_last_part(tmp_path):
+    sink = _iceberg(tmp_path)
+    a, b, c = _merged(sink, 1, [A, B, C])
+    [merged] = _local_data_files(sink)
+    writer = pickle.loads(pickle.dumps(sink))
+    writer.discard(b)
+    writer.discard(a)
+    assert _local_data_files(sink) == [merged]  # unit 2's rows may still commit
+    writer.discard(c)
+    assert _local_data_files(sink) == []
+
+
+def test_iceberg_a_committable_of_the_old_format_still_decodes_and_commits(tmp_path):
+    sink = _iceberg(tmp_path)
+    [new] = pickle.loads(pickle.dumps(sink)).write([_batch(A)], _context(1, 0))
+    old = msgspec.msgpack.encode(msgspec.msgpack.decode(new)[:3])  # no part fields
+    assert len(msgspec.msgpack.decode(old)) == 3
+    assert sink.rows_of([old]) == 2 and sink.missing_files([old]) == []
+    sink.commit(ICEBERG_USER, 1, [old])
+    assert _iceberg_rows(sink) == sorted(A) == _iceberg_duckdb(sink)
