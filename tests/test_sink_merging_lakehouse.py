@@ -15,6 +15,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 import pyiceberg.table
+import pypaimon
 import pytest
 from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
@@ -25,6 +26,7 @@ from regional.errors import CommitError
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.delta import DeltaSink
 from regional.sinks.iceberg import IcebergSink
+from regional.sinks.paimon import PaimonSink
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
@@ -303,3 +305,141 @@ def test_iceberg_a_committable_of_the_old_format_still_decodes_and_commits(tmp_p
     assert sink.rows_of([old]) == 2 and sink.missing_files([old]) == []
     sink.commit(ICEBERG_USER, 1, [old])
     assert _iceberg_rows(sink) == sorted(A) == _iceberg_duckdb(sink)
+
+
+# --- Paimon --------------------------------------------------------------------------------------
+
+
+def _paimon(tmp_path) -> PaimonSink:
+    return PaimonSink(str(tmp_path / "paimon"), "db.clicks", schema=SCHEMA)
+
+
+def _paimon_table(sink: PaimonSink):
+    """The table as a user loads it, with pypaimon alone."""
+    return pypaimon.CatalogFactory.create({"warehouse": sink.warehouse}).get_table("db.clicks")
+
+
+def _paimon_rows(sink: PaimonSink) -> list[tuple]:
+    builder = _paimon_table(sink).new_read_builder()
+    t = builder.new_read().to_arrow(builder.new_scan().plan().splits())
+    return sorted(zip(t.column("user").to_pylist(), t.column("n").to_pylist(), strict=True))
+
+
+def _paimon_files(sink: PaimonSink) -> list[tuple[str, int]]:
+    """(file name, row count) of the data files of the table's current snapshot."""
+    splits = _paimon_table(sink).new_read_builder().new_scan().plan().splits()
+    return sorted((f.file_name, f.row_count) for split in splits for f in split.files)
+
+
+def _paimon_duckdb(sink: PaimonSink) -> list[tuple]:
+    splits = _paimon_table(sink).new_read_builder().new_scan().plan().splits()
+    files = [f.file_path for split in splits for f in split.files]
+    if not files:
+        return []
+    return sorted(duckdb.execute(f'SELECT "user", n FROM read_parquet({files!r})').fetchall())
+
+
+def _bucket_files(sink: PaimonSink) -> list[str]:
+    """Names of the data files in the table's bucket directory (committed or not)."""
+    bucket = os.path.join(sink.warehouse, "db.db", "clicks", "bucket-0")
+    return sorted(os.listdir(bucket)) if os.path.isdir(bucket) else []
+
+
+def test_paimon_a_merged_file_committed_whole_is_one_data_file_with_every_row(tmp_path):
+    sink = _paimon(tmp_path)
+    a, empty, c = _merged(sink, 1, [A, [], C])
+    assert empty == () and len(a) == len(c) == 1
+    [staged] = _bucket_files(sink)
+    assert staged.startswith("data-rg~job~r1-c1-u0-a0-")  # named after the first part
+    assert sink.rows_of(_flat(a, c)) == 4 and sink.missing_files(_flat(a, c)) == []
+    assert [f.rsplit("/", 1)[-1] for f in sink.data_files(_flat(a, c))] == [staged]
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c)), sink) is True
+    assert _paimon_rows(sink) == sorted(A + C) == _paimon_duckdb(sink)
+    assert _paimon_files(sink) == [(staged, 4)]  # one data file in the snapshot
+
+
+def test_paimon_a_part_not_committed_is_rewritten_out_and_the_merged_file_deleted(tmp_path):
+    sink = _paimon(tmp_path)
+    a, _, c = _merged(sink, 1, [A, B, C])
+    [merged] = _bucket_files(sink)
+    sink.commit("job", 1, _flat(a, c))  # unit 1 was declared fallen back after it was staged
+    assert _paimon_rows(sink) == sorted(A + C) == _paimon_duckdb(sink)
+    rewritten = merged.removesuffix(".parquet") + "-k0.2_3.2-0.parquet"
+    assert _paimon_files(sink) == [(rewritten, 4)]
+    assert _bucket_files(sink) == [rewritten]  # the merged file is gone
+    # the rewrite's statistics are its own rows' (pypaimon computed them)
+    [entry] = _paimon_table(sink).new_read_builder().new_scan().plan().splits()[0].files
+    assert entry.row_count == 4
+
+
+def test_paimon_a_commit_retried_after_a_crash_before_or_after_the_table_commit_adds_rows_once(
+    tmp_path, monkeypatch
+):
+    sink = _paimon(tmp_path)
+    a, _, c = _merged(sink, 1, [A, B, C])
+    [merged] = _bucket_files(sink)
+    bucket = os.path.join(sink.warehouse, "db.db", "clicks", "bucket-0")
+    saved = (tmp_path / "saved.parquet").as_posix()
+    shutil.copy(os.path.join(bucket, merged), saved)
+
+    # crash after the rewrite, before the table commit
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("driver killed")
+
+    from pypaimon.write.table_commit import StreamTableCommit
+
+    monkeypatch.setattr(StreamTableCommit, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sink.commit("job", 1, _flat(a, c))
+    monkeypatch.undo()
+    rewritten = merged.removesuffix(".parquet") + "-k0.2_3.2-0.parquet"
+    assert _paimon_rows(sink) == [] and _bucket_files(sink) == sorted([merged, rewritten])
+    after_crash = PaimonSink(sink.warehouse, "db.clicks")
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c), recommit=True), after_crash)
+    assert _paimon_rows(sink) == sorted(A + C) == _paimon_duckdb(sink)
+    assert _bucket_files(sink) == [rewritten]  # the retry rewrote the same file
+
+    # crash after the table commit, before the merged file was deleted: a new driver skips it
+    shutil.copy(saved, os.path.join(bucket, merged))
+    again = PaimonSink(sink.warehouse, "db.clicks")
+    assert perform_commit(Commit(1, "out", "job", _flat(a, c), recommit=True), again) is False
+    with pytest.raises(CommitError, match="not after its latest commit 1"):
+        again.commit("job", 1, _flat(a, c))
+    assert _paimon_rows(sink) == sorted(A + C) == _paimon_duckdb(sink)
+    assert len(_paimon_files(sink)) == 1
+    # the merged file left behind is deleted when no restored checkpoint names it any more
+    assert [p.rsplit("/", 1)[-1] for p in again.clean_staged("job", keep=())] == [merged]
+    assert _bucket_files(sink) == [rewritten]
+
+
+def test_paimon_discarding_a_merged_file_deletes_it_with_its_last_part(tmp_path):
+    sink = _paimon(tmp_path)
+    a, b, c = _merged(sink, 1, [A, B, C])
+    [merged] = _bucket_files(sink)
+    writer = pickle.loads(pickle.dumps(sink))
+    writer.discard(b)
+    writer.discard(a)
+    assert _bucket_files(sink) == [merged]  # unit 2's rows may still commit
+    writer.discard(c)
+    assert _bucket_files(sink) == []
+
+
+def test_paimon_a_committable_of_the_old_format_still_decodes_and_commits(tmp_path):
+    sink = _paimon(tmp_path)
+    [new] = pickle.loads(pickle.dumps(sink)).write([_batch(A)], _context(1, 0))
+    old = msgspec.msgpack.encode(msgspec.msgpack.decode(new)[:5])  # no part fields
+    assert len(msgspec.msgpack.decode(old)) == 5
+    assert sink.rows_of([old]) == 2 and sink.missing_files([old]) == []
+    sink.commit("job", 1, [old])
+    assert _paimon_rows(sink) == sorted(A) == _paimon_duckdb(sink)
+
+
+def test_paimon_a_partitioned_table_writes_each_unit_on_its_own(tmp_path):
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    sink = PaimonSink(str(tmp_path / "p"), "db.clicks", schema=schema, partition_keys=["user"])
+    parts = _merged(sink, 1, [A, [], C])
+    assert [len(p) for p in parts] == [2, 0, 2]  # a whole message per partition of each unit
+    sink.commit("job", 1, _flat(*parts))
+    t = sink.read()
+    rows = zip(t.column("user").to_pylist(), t.column("n").to_pylist(), strict=True)
+    assert sorted(rows) == sorted(A + C)
