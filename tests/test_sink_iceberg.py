@@ -263,7 +263,7 @@ def test_a_file_not_named_for_the_checkpoint_is_refused(tmp_path):
     sink = _sink(tmp_path)
     early = _stage(sink, 2, [{"user": "a", "n": 1}])
     [good] = _stage(sink, 3, [{"user": "b", "n": 2}])
-    table_uuid, name, rows = msgspec.msgpack.decode(good)
+    table_uuid, name, rows, *_ = msgspec.msgpack.decode(good)  # then the part fields
     data = tmp_path / "warehouse" / "db" / "clicks" / "data"
     os.rename(data / name, data / "hand-made.parquet")
     renamed = msgspec.msgpack.encode([table_uuid, "hand-made.parquet", rows])
@@ -327,7 +327,7 @@ def test_the_manifests_read_per_commit_do_not_grow_with_the_history(tmp_path, mo
 def test_a_file_name_that_would_leave_the_table_is_refused(tmp_path, name):
     sink = _sink(tmp_path)
     [good] = _stage(sink, 1, [{"user": "a", "n": 1}])
-    table_uuid, _, rows = msgspec.msgpack.decode(good)
+    table_uuid, _, rows, *_ = msgspec.msgpack.decode(good)
     bad = msgspec.msgpack.encode([table_uuid, name, rows])
     expected = (
         f"Iceberg table 'db.clicks': committable names data file {name!r}, which is outside "

@@ -25,6 +25,16 @@ Each version records ``regional.checkpoint-id``, ``regional.commit-user`` and
 ``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
 fell back in Y) in its commit info. Staged files of declined or aborted attempts are deleted.
 
+With output merging (`write_merged`, `regional.sinks.merging`) a task writes one file for all
+the units it ran in an epoch, and each unit's committable names its rows of it. A commit adds
+such a file whole (one ``add`` action, the whole file's row count) when it holds every part of
+it; otherwise (a unit was declared fallen back after its rows were written) it first rewrites
+the kept rows as ``<file>-k<kept ranges>.parquet`` (the same name on a retry: the retry writes
+the same file again and the marker keeps it from being added twice), adds that file, and then
+deletes the merged file. The merged file is never added, so readers do not see it; one left
+behind by a crash between the commit and the delete is not referenced by the log, which
+``DeltaTable.vacuum(full=True)`` deletes once it is older than the retention.
+
 There is no rollback: Delta's RESTORE also drops other writers' commits and does not lower the
 marker, so a restore below the table's latest commit of the job refuses instead.
 
@@ -51,7 +61,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -62,6 +72,14 @@ from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 from regional.sinks.base import WriteContext
 from regional.sinks.durability import fsync_path as _fsync
+from regional.sinks.merging import (
+    DiscardedParts,
+    FilePart,
+    kept_ranges,
+    kept_stem,
+    merged_table,
+    take_ranges,
+)
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
 
@@ -77,11 +95,37 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.parquet")
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
+    """One staged data file, or one unit's part of a merged one (`write_merged`): `rows` from
+    `first_row` of the file's `file_rows` (-1: the committable is the whole file; the part
+    fields come last, with defaults, so committables of older versions still decode). `size`
+    and `modified` are the whole file's."""
+
     table: str  # the table's location when written (discard skips other tables' files)
     file: str  # name of the data file in the table directory
     rows: int
     size: int  # bytes
     modified: int  # ms since the epoch
+    first_row: int = 0
+    file_rows: int = -1
+
+    @property
+    def part(self) -> FilePart | None:
+        """Its part of a merged file, or None when it is a whole file."""
+        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
+
+
+class _Added(NamedTuple):
+    """One data file a commit adds: `file` (in the table directory), made from the data file
+    `source` the committables name (the same file, or, for `keep` ranges, a rewrite of it
+    without the rows of parts not in the commit), with its rows, size (-1 until rewritten)
+    and modification time (ms)."""
+
+    source: str
+    file: str
+    rows: int
+    size: int
+    modified: int
+    keep: tuple[tuple[int, int], ...] | None = None
 
 
 _TXN_RETENTION = "delta.setTransactionRetentionDuration"
@@ -144,6 +188,7 @@ class DeltaSink:
         self.path = _location(path)
         self.storage_options = dict(storage_options or {})
         self._table_object: Any = None
+        self._discarded = DiscardedParts()  # parts of merged files discarded so far
         deltalake = _require_deltalake()
         if schema is not None:
             deltalake.DeltaTable.create(
@@ -168,6 +213,7 @@ class DeltaSink:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._table_object = None
+        self._discarded = DiscardedParts()
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
@@ -256,15 +302,6 @@ class DeltaSink:
             )
         return c
 
-    def _missing(self, items: Sequence[_Committable]) -> list[str]:
-        fs, base = self._filesystem()
-        infos = fs.get_file_info([f"{base}/{c.file}" for c in items])
-        return [
-            f"{self.path}/{c.file}"
-            for c, info in zip(items, infos, strict=True)
-            if info.type != pafs.FileType.File
-        ]
-
     # --- writer side (in tasks) -------------------------------------------------------------
 
     def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
@@ -274,6 +311,43 @@ class DeltaSink:
         if not batches:
             return ()
         table = self._fit(batches)
+        name, size, modified = self._write_file(table, context)
+        return (
+            msgspec.msgpack.encode(_Committable(self.path, name, table.num_rows, size, modified)),
+        )
+
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Write the rows of every part (the units of one task and epoch) as one Parquet file in
+        the table directory, named after the first part; per part, its committable naming its
+        rows of the file (none for a part without rows; `regional.sinks.base.MergingWriter`).
+        The commit adds the file whole, or a rewrite of it without the rows of parts it does
+        not hold."""
+        if not parts:
+            return []
+        fitted = [
+            self._fit(rows).to_batches() if (rows := [b for b in batches if b.num_rows]) else []
+            for _, batches in parts
+        ]
+        table, places = merged_table(fitted)
+        if table is None:
+            return [() for _ in parts]
+        name, size, modified = self._write_file(table, parts[0][0])
+        return [
+            ()
+            if p is None
+            else (
+                msgspec.msgpack.encode(
+                    _Committable(self.path, name, p.rows, size, modified, p.first_row, p.file_rows)
+                ),
+            )
+            for p in places
+        ]
+
+    def _write_file(self, table: pa.Table, context: WriteContext) -> tuple[str, int, int]:
+        """Write `table` as a new Parquet file in the table directory named after `context`,
+        durable on return on a local disk: its name, size and modification time (ms)."""
         vertex = re.sub(r"[^A-Za-z0-9_-]", "_", context.vertex_id)
         run = re.sub(r"[^A-Za-z0-9_-]", "_", context.run_id)
         name = (
@@ -283,15 +357,18 @@ class DeltaSink:
         )
         fs, base = self._filesystem()
         fs.create_dir(base, recursive=True)
+        return name, *self._write_at(fs, base, name, table)
+
+    @staticmethod
+    def _write_at(fs: pafs.FileSystem, base: str, name: str, table: pa.Table) -> tuple[int, int]:
+        """Write `table` as `base/name` (replacing a file there), fsynced with its directory on
+        a local disk (durable before it is acknowledged or committed): its size and ms time."""
         pq.write_table(table, f"{base}/{name}", filesystem=fs)
-        if isinstance(fs, pafs.LocalFileSystem):  # durable before it is acknowledged
+        if isinstance(fs, pafs.LocalFileSystem):
             _fsync(f"{base}/{name}")
             _fsync(base)
         size = fs.get_file_info(f"{base}/{name}").size
-        committable = _Committable(
-            self.path, name, table.num_rows, int(size or 0), time.time_ns() // 1_000_000
-        )
-        return (msgspec.msgpack.encode(committable),)
+        return int(size or 0), time.time_ns() // 1_000_000
 
     def sync_staged(self) -> None:
         """Nothing to do: `write` fsyncs each data file and its directory on a local disk
@@ -325,14 +402,19 @@ class DeltaSink:
                 f"Delta table {self.path}: commit {identifier} of user {commit_user!r} is not "
                 f"after its latest commit {latest}; commits must be in checkpoint order"
             )
-        items = self._decode(committables)
-        if missing := self._missing(items):
+        added = self._plan(self._decode(committables))
+        where = self._where(added)
+        if missing := [
+            f"{self.path}/{a.source}"
+            for a, (s, r) in zip(added, where, strict=True)
+            if not (s or r)
+        ]:
             raise CommitError(
                 f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
                 f"{', '.join(missing[:5])} are missing (were they deleted?); nothing was "
                 "committed; restore from a newer checkpoint or restore the files"
             )
-        if latest is None and (present := self._in_table(items)):
+        if latest is None and (present := self._in_table(added)):
             raise CommitError(
                 f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
                 f"{', '.join(present[:5])} are already in the table but commit user "
@@ -340,9 +422,13 @@ class DeltaSink:
                 "delta.setTransactionRetentionDuration expire it?); nothing was committed, "
                 "committing again would duplicate their rows"
             )
+        added = [
+            self._rewrite(a, source_here) if a.keep is not None else a
+            for a, (source_here, _) in zip(added, where, strict=True)
+        ]
         actions = [
-            AddAction(c.file, c.size, {}, c.modified, True, json.dumps({"numRecords": c.rows}))
-            for c in items
+            AddAction(a.file, a.size, {}, a.modified, True, json.dumps({"numRecords": a.rows}))
+            for a in added
         ]
         properties = CommitProperties(
             custom_metadata={
@@ -370,9 +456,67 @@ class DeltaSink:
                 "running? The commit is retried and skipped if the other writer committed it"
             ) from exc
         table.update_incremental()
+        fs, base = self._filesystem()
+        for a in added:  # the merged files rewritten without other units' rows: no longer needed
+            if a.keep is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(f"{base}/{a.source}")
 
-    def _in_table(self, items: Sequence[_Committable]) -> list[str]:
-        names = {c.file for c in items}
+    def _plan(self, items: Sequence[_Committable]) -> list[_Added]:
+        """The data files a commit of `items` adds, in order: a whole data file each, and one per
+        merged data file (at its first part's place): whole, with the file's rows, when the
+        commit holds every part of it, else a rewrite keeping the committed parts' rows
+        (`regional.sinks.merging.kept_ranges`), named by the kept ranges (`kept_stem`) so a
+        retried commit rewrites the same file."""
+        parts: dict[str, list[FilePart]] = {}
+        for c in items:
+            if (part := c.part) is not None:
+                parts.setdefault(c.file, []).append(part)
+        added: list[_Added] = []
+        for c in items:
+            if c.part is None:
+                added.append(_Added(c.file, c.file, c.rows, c.size, c.modified))
+                continue
+            if c.file not in parts:  # its file is planned already
+                continue
+            keep = kept_ranges(parts.pop(c.file), f"Delta table {self.path}: {c.file}")
+            if keep is None:
+                added.append(_Added(c.file, c.file, c.file_rows, c.size, c.modified))
+                continue
+            name = f"{kept_stem(c.file.removesuffix('.parquet'), keep)}.parquet"
+            added.append(_Added(c.file, name, sum(n for _, n in keep), -1, -1, keep))
+        return added
+
+    def _where(self, added: Sequence[_Added]) -> list[tuple[bool, bool]]:
+        """For each planned file: (the data file its committables name exists, its rewrite
+        exists). The rewrite is looked up only where the named file is gone (deleted after a
+        commit that rewrote it: a retry)."""
+        if not added:
+            return []
+        fs, base = self._filesystem()
+        infos = fs.get_file_info([f"{base}/{a.source}" for a in added])
+        here = [i.type == pafs.FileType.File for i in infos]
+        gone = [a.file for a, h in zip(added, here, strict=True) if not h and a.keep is not None]
+        infos = fs.get_file_info([f"{base}/{f}" for f in gone]) if gone else []
+        rewritten = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
+        return [(h, a.file in rewritten) for a, h in zip(added, here, strict=True)]
+
+    def _rewrite(self, added: _Added, source_here: bool) -> _Added:
+        """Write the kept rows of `added`'s merged source file as its data file (replacing one
+        an interrupted try left: same rows, same name), or, when the source is gone, take the
+        rewrite that is there; `added` with the file's size and time."""
+        fs, base = self._filesystem()
+        if not source_here:
+            info = fs.get_file_info(f"{base}/{added.file}")
+            mtime = info.mtime_ns // 1_000_000 if info.mtime_ns else time.time_ns() // 1_000_000
+            return added._replace(size=int(info.size or 0), modified=mtime)
+        assert added.keep is not None
+        rows = take_ranges(pq.read_table(f"{base}/{added.source}", filesystem=fs), added.keep)
+        size, modified = self._write_at(fs, base, added.file, rows)
+        return added._replace(size=size, modified=modified)
+
+    def _in_table(self, added: Sequence[_Added]) -> list[str]:
+        names = {a.file for a in added} | {a.source for a in added}
         paths = self._table().get_add_actions().column("path").to_pylist()
         return [f"{self.path}/{p}" for p in paths if p in names]
 
@@ -386,14 +530,24 @@ class DeltaSink:
         return version
 
     def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Paths of the data files behind `committables`."""
-        return [f"{self.path}/{c.file}" for c in self._decode(committables)]
+        """Paths of the data files behind `committables` (a merged file once)."""
+        return list(dict.fromkeys(f"{self.path}/{c.file}" for c in self._decode(committables)))
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        return self._missing(self._decode(committables))
+        """The data files behind `committables` that are gone (a merged file partly committed
+        counts as there while its rewrite is)."""
+        added = self._plan(self._decode(committables))
+        where = self._where(added)
+        return [
+            f"{self.path}/{a.source}"
+            for a, (s, r) in zip(added, where, strict=True)
+            if not (s or r)
+        ]
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the files of a declined or aborted attempt (already gone is fine).
+        """Delete the files of a declined or aborted attempt (already gone is fine). A merged
+        file is deleted once all of its parts were discarded through this sink object (the
+        other units' rows in it may still commit).
 
         Committables of other sinks and tables (the runtime may hand a unit's committables to
         every sink) are skipped; a name that would escape the table is refused (nothing is
@@ -402,6 +556,8 @@ class DeltaSink:
         own = [self._checked(c) for c in self._own(committables)]
         fs, base = self._filesystem()
         for c in own:
+            if (part := c.part) is not None and not self._discarded.add(c.file, part):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{base}/{c.file}")
 

@@ -47,6 +47,16 @@ every manifest of the current snapshot (one per append). It rests on the file na
    totals), is the whole current snapshot checked (pyiceberg's check): a commit user's first
    commit into a table with expired history (at most once per driver).
 
+With output merging (`write_merged`, `regional.sinks.merging`) a task writes one data file for
+all the units it ran in an epoch, and each unit's committable names its rows of it. A commit
+appends such a file whole (pyiceberg reads its metrics from the file's footer, as for any file)
+when it holds every part of it; otherwise (a unit was declared fallen back after its rows were
+written) it first rewrites the kept rows next to it as ``<file>-k<kept ranges>.parquet`` (the
+same name on a retry, still named for checkpoint Y, so the backstop above covers it), appends
+that file, and then deletes the merged file. The merged file is in no manifest, so readers do
+not see it; one left behind by a crash between the commit and the delete is an orphan file,
+which Iceberg's orphan-file removal (e.g. Spark's ``remove_orphan_files``) deletes.
+
 Not checked: files of ours added to the table by another writer without our summary (e.g. a
 hand-run ``add_files`` over the data directory), and a file added by a snapshot expired out of
 age order (expiry by snapshot id).
@@ -61,10 +71,11 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -73,6 +84,14 @@ import pyarrow.parquet as pq
 from metadata.model import SinkRetention
 from regional.errors import CommitError, RestoreError, SinkError
 from regional.sinks.base import WriteContext
+from regional.sinks.merging import (
+    DiscardedParts,
+    FilePart,
+    kept_ranges,
+    kept_stem,
+    merged_table,
+    take_ranges,
+)
 
 __all__ = [
     "CHECKPOINT_PROPERTY",
@@ -97,7 +116,10 @@ FALLBACK_PROPERTY = "regional.fallback-units"
 
 _RUN = re.compile(r"^(?P<job>.+)-[0-9a-f]{12}-.+$")  # the driver's commit user, see driver.py
 # the name `IcebergSink.write` gives a data file (the location provider may put directories first)
-_FILE = re.compile(r"^[A-Za-z0-9_.-]+-\d+-c(?P<checkpoint>\d+)-a\d+-[0-9a-f]{12}\.parquet$")
+# (and the commit a rewrite of a merged one: `-k<kept ranges>` after it, `regional.sinks.merging`)
+_FILE = re.compile(
+    r"^[A-Za-z0-9_.-]+-\d+-c(?P<checkpoint>\d+)-a\d+-[0-9a-f]{12}(?:-k[0-9a-f._]+)?\.parquet$"
+)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -113,6 +135,8 @@ def _checkpoint_of(file: str) -> int | None:
 
     >>> _checkpoint_of("data/ab12/out-3-c42-a0-0123456789ab.parquet")
     42
+    >>> _checkpoint_of("data/out-3-c42-a0-0123456789ab-k0.2_5.3.parquet")  # a rewrite
+    42
     >>> _checkpoint_of("data/00000-0-5f1e.parquet") is None
     True
     """
@@ -121,9 +145,30 @@ def _checkpoint_of(file: str) -> int | None:
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
+    """One data file, or one unit's part of a merged one (`write_merged`): `rows` from
+    `first_row` of the file's `file_rows` (-1: the committable is the whole file; the part
+    fields come last, with defaults, so committables of older versions still decode)."""
+
     table_uuid: str  # the table written (discard skips other tables' files)
     file: str  # relative to the table's data location
     rows: int
+    first_row: int = 0
+    file_rows: int = -1
+
+    @property
+    def part(self) -> FilePart | None:
+        """Its part of a merged file, or None when it is a whole file."""
+        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
+
+
+class _Added(NamedTuple):
+    """One data file a commit appends: `file` (relative to the data location), made from the
+    data file `source` the committables name (the same file, or, for `keep` ranges, a rewrite
+    of it without the rows of parts not in the commit)."""
+
+    source: str
+    file: str
+    keep: tuple[tuple[int, int], ...] | None = None
 
 
 def _require_pyiceberg() -> Any:
@@ -216,6 +261,7 @@ class IcebergSink:
         self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
         self._identifiers: dict[str, set[int]] = {}
         self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
+        self._discarded = DiscardedParts()  # parts of merged files discarded so far
         self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
         _require_pyiceberg()
         if schema is not None:
@@ -247,6 +293,7 @@ class IcebergSink:
         self._identifiers = {}
         self._snapshots_of = {}
         self.snapshots_read = 0
+        self._discarded = DiscardedParts()
 
     def __repr__(self) -> str:
         return f"IcebergSink({self.warehouse!r}, {self.table_name!r})"
@@ -347,6 +394,51 @@ class IcebergSink:
             return ()
         table = self._writer_table()
         rows = self._fit(batches, schema_to_pyarrow(table.schema()))
+        file = self._write_file(table, rows, context)
+        c = _Committable(table.metadata.table_uuid.hex, file, len(rows))
+        return (msgspec.msgpack.encode(c),)
+
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Write the rows of every part (the units of one task and epoch) as one Parquet data
+        file under the table's data location, named after the first part; per part, its
+        committable naming its rows of the file (none for a part without rows;
+        `regional.sinks.base.MergingWriter`). The commit appends the file whole, or a rewrite
+        of it without the rows of parts it does not hold."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        if not parts:
+            return []
+        table = self._writer_table()
+        schema = schema_to_pyarrow(table.schema())
+        # without schema metadata (schema_to_pyarrow's is {}): merged_table hashes schemas,
+        # which pyarrow refuses for one with metadata; the field ids are field metadata
+        fitted = [
+            self._fit(rows, schema).replace_schema_metadata(None).to_batches()
+            if (rows := [b for b in batches if b.num_rows])
+            else []
+            for _, batches in parts
+        ]
+        merged, places = merged_table(fitted)
+        if merged is None:
+            return [() for _ in parts]
+        file = self._write_file(table, merged, parts[0][0])
+        uuid_hex = table.metadata.table_uuid.hex
+        return [
+            ()
+            if p is None
+            else (
+                msgspec.msgpack.encode(
+                    _Committable(uuid_hex, file, p.rows, p.first_row, p.file_rows)
+                ),
+            )
+            for p in places
+        ]
+
+    def _write_file(self, table: Any, rows: pa.Table, context: WriteContext) -> str:
+        """Write `rows` as a new data file named after `context` (the name the duplicate-file
+        backstop relies on); its name relative to the data location."""
         name = (
             f"{_UNSAFE.sub('_', context.vertex_id)}-{context.index}-c{context.checkpoint_id}-"
             f"a{context.attempt}-"
@@ -366,8 +458,7 @@ class IcebergSink:
         except BaseException:
             table.io.delete(location)
             raise
-        c = _Committable(table.metadata.table_uuid.hex, location[len(data_path) + 1 :], len(rows))
-        return (msgspec.msgpack.encode(c),)
+        return location[len(data_path) + 1 :]
 
     def sync_staged(self) -> None:
         """Nothing is synced here (`regional.sinks.base.SinkWriter.sync_staged`): data files go
@@ -399,9 +490,15 @@ class IcebergSink:
                 "in checkpoint order"
             )
         table = self._table()
-        paths = [self._path(table, c.file) for c in self._decode(committables)]
+        added = self._plan(self._decode(committables))
+        paths = [self._path(table, a.file) for a in added]
         self._check_names(commit_user, identifier, paths)
-        if missing := self._missing(table, paths):
+        where = self._where(table, added)
+        if missing := [
+            self._path(table, a.source)
+            for a, (s, r) in zip(added, where, strict=True)
+            if not (s or r)
+        ]:
             raise CommitError(
                 f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
                 f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
@@ -425,7 +522,11 @@ class IcebergSink:
             }
         )
         once = Table(table.name(), no_retry, table.metadata_location, table.io, table.catalog)
-        self._check_not_committed(table, commit_user, identifier, paths)
+        sources = [self._path(table, a.source) for a in added if a.keep is not None]
+        self._check_not_committed(table, commit_user, identifier, [*paths, *sources])
+        for a, (source_here, _) in zip(added, where, strict=True):
+            if a.keep is not None and source_here:
+                self._rewrite(table, a)
         whole_table = not done and self._history_cut(table)  # see the module's docstring
         transaction = once.transaction()
         try:
@@ -446,6 +547,62 @@ class IcebergSink:
                 "expired or by another writer? nothing was committed"
             ) from exc
         self._table_object.refresh()
+        for a, (source_here, _) in zip(added, where, strict=True):
+            if a.keep is not None and source_here:  # rewritten without other units' rows
+                table.io.delete(self._path(table, a.source))
+
+    def _plan(self, items: Sequence[_Committable]) -> list[_Added]:
+        """The data files a commit of `items` appends, in order: a whole data file each, and one
+        per merged data file (at its first part's place): whole when the commit holds every
+        part of it, else a rewrite keeping the committed parts' rows
+        (`regional.sinks.merging.kept_ranges`) next to it, named by the kept ranges
+        (`kept_stem`) so a retried commit rewrites the same file."""
+        parts: dict[str, list[FilePart]] = {}
+        for c in items:
+            if (part := c.part) is not None:
+                parts.setdefault(c.file, []).append(part)
+        added: list[_Added] = []
+        for c in items:
+            if c.part is None:
+                added.append(_Added(c.file, c.file))
+                continue
+            if c.file not in parts:  # its file is planned already
+                continue
+            keep = kept_ranges(parts.pop(c.file), f"Iceberg table {self.table_name!r}: {c.file}")
+            if keep is None:
+                added.append(_Added(c.file, c.file))
+                continue
+            stem = posixpath.basename(c.file).removesuffix(".parquet")
+            name = f"{kept_stem(stem, keep)}.parquet"
+            directory = posixpath.dirname(c.file)
+            added.append(_Added(c.file, f"{directory}/{name}" if directory else name, keep))
+        return added
+
+    def _where(self, table: Any, added: Sequence[_Added]) -> list[tuple[bool, bool]]:
+        """For each planned file: (the data file its committables name exists, its rewrite
+        exists). The rewrite is looked up only where the named file is gone (deleted after a
+        commit that appended the rewrite)."""
+        out = []
+        for a in added:
+            here = table.io.new_input(self._path(table, a.source)).exists()
+            rewritten = (
+                not here
+                and a.keep is not None
+                and table.io.new_input(self._path(table, a.file)).exists()
+            )
+            out.append((here, rewritten))
+        return out
+
+    def _rewrite(self, table: Any, added: _Added) -> None:
+        """Write the kept rows of `added`'s merged source file as its data file, with the
+        source's schema and field ids (replacing one an interrupted try left: the same rows
+        under the same name; it is in no snapshot, `_check_not_committed` said so)."""
+        assert added.keep is not None
+        with table.io.new_input(self._path(table, added.source)).open() as f:
+            rows = take_ranges(pq.read_table(f), added.keep)
+        location = self._path(table, added.file)
+        with table.io.new_output(location).create(overwrite=True) as out:
+            pq.write_table(rows, out)
 
     def committed_identifiers(self, commit_user: str) -> frozenset[int]:
         """Checkpoint ids committed by `commit_user`: the snapshot summaries of the current
@@ -586,19 +743,27 @@ class IcebergSink:
     def _decode(self, committables: Iterable[bytes]) -> list[_Committable]:
         return [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
 
-    def _missing(self, table: Any, paths: Sequence[str]) -> list[str]:
-        return [p for p in paths if not table.io.new_input(p).exists()]
-
     def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Full locations of the data files behind `committables`."""
+        """Full locations of the data files behind `committables` (a merged file once)."""
         table = self._table()
-        return [self._path(table, c.file) for c in self._decode(committables)]
+        return list(dict.fromkeys(self._path(table, c.file) for c in self._decode(committables)))
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        return self._missing(self._table(), self.data_files(committables))
+        """The data files behind `committables` that are gone (a merged file partly committed
+        counts as there while its rewrite is)."""
+        table = self._table()
+        added = self._plan(self._decode(committables))
+        where = self._where(table, added)
+        return [
+            self._path(table, a.source)
+            for a, (s, r) in zip(added, where, strict=True)
+            if not (s or r)
+        ]
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the data files of a declined or aborted attempt (already gone is fine).
+        """Delete the data files of a declined or aborted attempt (already gone is fine). A
+        merged file is deleted once all of its parts were discarded through this sink object
+        (the other units' rows in it may still commit).
 
         Committables of other sinks or other tables (the runtime may hand a unit's committables
         to every sink) are skipped."""
@@ -609,10 +774,13 @@ class IcebergSink:
                 c = msgspec.msgpack.decode(raw, type=_Committable)
             except msgspec.DecodeError:  # another sink's format
                 continue
-            if c.table_uuid == mine:
-                path = self._path(table, c.file)
-                if table.io.new_input(path).exists():
-                    table.io.delete(path)
+            if c.table_uuid != mine:
+                continue
+            if (part := c.part) is not None and not self._discarded.add(c.file, part):
+                continue
+            path = self._path(table, c.file)
+            if table.io.new_input(path).exists():
+                table.io.delete(path)
 
     def rows_of(self, committables: Iterable[bytes]) -> int:
         """How many rows `committables` hold (for progress displays)."""

@@ -23,11 +23,25 @@ when the job's next driver starts it deletes the files of attempts lost in a cra
 files that no snapshot the table still has and no committable of the restored checkpoint names
 (`clean_staged`).
 
+With output merging (`write_merged`, `regional.sinks.merging`) a task writes one commit message
+(one data file, unless the rows exceed the table's target file size) for all the units it ran in
+an epoch on an unpartitioned table, and each unit's committable carries the message and names its
+rows of it (a partitioned table's units are written one by one: their rows go to one file per
+partition anyway). A commit commits such a message whole when it holds every part of it;
+otherwise (a unit was declared fallen back after its rows were written) it first rewrites the
+kept rows with a pypaimon writer (which computes the new file's statistics) as
+``<file>-k<kept ranges>-<n>.parquet``, commits that message, and then deletes the merged files.
+The merged files are in no snapshot, so readers do not see them; one left behind by a crash
+between the commit and the delete is deleted by `clean_staged` once no restored checkpoint
+names it.
+
 Only one process may commit to a table at a time (pypaimon's local rename lock is per process).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +54,14 @@ from pyarrow import fs as pafs
 from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 from regional.sinks.base import WriteContext
+from regional.sinks.merging import (
+    DiscardedParts,
+    FilePart,
+    kept_ranges,
+    kept_stem,
+    merged_table,
+    take_ranges,
+)
 
 __all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
 
@@ -87,6 +109,15 @@ def _job_prefix(job_id: str) -> str:
     return f"data-rg~{_UNSAFE.sub('_', job_id)}~"
 
 
+def _data_prefix(context: WriteContext) -> str:
+    """How the names of the data files `context` writes start: the job (for `clean_staged`),
+    the run, checkpoint, unit and attempt."""
+    return (
+        f"{_job_prefix(context.job_id)}{_UNSAFE.sub('_', context.run_id)}-c{context.checkpoint_id}"
+        f"-u{context.unit_id}-a{context.attempt}-"
+    )
+
+
 def _paimon_duration_ms(text: str) -> int | None:
     """A Paimon duration option (`1 h`, `30min`, `500 ms`) in milliseconds; None if it is not
     one (then nothing is recorded: Paimon itself would refuse it).
@@ -101,11 +132,24 @@ def _paimon_duration_ms(text: str) -> int | None:
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
+    """One Paimon commit message, or one unit's part of a merged one (`write_merged`): `rows`
+    from `first_row` of the message's `file_rows` (its data files' rows, in order; -1: the
+    committable is the whole message). The part fields come last, with defaults, so
+    committables of older versions still decode; every part of a merged message carries the
+    whole message."""
+
     version: int  # serializer version of `message`
     schema_id: int
     rows: int
     message: bytes
     table_path: str  # the table's location when written (discard skips other tables' files)
+    first_row: int = 0
+    file_rows: int = -1
+
+    @property
+    def part(self) -> FilePart | None:
+        """Its part of a merged message, or None when it is a whole message."""
+        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
 
 
 def _require_pypaimon() -> Any:
@@ -145,6 +189,7 @@ class PaimonSink:
         self._table_object: Any = None
         self._seen_snapshots = 0  # snapshots up to this id are in `_latest`
         self._latest: dict[str, int] = {}  # commit user -> its latest commit identifier
+        self._discarded = DiscardedParts()  # parts of merged messages discarded so far
         pypaimon = _require_pypaimon()
         if schema is not None:
             catalog = pypaimon.CatalogFactory.create(self.catalog_options)
@@ -168,6 +213,7 @@ class PaimonSink:
         self._table_object = None
         self._seen_snapshots = 0
         self._latest = {}
+        self._discarded = DiscardedParts()
 
     def __repr__(self) -> str:
         return f"PaimonSink({self.warehouse!r}, {self.table_name!r})"
@@ -219,27 +265,43 @@ class PaimonSink:
             ) from exc
 
     def _messages(self, committables: Iterable[bytes]) -> list[Any]:
+        """The commit messages behind `committables`, decoded (a merged message once)."""
+        return [self._message(c) for c in self._unique(self._items(committables))]
+
+    @staticmethod
+    def _items(committables: Iterable[bytes]) -> list[_Committable]:
+        return [msgspec.msgpack.decode(raw, type=_Committable) for raw in committables]
+
+    @staticmethod
+    def _unique(items: Iterable[_Committable]) -> list[_Committable]:
+        """`items` without the further parts of a merged message (its first part stands for
+        it)."""
+        seen: set[bytes] = set()
+        out = []
+        for c in items:
+            if c.part is not None:
+                if c.message in seen:
+                    continue
+                seen.add(c.message)
+            out.append(c)
+        return out
+
+    def _message(self, c: _Committable) -> Any:
         from pypaimon.write.commit_message_serializer import deserialize_commit_message
 
         table = self._table()
-        out = []
-        for raw in committables:
-            c = msgspec.msgpack.decode(raw, type=_Committable)
-            try:
-                out.append(
-                    deserialize_commit_message(
-                        c.message,
-                        table.partition_keys_fields,
-                        table.trimmed_primary_keys_fields,
-                        version=c.version,
-                    )
-                )
-            except ValueError as exc:
-                raise CommitError(
-                    f"Paimon table {self.table_name!r}: cannot decode a committable written "
-                    f"with schema {c.schema_id} (message version {c.version}): {exc}"
-                ) from exc
-        return out
+        try:
+            return deserialize_commit_message(
+                c.message,
+                table.partition_keys_fields,
+                table.trimmed_primary_keys_fields,
+                version=c.version,
+            )
+        except ValueError as exc:
+            raise CommitError(
+                f"Paimon table {self.table_name!r}: cannot decode a committable written "
+                f"with schema {c.schema_id} (message version {c.version}): {exc}"
+            ) from exc
 
     def _data_files(self, messages: Iterable[Any]) -> list[str]:
         """Paths of every data file (and sidecar) the commit messages add."""
@@ -261,46 +323,120 @@ class PaimonSink:
     def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Write `batches` as Paimon data files; one committable per commit message (none if
         there are no rows). Nothing is visible until the driver commits."""
-        from pypaimon.write.commit_message_serializer import serialize_commit_message
-
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return ()
+        table = self._table()
+        messages = self._write_messages(
+            batches, _data_prefix(context), context.checkpoint_id, fit=True
+        )
+        return tuple(
+            msgspec.msgpack.encode(
+                _Committable(
+                    _MESSAGE_VERSION,
+                    table.table_schema.id,
+                    sum(f.row_count for f in m.new_files),
+                    self._serialized(m),
+                    str(table.table_path),
+                )
+            )
+            for m in messages
+        )
+
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Write the rows of every part (the units of one task and epoch) as one Paimon commit
+        message (one data file, more only when the rows exceed the table's target file size),
+        its files named after the first part; per part, its committable naming its rows of the
+        message (none for a part without rows; `regional.sinks.base.MergingWriter`). The
+        commit commits the message whole, or a rewrite of it without the rows of parts it does
+        not hold.
+
+        A partitioned table's rows go to one message per partition, so there each part is
+        written on its own, as `write` does (its committables are whole messages)."""
+        if not parts:
+            return []
+        table = self._table()
+        if table.partition_keys:
+            return [self.write(batches, context) for context, batches in parts]
+        schema = self._arrow_schema()
+        fitted = [
+            [self._fit(b, schema).replace_schema_metadata(None) for b in batches if b.num_rows]
+            for _, batches in parts
+        ]
+        merged, places = merged_table([[b for t in f for b in t.to_batches()] for f in fitted])
+        if merged is None:
+            return [() for _ in parts]
+        first = parts[0][0]
+        messages = self._write_messages(
+            merged.to_batches(), _data_prefix(first), first.checkpoint_id, fit=False
+        )
+        if len(messages) != 1 or sum(f.row_count for f in messages[0].new_files) != len(merged):
+            for m in messages:  # one bucket of an unpartitioned append table: never so
+                for path in self._data_files([m]):
+                    table.file_io.delete_quietly(path)
+            raise SinkError(
+                f"Paimon table {self.table_name!r}: the merged rows of {len(parts)} units "
+                f"({len(merged)} rows) were written as {len(messages)} commit messages, not as "
+                "one; only unpartitioned append tables with bucket = -1 are supported"
+            )
+        message = self._serialized(messages[0])
+        return [
+            ()
+            if p is None
+            else (
+                msgspec.msgpack.encode(
+                    _Committable(
+                        _MESSAGE_VERSION,
+                        table.table_schema.id,
+                        p.rows,
+                        message,
+                        str(table.table_path),
+                        p.first_row,
+                        p.file_rows,
+                    )
+                ),
+            )
+            for p in places
+        ]
+
+    def _arrow_schema(self) -> pa.Schema:
+        """The table's columns as Arrow (what its writers take)."""
+        write = self._table().new_stream_write_builder().new_write()
+        try:
+            schema: pa.Schema = write.table_pyarrow_schema
+        finally:
+            write.close()
+        return schema
+
+    def _write_messages(
+        self, batches: Sequence[pa.RecordBatch], prefix: str, identifier: int, *, fit: bool
+    ) -> list[Any]:
+        """Write `batches` (fitted to the table's columns first when `fit`) with one pypaimon
+        writer whose data file names start with `prefix`; its non-empty commit messages. A
+        failed write deletes the files it wrote."""
         from pypaimon.common.options.core_options import CoreOptions
 
-        table = self._table()
-        write = table.new_stream_write_builder().new_write()
-        # our data file names: the job (for `clean_staged`), the run, checkpoint, unit, attempt
-        run = _UNSAFE.sub("_", context.run_id)
-        write.file_store_write.options.set(
-            CoreOptions.DATA_FILE_PREFIX,
-            f"{_job_prefix(context.job_id)}{run}-c{context.checkpoint_id}-u{context.unit_id}-"
-            f"a{context.attempt}-",
-        )
+        write = self._table().new_stream_write_builder().new_write()
+        write.file_store_write.options.set(CoreOptions.DATA_FILE_PREFIX, prefix)
         try:
             schema = write.table_pyarrow_schema
             for b in batches:
-                write.write_arrow(self._fit(b, schema))
-            messages = write.prepare_commit(context.checkpoint_id)
+                write.write_arrow(self._fit(b, schema) if fit else pa.Table.from_batches([b]))
+            messages = write.prepare_commit(identifier)
         except BaseException:
             write.abort()  # delete this attempt's files
             raise
         finally:
             write.close()
-        schema_id = table.table_schema.id
-        return tuple(
-            msgspec.msgpack.encode(
-                _Committable(
-                    _MESSAGE_VERSION,
-                    schema_id,
-                    sum(f.row_count for f in m.new_files),
-                    serialize_commit_message(m, table.partition_keys_fields),
-                    str(table.table_path),
-                )
-            )
-            for m in messages
-            if not m.is_empty()
-        )
+        return [m for m in messages if not m.is_empty()]
+
+    def _serialized(self, message: Any) -> bytes:
+        from pypaimon.write.commit_message_serializer import serialize_commit_message
+
+        data: bytes = serialize_commit_message(message, self._table().partition_keys_fields)
+        return data
 
     def sync_staged(self) -> None:
         """Nothing is synced here (`regional.sinks.base.SinkWriter.sync_staged`): pypaimon
@@ -326,13 +462,18 @@ class PaimonSink:
                 f"Paimon table {self.table_name!r}: commit {identifier} of user {commit_user!r} "
                 f"is not after its latest commit {latest}; commits must be in checkpoint order"
             )
-        messages = self._messages(committables)
-        if missing := self._missing(self._data_files(messages)):
+        planned = [(self._message(c), keep) for c, keep in self._plan(self._items(committables))]
+        if missing := self._missing(self._data_files(m for m, _ in planned)):
             raise CommitError(
                 f"Paimon table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
                 f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
                 "committed; restore from a newer checkpoint or restore the files"
             )
+        messages = [
+            rewritten
+            for m, keep in planned
+            for rewritten in ([m] if keep is None else self._rewrite(m, keep, identifier))
+        ]
         properties = {
             CHECKPOINT_PROPERTY: str(identifier),
             FALLBACK_PROPERTY: json.dumps(
@@ -346,6 +487,79 @@ class PaimonSink:
             commit.commit(messages, identifier, snapshot_properties=properties)
         finally:
             commit.close()
+        file_io = self._table().file_io
+        for path in self._data_files(m for m, keep in planned if keep is not None):
+            file_io.delete_quietly(path)  # merged files rewritten without other units' rows
+
+    def _plan(
+        self, items: Sequence[_Committable]
+    ) -> list[tuple[_Committable, tuple[tuple[int, int], ...] | None]]:
+        """The commit messages a commit of `items` commits, in order: a whole message each, and
+        one per merged message (its first part): whole (None) when the commit holds every part
+        of it, else with the ranges of its rows to keep (`regional.sinks.merging.kept_ranges`),
+        for `_rewrite`."""
+        parts: dict[bytes, list[FilePart]] = {}
+        for c in items:
+            if (part := c.part) is not None:
+                parts.setdefault(c.message, []).append(part)
+        planned: list[tuple[_Committable, tuple[tuple[int, int], ...] | None]] = []
+        for c in self._unique(items):
+            if c.part is None:
+                planned.append((c, None))
+                continue
+            name = self._data_files([self._message(c)])[0].rsplit("/", 1)[-1]
+            where = f"Paimon table {self.table_name!r}: {name}"
+            planned.append((c, kept_ranges(parts[c.message], where)))
+        return planned
+
+    def _rewrite(self, message: Any, keep: Sequence[tuple[int, int]], identifier: int) -> list[Any]:
+        """The commit messages of a rewrite of merged `message`'s data files keeping the rows in
+        `keep`: written by a pypaimon writer (which computes their statistics), then renamed
+        to ``<first file's stem>-k<kept ranges>-<n>.<format>`` (`kept_stem`), so a commit
+        retried after a crash writes the same files again. A file with sidecars or an external
+        path keeps pypaimon's name: a lost try's file is then deleted by `clean_staged`, which
+        it is named for like every file of the job."""
+        import pyarrow.parquet as pq
+
+        table = self._table()
+        paths = [
+            self._data_files([dataclasses.replace(message, new_files=[f])])[0]
+            for f in message.new_files
+        ]
+        if not all(p.endswith(".parquet") for p in paths):
+            raise CommitError(
+                f"Paimon table {self.table_name!r}: cannot commit checkpoint {identifier}: merged "
+                f"data file(s) {', '.join(paths)} must be rewritten without the rows of units "
+                "not in the checkpoint, which needs Parquet data files; use file.format = parquet "
+                "(the default)"
+            )
+        tables = []
+        for path in paths:
+            with table.file_io.new_input_stream(path) as f:
+                tables.append(pq.read_table(f))
+        rows = take_ranges(pa.concat_tables(tables, promote_options="default"), keep)
+        stem = kept_stem(message.new_files[0].file_name.rsplit(".", 1)[0], keep)
+        rewritten = self._write_messages(rows.to_batches(), f"{stem}-", identifier, fit=True)
+        out = []
+        for m in rewritten:
+            self._data_files([m])  # their paths
+            files: list[Any] = []
+            for i, f in enumerate(m.new_files):
+                if f.external_path is None and not f.extra_files and f.file_path:
+                    name = f"{stem}-{i}.{f.file_name.rsplit('.', 1)[-1]}"
+                    target = f"{str(f.file_path).rsplit('/', 1)[0]}/{name}"
+                    if table.file_io.exists(target):  # written by a lost try of this commit
+                        table.file_io.delete(target)
+                    if not table.file_io.rename(str(f.file_path), target):
+                        raise CommitError(
+                            f"Paimon table {self.table_name!r}: cannot rename rewritten data "
+                            f"file {f.file_path} to {target}; nothing was committed; check the "
+                            "table directory's permissions"
+                        )
+                    f = dataclasses.replace(f, file_name=name, file_path=target)
+                files.append(f)
+            out.append(dataclasses.replace(m, new_files=files))
+        return out
 
     def latest_committed(self, commit_user: str) -> int | None:
         """The highest commit identifier of the table's snapshots by `commit_user`.
@@ -376,10 +590,11 @@ class PaimonSink:
         return [p for p in paths if not file_io.exists(p)]
 
     def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Paths of the data files behind `committables`."""
+        """Paths of the data files behind `committables` (a merged message's once)."""
         return self._data_files(self._messages(committables))
 
     def missing_files(self, committables: Iterable[bytes]) -> list[str]:
+        """The data files behind `committables` that are gone."""
         return self._missing(self.data_files(committables))
 
     def _own(self, committables: Iterable[bytes]) -> list[bytes]:
@@ -396,13 +611,22 @@ class PaimonSink:
         return own
 
     def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the files of a declined or aborted attempt (already gone is fine).
+        """Delete the files of a declined or aborted attempt (already gone is fine). A merged
+        message's files are deleted once all of its parts were discarded through this sink
+        object (the other units' rows in them may still commit).
 
         Committables of other sinks (the runtime may hand a unit's committables to every sink)
         are skipped.
         """
         table = self._table()
-        for path in self.data_files(self._own(committables)):
+        gone = []
+        for raw in self._own(committables):
+            c = msgspec.msgpack.decode(raw, type=_Committable)
+            key = hashlib.blake2b(c.message, digest_size=16).hexdigest()
+            if (part := c.part) is not None and not self._discarded.add(key, part):
+                continue
+            gone.append(raw)
+        for path in self.data_files(gone):
             table.file_io.delete_quietly(path)
 
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
