@@ -51,6 +51,7 @@ def test_check_prints_every_key_with_value_and_source(
         "checkpointing.region.timeout                   2 min      default",
         "checkpointing.region.on-unit-fallback-limit    isolate    default",
         "checkpointing.region.max-stuck-time            15 min     default",
+        "checkpointing.file-merging.min-live-share      0.5        default",
         "restore.mode                                   no-claim   env REGIONAL_RESTORE__MODE",
         "event-time.idle-timeout                        off        default",
         "event-time.writer-fallback                     hold       default",
