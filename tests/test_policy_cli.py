@@ -91,6 +91,7 @@ def test_check_json_gives_the_policy_values(
             "source": "default",
         },
         {"key": "checkpointing.region.max-stuck-time", "value": 900.0, "source": "default"},
+        {"key": "checkpointing.file-merging.min-live-share", "value": 0.5, "source": "default"},
         {"key": "restore.mode", "value": "claim", "source": "default"},
         {"key": "event-time.idle-timeout", "value": None, "source": "default"},
         {"key": "event-time.writer-fallback", "value": "hold", "source": "default"},
