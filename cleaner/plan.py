@@ -42,7 +42,8 @@ Rules, in the order they apply to a file (the first that matches decides):
    caller cannot see the live set (`live_unknown`, the CLI); a `_metadata` the caller did not
    read (a checkpoint that completed after the scan) keeps its directory.
 7. In a kept checkpoint's own directory, an unreferenced unit-attempt state file
-   (`u<unit>-a<attempt>[-<run>].state`) is a `stale-attempt` and deleted; other files are kept (they
+   (`u<unit>-a<attempt>[-<run>].state`, or a `compacted-<run>.state` copy) is a
+   `stale-attempt` and deleted; other files are kept (they
    may be named by sink committables, which are opaque to the cleaner).
 8. Files of a dropped completed checkpoint are deleted (`subsumed`); state files of a
    directory without `_metadata` are deleted as `aborted` (its id is newer than every
@@ -151,7 +152,9 @@ __all__ = [
     "reader_views",
 ]
 
-_STATE_FILE = re.compile(r"^u\d+-a\d+(?:-[A-Za-z0-9_.]+)?\.state$")
+#: A unit attempt's state file, or a checkpoint's compacted copy of fallback segments
+#: (`metadata.layout.compacted_file_path`).
+_STATE_FILE = re.compile(r"^(?:u\d+-a\d+(?:-[A-Za-z0-9_.]+)?|compacted-[A-Za-z0-9_.]+)\.state$")
 # A path that is certainly normal and inside the root (no segment starts with "."; no "/",
 # "\\" or ":" anywhere else); anything else goes through `check_relative`.
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)
@@ -247,7 +250,8 @@ def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
 
 def file_kind(name: str) -> str:
     """The kind of a file in a checkpoint directory, by its name: `metadata`, `state` (a unit
-    attempt's `u<unit>-a<attempt>[-<run>].state`) or `other` (e.g. a staged sink file)."""
+    attempt's `u<unit>-a<attempt>[-<run>].state`, or the checkpoint's
+    `compacted-<run>.state`) or `other` (e.g. a staged sink file)."""
     if name == METADATA_NAME:
         return "metadata"
     return "state" if _STATE_FILE.match(name) is not None else "other"
