@@ -106,6 +106,7 @@ from cleaner.model import (
     RetentionPlan,
     StoredFile,
 )
+from metadata.compaction import relocated_units
 from metadata.errors import MetadataError, StorageError
 from metadata.exchange import (
     EXCHANGE_DIR,
@@ -193,12 +194,19 @@ def _referenced_detail(users: tuple[int, ...], own: int | None) -> str:
     return f"file of kept checkpoint {own}, also referenced by {_ids(others)}"
 
 
+def _relocated(live: FileLiveness, cid: int | None) -> bool:
+    """Whether `live` is a compaction's copy: segments used under an owner other than the
+    checkpoint whose directory holds the file (`metadata.compaction`)."""
+    return any(use.owner != cid for use in live.fallback_uses)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class _References:
-    """Which normalised paths each checkpoint references, and its fallback (owner, unit) pairs."""
+    """Which normalised paths each checkpoint references, and per checkpoint directory holding
+    its fallback state (the owner's, or a newer one's after a compaction) the units using it."""
 
     def __init__(self, completed: Sequence[CheckpointMetadata], listed: set[str]) -> None:
         self.paths: dict[int, set[str]] = {}
@@ -232,7 +240,12 @@ class _References:
                     if s.ref_checkpoint_id is not None
                 }:
                     units[ref].add(unit)
-            self.owner_units[cid] = units
+            # a unit whose state a compaction relocated is kept by the directories holding it
+            for unit, (owner, dirs) in relocated_units(md).items():
+                units[owner].discard(unit)
+                for home in dirs:
+                    units[home].add(unit)
+            self.owner_units[cid] = {ref: us for ref, us in units.items() if us}
 
 
 def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
@@ -613,7 +626,8 @@ class _Rules:
             if users:
                 own = cid if cid in users else None
                 live = self.liveness.get(path) if own is None else None
-                if live is not None and live.merged:  # which segments keep a merged file
+                if live is not None and (live.merged or _relocated(live, cid)):
+                    # which segments keep a merged file (or a compaction's copy of them)
                     detail = live.explain()
                 else:
                     known = details.get((users, own))
