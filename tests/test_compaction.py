@@ -172,12 +172,13 @@ def _driver(
     run_id: str,
     faults: dict[tuple[int, int], str],
     subsumed: list[list[int]] | None = None,
+    parallelism: int = SPLITS,
 ) -> JobDriver:
     """The job with `min-live-share` = `share`; `subsumed` gets, per checkpoint, the ids the
     coordinator notified as subsumed."""
     p = Pipeline("compact", records_per_epoch=PER_EPOCH)
     src = p.source(
-        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=SPLITS
+        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=parallelism
     )
     src.key_by(lambda r: r["n"] % 3).process(_count, name="count").sink(
         ParquetSink(str(tmp_path / "table")), name="out"
@@ -320,4 +321,12 @@ def test_a_failed_copy_never_fails_the_checkpoint_and_is_recorded_in_its_event(
     }
     monkeypatch.setattr(JobStorage, "write_segments", write_segments)
     assert _driver(tmp_path, 0.5, "r2", {}).run().finished
+    assert _rows(str(tmp_path / "table")) == _expected()
+
+
+def test_a_relocated_handle_restores_with_another_parallelism(tmp_path: Path) -> None:
+    _driver(tmp_path, 0.5, "r1", {(c, STUCK): "fail" for c in (2, 3, 4)}).run(max_checkpoints=4)
+    assert "chk-2/compacted-r1.state" in _state_files(tmp_path)
+    done = _driver(tmp_path, 0.5, "r2", {}, parallelism=3).run()
+    assert done.finished and done.restored_from == 4 and done.restore_notes
     assert _rows(str(tmp_path / "table")) == _expected()
