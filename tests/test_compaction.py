@@ -263,6 +263,15 @@ def test_a_unit_on_fallback_no_longer_keeps_its_owners_task_file(
     assert [d.path for d in plan.deletions] == []
     kept = {f.path for f in plan.files if f.path.endswith(".state")}
     assert kept == set(files)
+    if share:  # the copy is explained by the units re-using it, its directory by their users
+        [copy] = [f for f in plan.files if f.path == "chk-2/compacted-r1.state"]
+        assert copy.detail == (
+            "segment of unit 3 referenced by chk-3, chk-4 (fallback owner 1); "
+            f"live {copy.size} of {copy.size} bytes"
+        )
+        assert plan.checkpoint(2).detail == (
+            f"1 file ({copy.size} bytes) kept for checkpoint 3 (units 3); checkpoint 4 (units 3)"
+        )
     # validate: every retained checkpoint is restorable, the relocated handle too
     validation = validate_job(storage, verify_checksums=True)
     assert validation.restore_checkpoint_id == 4 and not validation.problems
