@@ -42,7 +42,8 @@ Rules, in the order they apply to a file (the first that matches decides):
    caller cannot see the live set (`live_unknown`, the CLI); a `_metadata` the caller did not
    read (a checkpoint that completed after the scan) keeps its directory.
 7. In a kept checkpoint's own directory, an unreferenced unit-attempt state file
-   (`u<unit>-a<attempt>[-<run>].state`) is a `stale-attempt` and deleted; other files are kept (they
+   (`u<unit>-a<attempt>[-<run>].state`, or a `compacted-<run>.state` copy) is a
+   `stale-attempt` and deleted; other files are kept (they
    may be named by sink committables, which are opaque to the cleaner).
 8. Files of a dropped completed checkpoint are deleted (`subsumed`); state files of a
    directory without `_metadata` are deleted as `aborted` (its id is newer than every
@@ -105,6 +106,7 @@ from cleaner.model import (
     RetentionPlan,
     StoredFile,
 )
+from metadata.compaction import relocated_units
 from metadata.errors import MetadataError, StorageError
 from metadata.exchange import (
     EXCHANGE_DIR,
@@ -151,7 +153,9 @@ __all__ = [
     "reader_views",
 ]
 
-_STATE_FILE = re.compile(r"^u\d+-a\d+(?:-[A-Za-z0-9_.]+)?\.state$")
+#: A unit attempt's state file, or a checkpoint's compacted copy of fallback segments
+#: (`metadata.layout.compacted_file_path`).
+_STATE_FILE = re.compile(r"^(?:u\d+-a\d+(?:-[A-Za-z0-9_.]+)?|compacted-[A-Za-z0-9_.]+)\.state$")
 # A path that is certainly normal and inside the root (no segment starts with "."; no "/",
 # "\\" or ":" anywhere else); anything else goes through `check_relative`.
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_][\w.=+-]*(?:/[A-Za-z0-9_][\w.=+-]*)*", re.ASCII)
@@ -190,12 +194,19 @@ def _referenced_detail(users: tuple[int, ...], own: int | None) -> str:
     return f"file of kept checkpoint {own}, also referenced by {_ids(others)}"
 
 
+def _relocated(live: FileLiveness, cid: int | None) -> bool:
+    """Whether `live` is a compaction's copy: segments used under an owner other than the
+    checkpoint whose directory holds the file (`metadata.compaction`)."""
+    return any(use.owner != cid for use in live.fallback_uses)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class _References:
-    """Which normalised paths each checkpoint references, and its fallback (owner, unit) pairs."""
+    """Which normalised paths each checkpoint references, and per checkpoint directory holding
+    its fallback state (the owner's, or a newer one's after a compaction) the units using it."""
 
     def __init__(self, completed: Sequence[CheckpointMetadata], listed: set[str]) -> None:
         self.paths: dict[int, set[str]] = {}
@@ -229,7 +240,12 @@ class _References:
                     if s.ref_checkpoint_id is not None
                 }:
                     units[ref].add(unit)
-            self.owner_units[cid] = units
+            # a unit whose state a compaction relocated is kept by the directories holding it
+            for unit, (owner, dirs) in relocated_units(md).items():
+                units[owner].discard(unit)
+                for home in dirs:
+                    units[home].add(unit)
+            self.owner_units[cid] = {ref: us for ref, us in units.items() if us}
 
 
 def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
@@ -247,7 +263,8 @@ def _flink_closure(start: Iterable[int], refs: _References) -> set[int]:
 
 def file_kind(name: str) -> str:
     """The kind of a file in a checkpoint directory, by its name: `metadata`, `state` (a unit
-    attempt's `u<unit>-a<attempt>[-<run>].state`) or `other` (e.g. a staged sink file)."""
+    attempt's `u<unit>-a<attempt>[-<run>].state`, or the checkpoint's
+    `compacted-<run>.state`) or `other` (e.g. a staged sink file)."""
     if name == METADATA_NAME:
         return "metadata"
     return "state" if _STATE_FILE.match(name) is not None else "other"
@@ -609,7 +626,8 @@ class _Rules:
             if users:
                 own = cid if cid in users else None
                 live = self.liveness.get(path) if own is None else None
-                if live is not None and live.merged:  # which segments keep a merged file
+                if live is not None and (live.merged or _relocated(live, cid)):
+                    # which segments keep a merged file (or a compaction's copy of them)
                     detail = live.explain()
                 else:
                     known = details.get((users, own))

@@ -110,7 +110,9 @@ class CheckpointEvent(
 
     `stuck` lists the units stuck after this outcome (`StuckUnit`: what each reads, since
     when, its cause); `unit_reads` names what each unit in `fallback_units` and `stuck` reads
-    (`unit_label`). Both were added later: older events decode with them empty.
+    (`unit_label`). Both were added later: older events decode with them empty. `warnings`
+    (added later too) says what went wrong without failing the checkpoint, e.g. a compaction
+    of fallback segments that failed (`checkpointing.file-merging.min-live-share`).
     """
 
     job_id: str
@@ -138,6 +140,7 @@ class CheckpointEvent(
     records_late: Count = 0
     watermark_ms: Int64 | None = None
     watermark_unit: Count | None = None
+    warnings: tuple[str, ...] = ()
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""
@@ -296,9 +299,9 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
     outcome; `regional_checkpoint_count`, `global_checkpoint_count`, `aborted_count` (since the
     driver started); `commit_lag`; `causes` (unit_id, cause: one line per failed or
     fallen-back unit); `message` (the coordinator's explanation: why it aborted, why it was
-    global, why the job failed); `records_dead_lettered`; `stuck` (unit_id, name: the unit
-    and what it reads, since, owner_checkpoint_id, fallbacks in a row, cause: one row per
-    unit stuck after the outcome). Tracebacks stay in the event files.
+    global, why the job failed; then the event's `warnings`); `records_dead_lettered`;
+    `stuck` (unit_id, name: the unit and what it reads, since, owner_checkpoint_id, fallbacks
+    in a row, cause: one row per unit stuck after the outcome). Tracebacks stay in the event files.
     """
     rows = [
         {
@@ -318,7 +321,7 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
             "aborted_count": sum(e.aborted_by_rule.values()),
             "commit_lag": e.commit_lag,
             "causes": [{"unit_id": u, "cause": c} for u, c in sorted(e.causes.items())],
-            "message": e.message,
+            "message": "; ".join(m for m in (e.message, *e.warnings) if m),
             "records_dead_lettered": e.records_dead_lettered,
             "stuck": [
                 {

@@ -4,6 +4,7 @@
 <root>/<job-id>/
   chk-<id>/_metadata               written last, one object; its presence = completed
   chk-<id>/u<unit>-a<attempt>-<run>.state  snapshot files of the units fresh in <id>
+  chk-<id>/compacted-<run>.state   fallback units' segments copied out of older files
   shared/                          files shared across checkpoints
   savepoints/sp-<id>/...           self-contained savepoints
   events/<id>-<trigger ms>.json    the event log: one JSON line per checkpoint outcome
@@ -18,6 +19,8 @@ one path component. Every name read from storage that is joined into a path pass
 
 >>> state_file_path(7, 3, 1, "4f1c2a")
 'chk-7/u3-a1-4f1c2a.state'
+>>> compacted_file_path(9, "4f1c2a")
+'chk-9/compacted-4f1c2a.state'
 >>> checkpoint_id_of("chk-7/_metadata")
 7
 >>> event_path(7, 1795383295552)
@@ -46,6 +49,7 @@ __all__ = [
     "check_relative",
     "checkpoint_dir",
     "checkpoint_id_of",
+    "compacted_file_path",
     "event_checkpoint_id",
     "event_path",
     "metadata_path",
@@ -87,6 +91,14 @@ def state_file_path(
     they own the job root from ever writing the same file."""
     run = f"-{run_id}" if run_id else ""
     return f"chk-{checkpoint_id}/u{unit_id}-a{attempt}{run}.state"
+
+
+def compacted_file_path(checkpoint_id: int, run_id: str) -> str:
+    """The file checkpoint `checkpoint_id` copies its fallback units' live segments into when
+    their owner's merged file is mostly dead (`metadata.compaction`):
+    `chk-<id>/compacted-<run>.state`. One per checkpoint and driver run; the run id keeps two
+    drivers that both believe they own the job root from writing the same file."""
+    return f"chk-{checkpoint_id}/compacted-{run_id}.state"
 
 
 def savepoint_dir(savepoint_id: int) -> str:

@@ -5,9 +5,10 @@ every unit it ran. The file is **live while any kept (retained or pending) check
 any of its segments**: a unit that falls back keeps its owner's segment, and with it the whole
 file, until the checkpoints referencing it are subsumed. Only the referenced segments are *live
 bytes*; the rest of a kept file is space amplification, which `live / physical bytes` shows
-(`regional inspect ROOT retention`, the report). Nothing bounds it yet but how long a unit may
-stay on fallback (`max-unit-fallbacks`, `max-stuck-time`): compacting a kept file's live
-segments is not built (docs: File merging).
+(`regional inspect ROOT retention`, the report). `checkpointing.file-merging.min-live-share`
+bounds it: a completing checkpoint copies its fallback segments out of a file it references
+less than that share of (`metadata.compaction`), so a fallback unit's segment may live in a
+newer checkpoint's directory than its owner's (docs: File merging).
 
 `file_liveness(kept)` answers, for the kept checkpoints, every referenced file's physical size,
 its live bytes (distinct referenced segments) and the fallback references that keep segments of

@@ -40,6 +40,7 @@ from typing import Literal
 
 import msgspec
 
+from metadata.layout import checkpoint_id_of
 from metadata.model import CheckpointKind, CheckpointMetadata
 
 __all__ = [
@@ -62,7 +63,9 @@ _INITIAL_STATE = 0
 
 def owner_refs(md: CheckpointMetadata) -> frozenset[int]:
     """The checkpoints `md` keeps alive by reference: the owners of its fallback state, without
-    0 (the initial state, which no checkpoint wrote).
+    0 (the initial state, which no checkpoint wrote), and the older checkpoints whose
+    directories hold its state files (a fallback segment a compaction relocated into a newer
+    checkpoint's directory than its owner's, `metadata.compaction`).
 
     >>> from metadata.model import SubtaskState
     >>> md = CheckpointMetadata(checkpoint_id=4, job_id="j", kind="regional",
@@ -71,7 +74,10 @@ def owner_refs(md: CheckpointMetadata) -> frozenset[int]:
     >>> sorted(owner_refs(md))
     [2]
     """
-    return md.referenced_checkpoint_ids - {_INITIAL_STATE}
+    refs = md.referenced_checkpoint_ids - {_INITIAL_STATE}
+    own = f"chk-{md.checkpoint_id}/"
+    homes = {checkpoint_id_of(p) for p in md.handle_paths if not p.startswith(own)}
+    return refs | frozenset(h for h in homes if h is not None and h < md.checkpoint_id)
 
 
 def _check_num_retained(num_retained: int) -> None:

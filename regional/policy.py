@@ -45,6 +45,7 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "CheckpointingPolicy",
     "EventTimePolicy",
+    "FileMergingPolicy",
     "Policy",
     "PolicyKey",
     "RegionPolicy",
@@ -171,6 +172,17 @@ class RegionPolicy(_Section, frozen=True):
     max_stuck_time: _SecondsOrUnlimited = 900.0
 
 
+class FileMergingPolicy(_Section, frozen=True):
+    """`[checkpointing.file-merging]`: merged state files (DESIGN §4 rule 16,
+    docs/file-merging.md). `min_live_share`: when a completed checkpoint's fallback units keep
+    a physical state file of an older checkpoint of which the checkpoint references less than
+    this share of bytes, the driver copies those units' segments into one file of the new
+    checkpoint, so the big file goes after `num-retained` checkpoints instead of after the
+    units recover (0: never)."""
+
+    min_live_share: _Ratio = 0.5
+
+
 class CheckpointingPolicy(_Section, frozen=True):
     """`[checkpointing]`: how often, how long, how many to keep, where."""
 
@@ -180,6 +192,7 @@ class CheckpointingPolicy(_Section, frozen=True):
     tolerable_failed_checkpoints: _Count = 10
     dir: _Location = None
     region: RegionPolicy = RegionPolicy()
+    file_merging: FileMergingPolicy = FileMergingPolicy()
 
 
 class RestorePolicy(_Section, frozen=True):
@@ -476,6 +489,8 @@ def policy_fingerprint(policy: Policy) -> str:
     data = msgspec.to_builtins(policy)
     if policy.event_time == EventTimePolicy():  # added later: defaults keep older fingerprints
         del data["event-time"]
+    if policy.checkpointing.file_merging == FileMergingPolicy():  # added later, likewise
+        del data["checkpointing"]["file-merging"]
     return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
 
 
@@ -665,6 +680,19 @@ KEY_DOCS: Mapping[str, str] = {
         "worker (the unit is retried every epoch and recovers on its own) and still pages "
         'someone the same quarter hour for a real bug. `"unlimited"`: never fail, only report'
         " (alert on `regional_unit_stuck_seconds`)."
+    ),
+    "checkpointing.file-merging.min-live-share": (
+        "Bounds the space a unit on fallback keeps alive. A unit that falls back re-uses its "
+        "owner's segment, which keeps the owner's whole merged task file (every unit of that "
+        "Spark task). When a checkpoint completes and references less than this share of such"
+        " a file's bytes, the driver copies the fallback units' segments into one new file of "
+        "that checkpoint (`chk-<id>/compacted-<run>.state`), verifies it by reading it back, "
+        "and points their handles at the copy; the old file then goes after `num-retained` "
+        "checkpoints instead of when the units recover. Cost: one extra read of the live "
+        "segments and one write per compacting checkpoint; a failed copy keeps the old "
+        "handles and records a warning in the event. 0.5 keeps at most about twice the live "
+        "bytes per file; `1` compacts any file with a dead byte, `0` never compacts "
+        "(docs/file-merging.md)."
     ),
     "event-time.idle-timeout": (
         "A source split that delivered no record for this long (processing time) stops "

@@ -1,7 +1,8 @@
 """The incremental plan (`cleaner.incremental`) against the full plan (`cleaner.plan`).
 
-Over random histories of global, regional (with fallbacks) and savepoint completions, stale
-attempts, staged files, events and durable-exchange segments: every file an incremental step
+Over random histories of global, regional (with fallbacks, whose segments a checkpoint may copy
+into a compacted file of its own) and savepoint completions, stale attempts, staged files,
+events and durable-exchange segments: every file an incremental step
 deletes, the full plan run on the same storage deletes too, with the same reason, detail and
 phase, and nothing under `exchange/`; after a final full scan, a job root cleaned
 incrementally holds exactly what one cleaned by the full plan after every checkpoint holds.
@@ -54,6 +55,7 @@ class Epoch:
     fallback: frozenset[int]
     stale_attempt: bool  # a unit's earlier attempt left its file behind
     staged: bool  # a sink staged a file under the checkpoint's directory
+    compact: bool = False  # fallback segments copied into chk-<id>/compacted-r.state
 
 
 UNITS = 3
@@ -64,6 +66,7 @@ epochs = st.lists(
         fallback=st.frozensets(st.integers(0, UNITS - 1)),
         stale_attempt=st.booleans(),
         staged=st.booleans(),
+        compact=st.booleans(),
     ),
     min_size=1,
     max_size=14,
@@ -76,6 +79,7 @@ class Job:
 
     def __init__(self) -> None:
         self.owner = dict.fromkeys(range(UNITS), 0)
+        self.handle: dict[int, StateHandle] = {}  # unit -> where its latest state is
         self.next_id = 1
 
     def complete(self, epoch: Epoch, roots: list[Root]) -> CheckpointMetadata:
@@ -83,15 +87,22 @@ class Job:
         self.next_id += 1
         regional = epoch.kind == "regional" and cid > 1
         subtasks, units = [], []
+        compacted = f"chk-{cid}/compacted-r.state"
+        refs: dict[int, int] = {}  # fallback unit -> its owner
         for u in range(UNITS):
             if regional and u in epoch.fallback and self.owner[u]:
-                ref: int | None = self.owner[u]
-                units.append(UnitState(u, ref, "timeout"))
+                refs[u] = self.owner[u]
+                units.append(UnitState(u, refs[u], "timeout"))
             else:
-                ref, self.owner[u] = None, cid
-            path = f"chk-{self.owner[u]}/u{u}-a0.state"
-            handle = StateHandle(path, 0, 10 + u, 10 + u, b"")
-            subtasks.append(SubtaskState("map", u, u, ref, handles=(handle,)))
+                self.owner[u] = cid
+                self.handle[u] = StateHandle(f"chk-{cid}/u{u}-a0.state", 0, 10 + u, 10 + u, b"")
+        copied = sorted(refs) if epoch.compact else []
+        size, offset = sum(self.handle[u].length for u in copied), 0
+        for u in copied:  # relocated: the same state, owner unchanged, in a file of this one
+            self.handle[u] = StateHandle(compacted, offset, self.handle[u].length, size, b"")
+            offset += self.handle[u].length
+        for u in range(UNITS):
+            subtasks.append(SubtaskState("map", u, u, refs.get(u), handles=(self.handle[u],)))
         kind = "regional" if units else ("savepoint" if epoch.kind == "savepoint" else "global")
         md = CheckpointMetadata(
             checkpoint_id=cid,
@@ -104,8 +115,8 @@ class Job:
         )
         for root in roots:
             for s in subtasks:
-                if s.ref_checkpoint_id is None:
-                    h = s.handles[0]
+                h = s.handles[0]
+                if h.path.startswith(f"chk-{cid}/"):  # fresh, or this checkpoint's copy
                     root.files[h.path] = h.size
             if epoch.stale_attempt:
                 root.files[f"chk-{cid}/u0-a1.state"] = 7
@@ -232,9 +243,7 @@ def test_what_the_full_scan_kept_whole_is_never_touched() -> None:
         job.complete(epoch, [root])
     root.files["chk-2/_metadata"] = 1  # damaged: the scan could not decode it
     damaged = root.metadata.pop(2)
-    plan = plan_retention(
-        list(root.metadata.values()), root.listing(), num_retained=1, damaged=[2]
-    )
+    plan = plan_retention(list(root.metadata.values()), root.listing(), num_retained=1, damaged=[2])
     assert plan.checkpoint(2).reason is Reason.DAMAGED
     planner = IncrementalPlanner.after_scan(plan, list(root.metadata.values()))
     assert planner.retained == (1,)

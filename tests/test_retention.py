@@ -167,6 +167,28 @@ def test_owner_refs_leave_out_the_initial_state() -> None:
     assert owner_refs(md(1)) == frozenset()
 
 
+def test_owner_refs_keep_the_directory_of_a_relocated_fallback_segment() -> None:
+    """A compaction (`metadata.compaction`) copied unit 1's segment, owned by 2, into chk-3/:
+    checkpoint 5 keeps both its owner and the directory holding the copy alive."""
+    from metadata.model import StateHandle
+
+    copy = StateHandle("chk-3/compacted-r.state", 0, 4, 4, b"")
+    fresh = StateHandle("chk-5/u0-a1-r.state", 0, 4, 4, b"")
+    relocated = CheckpointMetadata(
+        checkpoint_id=5,
+        job_id="j",
+        kind="regional",
+        trigger_time_ms=0,
+        completion_time_ms=0,
+        subtasks=(
+            SubtaskState("map", 0, 0, handles=(fresh,)),
+            SubtaskState("map", 1, 1, 2, (copy,)),
+        ),
+    )
+    assert owner_refs(relocated) == {2, 3}
+    assert retain([relocated], 1).referenced_by == {2: (5,), 3: (5,)}
+
+
 def test_the_module_is_pure() -> None:
     tree = ast.parse(Path("metadata/retention.py").read_text())
     roots = set()

@@ -101,6 +101,7 @@ def test_json_lines_are_the_events_and_nothing_else():
         "tracebacks": {},
         "stuck": [],
         "unit_reads": {},
+        "warnings": [],
     }
 
 
@@ -133,6 +134,7 @@ def test_the_live_view_counts_the_running_epoch():
             "records/s 150  commit lag 1"
         )
         view.unit_answered(_ack(4, 2, 100, attempt=2))  # its retry, alone, succeeded
-        assert _text(view).startswith("checkpoint 4 running: units answered 2/4, pending 2, "
-                                      "falling back 0  records/s 200")
+        assert _text(view).startswith(
+            "checkpoint 4 running: units answered 2/4, pending 2, falling back 0  records/s 200"
+        )
     assert "checkpoint    2  regional  fresh   3  fallback 1" in out.getvalue()

@@ -44,17 +44,19 @@ from operator import attrgetter, sub
 
 import msgspec
 
+from metadata.compaction import relocate_states, relocated_units, state_dirs
 from metadata.errors import RegionalError
 from metadata.layout import savepoint_dir
 from metadata.model import (
     CheckpointKind,
     CheckpointMetadata,
     ForcedGlobal,
+    StateHandle,
     SubtaskState,
     UnitState,
     VertexInfo,
 )
-from metadata.retention import Retention
+from metadata.retention import Retention, owner_refs
 from metadata.unit_names import unit_name
 from regional.coordinator.decisions import (
     INITIAL_STATE_ID,
@@ -101,6 +103,8 @@ class _Completion(msgspec.Struct):
     fallback_states: dict[int, tuple[SubtaskState, ...]]
     committables: dict[str, tuple[bytes, ...]]  # commit vertex -> its fresh committables
     by_vertex: dict[str, dict[int, int]]  # `_per_vertex(fallback)`
+    #: relocated unit -> the checkpoints other than its owner whose directories hold its state
+    homes: dict[int, frozenset[int]] = {}
 
 
 class CheckpointCoordinator:
@@ -165,6 +169,9 @@ class CheckpointCoordinator:
         #: the first), with their owner: the same as `_owner`, in O(units behind)
         self._behind: dict[int, int] = {}
         self._behind_by_vertex: dict[str, dict[int, int]] = {}  # `_per_vertex(_behind)`
+        #: fallback units whose state a compaction relocated (`on_fallback_relocated`) -> the
+        #: checkpoints other than their owner whose directories hold it (kept by reference)
+        self._homes: dict[int, frozenset[int]] = {}
         #: per unit: `_fallback_states(unit)` once built (None: not built since it changed)
         self._restore_states: list[tuple[SubtaskState, ...] | None] = [None] * n
         self._mismatch: dict[str, str] = {}  # vertex -> why its earlier state does not fit
@@ -611,6 +618,9 @@ class CheckpointCoordinator:
             self._global_until_success = None
         owners = set(behind_owners)
         self.metrics.oldest_ref_checkpoint_id[checkpoint_id] = min(owners, default=None)
+        if self._homes or done.homes:  # units fresh again hold no relocated state any more
+            self._homes = {u: h for u, h in self._homes.items() if u in fallback}
+            self._homes.update(done.homes)
         lags = map(sub, repeat(checkpoint_id), behind_owners)
         self.metrics.unit_lag = dict(zip(behind_units, lags, strict=True))
         units_fallback = dict(self._behind)
@@ -629,7 +639,8 @@ class CheckpointCoordinator:
         out.append(NotifyComplete(checkpoint_id, healthy))
         out += map(NotifyFallback, repeat(checkpoint_id), behind_units, behind_owners)
         # a savepoint's chk-<id> is the job's own global checkpoint: retained like any other
-        out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}))
+        homes = frozenset().union(*self._homes.values()) if self._homes else frozenset()
+        out += self._retain(checkpoint_id, frozenset(owners - {INITIAL_STATE_ID}) | homes)
         for vertex_id, committer in self._committers.items():
             committer.checkpoint_complete(
                 checkpoint_id, done.committables.get(vertex_id, ()), fallback=units_fallback
@@ -638,6 +649,30 @@ class CheckpointCoordinator:
             self._final_checkpoint = checkpoint_id
         out += self._pump()
         return out + self._stuck_too_long(now_ms)
+
+    def on_fallback_relocated(
+        self, checkpoint_id: int, moved: Mapping[StateHandle, StateHandle]
+    ) -> None:
+        """Before writing checkpoint `checkpoint_id`'s metadata, the runtime copied fallback
+        segments out of a mostly-dead file into a file of that checkpoint (`moved`: each old
+        handle -> its verified copy; `metadata.compaction`) and wrote the metadata with the
+        copies. The units restart from the copies from then on, with the same owner, and the
+        checkpoint's directory is kept by reference while they use it. Call it before
+        `on_metadata_durable`; a `moved` naming no fallback segment of the checkpoint changes
+        nothing."""
+        done = self._completing
+        if done is None or done.metadata.checkpoint_id != checkpoint_id:
+            raise CoordinatorStateError(
+                f"checkpoint {checkpoint_id} is not waiting for its metadata to be written; "
+                "relocate its fallback segments before `on_metadata_durable`"
+            )
+        homes = dict(done.homes)
+        for unit_id, states in done.fallback_states.items():
+            new = relocate_states(states, moved)
+            if new != states:
+                done.fallback_states[unit_id] = new
+                homes[unit_id] = state_dirs(new) - {self._owner[unit_id]}
+        done.homes = homes
 
     def on_metadata_failed(self, checkpoint_id: int, message: str, now_ms: int) -> list[Decision]:
         """Writing the metadata failed: the checkpoint is aborted."""
@@ -737,7 +772,8 @@ class CheckpointCoordinator:
             else int(metadata.kind is CheckpointKind.REGIONAL)  # written before format 1.3
         )
         self._retention = Retention(self._policy.checkpointing.num_retained)
-        self._retention.add(cid, metadata.referenced_checkpoint_ids)
+        self._retention.add(cid, owner_refs(metadata))
+        self._homes = {u: dirs - {owner} for u, (owner, dirs) in relocated_units(metadata).items()}
         for vertex_id, data in metadata.coordinators.items():
             if vertex_id in self._coordinators:
                 self._coordinators[vertex_id].restore(data)

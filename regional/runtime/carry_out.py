@@ -13,6 +13,7 @@ cleaning are best effort (the next full scan finds what is left).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -25,7 +26,7 @@ from cleaner.model import RestoreBase
 from metadata.events import Outcome
 from metadata.exchange import reader_view
 from metadata.lease import JobLease, LeaseLostError
-from metadata.model import CheckpointMetadata, SinkRetention
+from metadata.model import CheckpointKind, CheckpointMetadata, SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -49,6 +50,7 @@ from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, JobFailedError, RegionalError
 from regional.policy import Policy
 from regional.runtime.cleaning import JobCleaning
+from regional.runtime.compaction import Compacted, compact
 from regional.runtime.faults import Faults
 from regional.runtime.timing import EpochStopwatch
 
@@ -77,6 +79,7 @@ class EpochOutcome:
     records_late: int = 0  # judged late by the fresh units' windows (0 when aborted)
     watermark: int | None = None  # the lowest watermark of a fresh unit (event time)
     watermark_unit: int | None = None  # the unit holding it
+    warnings: tuple[str, ...] = ()  # what went wrong without failing it (a failed compaction)
 
 
 @dataclasses.dataclass
@@ -258,22 +261,33 @@ class DecisionHandlers:
         """Write a completed checkpoint's metadata; the checkpoint is complete once it is
         durable. A savepoint is first copied, self-contained, to `savepoints/sp-<id>/`; the
         job's own `chk-<id>` of it follows, as the coordinator wrote it (a crash after the
-        savepoint resumes from it; the cleaner treats it as any other)."""
+        savepoint resumes from it; the cleaner treats it as any other). A regional checkpoint
+        first copies its fallback units' segments out of mostly-dead files
+        (`checkpointing.file-merging.min-live-share`, `runtime.compaction`)."""
         md = d.metadata
         if self._sink_retention:  # for `regional inspect ROOT validate` (format 1.4)
             md = msgspec.structs.replace(md, sinks=self._sink_retention)
         cid = md.checkpoint_id
+        compacted = Compacted(md)
         try:
             self.lease.check()  # never write without the lease (an expired one aborts)
             if d.savepoint is not None:
                 self.savepoints[cid] = write_savepoint(
                     self.storage, d.savepoint, before_metadata=self._exchange_backlog(d.savepoint)
                 )
+            else:
+                compacted = self._compact(md)
+                md = compacted.metadata
             self.storage.write_metadata(md)
         except LeaseLostError:
             raise
         except RegionalError as exc:
+            if compacted.path is not None:  # the copy is garbage now (else: the cleaner's)
+                with contextlib.suppress(Exception):
+                    self.storage.delete_file(compacted.path)
             return self.coordinator.on_metadata_failed(cid, str(exc), self._now())
+        if compacted.moved:
+            self.coordinator.on_fallback_relocated(cid, compacted.moved)
         self.faults.crash_point(cid, "after-metadata")
         self.cleaning.completed(md)
         self.outcomes[cid] = self._outcome_of(
@@ -282,8 +296,27 @@ class DecisionHandlers:
             "; ".join(md.reasons),
             causes={u.unit_id: u.reason or "" for u in md.fallback_units},
             checkpoint_id=cid,
+            warnings=(compacted.warning,) if compacted.warning else (),
         )
         return self.coordinator.on_metadata_durable(cid, self._now())
+
+    def _compact(self, md: CheckpointMetadata) -> Compacted:
+        """Copy `md`'s fallback segments out of files it references less than
+        `min-live-share` of (`runtime.compaction.compact`: never raises for storage trouble)."""
+        share = self.policy.checkpointing.file_merging.min_live_share
+        if share <= 0 or md.kind != CheckpointKind.REGIONAL:
+            return Compacted(md)
+        done = compact(self.storage, md, min_live_share=share, run_id=self.lease.run_id)
+        if done.moved:
+            log.info(
+                "checkpoint %d: copied %d bytes of units %s out of %s into %s",
+                md.checkpoint_id,
+                done.bytes_copied,
+                ", ".join(map(str, done.units)),
+                ", ".join(f.path for f in done.files),
+                done.path,
+            )
+        return done
 
     def _commit(self, commit: Commit) -> list[Decision]:
         """Commit to the sink idempotently. A failed commit is retried and blocks later ones:

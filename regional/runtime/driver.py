@@ -695,6 +695,7 @@ class JobDriver:
             records_in=records_in,
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
+            warnings=o.warnings,
         )
         self.records_in_total += records_in
         self.last_event = event

@@ -108,12 +108,13 @@ def checkpoint_event(
     unit_reads: Mapping[int, tuple[str, ...]] | None = None,
     records_late: int = 0,
     watermark: tuple[int | None, int | None] = (None, None),
+    warnings: tuple[str, ...] = (),
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
     `fallback_units` fell back (completed) or failed (aborted), with `causes` (one line) and
     `tracebacks` per unit; `stuck` the units stuck after it; `unit_reads` what the units in
-    either read (their names).
+    either read (their names); `warnings` what went wrong without failing it.
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
     completed = outcome is not Outcome.ABORTED
@@ -143,4 +144,5 @@ def checkpoint_event(
         records_late=records_late,
         watermark_ms=watermark[0],
         watermark_unit=watermark[1],
+        warnings=warnings,
     )
