@@ -11,8 +11,9 @@ core):
    overhead job of `bench_spark_overhead` (generator -> map -> Parquet table), a checkpoint
    every epoch (restore the split positions, snapshot, upload,
    metadata, exactly-once commit, cleaning), with file merging (DESIGN §4 rule 16: one
-   physical state file per Spark task and checkpoint);
-2. **regional, a state file per unit**: the same with `merge_state=False` (before merging);
+   physical state file and one staged data file per Spark task and checkpoint);
+2. **regional, files per unit**: the same with `merge_state=False, merge_sink_files=False`
+   (a state file and a staged file per unit: the layout before merging);
 3. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints,
    writing **one Parquet file per Spark task** (what a user would write instead);
 4. **floor**: a trivial job with the same task count (Spark's own per-epoch cost).
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -46,6 +48,7 @@ from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.runtime.timing import PARTS, TASK_PARTS, EpochTiming
 from regional.sinks.parquet import ParquetSink
+from regional.sinks.staging import StagedFile
 from regional.sources.generator import GeneratorSource
 
 
@@ -115,12 +118,14 @@ def _median(timings: list[EpochTiming], field: str) -> float:
 
 def files_written(rt: SparkRuntime, checkpoint_id: int) -> dict[str, int]:
     """The files checkpoint `checkpoint_id` wrote, from its metadata: physical state files
-    (fresh segments' paths), staged data files (one per committable of a fresh sink subtask),
-    and the metadata and event objects."""
+    (fresh segments' paths), staged data files (the distinct files the committables of fresh
+    sink subtasks name: one per task when merged), and the metadata and event objects."""
     md = rt.storage.read_metadata(checkpoint_id)
     fresh = [s for s in md.subtasks if s.ref_checkpoint_id is None]
     state = len({h.path for s in fresh for h in s.handles})
-    staged = sum(len(s.committables) for s in fresh)
+    staged = len(
+        {msgspec.msgpack.decode(c, type=StagedFile).file for s in fresh for c in s.committables}
+    )
     return {"state": state, "staged": staged, "metadata+event": 2, "total": state + staged + 2}
 
 
@@ -132,11 +137,16 @@ def run_shape(
     plain_dir = f"{work}/plain-{regions}x{records}"
     os.makedirs(plain_dir)
 
-    def runtime(name: str, merge_state: bool) -> SparkRuntime:
+    def runtime(name: str, merge: bool) -> SparkRuntime:
         name = f"{name}-{regions}x{records}"
         job = map_job(name, regions=regions, records=records, table=f"{work}/{name}")
         rt = SparkRuntime(
-            job, spark, root=f"{work}/ckpt-{name}", tasks=tasks, merge_state=merge_state
+            job,
+            spark,
+            root=f"{work}/ckpt-{name}",
+            tasks=tasks,
+            merge_state=merge,
+            merge_sink_files=merge,
         )
         rt.start()  # warm the workers, restore (nothing)
         return rt
@@ -208,8 +218,8 @@ def main() -> None:
         for name, label in (
             ("merged, run()", "regional, pipelined run() (merged)"),
             ("plain, block", "plain Spark, same epochs in a row"),
-            ("merged", "regional (merged state files)"),
-            ("per-unit", "regional (a state file per unit)"),
+            ("merged", "regional epoch(), files merged"),
+            ("per-unit", "regional epoch(), files per unit"),
             ("plain", "plain Spark (one file per task)"),
             ("floor", "floor (trivial job, same tasks)"),
         ):
