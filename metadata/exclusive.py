@@ -53,6 +53,7 @@ __all__ = [
     "create_by_claim",
     "create_exclusive",
     "create_local",
+    "s3_delete_object",
     "s3_put_if_absent",
 ]
 
@@ -167,6 +168,22 @@ def s3_put_if_absent(filesystem: pafs.FileSystem, full: str, data: bytes) -> boo
         raise OSError(f"PutObject s3://{bucket}/{key} failed: {code or status}") from None
     except Exception as exc:  # botocore's connection errors are not OSErrors
         raise OSError(f"PutObject s3://{bucket}/{key} failed: {exc}") from None
+    return True
+
+
+def s3_delete_object(filesystem: pafs.FileSystem, full: str) -> bool:
+    """Delete the object `full` on the S3 store of `filesystem` with one `DeleteObject`
+    through boto3: True if sent, False without boto3 (then use `filesystem.delete_file`).
+    pyarrow's `delete_file` would HEAD the key, delete it and PUT an empty "directory" object
+    for its parent (`chk-<id>/`), one more request per file and an object left for good."""
+    client, _ = _s3_client(filesystem)
+    if client is None:
+        return False
+    bucket, _, key = full.lstrip("/").partition("/")
+    try:
+        client.delete_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # botocore's errors are not OSErrors
+        raise OSError(f"DeleteObject s3://{bucket}/{key} failed: {exc}") from None
     return True
 
 

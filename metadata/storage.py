@@ -1,6 +1,6 @@
 """`JobStorage`: the files of one job under a checkpoint root, over `pyarrow.fs` (DESIGN §5).
 
-About 750 lines, on purpose: every read, write, listing and delete of a job root goes through
+About 850 lines, on purpose: every read, write, listing and delete of a job root goes through
 this one adapter, so its guarantees (atomic metadata, no escape from the root, fsync, errors that
 name the file) are checked in one place; the layout is `metadata.layout`, the format
 `metadata.format`.
@@ -56,7 +56,7 @@ from pyarrow import fs as pafs
 
 from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError, StorageError
-from metadata.exclusive import create_exclusive, s3_put_if_absent
+from metadata.exclusive import create_exclusive, s3_delete_object, s3_put_if_absent
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
 from metadata.layout import (
     EVENTS_DIR,
@@ -733,11 +733,17 @@ class JobStorage:
 
         On a local file system an emptied `chk-<id>/` directory is removed too
         (`rmdir` only removes an empty directory, so a concurrent writer cannot lose a file);
-        object stores have no directories to remove.
+        object stores have no directories to remove, and on S3 none is made either
+        (`metadata.exclusive.s3_delete_object`: pyarrow would PUT a `chk-<id>/` object).
         """
         rel = check_relative(relpath)
         full = self._full(rel)
         try:
+            if self.filesystem.type_name == "s3":  # a HEAD, then one DeleteObject
+                if self.file_size(rel) is None:
+                    return False
+                if s3_delete_object(self.filesystem, full):
+                    return True
             self.filesystem.delete_file(full)
         except FileNotFoundError:
             return False
