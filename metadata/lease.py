@@ -49,10 +49,11 @@ Why two records suffice, on every store, whatever the clocks. Let H be a driver 
 3. *Taking checks once by listing.* After creating `g<N>.json`, `acquire` lists `_lease/` and
    gives the generation up if a record of a newer one is there.
 
-Claim: if another driver created (with the create-if-absent of `metadata.exclusive`: os.link on
-a local disk, `If-None-Match: *` on S3, the token-ordered claims elsewhere) the record of some
-generation M > N after H's listing of rule 3, then at every later moment `g<N+1>.json` exists
-or `g<N>.json` no longer holds R, and the latter stays true once true. Proof: by rule 1 applied
+Claim: once another driver created (with the create-if-absent of `metadata.exclusive`: os.link
+on a local disk, `If-None-Match: *` on S3, the token-ordered claims elsewhere) the record of
+some generation M > N, then at every later moment `g<N+1>.json` exists or `g<N>.json` no longer
+holds R, and the latter stays true once true. (Listings are assumed to show every completed
+write, as the claim protocol already assumes; S3 and local disks do.) Proof: by rule 1 applied
 from M down to N+1, `g<N+1>.json` was written, at some time t1. The newest generation's first
 record is never deleted (by rule 2 only a taker of a higher one deletes it), so had t1 come
 before H's listing, that listing would have shown a record newer than N: t1 is after it, after
