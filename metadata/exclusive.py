@@ -227,8 +227,17 @@ def _s3_client(filesystem: pafs.FileSystem) -> tuple[Any, str]:
         return _CLIENTS[name], name
     try:
         import boto3
+        from botocore.config import Config
     except ImportError:
         return None, name
+    # pyarrow's retries (standard, 3 attempts) and its timeouts where the URI set them; else
+    # seconds rather than botocore's minute: a metadata write must not outlast a checkpoint
+    connect, request = args.get("connect_timeout") or -1, args.get("request_timeout") or -1
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=connect if connect > 0 else 5,
+        read_timeout=request if request > 0 else 30,
+    )
     client = boto3.client(
         "s3",
         endpoint_url=url,
@@ -236,6 +245,7 @@ def _s3_client(filesystem: pafs.FileSystem) -> tuple[Any, str]:
         aws_access_key_id=args.get("access_key") or None,
         aws_secret_access_key=args.get("secret_key") or None,
         aws_session_token=args.get("session_token") or None,
+        config=config,
     )
     _CLIENTS[name] = client
     return client, name
