@@ -6,6 +6,9 @@ GET, HEAD, LIST, DELETE, POST) and by where it goes (the checkpoint root or the 
 checkpoint, with file merging (one physical state file per Spark task, DESIGN §4 rule 16) and
 without (one state file per unit). Cleaning runs in the background as in production and is
 drained after every epoch, so its deletions count towards the checkpoint that made them due.
+The LIST column of the checkpoint root is 0 in the steady state (no listing of `_lease/`, no
+pyarrow directory probes; `tests/test_s3_requests.py` checks it on a small job). The request
+counting itself is `benchmarks.s3_counting`.
 
     .venv/bin/python -m benchmarks.bench_s3_requests [--regions 1024] [--epochs 3]
         [--master local[2]] [--quick] [--out DIR]
