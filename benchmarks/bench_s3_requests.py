@@ -6,6 +6,9 @@ GET, HEAD, LIST, DELETE, POST) and by where it goes (the checkpoint root or the 
 checkpoint, with file merging (one physical state file per Spark task, DESIGN §4 rule 16) and
 without (one state file per unit). Cleaning runs in the background as in production and is
 drained after every epoch, so its deletions count towards the checkpoint that made them due.
+The LIST column of the checkpoint root is 0 in the steady state (no listing of `_lease/`, no
+pyarrow directory probes; `tests/test_s3_requests.py` checks it on a small job). The request
+counting itself is `benchmarks.s3_counting`.
 
     .venv/bin/python -m benchmarks.bench_s3_requests [--regions 1024] [--epochs 3]
         [--master local[2]] [--quick] [--out DIR]
@@ -14,82 +17,19 @@ drained after every epoch, so its deletions count towards the checkpoint that ma
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import socket
 import tempfile
-import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from benchmarks.report import RESULTS, print_table, write_results
+from benchmarks.s3_counting import KINDS, start_server, uri
 from regional.dataflow.pipeline import Pipeline
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
-
-KINDS = ("PUT", "GET", "HEAD", "LIST", "DELETE", "POST")
-
-
-class RequestCounter:
-    """WSGI middleware counting requests by (bucket, kind)."""
-
-    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
-        self.app = app
-        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        method = environ["REQUEST_METHOD"]
-        query = environ.get("QUERY_STRING", "")
-        path = environ.get("PATH_INFO", "/").lstrip("/")
-        bucket, _, key = path.partition("/")
-        if method == "GET" and (not key or "list-type" in query or "prefix=" in query):
-            kind = "LIST"
-        elif method == "POST" and "delete" in query:
-            kind = "DELETE"
-        else:
-            kind = method
-        with self._lock:
-            self.counts[bucket, kind] += 1
-        return self.app(environ, start_response)
-
-    def snapshot(self) -> collections.Counter[tuple[str, str]]:
-        with self._lock:
-            return collections.Counter(self.counts)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server() -> tuple[Any, RequestCounter, str]:
-    """moto's S3 server on a free loopback port, with its requests counted."""
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    wsgi = server._server
-    assert wsgi is not None
-    counter = RequestCounter(wsgi.app)
-    wsgi.app = counter
-    return server, counter, f"127.0.0.1:{port}"
-
-
-def uri(endpoint: str, bucket: str, path: str) -> str:
-    return (
-        f"s3://testing:testing@{bucket}/{path}"
-        f"?endpoint_override={endpoint}&scheme=http&region=us-east-1"
-    )
 
 
 def record(split: int, n: int) -> dict[str, int]:

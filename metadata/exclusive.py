@@ -53,6 +53,7 @@ __all__ = [
     "create_by_claim",
     "create_exclusive",
     "create_local",
+    "s3_delete_object",
     "s3_put_if_absent",
 ]
 
@@ -170,6 +171,22 @@ def s3_put_if_absent(filesystem: pafs.FileSystem, full: str, data: bytes) -> boo
     return True
 
 
+def s3_delete_object(filesystem: pafs.FileSystem, full: str) -> bool:
+    """Delete the object `full` on the S3 store of `filesystem` with one `DeleteObject`
+    through boto3: True if sent, False without boto3 (then use `filesystem.delete_file`).
+    pyarrow's `delete_file` would HEAD the key, delete it and PUT an empty "directory" object
+    for its parent (`chk-<id>/`), one more request per file and an object left for good."""
+    client, _ = _s3_client(filesystem)
+    if client is None:
+        return False
+    bucket, _, key = full.lstrip("/").partition("/")
+    try:
+        client.delete_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # botocore's errors are not OSErrors
+        raise OSError(f"DeleteObject s3://{bucket}/{key} failed: {exc}") from None
+    return True
+
+
 def _honours_if_none_match(client: Any, bucket: str, key: str) -> bool:
     """Whether the store refuses a second conditional put of a key (a store that ignores the
     header accepts it): tried on a probe object `<key>.probe-<token>`, deleted after."""
@@ -210,8 +227,17 @@ def _s3_client(filesystem: pafs.FileSystem) -> tuple[Any, str]:
         return _CLIENTS[name], name
     try:
         import boto3
+        from botocore.config import Config
     except ImportError:
         return None, name
+    # pyarrow's retries (standard, 3 attempts) and its timeouts where the URI set them; else
+    # seconds rather than botocore's minute: a metadata write must not outlast a checkpoint
+    connect, request = args.get("connect_timeout") or -1, args.get("request_timeout") or -1
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=connect if connect > 0 else 5,
+        read_timeout=request if request > 0 else 30,
+    )
     client = boto3.client(
         "s3",
         endpoint_url=url,
@@ -219,6 +245,7 @@ def _s3_client(filesystem: pafs.FileSystem) -> tuple[Any, str]:
         aws_access_key_id=args.get("access_key") or None,
         aws_secret_access_key=args.get("secret_key") or None,
         aws_session_token=args.get("session_token") or None,
+        config=config,
     )
     _CLIENTS[name] = client
     return client, name

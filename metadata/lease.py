@@ -24,11 +24,47 @@ host that is gone (a killed local driver does not block its restart). Expiry is 
 clocks matter: the drivers' clocks must agree to well within the TTL for a lapsed holder to stop
 before another takes over. The start race does not depend on clocks at all.
 
-Fencing: `check` (before every write that matters) lists `_lease/`: a generation newer than the
-driver's own, or its own record gone, means another driver holds the lease (`LeaseLostError`),
-and the driver stops. It also refuses while its own lease is within a quarter TTL of expiring
-(`LeaseExpiredError`) until `ensure` took it again. The new holder of N+1 deletes the records
-of older generations; the newest generation's record is never deleted, so numbers never repeat.
+Fencing: `check` (before every write that matters) reads exactly two records, and never lists
+`_lease/` (a LIST per write would be most of a checkpoint's requests on S3): a HEAD of the next
+generation's first record `g<N+1>.json` (it exists: another driver took a newer generation,
+`LeaseLostError`), then a read of its own first record `g<N>.json` (gone, or not the bytes this
+driver wrote: the lease records were removed or replaced, so it can no longer tell who holds
+the lease, `LeaseLostError` too). It also refuses while its own lease is within a quarter TTL of
+expiring (`LeaseExpiredError`) until `ensure` took it again. The new holder of N+1 deletes the
+records of older generations; the newest generation's record is never deleted, so numbers
+never repeat. `acquire` (at a driver's start, or after a lapse) still lists `_lease/`.
+
+Why two records suffice, on every store, whatever the clocks. Let H be a driver that created
+`g<N>.json` holding its record R. Three rules of this module:
+
+1. *A generation starts only on its predecessor's record.* A driver takes generation G = top+1
+   only when its listing of `_lease/` showed `g<top>.json`; when the top generation has no
+   first record (only claims of an abandoned claim-protocol create, or only renewals), it first
+   writes one there, a *skip record* (`skipped`, released: nobody holds it) with a plain
+   overwrite, and lists again. The first file of generation G (its record, or a claim of the
+   claim protocol, made after that listing) is therefore written after `g<G-1>.json` was.
+2. *First records are deleted oldest first.* Only `_prune` deletes first records: the taker of
+   K deletes those of generations below K in ascending order and stops at the first failure.
+   Skip writes and renewals never delete one; only H ever writes the bytes R, once.
+3. *Taking checks once by listing.* After creating `g<N>.json`, `acquire` lists `_lease/` and
+   gives the generation up if a record of a newer one is there.
+
+Claim: once another driver created (with the create-if-absent of `metadata.exclusive`: os.link
+on a local disk, `If-None-Match: *` on S3, the token-ordered claims elsewhere) the record of
+some generation M > N, then at every later moment `g<N+1>.json` exists or `g<N>.json` no longer
+holds R, and the latter stays true once true. (Listings are assumed to show every completed
+write, as the claim protocol already assumes; S3 and local disks do.) Proof: by rule 1 applied
+from M down to N+1, `g<N+1>.json` was written, at some time t1. The newest generation's first
+record is never deleted (by rule 2 only a taker of a higher one deletes it), so had t1 come
+before H's listing, that listing would have shown a record newer than N: t1 is after it, after
+R was written. By rule 2, whoever deletes `g<N+1>.json` (a taker of K >= N+2, whose listing
+came after `g<K-1>.json`, hence after t1) deleted `g<N>.json` first or did not list it, i.e. R
+was deleted; nothing writes R again. Hence `check` — HEAD `g<N+1>.json`, *then* read
+`g<N>.json` — passes only if no newer generation had a record at its HEAD: if one had, either
+the HEAD finds `g<N+1>.json`, or R was already gone at the HEAD and the read after it fails.
+This holds under all three create modes, including an abandoned claim (rule 1's skip record
+takes its generation's place, so the chain has no gap), and a skip record written late (by a
+driver paused between listing and writing) only adds a file: it never holds R.
 
 >>> import tempfile
 >>> from metadata.storage import JobStorage
@@ -115,6 +151,9 @@ class LeaseRecord(msgspec.Struct, frozen=True):
     expires_ms: int
     generation: int = 0
     released: bool = False
+    #: A skip record: written by `run_id` in place of a generation whose create was abandoned
+    #: (only claims, no record; rule 1 of the module docstring). Released: nobody holds it.
+    skipped: bool = False
 
 
 def lease_record_path(generation: int, renewal: int = 0) -> str:
@@ -197,6 +236,7 @@ class JobLease:
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self._record: LeaseRecord | None = None
+        self._first: bytes | None = None  # the bytes of this driver's first record
         self._generation = 0
         self._renewal = 0
         self._path: str | None = None
@@ -231,17 +271,22 @@ class JobLease:
             for _ in range(_ATTEMPTS):
                 state = self._state()
                 self._refuse_if_held(state, ttl_ms=self.ttl_ms)
+                top = lease_record_path(state.generation)
+                if state.generation > 0 and top not in state.paths:
+                    self._write_skip(state.generation)  # rule 1: no gap in the chain
+                    continue
                 generation = state.generation + 1
                 now = self._clock()
                 record = LeaseRecord(
                     self.run_id, self.host, self.pid, now, now + self.ttl_ms, generation
                 )
                 path = lease_record_path(generation)
-                if not self.storage.create_new(path, msgspec.json.encode(record)):
+                data = msgspec.json.encode(record)
+                if not self.storage.create_new(path, data):
                     continue  # another driver took this generation first: it holds the lease
                 self._record, self._path, self._lost_why = record, path, None
-                self._generation, self._renewal = generation, 0
-                newer = self._newer_holder()
+                self._generation, self._renewal, self._first = generation, 0, data
+                newer = self._newer_listed()  # rule 3
                 if newer is not None:  # a driver paused long enough for a newer generation
                     self._record = None
                     raise self._held_by(newer)
@@ -282,7 +327,8 @@ class JobLease:
     def check(self) -> None:
         """Before a write: raise unless the lease is held with a quarter of the TTL to spare
         (room for the write) and no other driver took a newer generation (read from storage,
-        so a driver sees another holder before its write, not at its next renewal).
+        so a driver sees another holder before its write, not at its next renewal: a HEAD of
+        `g<N+1>.json` and a read of `g<N>.json`, no listing; see the module docstring).
         `LeaseLostError` if another driver took it over, `LeaseExpiredError` if it lapsed or was
         never taken."""
         with self._lock:
@@ -354,12 +400,28 @@ class JobLease:
                 self.storage.delete_file(previous)
 
     def _prune(self, paths: tuple[str, ...]) -> None:
-        """Delete the records of older generations (best effort; claims are their writers')."""
-        for path in paths:
-            m = _RECORD.match(path)
-            if m is not None and int(m.group(1)) < self._generation:
-                with contextlib.suppress(StorageError):
+        """Delete the records of older generations (best effort; claims are their writers'):
+        oldest generation first, each generation's first record after its renewals, and stop at
+        the first failure, so a first record is never gone while an older one is still there
+        (rule 2 of the module docstring, which `check`'s two reads rely on)."""
+        records, _ = _generations(list(paths))
+        for generation in sorted(g for g in records if g < self._generation):
+            for _, path in sorted(records[generation], reverse=True):  # renewals, then the first
+                try:
                     self.storage.delete_file(path)
+                except StorageError:
+                    return  # what is left waits for the next taker
+
+    def _write_skip(self, generation: int) -> None:
+        """Write the skip record of `generation`, which has no first record (rule 1 of the
+        module docstring): a plain overwrite, since an abandoned claim blocks every exclusive
+        create of that name. Released, so it holds nothing; any record there is replaced (its
+        holder's next `check` fails: the bytes it wrote are gone)."""
+        now = self._clock()
+        skip = LeaseRecord(
+            self.run_id, self.host, self.pid, now, now, generation, released=True, skipped=True
+        )
+        self.storage.replace_file(lease_record_path(generation), msgspec.json.encode(skip))
 
     def _state(self) -> _State:
         """Read `_lease/`: the newest generation and its newest readable record. A record
@@ -391,9 +453,28 @@ class JobLease:
         )
 
     def _newer_holder(self) -> LeaseRecord | None:
-        """The record of a generation newer than this driver's (another driver took the lease
-        over), or one made up when this driver's own first record is gone (the lease records
-        were removed: this driver can no longer tell who holds the lease)."""
+        """Without listing (`check`): the record naming who holds a generation newer than this
+        driver's, or one made up when this driver's own first record is gone or replaced (the
+        lease records were removed: this driver can no longer tell who holds the lease); None
+        if neither. A HEAD of `g<N+1>.json`, then a read of `g<N>.json`, in that order (the
+        module docstring says why that order and these two suffice). Only once a newer
+        generation is found is `_lease/` listed, to name its newest holder."""
+        if self.storage.exists(lease_record_path(self._generation + 1)):
+            newer = self._newer_listed()
+            return newer or LeaseRecord("(unknown)", "unknown", 0, 0, 0, self._generation + 1)
+        if self.storage.read_file(lease_record_path(self._generation)) != self._first:
+            return self._records_gone()
+        return None
+
+    def _records_gone(self) -> LeaseRecord:
+        return LeaseRecord(
+            f"(unknown: {LEASE_DIR}/ no longer holds this driver's record)", "unknown", 0, 0, 0
+        )
+
+    def _newer_listed(self) -> LeaseRecord | None:
+        """`_newer_holder` by listing `_lease/` (`acquire`'s rule 3, and naming the holder
+        once `check` found one): the newest record of the newest generation above this
+        driver's, or a made-up one when this driver's own records are gone."""
         records, _ = _generations(self.storage.list_dir(LEASE_DIR))
         newer = [g for g in records if g > self._generation]
         if newer:
@@ -404,9 +485,7 @@ class JobLease:
                         return msgspec.json.decode(data, type=LeaseRecord)
             return LeaseRecord("(unknown)", "unknown", 0, 0, 0, max(newer))
         if self._generation not in records:
-            return LeaseRecord(
-                f"(unknown: {LEASE_DIR}/ no longer holds this driver's record)", "unknown", 0, 0, 0
-            )
+            return self._records_gone()
         return None
 
     def _live(self, record: LeaseRecord) -> bool:

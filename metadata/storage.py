@@ -1,6 +1,6 @@
 """`JobStorage`: the files of one job under a checkpoint root, over `pyarrow.fs` (DESIGN §5).
 
-About 750 lines, on purpose: every read, write, listing and delete of a job root goes through
+About 850 lines, on purpose: every read, write, listing and delete of a job root goes through
 this one adapter, so its guarantees (atomic metadata, no escape from the root, fsync, errors that
 name the file) are checked in one place; the layout is `metadata.layout`, the format
 `metadata.format`.
@@ -15,10 +15,17 @@ a no-clobber link (or rename) and a directory fsync; on object stores one write 
 object, never a rename (pyarrow's S3 stream writes all bytes as one multipart upload that
 becomes visible only when it is completed at close). A `_metadata` that appears at all is
 therefore complete on local disks and on S3; on any other store a partial object would still be
-caught by the format's length and checksum and skipped as damaged. Object stores offer no
-"create if absent" through pyarrow, so the refusal to overwrite is a check before the write
-there (one coordinator writes a given checkpoint id). "Latest" is found by
-listing and validating (`find_latest_restorable`), never through a mutable pointer.
+caught by the format's length and checksum and skipped as damaged. On S3 with conditional
+writes (`metadata.exclusive`) a new `_metadata` or event file is one `PutObject` with
+`If-None-Match: *`: atomic, and the store itself refuses to overwrite. Elsewhere object stores
+offer no "create if absent" through pyarrow, so the refusal to overwrite is a check before the
+write there (one coordinator writes a given checkpoint id). "Latest" is found by listing and
+validating (`find_latest_restorable`), never through a mutable pointer.
+
+No LIST on the steady-state path (one per checkpoint would not scale to a checkpoint a second):
+pyarrow's `get_file_info` on an S3 key that does not exist sends a HEAD and then a LIST (is it
+a "directory"?), so on S3 `file_size`/`exists` ask with one HEAD (`open_input_file`) instead,
+and writes never create "directory" objects (pyarrow's S3 streams do not probe parents).
 
 >>> import tempfile
 >>> from metadata.model import CheckpointMetadata
@@ -49,7 +56,7 @@ from pyarrow import fs as pafs
 
 from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError, StorageError
-from metadata.exclusive import create_exclusive
+from metadata.exclusive import create_exclusive, s3_delete_object, s3_put_if_absent
 from metadata.format import decode_metadata, encode_metadata, segment_checksum
 from metadata.layout import (
     EVENTS_DIR,
@@ -475,13 +482,12 @@ class JobStorage:
         """
         rel = at or metadata_path(md.checkpoint_id)
         data = encode_metadata(md)
-        if self.exists(rel):
-            raise StorageError(
-                f"{self.describe(rel)} already exists; checkpoint {md.checkpoint_id} completed "
-                "before, so its id must not be reused"
-            )
+        exists = (
+            f"{self.describe(rel)} already exists; checkpoint {md.checkpoint_id} completed "
+            "before, so its id must not be reused"
+        )
         try:
-            self._put_whole(rel, data)
+            self._put_new(rel, data, exists=exists)
         except OSError as exc:
             raise StorageError(
                 f"cannot write {self.describe(rel)}: {exc}; checkpoint {md.checkpoint_id} is "
@@ -493,10 +499,35 @@ class JobStorage:
         `_metadata` (see the module docstring); `StorageError` if it exists or the write fails.
         For small records that readers may list at any time (the event log)."""
         rel = check_relative(relpath)
-        if self.exists(rel):
-            raise StorageError(f"{self.describe(rel)} already exists; it is never rewritten")
+        exists = f"{self.describe(rel)} already exists; it is never rewritten"
         try:
-            self._put_whole(rel, data)
+            self._put_new(rel, data, exists=exists)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
+
+    def replace_file(self, relpath: str, data: bytes) -> None:
+        """Write `data` at `relpath`, replacing any file there; it appears whole or not at all
+        (a temporary file renamed over it on a local disk, one object elsewhere). For the
+        lease's skip records (`metadata.lease`), which must exist whatever was there."""
+        rel = check_relative(relpath)
+        try:
+            if self._local:
+                final = self._full(rel)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+                try:
+                    with open(tmp, "xb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, final)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                _fsync_path(final)
+            else:
+                with self.filesystem.open_output_stream(self._full(rel)) as out:
+                    out.write(data)
         except OSError as exc:
             raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
 
@@ -513,6 +544,21 @@ class JobStorage:
             )
         except OSError as exc:
             raise StorageError(f"cannot write {self.describe(rel)}: {exc}") from None
+
+    def _put_new(self, rel: str, data: bytes, *, exists: str) -> None:
+        """Write `data` as a new object at `rel`, appearing whole; `StorageError(exists)` if one
+        is there. On S3 with conditional writes: one `PutObject` with `If-None-Match: *` (no
+        HEAD, no LIST; the store refuses atomically). Otherwise a check (one HEAD on S3), then
+        `_put_whole`; on a local disk the no-clobber link refuses too."""
+        if not self._local and self.conditional_writes and self.filesystem.type_name == "s3":
+            created = s3_put_if_absent(self.filesystem, self._full(rel), data)
+            if created is not None:
+                if not created:
+                    raise StorageError(exists)
+                return
+        if self.exists(rel):
+            raise StorageError(exists)
+        self._put_whole(rel, data)
 
     def _put_whole(self, rel: str, data: bytes) -> None:
         """One object that appears whole or not at all: temp file + fsync + link on a local
@@ -664,9 +710,20 @@ class JobStorage:
         return self.file_size(relpath) is not None
 
     def file_size(self, relpath: str) -> int | None:
-        """The size of the file at `relpath`, or None if there is none."""
+        """The size of the file at `relpath`, or None if there is none.
+
+        On S3 one HEAD: `open_input_file` (which only HEADs until read), not `get_file_info`,
+        which follows a 404 with a LIST to tell a missing key from a "directory" (a key no
+        file of ours ever is)."""
+        full = self._full(relpath)
         try:
-            info = self.filesystem.get_file_info(self._full(relpath))
+            if not self._local and self.filesystem.type_name == "s3":
+                try:
+                    with self.filesystem.open_input_file(full) as f:
+                        return int(f.size())
+                except FileNotFoundError:
+                    return None
+            info = self.filesystem.get_file_info(full)
         except OSError as exc:
             raise StorageError(f"cannot look up {self.describe(relpath)}: {exc}") from None
         return info.size if info.type == pafs.FileType.File else None
@@ -676,11 +733,17 @@ class JobStorage:
 
         On a local file system an emptied `chk-<id>/` directory is removed too
         (`rmdir` only removes an empty directory, so a concurrent writer cannot lose a file);
-        object stores have no directories to remove.
+        object stores have no directories to remove, and on S3 none is made either
+        (`metadata.exclusive.s3_delete_object`: pyarrow would PUT a `chk-<id>/` object).
         """
         rel = check_relative(relpath)
         full = self._full(rel)
         try:
+            if self.filesystem.type_name == "s3":  # a HEAD, then one DeleteObject
+                if self.file_size(rel) is None:
+                    return False
+                if s3_delete_object(self.filesystem, full):
+                    return True
             self.filesystem.delete_file(full)
         except FileNotFoundError:
             return False

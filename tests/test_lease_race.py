@@ -14,9 +14,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
-from metadata.lease import JobLease, LeaseHeldError, LeaseLostError
+from metadata.errors import StorageError
+from metadata.lease import JobLease, LeaseHeldError, LeaseLostError, LeaseRecord
 from metadata.storage import JobStorage
 
 TTL = 60_000
@@ -212,3 +214,165 @@ def fs_selector(path: str) -> Any:
     from pyarrow import fs
 
     return fs.FileSelector(path)
+
+
+# --- fencing without listing (`check`: HEAD g<N+1>.json, then read g<N>.json) ----------------
+
+
+def _modes() -> list[Any]:
+    return [
+        pytest.param("local", id="os.link"),
+        pytest.param("conditional", id="if-none-match", marks=pytest.mark.s3),
+        pytest.param("claims", id="claims", marks=pytest.mark.s3),
+    ]
+
+
+def _storage_for(mode: str, request: Any, tmp_path: Any) -> JobStorage:
+    """A job root on a local disk, or on the S3 test server with conditional writes or with
+    the claim protocol of stores without them."""
+    if mode == "local":
+        return JobStorage(str(tmp_path), "job")
+    server = request.getfixturevalue("s3_server")
+    storage = JobStorage(server.uri(server.new_bucket()), "job")
+    storage.conditional_writes = mode == "conditional"
+    return storage
+
+
+def _listings(storage: JobStorage) -> list[str]:
+    """Make `storage.list_dir` record each call (and still list)."""
+    calls: list[str] = []
+    listed = storage.list_dir
+
+    def counted(reldir: str) -> list[str]:
+        calls.append(reldir)
+        return listed(reldir)
+
+    storage.list_dir = counted  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_a_holder_sees_a_newer_generation_without_listing_in_every_create_mode(
+    mode, request, tmp_path
+):
+    storage = _storage_for(mode, request, tmp_path)
+    a_now, b_now = [1_000_000], [1_000_000 + 2 * TTL]  # b's clock: a's renewal expired
+    a = JobLease(storage, "run-a", ttl_ms=TTL, clock=lambda: a_now[0], host="host-a")
+    a.acquire()
+    calls = _listings(storage)
+    a.check()
+    a_now[0] += TTL // 3
+    a.renew()
+    assert calls == []  # the steady state lists nothing
+    b = JobLease(storage, "run-b", ttl_ms=TTL, clock=lambda: b_now[0], host="host-b")
+    b.acquire()
+    assert b.generation == 2
+    with pytest.raises(LeaseLostError, match=r"driver run-b \(host host-b\) holds it now"):
+        a.check()
+    b.check()
+
+
+def _abandon_claim(storage: JobStorage, generation: int, age_ms: int, now_ms: int) -> str:
+    """A claim of the claim protocol left by a driver that died before creating the record."""
+    path = f"_lease/g{generation:012d}.json.claim-{now_ms - age_ms:013d}-{'0' * 32}"
+    storage.write_new_file(path, b"")
+    return path
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_an_abandoned_claim_is_skipped_with_a_record_so_the_old_holder_still_sees_the_new(
+    mode, request, tmp_path
+):
+    """a holds generation 1; a driver died while claiming 2; b, once that claim is stale,
+    takes 3. Rule 1: b first writes a skip record in place of 2, so `g2.json` exists and a's
+    HEAD finds it, even if b's pruning stops before deleting a's record (rule 2)."""
+    storage = _storage_for(mode, request, tmp_path)
+    a_now, b_now = [1_000_000], [1_000_000 + 3 * TTL]
+    a = JobLease(storage, "run-a", ttl_ms=TTL, clock=lambda: a_now[0], host="host-a")
+    a.acquire()
+    claim = _abandon_claim(storage, 2, age_ms=TTL, now_ms=b_now[0])
+    deleted = storage.delete_file
+
+    def stuck_on_generation_1(relpath: str) -> bool:  # b's pruning fails on a's record
+        if relpath == "_lease/g000000000001.json":
+            raise StorageError("unreachable")
+        return deleted(relpath)
+
+    storage.delete_file = stuck_on_generation_1  # type: ignore[method-assign]
+    b = JobLease(storage, "run-b", ttl_ms=TTL, clock=lambda: b_now[0], host="host-b")
+    b.acquire()
+    assert b.generation == 3
+    skip = storage.read_file("_lease/g000000000002.json")
+    assert skip is not None
+    record = msgspec.json.decode(skip, type=LeaseRecord)
+    assert (record.run_id, record.skipped, record.released) == ("run-b", True, True)
+    assert claim in storage.list_dir("_lease")  # claims are their writers'
+    with pytest.raises(LeaseLostError, match=r"driver run-b \(host host-b\) holds it now"):
+        a.check()
+
+
+def test_a_young_claim_on_the_newest_generation_is_not_skipped(tmp_path):
+    storage = JobStorage(str(tmp_path), "job")
+    now = [1_000_000]
+    a = JobLease(storage, "run-a", ttl_ms=TTL, clock=lambda: now[0], host="host-a")
+    a.acquire()
+    a.release()
+    _abandon_claim(storage, 2, age_ms=1_000, now_ms=now[0])
+    b = JobLease(storage, "run-b", ttl_ms=TTL, clock=lambda: now[0], host="host-b")
+    with pytest.raises(LeaseHeldError, match="being taken by another driver"):
+        b.acquire()
+    assert storage.read_file("_lease/g000000000002.json") is None
+
+
+def test_pruning_deletes_the_oldest_generation_first_and_stops_at_a_failure(tmp_path):
+    storage = JobStorage(str(tmp_path), "job")
+    now = [1_000_000]
+    leases = []
+    for n in range(3):  # generations 1, 2, 3 (each prunes the older ones)
+        lease = JobLease(storage, f"run-{n}", ttl_ms=TTL, clock=lambda: now[0], host=f"h{n}")
+        lease.acquire()
+        leases.append(lease)
+        now[0] += 2 * TTL
+    for g in (1, 2):  # put the older first records back, as a slow pruner would meet them
+        storage.replace_file(f"_lease/g{g:012d}.json", b"{}")
+    deleted, attempts = storage.delete_file, []
+
+    def failing(relpath: str) -> bool:
+        attempts.append(relpath)
+        if relpath == "_lease/g000000000001.json":
+            raise StorageError("unreachable")
+        return deleted(relpath)
+
+    storage.delete_file = failing  # type: ignore[method-assign]
+    d = JobLease(storage, "run-d", ttl_ms=TTL, clock=lambda: now[0], host="hd")
+    d.acquire()
+    assert d.generation == 4
+    assert attempts == ["_lease/g000000000001.json"]  # g2 and g3 wait: g1 is still there
+    assert storage.list_dir("_lease")[:3] == [f"_lease/g{g:012d}.json" for g in (1, 2, 3)]
+
+
+def test_a_late_skip_record_in_place_of_a_pruned_record_does_not_revive_its_holder(tmp_path):
+    """Rule 2's other half: `check` reads its own first record's bytes, not just that a file
+    is there, so a skip record written late (by a driver paused between listing and writing)
+    where a's pruned record was cannot make a pass again."""
+    storage = JobStorage(str(tmp_path), "job")
+    a_now, later = [1_000_000], [1_000_000 + 2 * TTL]
+    a = JobLease(storage, "run-a", ttl_ms=TTL, clock=lambda: a_now[0], host="host-a")
+    a.acquire()
+    for run in ("run-b", "run-c"):  # generations 2 and 3; c prunes 1 and 2
+        JobLease(storage, run, ttl_ms=TTL, clock=lambda: later[0], host=run).acquire()
+        later[0] += 2 * TTL
+    assert storage.list_dir("_lease") == ["_lease/g000000000003.json"]
+    late = JobLease(storage, "run-z", ttl_ms=TTL, clock=lambda: later[0], host="host-z")
+    late._write_skip(1)
+    with pytest.raises(LeaseLostError, match="no longer holds this driver's record"):
+        a.check()
+
+
+def test_a_holder_whose_record_was_replaced_stops(tmp_path):
+    storage = JobStorage(str(tmp_path), "job")
+    a = JobLease(storage, "run-a", ttl_ms=TTL, clock=wall_ms)
+    a.acquire()
+    storage.replace_file("_lease/g000000000001.json", b'{"run_id": "someone else"}')
+    with pytest.raises(LeaseLostError, match=r"no longer holds this driver's record"):
+        a.check()
