@@ -3,9 +3,10 @@
 A stateful job (generator -> keyed count -> Parquet table), its checkpoint root and its table
 both on S3, run on local Spark; every request the server receives is counted by kind (PUT,
 GET, HEAD, LIST, DELETE, POST) and by where it goes (the checkpoint root or the table), per
-checkpoint, with file merging (one physical state file per Spark task, DESIGN §4 rule 16) and
-without (one state file per unit). Cleaning runs in the background as in production and is
-drained after every epoch, so its deletions count towards the checkpoint that made them due.
+checkpoint, with file merging (one physical state file and one staged data file per Spark
+task, DESIGN §4 rule 16) and without (a state file and a staged file per unit). Cleaning runs
+in the background as in production and is drained after every epoch, so its deletions count
+towards the checkpoint that made them due.
 The LIST column of the checkpoint root is 0 in the steady state (no listing of `_lease/`, no
 pyarrow directory probes; `tests/test_s3_requests.py` checks it on a small job). The request
 counting itself is `benchmarks.s3_counting`.
@@ -71,7 +72,12 @@ def main() -> None:
             src = p.source(GeneratorSource(args.regions, record), parallelism=args.regions)
             src.key_by(lambda r: r["s"]).process(count).sink(ParquetSink(uri(endpoint, table, "t")))
             rt = SparkRuntime(
-                p, spark, root=uri(endpoint, ckpt, "root"), tasks=tasks, merge_state=merge
+                p,
+                spark,
+                root=uri(endpoint, ckpt, "root"),
+                tasks=tasks,
+                merge_state=merge,
+                merge_sink_files=merge,
             )
             rt.start()
             for _ in range(2):  # warm-up: first checkpoints, the cleaner's first full scan
