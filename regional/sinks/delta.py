@@ -75,7 +75,7 @@ from regional.sinks.durability import fsync_path as _fsync
 from regional.sinks.merging import (
     DiscardedParts,
     FilePart,
-    kept_ranges,
+    commit_plan,
     kept_stem,
     merged_table,
     take_ranges,
@@ -468,20 +468,16 @@ class DeltaSink:
         commit holds every part of it, else a rewrite keeping the committed parts' rows
         (`regional.sinks.merging.kept_ranges`), named by the kept ranges (`kept_stem`) so a
         retried commit rewrites the same file."""
-        parts: dict[str, list[FilePart]] = {}
-        for c in items:
-            if (part := c.part) is not None:
-                parts.setdefault(c.file, []).append(part)
         added: list[_Added] = []
-        for c in items:
-            if c.part is None:
-                added.append(_Added(c.file, c.file, c.rows, c.size, c.modified))
-                continue
-            if c.file not in parts:  # its file is planned already
-                continue
-            keep = kept_ranges(parts.pop(c.file), f"Delta table {self.path}: {c.file}")
+        for c, keep in commit_plan(
+            items,
+            part=lambda c: c.part,
+            file=lambda c: c.file,
+            describe=lambda c: f"Delta table {self.path}: {c.file}",
+        ):
             if keep is None:
-                added.append(_Added(c.file, c.file, c.file_rows, c.size, c.modified))
+                rows = c.rows if c.part is None else c.file_rows
+                added.append(_Added(c.file, c.file, rows, c.size, c.modified))
                 continue
             name = f"{kept_stem(c.file.removesuffix('.parquet'), keep)}.parquet"
             added.append(_Added(c.file, name, sum(n for _, n in keep), -1, -1, keep))

@@ -87,7 +87,7 @@ from regional.sinks.base import WriteContext
 from regional.sinks.merging import (
     DiscardedParts,
     FilePart,
-    kept_ranges,
+    commit_plan,
     kept_stem,
     merged_table,
     take_ranges,
@@ -557,18 +557,13 @@ class IcebergSink:
         part of it, else a rewrite keeping the committed parts' rows
         (`regional.sinks.merging.kept_ranges`) next to it, named by the kept ranges
         (`kept_stem`) so a retried commit rewrites the same file."""
-        parts: dict[str, list[FilePart]] = {}
-        for c in items:
-            if (part := c.part) is not None:
-                parts.setdefault(c.file, []).append(part)
         added: list[_Added] = []
-        for c in items:
-            if c.part is None:
-                added.append(_Added(c.file, c.file))
-                continue
-            if c.file not in parts:  # its file is planned already
-                continue
-            keep = kept_ranges(parts.pop(c.file), f"Iceberg table {self.table_name!r}: {c.file}")
+        for c, keep in commit_plan(
+            items,
+            part=lambda c: c.part,
+            file=lambda c: c.file,
+            describe=lambda c: f"Iceberg table {self.table_name!r}: {c.file}",
+        ):
             if keep is None:
                 added.append(_Added(c.file, c.file))
                 continue

@@ -35,7 +35,8 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -45,6 +46,7 @@ from regional.errors import CommitError
 __all__ = [
     "DiscardedParts",
     "FilePart",
+    "commit_plan",
     "kept_ranges",
     "kept_stem",
     "merged_table",
@@ -121,6 +123,40 @@ def kept_ranges(parts: Iterable[FilePart], file: str) -> tuple[tuple[int, int], 
         else:
             ranges.append((p.first_row, p.rows))
     return tuple(ranges)
+
+
+_Item = TypeVar("_Item")
+
+
+def commit_plan(
+    items: Iterable[_Item],
+    *,
+    part: Callable[[_Item], FilePart | None],
+    file: Callable[[_Item], Hashable],
+    describe: Callable[[_Item], str],
+) -> list[tuple[_Item, tuple[tuple[int, int], ...] | None]]:
+    """The files a commit of `items` (a sink's decoded committables) commits, in order: each
+    whole-file item (`part` None) with None, and each merged file (`file` of its parts) once,
+    at its first part's place, with None when the commit holds every part of it (commit it as
+    it is), else with the ranges to keep (`kept_ranges`; `describe(item)` names the file in
+    its errors).
+
+    >>> whole, a, b = ("w", None), ("m", FilePart(0, 2, 5)), ("m", FilePart(4, 1, 5))
+    >>> commit_plan([whole, a, b], part=lambda i: i[1], file=lambda i: i[0], describe=str)
+    [(('w', None), None), (('m', FilePart(first_row=0, rows=2, file_rows=5)), ((0, 2), (4, 1)))]
+    """
+    items = list(items)
+    parts: dict[Hashable, list[FilePart]] = {}
+    for item in items:
+        if (p := part(item)) is not None:
+            parts.setdefault(file(item), []).append(p)
+    planned: list[tuple[_Item, tuple[tuple[int, int], ...] | None]] = []
+    for item in items:
+        if part(item) is None:
+            planned.append((item, None))
+        elif (merged := parts.pop(file(item), None)) is not None:  # else: planned already
+            planned.append((item, kept_ranges(merged, describe(item))))
+    return planned
 
 
 def take_ranges(table: pa.Table, ranges: Sequence[tuple[int, int]]) -> pa.Table:

@@ -57,7 +57,7 @@ from regional.sinks.base import WriteContext
 from regional.sinks.merging import (
     DiscardedParts,
     FilePart,
-    kept_ranges,
+    commit_plan,
     kept_stem,
     merged_table,
     take_ranges,
@@ -498,19 +498,14 @@ class PaimonSink:
         one per merged message (its first part): whole (None) when the commit holds every part
         of it, else with the ranges of its rows to keep (`regional.sinks.merging.kept_ranges`),
         for `_rewrite`."""
-        parts: dict[bytes, list[FilePart]] = {}
-        for c in items:
-            if (part := c.part) is not None:
-                parts.setdefault(c.message, []).append(part)
-        planned: list[tuple[_Committable, tuple[tuple[int, int], ...] | None]] = []
-        for c in self._unique(items):
-            if c.part is None:
-                planned.append((c, None))
-                continue
+
+        def describe(c: _Committable) -> str:
             name = self._data_files([self._message(c)])[0].rsplit("/", 1)[-1]
-            where = f"Paimon table {self.table_name!r}: {name}"
-            planned.append((c, kept_ranges(parts[c.message], where)))
-        return planned
+            return f"Paimon table {self.table_name!r}: {name}"
+
+        return commit_plan(
+            items, part=lambda c: c.part, file=lambda c: c.message, describe=describe
+        )
 
     def _rewrite(self, message: Any, keep: Sequence[tuple[int, int]], identifier: int) -> list[Any]:
         """The commit messages of a rewrite of merged `message`'s data files keeping the rows in

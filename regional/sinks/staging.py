@@ -52,7 +52,7 @@ from regional.sinks.durability import StagedFiles, fsync_path
 from regional.sinks.merging import (
     DiscardedParts,
     FilePart,
-    kept_ranges,
+    commit_plan,
     kept_stem,
     merged_table,
     take_ranges,
@@ -313,25 +313,14 @@ class StagingArea:
         and one per merged staged file (its first part's place), whole when the commit holds
         every part of it, else rewritten keeping the committed parts' rows
         (`regional.sinks.merging.kept_ranges`)."""
-        parts: dict[str, list[FilePart]] = {}
-        for i in items:
-            if (part := i.part) is not None:
-                parts.setdefault(i.file, []).append(part)
         outputs: list[_Output] = []
-        for i in items:
-            if i.part is None:
-                outputs.append(
-                    _Output(i.file, i.file, self.published(i.file), i.rows, i.size, i.checksum)
-                )
-                continue
-            if i.file not in parts:  # its file is out already
-                continue
-            keep = kept_ranges(parts.pop(i.file), i.file)
+        for i, keep in commit_plan(
+            items, part=lambda i: i.part, file=lambda i: i.file, describe=lambda i: i.file
+        ):
             if keep is None:
-                rows = i.file_rows
-                outputs.append(
-                    _Output(i.file, i.file, self.published(i.file), rows, i.size, i.checksum)
-                )
+                rows = i.rows if i.part is None else i.file_rows
+                target = self.published(i.file)
+                outputs.append(_Output(i.file, i.file, target, rows, i.size, i.checksum))
                 continue
             stem = posixpath.basename(i.file)[: -len(STAGED)]
             staged = f"{posixpath.dirname(i.file)}/{kept_stem(stem, keep)}{STAGED}"
