@@ -395,15 +395,7 @@ class ExchangeReader(_Bound):
         operator never fires below what it fired at)."""
         layout, partition = self._split(split_id)
         cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
-        unread = [(s, i) for s, i in self._segments(layout, partition) if not cursor.passed(s)]
-        first = unread[0][0] if unread else None
-        done = self._writers_read(*unread[0], cursor) if unread else frozenset()
-
-        def reached(m: WatermarkMark) -> bool:
-            if first is None or (m.checkpoint_id, m.writer) < tuple(first):
-                return True
-            return m.checkpoint_id == first.checkpoint_id and m.writer in done
-
+        reached = self.reached(layout, partition, cursor)
         seen = [m for m in marks if reached(m)]
         released = released_writers(marks, self.writers, exclude_after)
         wm = reader_watermark(seen, self.writers, lambda m: True, released)
@@ -420,6 +412,35 @@ class ExchangeReader(_Bound):
         )
         since = [best[w].checkpoint_id for w in holders if w in best]
         return WatermarkView(wm, holders, min(since, default=None), tuple(sorted(released)))
+
+    def reached(
+        self, layout: int, partition: int, cursor: Cursor
+    ) -> Callable[[WatermarkMark], bool]:
+        """Whether a reader of `partition` at `cursor` has reached a mark (Y, w): it has read
+        every row writer subtask w wrote for the partition up to epoch Y.
+
+        A mark is reached when the first unread segment sorts after (Y, w), or when the cursor
+        is inside a merged segment of checkpoint Y whose footer says it read all of w's rows
+        there (`metadata.exchange.writers_read`). Safe with merged segments: writer w's rows
+        of epoch Y for this partition are all in ONE segment S, its task's, named (Y, w0)
+        after the task's lowest writer, so w0 <= w (a rewrite keeps the name). While S is
+        unread the first unread segment sorts at or before S = (Y, w0) <= (Y, w), so the
+        first rule does not count the mark, and the second counts it only once w's rows of S
+        are read; w's rows of earlier epochs are in segments before S. So a mark is never
+        counted while its writer's rows are unread; it only may lag (a writer of another task
+        whose segment sorts after S waits for S to be read whole)."""
+        unread = [(s, i) for s, i in self._segments(layout, partition) if not cursor.passed(s)]
+        if not unread:
+            return lambda m: True
+        first = unread[0][0]
+        done = self._writers_read(*unread[0], cursor)
+
+        def reached(m: WatermarkMark) -> bool:
+            if (m.checkpoint_id, m.writer) < tuple(first):
+                return True
+            return m.checkpoint_id == first.checkpoint_id and m.writer in done
+
+        return reached
 
     def _writers_read(
         self, segment: SegmentName, info: pafs.FileInfo, cursor: Cursor
