@@ -41,6 +41,7 @@ from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sinks.staging import StagedFile, StagingArea
+from regional.sources.base import ReadResult
 from regional.sources.generator import GeneratorSource
 
 WRITERS, PARTITIONS, PER_SPLIT, PER_EPOCH = 8, 4, 12, 4
@@ -270,6 +271,11 @@ def test_a_restore_with_other_partitions_moves_only_the_committed_parts(tmp_path
     _check_exact(tmp_path)
 
 
+def _batches(result: ReadResult) -> list[pa.RecordBatch]:
+    assert all(isinstance(b, pa.RecordBatch) for b in result.batches)
+    return [b for b in result.batches if isinstance(b, pa.RecordBatch)]
+
+
 # --- the reader's watermark ---------------------------------------------------------------
 
 
@@ -308,7 +314,7 @@ def test_a_reader_never_counts_a_mark_whose_writers_rows_it_has_not_read(tmp_pat
             if reached(m):
                 assert done == rows_of_w, (m, position)
         result = reader.read("n1-p0", position, 1)
-        for b in result.batches:
+        for b in _batches(result):
             for r in b.to_pylist():
                 read[r["y"], r["w"]] += 1
         position = result.position
@@ -396,8 +402,8 @@ def test_a_rewritten_segment_keeps_its_origins(tmp_path: Path) -> None:
     reader = ExchangeReader("x", 1, bounded=True, writers=3)
     reader.bind(str(base), None)
     result, origins = reader.read_timed("n1-p0", b"", 10)
-    assert [r["w"] for b in result.batches for r in b.to_pylist()] == [0, 2]
-    assert all(ORIGIN_COLUMN not in b.schema.names for b in result.batches)
+    assert [r["w"] for b in _batches(result) for r in b.to_pylist()] == [0, 2]
+    assert all(ORIGIN_COLUMN not in b.schema.names for b in _batches(result))
     assert origins == [0, 200]
     [segment] = os.listdir(base / "n1" / "p0")
     meta = pq.read_metadata(base / "n1" / "p0" / segment).metadata

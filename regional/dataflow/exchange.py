@@ -16,6 +16,17 @@ owning the keys with `partition_of(key, N) == q` (`regional.dataflow.partitionin
   idempotent publish, rollback and staged-file cleaning it shares with the Parquet sink). A
   writer unit that fails Y commits nothing for Y: it falls back and writes the same records
   again later.
+* **Merged per task** (DESIGN §4 rule 16). A Spark task stages its writer subtasks' records
+  together (`ExchangeWriter.write_merged`): one segment per partition per task per epoch, the
+  writers' rows in writer order, named after the task's lowest writer w0 (published as
+  ``<Y>-<w0>``: unique, since a writer subtask runs in one task per epoch), so the layout,
+  cursors, retention and repartitioning are those of unmerged segments. Each writer's
+  committables name its rows of each segment (`regional.sinks.staging.StagedFile` parts): a
+  writer declared fallen back after staging is cut out of the segment by the commit, and a
+  restore reads only the committed writers' rows of a segment not published yet. The footer
+  lists the writers and their rows (`metadata.exchange.WRITERS_KEY`) for the reader's
+  watermark (`ExchangeReader.reached`), and rows of writers with different watermarks carry
+  their own origin watermark (`ORIGIN_COLUMN`).
 * **Read.** Reader subtask `q` reads the published segments of `n<N>/p<q>/` after its cursor
   (`metadata.exchange.Cursor`), kept in its split state: a reader that falls back re-reads from
   its last good cursor, and a segment is read exactly once per completed checkpoint chain. Data
@@ -470,9 +481,10 @@ class ExchangeReader(_Bound):
 
 class ExchangeWriter(_Bound, StagedSink):
     """The upstream side: a sink (`regional.sinks.base.Sink`) that stages one segment per
-    partition per epoch and publishes them with the checkpoint's commit (see the module
-    docstring). Staging, publishing and the commit log are a `StagingArea` shared with the
-    Parquet sink; the exchange decides where a segment is published and in which order."""
+    partition per epoch (per writer subtask, or per task with `write_merged`) and publishes them
+    with the checkpoint's commit (see the module docstring). Staging, publishing and the
+    commit log are a `StagingArea` shared with the Parquet sink; the exchange decides where a
+    segment is published and in which order."""
 
     def __init__(self, reader: str, key: Callable[[Any], Any], partitions: int) -> None:
         self.reader = reader
