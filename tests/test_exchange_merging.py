@@ -265,7 +265,7 @@ def test_a_restore_with_other_partitions_moves_only_the_committed_parts(tmp_path
     first = _driver(tmp_path, _pipeline(table), lose=frozenset({(2, 1)}), faults=faults)
     with pytest.raises(DriverCrash):
         first.run()
-    assert _staged(tmp_path)  # the merged segments wait for their commit
+    assert _staged(tmp_path) and 2 not in _records(tmp_path)  # read from the staged files
     summary = _driver(tmp_path, _pipeline(table, partitions=2)).run()  # repartitions them
     assert summary.finished and summary.restored_from is not None
     _check_exact(tmp_path)
@@ -417,3 +417,18 @@ def test_orders_job_in_two_tasks_counts_every_order_once(tmp_path: Path) -> None
     p = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
     assert _driver(tmp_path, p, tasks=2, job_id="orders").run().finished
     assert orders_job.rows(str(tmp_path / "table")) == orders_job.expected_rows()
+
+
+@pytest.mark.parametrize("lost", [2, 3])
+def test_a_savepoint_after_a_writer_was_cut_out_of_merged_segments_restores_exactly(
+    tmp_path: Path, lost: int
+) -> None:
+    """The savepoint (a global checkpoint after the loss) copies the unread backlog, merged
+    and rewritten segments among it, into the savepoint; restored in another root."""
+    table = str(tmp_path / "table")
+    first = _driver(tmp_path / "a", _pipeline(table), lose=frozenset({(lost, 1)}))
+    summary = first.run(max_checkpoints=3, stop_with_savepoint=True)
+    assert summary.savepoint is not None and not summary.finished
+    resumed = _driver(tmp_path / "b", _pipeline(table), restore_from=summary.savepoint).run()
+    assert resumed.finished and resumed.restored_from is not None
+    _check_exact(tmp_path)
