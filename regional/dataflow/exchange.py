@@ -372,8 +372,9 @@ class ExchangeReader(_Bound):
             start = cursor.first_row(segment)
             taken = min(budget, table.num_rows - start)
             if taken > 0:
+                records = _records(table)
                 for first, rows, run_origin in _origin_runs(table, start, taken, origin):
-                    got = [b for b in _records(table).slice(first, rows).to_batches() if b.num_rows]
+                    got = [b for b in records.slice(first, rows).to_batches() if b.num_rows]
                     batches += got
                     origins += [run_origin] * len(got)
                 budget -= taken
@@ -552,8 +553,9 @@ class ExchangeWriter(_Bound, StagedSink):
         order, named after the lowest writer w0 of the parts (published as ``<Y>-<w0>``,
         unique: each writer subtask runs in one task per epoch); each part's committables
         name its rows of each segment (`StagedFile` parts), then its watermark mark, one per
-        writer as without merging (`regional.sinks.base.MergingWriter`). A segment's origin
-        watermark is the lowest of its parts' (see `_origin`)."""
+        writer as without merging (`regional.sinks.base.MergingWriter`). With event time, a
+        segment's footer lists its writers and their rows (`WRITERS_KEY`, for the reader's
+        marks: `ExchangeReader.reached`) and its origin watermarks (`_origin`)."""
         if not parts:
             return []
         order = sorted(range(len(parts)), key=lambda i: parts[i][0].index)  # writer order
