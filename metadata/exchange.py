@@ -39,7 +39,7 @@ name order, so a reader never passes a segment that is published later.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKLOG_SCHEMA",
     "EXCHANGE_DIR",
+    "WRITERS_KEY",
     "Cursor",
     "ExchangeFile",
     "ReaderView",
@@ -73,6 +74,40 @@ _SEGMENT = re.compile(r"(\d{20})-(\d{5})\.parquet")
 _SPLIT = re.compile(r"n([1-9]\d*)-p(\d+)")
 _LAYOUT = re.compile(r"n([1-9]\d*)")
 _PARTITION = re.compile(r"p(\d+)")
+
+
+#: The Parquet metadata key of a merged segment's writer subtasks and their rows, in file order
+#: (``<writer>:<rows>,...``; `regional.dataflow.exchange.ExchangeWriter.write_merged`).
+WRITERS_KEY = b"regional.writers"
+
+
+def writers_read(metadata: Mapping[bytes, bytes] | None, num_rows: int, row: int) -> frozenset[int]:
+    """The writer subtasks whose rows a cursor at `row` of a merged segment (its Parquet
+    `metadata` and `num_rows`) has all read: a reader's watermark counts their marks of the
+    segment's checkpoint (`watermark`). None when the segment lists no writers, or the list
+    does not add up to its rows (it was rewritten without a writer's rows when committed):
+    then the marks count only once the segment is read whole, as for an unmerged one.
+
+    >>> writers_read({WRITERS_KEY: b"0:2,2:0,3:4"}, 6, 2), writers_read({WRITERS_KEY: b"0:2"}, 1, 2)
+    (frozenset({0, 2}), frozenset())
+    """
+    listed = (metadata or {}).get(WRITERS_KEY)
+    if listed is None or row <= 0:
+        return frozenset()
+    try:
+        counts = [(int(w), int(n)) for w, n in (x.split(":") for x in listed.decode().split(","))]
+    except (ValueError, UnicodeDecodeError):
+        return frozenset()
+    if sum(n for _, n in counts) != num_rows:
+        return frozenset()
+    done = []
+    end = 0
+    for writer, n in counts:
+        end += n
+        if end > row:
+            break
+        done.append(writer)
+    return frozenset(done)
 
 
 class SegmentName(NamedTuple):

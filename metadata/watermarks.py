@@ -39,7 +39,9 @@ from metadata.exchange import (
     SegmentName,
     reader_view,
     segment_of,
+    segment_path,
     split_partition,
+    writers_read,
 )
 from metadata.model import CheckpointMetadata
 
@@ -222,7 +224,8 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
     exchange (its reader's watermark at its cursor: the minimum over the writer subtasks of
     the highest mark the cursor reached, DESIGN §4 rule 15). `held_by` names what holds it: a
     unit that fell back (and since when), or the writer subtasks at the minimum. Lists
-    `exchange/` (segments and marks); reads no file."""
+    `exchange/` (segments and marks); reads only the footer of a merged segment a cursor is
+    inside (`metadata.exchange.writers_read`)."""
     rows: list[dict[str, object]] = []
     cid = md.checkpoint_id
 
@@ -284,7 +287,14 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
             cursor = view.cursors.get(q, Cursor())
             unread = [s for s in segments.get((reader, view.layout, q), []) if not cursor.passed(s)]
             first = min(unread, default=None)
-            reached = [m for m in known if first is None or (m.checkpoint_id, m.writer) < first]
+            done = _writers_read(storage, reader, view.layout, q, first, cursor)
+            reached = [
+                m
+                for m in known
+                if first is None
+                or (m.checkpoint_id, m.writer) < first
+                or (m.checkpoint_id == first.checkpoint_id and m.writer in done)
+            ]
             wm = reader_watermark(reached, writers, lambda m: True)
             best: dict[int, WatermarkMark] = {}
             for m in reached:
@@ -306,6 +316,27 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
             text = "" if wm >= MAX_WATERMARK else "; ".join(held)
             row("exchange", reader, q, unit, f"n{view.layout}-p{q}", wm, text)
     return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
+
+
+def _writers_read(
+    storage: JobStorage,
+    reader: str,
+    layout: int,
+    partition: int,
+    segment: SegmentName | None,
+    cursor: Cursor,
+) -> frozenset[int]:
+    """The writers whose rows of the merged `segment` the `cursor` inside it has all read
+    (`metadata.exchange.writers_read`, from the segment's footer; read only then)."""
+    if segment is None or cursor.first_row(segment) <= 0:
+        return frozenset()
+    import pyarrow.parquet as pq  # on first use, as `metadata.exchange.backlog_table`
+
+    data = storage.read_file(segment_path(reader, layout, partition, segment))
+    if data is None:
+        return frozenset()
+    footer = pq.read_metadata(pa.BufferReader(data))
+    return writers_read(footer.metadata, footer.num_rows, cursor.first_row(segment))
 
 
 def _exchange_readers(md: CheckpointMetadata) -> set[str]:

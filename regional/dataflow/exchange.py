@@ -16,6 +16,17 @@ owning the keys with `partition_of(key, N) == q` (`regional.dataflow.partitionin
   idempotent publish, rollback and staged-file cleaning it shares with the Parquet sink). A
   writer unit that fails Y commits nothing for Y: it falls back and writes the same records
   again later.
+* **Merged per task** (DESIGN §4 rule 16). A Spark task stages its writer subtasks' records
+  together (`ExchangeWriter.write_merged`): one segment per partition per task per epoch, the
+  writers' rows in writer order, named after the task's lowest writer w0 (published as
+  ``<Y>-<w0>``: unique, since a writer subtask runs in one task per epoch), so the layout,
+  cursors, retention and repartitioning are those of unmerged segments. Each writer's
+  committables name its rows of each segment (`regional.sinks.staging.StagedFile` parts): a
+  writer declared fallen back after staging is cut out of the segment by the commit, and a
+  restore reads only the committed writers' rows of a segment not published yet. The footer
+  lists the writers and their rows (`metadata.exchange.WRITERS_KEY`) for the reader's
+  watermark (`ExchangeReader.reached`), and rows of writers with different watermarks carry
+  their own origin watermark (`ORIGIN_COLUMN`).
 * **Read.** Reader subtask `q` reads the published segments of `n<N>/p<q>/` after its cursor
   (`metadata.exchange.Cursor`), kept in its split state: a reader that falls back re-reads from
   its last good cursor, and a segment is read exactly once per completed checkpoint chain. Data
@@ -47,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import posixpath
 import re
 import uuid
@@ -63,11 +75,13 @@ from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
+    WRITERS_KEY,
     Cursor,
     SegmentName,
     segment_name,
     split_id,
     split_partition,
+    writers_read,
 )
 from metadata.format import segment_checksum
 from metadata.model import SinkRetention
@@ -82,13 +96,16 @@ from regional.dataflow.event_time import reader_watermark, released_writers
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
-from regional.sinks.staging import StagedSink, StagingArea
+from regional.sinks.merging import FilePart, kept_ranges, take_ranges
+from regional.sinks.staging import StagedFile, StagedSink, StagingArea
 from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
 
 __all__ = [
+    "ORIGIN_COLUMN",
     "ORIGIN_KEY",
     "REPARTITION_USER",
+    "WRITERS_KEY",
     "Backlog",
     "ExchangeReader",
     "ExchangeWriter",
@@ -102,8 +119,12 @@ REPARTITION_USER = "_repartition"
 
 _STAGED_NAME = re.compile(r"n(\d+)-p(\d+)-c(\d{20})-w(\d{5})-.*\.staged")
 _STAGED_MARK = re.compile(r"wm-c(\d{20})-w(\d{5})-(-?\d+)-.*\.staged")
-#: The Parquet metadata key of a segment's origin watermark (the writer's, before its epoch).
+#: The Parquet metadata key of a segment's origin watermark (the writer's, before its epoch;
+#: of a merged segment, the lowest of its writers').
 ORIGIN_KEY = b"regional.origin_watermark"
+#: The column of each row's origin watermark in a merged segment whose writers had different
+#: watermarks before the epoch (readers drop it: records never carry it).
+ORIGIN_COLUMN = "__regional_origin_watermark__"
 
 
 class WatermarkView(NamedTuple):
@@ -131,14 +152,45 @@ class Backlog(NamedTuple):
     bytes: int
 
 
+def _records(table: pa.Table) -> pa.Table:
+    """A segment's rows without the origin column of a merged segment (`ORIGIN_COLUMN`)."""
+    if ORIGIN_COLUMN in table.column_names:
+        return table.drop_columns([ORIGIN_COLUMN])
+    return table
+
+
+def _origin_runs(table: pa.Table, start: int, rows: int, origin: int) -> list[tuple[int, int, int]]:
+    """Rows `start` .. `start + rows - 1` of a segment as runs (first row, rows, origin
+    watermark) of one origin each: the segment's `origin` for all of them, unless the segment
+    has an origin column (a merged segment of writers with different watermarks)."""
+    if ORIGIN_COLUMN not in table.column_names:
+        return [(start, rows, origin)]
+    runs: list[tuple[int, int, int]] = []
+    at = start
+    for value, group in itertools.groupby(
+        table.column(ORIGIN_COLUMN).slice(start, rows).to_pylist()
+    ):
+        n = sum(1 for _ in group)
+        runs.append((at, n, origin if value is None else int(value)))
+        at += n
+    return runs
+
+
 class _Unread(NamedTuple):
     """A segment a restore reads: from `first_row` of the file at `path` (full), published
-    as `published` (relative to the exchange directory)."""
+    as `published` (relative to the exchange directory); of a merged staged segment of which
+    the checkpoint holds only some parts, just the `keep` ranges ((first row, rows) each)."""
 
     segment: SegmentName
     first_row: int
     path: str
     published: str
+    keep: tuple[tuple[int, int], ...] | None = None
+
+    def rows(self, fs: pafs.FileSystem) -> pa.Table:
+        """The rows of the segment a restore reads."""
+        table = pq.read_table(self.path, filesystem=fs)
+        return table.slice(self.first_row) if self.keep is None else take_ranges(table, self.keep)
 
 
 def _job_root(base: str) -> tuple[str, str]:
@@ -320,9 +372,11 @@ class ExchangeReader(_Bound):
             start = cursor.first_row(segment)
             taken = min(budget, table.num_rows - start)
             if taken > 0:
-                got = [b for b in table.slice(start, taken).to_batches() if b.num_rows]
-                batches += got
-                origins += [origin] * len(got)
+                records = _records(table)
+                for first, rows, run_origin in _origin_runs(table, start, taken, origin):
+                    got = [b for b in records.slice(first, rows).to_batches() if b.num_rows]
+                    batches += got
+                    origins += [run_origin] * len(got)
                 budget -= taken
             if start + taken >= table.num_rows:
                 cursor = Cursor(segment.checkpoint_id, segment.writer + 1, 0)
@@ -353,12 +407,7 @@ class ExchangeReader(_Bound):
         operator never fires below what it fired at)."""
         layout, partition = self._split(split_id)
         cursor = Cursor.decode(position, where=f"the position of exchange split {split_id!r}")
-        unread = [s for s, _ in self._segments(layout, partition) if not cursor.passed(s)]
-        first = min(unread, default=None)
-
-        def reached(m: WatermarkMark) -> bool:
-            return first is None or (m.checkpoint_id, m.writer) < tuple(first)
-
+        reached = self.reached(layout, partition, cursor)
         seen = [m for m in marks if reached(m)]
         released = released_writers(marks, self.writers, exclude_after)
         wm = reader_watermark(seen, self.writers, lambda m: True, released)
@@ -376,6 +425,48 @@ class ExchangeReader(_Bound):
         since = [best[w].checkpoint_id for w in holders if w in best]
         return WatermarkView(wm, holders, min(since, default=None), tuple(sorted(released)))
 
+    def reached(
+        self, layout: int, partition: int, cursor: Cursor
+    ) -> Callable[[WatermarkMark], bool]:
+        """Whether a reader of `partition` at `cursor` has reached a mark (Y, w): it has read
+        every row writer subtask w wrote for the partition up to epoch Y.
+
+        A mark is reached when the first unread segment sorts after (Y, w), or when the cursor
+        is inside a merged segment of checkpoint Y whose footer says it read all of w's rows
+        there (`metadata.exchange.writers_read`). Safe with merged segments: writer w's rows
+        of epoch Y for this partition are all in ONE segment S, its task's, named (Y, w0)
+        after the task's lowest writer, so w0 <= w (a rewrite keeps the name). While S is
+        unread the first unread segment sorts at or before S = (Y, w0) <= (Y, w), so the
+        first rule does not count the mark, and the second counts it only once w's rows of S
+        are read; w's rows of earlier epochs are in segments before S. So a mark is never
+        counted while its writer's rows are unread; it only may lag (a writer of another task
+        whose segment sorts after S waits for S to be read whole)."""
+        unread = [(s, i) for s, i in self._segments(layout, partition) if not cursor.passed(s)]
+        if not unread:
+            return lambda m: True
+        first = unread[0][0]
+        done = self._writers_read(*unread[0], cursor)
+
+        def reached(m: WatermarkMark) -> bool:
+            if (m.checkpoint_id, m.writer) < tuple(first):
+                return True
+            return m.checkpoint_id == first.checkpoint_id and m.writer in done
+
+        return reached
+
+    def _writers_read(
+        self, segment: SegmentName, info: pafs.FileInfo, cursor: Cursor
+    ) -> frozenset[int]:
+        """The writers whose rows of merged segment `segment` the `cursor` (inside it) has all
+        read (`metadata.exchange.writers_read`; reads its footer only when the cursor is
+        inside it)."""
+        row = cursor.first_row(segment)
+        if row <= 0:
+            return frozenset()
+        fs, _ = self._fs()
+        footer = pq.read_metadata(info.path, filesystem=fs)
+        return writers_read(footer.metadata, footer.num_rows, row)
+
     def backlog(self, split_id: str, position: bytes) -> Backlog:
         """What partition `split_id` holds after `position` (reads Parquet footers only)."""
         layout, partition = self._split(split_id)
@@ -391,9 +482,10 @@ class ExchangeReader(_Bound):
 
 class ExchangeWriter(_Bound, StagedSink):
     """The upstream side: a sink (`regional.sinks.base.Sink`) that stages one segment per
-    partition per epoch and publishes them with the checkpoint's commit (see the module
-    docstring). Staging, publishing and the commit log are a `StagingArea` shared with the
-    Parquet sink; the exchange decides where a segment is published and in which order."""
+    partition per epoch (per writer subtask, or per task with `write_merged`) and publishes them
+    with the checkpoint's commit (see the module docstring). Staging, publishing and the
+    commit log are a `StagingArea` shared with the Parquet sink; the exchange decides where a
+    segment is published and in which order."""
 
     def __init__(self, reader: str, key: Callable[[Any], Any], partitions: int) -> None:
         self.reader = reader
@@ -453,6 +545,87 @@ class ExchangeWriter(_Bound, StagedSink):
             out.append(self.area.stage(c.job_id, stem, pa.table({})))
         return tuple(out)
 
+    def write_merged(
+        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
+    ) -> list[tuple[bytes, ...]]:
+        """Stage this epoch's records of every writer subtask of one task (one part each):
+        per partition ONE segment holding the partition's records of every part, in writer
+        order, named after the lowest writer w0 of the parts (published as ``<Y>-<w0>``,
+        unique: each writer subtask runs in one task per epoch); each part's committables
+        name its rows of each segment (`StagedFile` parts), then its watermark mark, one per
+        writer as without merging (`regional.sinks.base.MergingWriter`). With event time, a
+        segment's footer lists its writers and their rows (`WRITERS_KEY`, for the reader's
+        marks: `ExchangeReader.reached`) and its origin watermarks (`_origin`)."""
+        if not parts:
+            return []
+        order = sorted(range(len(parts)), key=lambda i: parts[i][0].index)  # writer order
+        writers = [parts[i][0].index for i in order]
+        if len(set(writers)) != len(writers) or len({c.checkpoint_id for c, _ in parts}) != 1:
+            raise CommitError(
+                f"exchange {self.reader!r}: write_merged was given writer subtasks "
+                f"{sorted(writers)} of checkpoints {sorted({c.checkpoint_id for c, _ in parts})};"
+                " it merges distinct writer subtasks of one epoch; call it once per task epoch"
+            )
+        first = parts[order[0]][0]
+        tail = f"{first.run_id or 'run'}-a{first.attempt}-{uuid.uuid4().hex[:8]}"
+        grouped = [
+            self.partition([r for b in parts[i][1] for r in b.to_pylist()], self.partitions)
+            for i in order
+        ]
+        out: list[list[bytes]] = [[] for _ in parts]
+        for partition in sorted({q for g in grouped for q in g}):
+            rows = [r for g in grouped for r in g.get(partition, ())]
+            counts = [len(g.get(partition, ())) for g in grouped]
+            table = pa.Table.from_pylist(rows)
+            timed = self._origin(
+                [parts[i][0] for i, n in zip(order, counts, strict=True) if n],
+                [n for n in counts if n],
+                table,
+            )
+            if timed is not None:  # event time: which writers' rows, for the reader's marks
+                listed = ",".join(f"{w}:{n}" for w, n in zip(writers, counts, strict=True))
+                meta = {**(timed.schema.metadata or {}), WRITERS_KEY: listed.encode()}
+                table = timed.replace_schema_metadata(meta)
+            places: list[FilePart | None] = []
+            start = 0
+            for n in counts:
+                places.append(FilePart(start, n, len(rows)) if n else None)
+                start += n
+            stem = (
+                f"n{self.partitions}-p{partition}-c{first.checkpoint_id:020d}-"
+                f"w{first.index:05d}-{tail}"
+            )
+            staged = self.area.stage_merged(first.job_id, stem, table, places)
+            for i, committables in zip(order, staged, strict=True):
+                out[i] += committables
+        for i, (c, _) in enumerate(parts):
+            if c.watermarks is not None:  # the mark, published after the segment of its rows
+                stem = f"wm-c{c.checkpoint_id:020d}-w{c.index:05d}-{c.watermarks[1]}-{tail}"
+                out[i].append(self.area.stage(c.job_id, stem, pa.table({})))
+        return [tuple(c) for c in out]
+
+    @staticmethod
+    def _origin(
+        contexts: Sequence[WriteContext], counts: Sequence[int], table: pa.Table
+    ) -> pa.Table | None:
+        """`table` (a merged segment: `counts` rows of each part written in `contexts`, in
+        order) with its records' origin watermarks (None without event time): the lowest of
+        the parts' watermarks before the epoch in its schema metadata, and, when they differ,
+        each row's own in `ORIGIN_COLUMN`, so a record is judged late against its own writer's
+        watermark whichever writers shared its task (`regional.dataflow.epoch_time`)."""
+        befores = [c.watermarks[0] for c in contexts if c.watermarks is not None]
+        if not befores:
+            return None
+        if len(set(befores)) > 1:
+            if ORIGIN_COLUMN in table.column_names:
+                raise CommitError(
+                    f"records crossing an exchange have a field {ORIGIN_COLUMN!r}, the name "
+                    "of the exchange's own origin column; rename that field"
+                )
+            per_row = [b for b, n in zip(befores, counts, strict=True) for _ in range(n)]
+            table = table.append_column(ORIGIN_COLUMN, pa.array(per_row, pa.int64()))
+        return table.replace_schema_metadata({ORIGIN_KEY: str(min(befores))})
+
     def committed_watermark(self, committables: Iterable[bytes]) -> int | None:
         """The watermark a writer subtask's `committables` (from its restored state) commit,
         or None (no mark: the writer never ran with event time)."""
@@ -463,6 +636,29 @@ class ExchangeWriter(_Bound, StagedSink):
         return None
 
     # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
+
+    def commit(
+        self,
+        commit_user: str,
+        identifier: int,
+        committables: Iterable[bytes],
+        *,
+        fallback: Mapping[int, int] | None = None,
+    ) -> None:
+        """`StagedSink.commit`, after checking that no two staged files of the commit would be
+        published as the same segment (the parts of one merged segment name one file)."""
+        committables = list(committables)
+        sources: dict[str, str] = {}
+        for item in self.area.files(committables):
+            target = self._published(item.file)
+            if sources.setdefault(target, item.file) != item.file:
+                raise CommitError(
+                    f"exchange {self.reader!r}: cannot commit checkpoint {identifier}: staged "
+                    f"files {sources[target]} and {item.file} would both be published as "
+                    f"{target} (one writer subtask staged in two tasks of one epoch); nothing "
+                    f"was committed; restore checkpoint {identifier - 1} or an earlier one"
+                )
+        self.area.commit(commit_user, identifier, committables, fallback=fallback)
 
     def marker_retention(self) -> SinkRetention:
         """Commit records are kept until someone deletes them (as for a Parquet table)."""
@@ -484,7 +680,8 @@ class ExchangeWriter(_Bound, StagedSink):
         """Where a commit of `committables` publishes their segments, relative to the job
         root (`exchange/<reader>/n<N>/p<q>/<checkpoint>-<writer>.parquet`)."""
         prefix = f"{EXCHANGE_DIR}/{self.reader}"
-        return [f"{prefix}/{self._published(i.file)}" for i in self.area.files(committables)]
+        published = dict.fromkeys(self._published(i.file) for i in self.area.files(committables))
+        return [f"{prefix}/{p}" for p in published]  # the parts of a merged segment name it once
 
     def _order(self, staged: str) -> tuple[int, int, int]:
         """(checkpoint, writer, 0) for a segment, (checkpoint, writer, 1) for a watermark mark:
@@ -556,7 +753,10 @@ class ExchangeWriter(_Bound, StagedSink):
         unread = self._unread(layout, cursors, staged, checkpoint_id)
         for u in unread:
             out_fs.create_dir(posixpath.dirname(f"{out_base}/{u.published}"), recursive=True)
-            pafs.copy_files(u.path, f"{out_base}/{u.published}", fs, out_fs)
+            if u.keep is None:
+                pafs.copy_files(u.path, f"{out_base}/{u.published}", fs, out_fs)
+            else:  # the parts of a merged segment the checkpoint holds (schema metadata kept)
+                pq.write_table(u.rows(fs), f"{out_base}/{u.published}", filesystem=out_fs)
         return len(unread)
 
     def _unread(
@@ -577,16 +777,22 @@ class ExchangeWriter(_Bound, StagedSink):
                 if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
                     relative = f"n{layout}/p{partition}/{segment.file_name()}"
                     out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
+        files: dict[str, list[StagedFile]] = {}  # the parts of a merged segment, by its file
         for item in self.area.files(staged):
-            if _STAGED_MARK.fullmatch(posixpath.basename(item.file)):
-                continue  # a watermark mark: no records
-            published = self._published(item.file)
+            if not _STAGED_MARK.fullmatch(posixpath.basename(item.file)):  # a mark: no records
+                files.setdefault(item.file, []).append(item)
+        for file, items in files.items():
+            published = self._published(file)
             if fs.get_file_info(self.area.inside(fs, f"{base}/{published}")).type != (
                 pafs.FileType.File
             ):
-                segment = SegmentName(*self._order(item.file)[:2])  # else listed above
-                path = self.area.inside(fs, f"{base}/{item.file}")
-                out.append(_Unread(segment, 0, path, published))
+                segment = SegmentName(*self._order(file)[:2])  # else listed above
+                path = self.area.inside(fs, f"{base}/{file}")
+                parts = [p for i in items if (p := i.part) is not None]
+                # only the parts the checkpoint holds: a unit declared fallen back after its
+                # rows were staged has its rows in the file too, and writes them again later
+                keep = kept_ranges(parts, file) if len(parts) == len(items) else None
+                out.append(_Unread(segment, 0, path, published, keep))
         return sorted(out, key=lambda u: (u.segment, u.path))
 
     def bound_to(self, path: str, filesystem: pafs.FileSystem | None) -> ExchangeWriter:
@@ -620,7 +826,7 @@ def repartition(
     fs, _ = origin._fs()
     rows: list[Any] = []
     for u in origin._unread(old_layout, cursors, staged, checkpoint_id):
-        rows += pq.read_table(u.path, filesystem=fs).slice(u.first_row).to_pylist()
+        rows += _records(u.rows(fs)).to_pylist()
     grouped = target.partition(rows, new_layout)
     out_fs, out_base = target._fs()
     files, sizes, checksums = [], [], []

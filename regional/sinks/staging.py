@@ -204,8 +204,16 @@ class StagingArea:
         `_staging/<job_id>/<stem>.staged` (`regional.sinks.merging`); per part, its
         committables (none for a part without rows)."""
         table, places = merged_table(parts)
+        return self.stage_merged(job_id, stem, table, places)
+
+    def stage_merged(
+        self, job_id: str, stem: str, table: pa.Table | None, places: Sequence[FilePart | None]
+    ) -> list[tuple[bytes, ...]]:
+        """Write `table` (made by `regional.sinks.merging.merged_table`, perhaps with schema
+        metadata added) as merged staged file `_staging/<job_id>/<stem>.staged`; per place (a
+        part's rows in it, None for a part without rows), its committables."""
         if table is None:
-            return [() for _ in parts]
+            return [() for _ in places]
         name, size, checksum = self._write_staged(job_id, stem, table)
         return [
             ()
