@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -259,3 +260,29 @@ def test_acks_say_where_the_units_task_time_went_and_the_epoch_adds_it_up(env):
     timing = watch.timing(2)
     assert timing.task_upload_s == first.upload_s + second.upload_s
     assert timing.task_restore_s == pytest.approx(first.restore_s + second.restore_s)
+
+
+def test_staging_past_the_timeout_declines_its_units_and_deletes_what_it_staged(env, monkeypatch):
+    declined = threading.Event()
+    real_write, real_decline = ParquetSink.write_merged, task._decline
+
+    def slow_write(self, parts):  # stages, then stays busy until the task gave up on it
+        out = real_write(self, parts)
+        declined.wait(30)
+        return out
+
+    def decline(work, reason, trace=None):
+        d = real_decline(work, reason, trace)
+        if reason.startswith("timeout: staging"):
+            declined.set()
+        return d
+
+    monkeypatch.setattr(ParquetSink, "write_merged", slow_write)
+    monkeypatch.setattr(task, "_decline", decline)
+    env = msgspec.structs.replace(env, unit_timeout=0.3)
+    answers = run_units(env, _two_staging_units())
+    assert [a.reason for a in answers] == [
+        "timeout: staging the sink files did not finish in time"
+    ] * 2
+    staging = Path(env.pipeline.vertices["out"].sink.path) / "_staging" / "job"
+    assert list(staging.glob("*")) == []

@@ -734,6 +734,8 @@ def _staged_answers(
         committables, seconds = future.result(timeout=max(left, 0.001))
     except TimeoutError:
         reason, trace = "timeout: staging the sink files did not finish in time", None
+        # what it stages after all is nobody's: deleted when it ends (the task waits for it)
+        future.add_done_callback(lambda done: _discard_late(done, pipeline))
     except Exception as exc:
         reason, trace = failure_line(exc, "staging sink files failed: "), failure_trace(exc)
     else:
@@ -753,6 +755,16 @@ def _staged_answers(
         if isinstance(answers[at], Ack):
             declines[at] = _decline(snap.work, reason, trace)
     return declines
+
+
+def _discard_late(done: Future[tuple[list[_Committables], float]], pipeline: Pipeline) -> None:
+    """Delete what a staging that ran out of time staged once it ends (best effort)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    for mine in done.result()[0]:
+        for (vertex_id, _), c in mine.items():
+            with contextlib.suppress(Exception):
+                pipeline.sink_of(vertex_id).discard(c)
 
 
 def _with_committables(ack: Ack, committables: _Committables, seconds: float) -> Ack:
