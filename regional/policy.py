@@ -6,7 +6,8 @@ The policy is a tree of frozen msgspec Structs. Durations are float seconds;
 three layers with the precedence code > environment > file > defaults, validates every value it
 is given (also values a higher layer overrides: a bad file is bad), and records where each
 effective value came from. Keys are written in kebab case, as in the file
-(`checkpointing.region.max-failure-ratio`); the reference is the README section "Policy".
+(`checkpointing.region.max-failure-ratio`); the reference (`docs/reference/policy.md`) is
+generated from `KEY_DOCS` and the Structs.
 
 About 500 lines, on purpose: the policy's shape, its value types with their error texts, and
 the three layers it is loaded from are one concept; keeping them together keeps the messages of
