@@ -253,3 +253,41 @@ def test_batches_made_from_pandas_merge(tmp_path):
     [ca, cb] = sink.write_merged([(_context(0), frames), (_context(1), [frames[0]])])
     sink.commit("user", 1, [*ca, *cb])
     assert read_table(str(tmp_path)).column("x").to_pylist() == [1, 2, 1]
+
+
+def _delta_driver(tmp_path, lose=frozenset(), **kw) -> JobDriver:
+    from regional.sinks.delta import DeltaSink
+
+    schema = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("c", pa.int64())])
+    p = Pipeline("merged", records_per_epoch=PER_EPOCH)
+    src = p.source(
+        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=SPLITS
+    )
+    src.key_by(lambda r: r["split"]).process(_count, name="count").sink(
+        DeltaSink(str(tmp_path / "delta"), schema=schema), name="out"
+    )
+    root = str(tmp_path / "ckpt")
+    policy = load_policy(
+        env={}, overrides={"checkpointing": {"timeout": "30 s", "num-retained": 1}}
+    ).policy
+    env = TaskEnv(root, "merged", p, unit_timeout=30)
+    storage = JobStorage(root, "merged")
+    return JobDriver(p, _OneTask(env, lose), storage=storage, policy=policy, **kw)
+
+
+@pytest.mark.parametrize("crash", [None, "after-metadata", "after-commit"])
+def test_a_delta_table_gets_one_file_per_task_and_a_late_unit_cut_out_exactly(tmp_path, crash):
+    deltalake = pytest.importorskip("deltalake")
+    lose = frozenset({(2, 1)})
+    if crash is not None:
+        with pytest.raises(DriverCrash):
+            _delta_driver(tmp_path, lose, faults=Faults(crash_at=(2, crash))).run()
+        assert _delta_driver(tmp_path).run().finished
+    else:
+        assert _delta_driver(tmp_path, lose).run().finished
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted((r["split"], r["n"], r["c"]) for r in rows) == EXACT
+    files = table.file_uris()
+    assert len(files) == PER_SPLIT // PER_EPOCH + 1  # a file per epoch, one more: the redo
+    assert sum("-k" in f for f in files) == 1  # checkpoint 2's file, without unit 1's rows
