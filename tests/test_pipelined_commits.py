@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from counted_job import EXACT, PER_EPOCH, SPLITS, counted_pipeline
 
 from metadata.storage import JobStorage
 from regional.coordinator import TriggerCheckpoint
@@ -20,30 +21,10 @@ from regional.runtime.driver import JobDriver
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, read_table
-from regional.sources.generator import GeneratorSource
-
-SPLITS, PER_SPLIT, PER_EPOCH = 4, 12, 3
-
-
-def _record(split: int, n: int) -> dict:
-    return {"split": split, "n": n}
-
-
-def _count(ctx, r):
-    c = ctx.value_state("c", 0)
-    c.update(c.value() + 1)
-    yield {"split": r["split"], "n": r["n"], "c": c.value()}
 
 
 def _pipeline(table: str) -> Pipeline:
-    p = Pipeline("piped", records_per_epoch=PER_EPOCH)
-    src = p.source(
-        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=SPLITS
-    )
-    src.key_by(lambda r: r["split"]).process(_count, name="count").sink(
-        ParquetSink(table), name="out"
-    )
-    return p
+    return counted_pipeline("piped", ParquetSink(table))
 
 
 class _InProcess:
@@ -76,9 +57,6 @@ def _driver(tmp_path, dispatcher=_Background, **kw) -> JobDriver:
 def _rows(tmp_path) -> list[tuple[int, int, int]]:
     t = read_table(str(tmp_path / "table")).to_pylist()
     return sorted((r["split"], r["n"], r["c"]) for r in t)
-
-
-EXACT = [(s, n, n + 1) for s in range(SPLITS) for n in range(PER_SPLIT)]
 
 
 def _order(seen) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from counted_job import EXACT, PER_EPOCH, PER_SPLIT, SPLITS, counted_pipeline
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,31 +31,10 @@ from regional.sinks.base import WriteContext
 from regional.sinks.merging import FilePart, kept_ranges, merged_table, take_ranges
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sinks.staging import StagedFile, StagingArea
-from regional.sources.generator import GeneratorSource
-
-SPLITS, PER_SPLIT, PER_EPOCH = 4, 12, 3
-EXACT = [(s, n, n + 1) for s in range(SPLITS) for n in range(PER_SPLIT)]
-
-
-def _record(split: int, n: int) -> dict:
-    return {"split": split, "n": n}
-
-
-def _count(ctx, r):
-    c = ctx.value_state("c", 0)
-    c.update(c.value() + 1)
-    yield {"split": r["split"], "n": r["n"], "c": c.value()}
 
 
 def _pipeline(table: str) -> Pipeline:
-    p = Pipeline("merged", records_per_epoch=PER_EPOCH)
-    src = p.source(
-        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=SPLITS
-    )
-    src.key_by(lambda r: r["split"]).process(_count, name="count").sink(
-        ParquetSink(table), name="out"
-    )
-    return p
+    return counted_pipeline("merged", ParquetSink(table))
 
 
 class _OneTask:
@@ -259,13 +239,7 @@ def _delta_driver(tmp_path, lose=frozenset(), **kw) -> JobDriver:
     from regional.sinks.delta import DeltaSink
 
     schema = pa.schema([("split", pa.int64()), ("n", pa.int64()), ("c", pa.int64())])
-    p = Pipeline("merged", records_per_epoch=PER_EPOCH)
-    src = p.source(
-        GeneratorSource(SPLITS, _record, records_per_split=PER_SPLIT), parallelism=SPLITS
-    )
-    src.key_by(lambda r: r["split"]).process(_count, name="count").sink(
-        DeltaSink(str(tmp_path / "delta"), schema=schema), name="out"
-    )
+    p = counted_pipeline("merged", DeltaSink(str(tmp_path / "delta"), schema=schema))
     root = str(tmp_path / "ckpt")
     policy = load_policy(
         env={}, overrides={"checkpointing": {"timeout": "30 s", "num-retained": 1}}

@@ -701,7 +701,6 @@ def _stage_merged(
         for vertex_id, context, batches in snap.sink_parts:
             by_vertex.setdefault(vertex_id, []).append((at, context, batches))
     out: list[_Committables] = [{} for _ in snaps]
-    staged: list[tuple[str, tuple[bytes, ...]]] = []
     try:
         for vertex_id, parts in by_vertex.items():
             sink = pipeline.sink_of(vertex_id)
@@ -709,11 +708,9 @@ def _stage_merged(
             written = sink.write_merged([(c, b) for _, c, b in parts])
             for (at, context, _), committables in zip(parts, written, strict=True):
                 out[at][vertex_id, context.index] = committables
-                staged.append((vertex_id, committables))
     except BaseException:
-        for vertex_id, committables in staged:
-            with contextlib.suppress(Exception):
-                pipeline.sink_of(vertex_id).discard(committables)
+        for mine in out:
+            _give_back(pipeline, mine)
         raise
     return out, time.perf_counter() - started
 
@@ -746,9 +743,7 @@ def _staged_answers(
             if isinstance(answer, Ack):
                 out[at] = _with_committables(answer, mine, share)
                 continue
-            for (vertex_id, _), c in mine.items():
-                with contextlib.suppress(Exception):
-                    pipeline.sink_of(vertex_id).discard(c)
+            _give_back(pipeline, mine)
         return out
     declines: dict[int, Answer] = {}
     for at, snap in staging:
@@ -762,9 +757,15 @@ def _discard_late(done: Future[tuple[list[_Committables], float]], pipeline: Pip
     if done.cancelled() or done.exception() is not None:
         return
     for mine in done.result()[0]:
-        for (vertex_id, _), c in mine.items():
-            with contextlib.suppress(Exception):
-                pipeline.sink_of(vertex_id).discard(c)
+        _give_back(pipeline, mine)
+
+
+def _give_back(pipeline: Pipeline, committables: _Committables) -> None:
+    """Discard one unit's parts of the merged sink files (best effort): a file goes once all
+    of its parts are given back (`regional.sinks.merging.DiscardedParts`)."""
+    for (vertex_id, _), c in committables.items():
+        with contextlib.suppress(Exception):
+            pipeline.sink_of(vertex_id).discard(c)
 
 
 def _with_committables(ack: Ack, committables: _Committables, seconds: float) -> Ack:
