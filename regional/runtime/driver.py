@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import msgspec
 
@@ -60,6 +60,7 @@ from regional.errors import (
     RegionalError,
     RestoreError,
 )
+from regional.graph.regions import RegionPlan
 from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
@@ -82,7 +83,17 @@ from regional.runtime.restore import (
 )
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
-__all__ = ["Clock", "EpochWatch", "JobDriver", "RunSummary", "SystemClock", "feed"]
+__all__ = [
+    "Clock",
+    "DriverOptions",
+    "EpochWatch",
+    "JobDriver",
+    "RunSummary",
+    "SystemClock",
+    "feed",
+    "job_layout",
+    "new_run_id",
+]
 
 #: How often one commit may fail before the job fails with a `CommitError`.
 COMMIT_ATTEMPTS = 3
@@ -178,25 +189,79 @@ class _Held:
     decisions: list[Decision]
 
 
-class JobDriver:
-    """Runs `pipeline` through `dispatcher` with checkpoints in `storage` under `policy`.
+def new_run_id() -> str:
+    """A new driver run's id (12 hex digits): in commit users, the lease and state file names."""
+    return uuid.uuid4().hex[:12]
 
-    `progress` is called with every checkpoint outcome, `watch` sees the running epoch.
-    `interval` (seconds; `regional run` passes the policy's `checkpointing.interval`) is the
+
+def job_layout(pipeline: Pipeline, plan: RegionPlan) -> JobLayout:
+    """The coordinator's view of `pipeline` with its regions `plan`: units, subtasks, sources
+    (bounded ones marked) and the graph fingerprint checkpoints are checked against."""
+    graph = pipeline.job_graph()
+    bounded = [v for v, s in pipeline.sources.items() if s.source and s.source.bounded]
+    return JobLayout.from_plan(
+        plan,
+        graph.vertex_infos(),
+        sources=pipeline.sources,
+        bounded_sources=bounded,
+        graph_fingerprint=graph.fingerprint(),
+    )
+
+
+class DriverOptions(TypedDict, total=False):
+    """The options of a `JobDriver`, and of every runtime that builds one (`SparkRuntime`
+    takes them as keyword arguments too), in three groups. All are optional.
+
+    How it runs: `policy` (default `Policy()`); `faults` injected by tests and demos;
+    `clock` (default the system clock; simulations pass a fake one); `interval` (seconds,
+    default 0: never wait; `regional run` passes the policy's `checkpointing.interval`), the
     time from one trigger to the next after an epoch that read no records: an idle streaming
-    job waits instead of spinning, while epochs that read records follow each other at once
-    (a backlog or a bounded job runs at full speed). 0: never wait. `restore_from` is a
-    checkpoint or savepoint to start from instead of the job root's latest (the root must
-    hold no completed checkpoint then), restored in `restore_mode` (default: the policy's
-    `restore.mode`); `allow_dropped_state` lets a restore leave behind state the pipeline
-    cannot take. `observe` sees every trigger and every decision as it is carried out
-    (tests, simulations).
+    job waits instead of spinning, while epochs that read records follow each other at once;
+    `lease_ttl` (seconds per renewal of the job root's lease, default `DEFAULT_LEASE_TTL`);
+    `run_id` names this driver run in the commit users, the lease and the state file names
+    (default: a new random id); `metrics_port` serves the job's metrics for Prometheus on
+    `metrics_host`:PORT (default 127.0.0.1) while `run` runs (`regional.runtime.prometheus`).
 
-    One driver per job root: `start` takes the root's lease (`metadata.lease`, `lease_ttl`
-    seconds per renewal) or raises `LeaseHeldError`; metadata writes, commits and cleaning
-    check it first, and a driver that lost it stops with `LeaseLostError`. `run` and
-    `savepoint` release it when they return or raise. `run_id` names this driver run: in the
-    commit users, the lease and the state file names.
+    Where it starts: `restore_from` is a checkpoint or savepoint to start from instead of the
+    job root's latest (a savepoint directory, a `chk-<id>` directory or its `_metadata`; the
+    root must hold no completed checkpoint then), restored in `restore_mode` (default: the
+    policy's `restore.mode`): ``claim`` imports the restored state into the job root as a
+    checkpoint of its own, ``no-claim`` only stages it there for the first checkpoint, which
+    must be global; the source is never modified either way. `allow_dropped_state` lets a
+    restore leave behind state the pipeline cannot take (a vertex it no longer has, a changed
+    max parallelism) instead of failing; `allow_fresh_start` starts from nothing in a job root
+    whose checkpoints are all damaged.
+
+    Who watches: `progress` is called with every checkpoint outcome, `watch` sees the running
+    epoch (its units, then each answer as it arrives), `observe` sees every trigger and every
+    decision as it is carried out (tests, simulations).
+    """
+
+    policy: Policy | None
+    faults: Faults | None
+    clock: Clock | None
+    interval: float
+    lease_ttl: float
+    run_id: str | None
+    metrics_port: int | None
+    metrics_host: str
+    restore_from: str | None
+    restore_mode: str | None
+    allow_dropped_state: bool
+    allow_fresh_start: bool
+    progress: Callable[[CheckpointEvent], None] | None
+    watch: EpochWatch | None
+    observe: Callable[[Decision | TriggerCheckpoint], None] | None
+
+
+class JobDriver:
+    """Runs `pipeline` through `dispatcher` (the runtime: where unit work runs) with
+    checkpoints in `storage`, configured by `DriverOptions`.
+
+    One driver per job root: `start` takes the root's lease (`metadata.lease`) or raises
+    `LeaseHeldError`; metadata writes, commits and cleaning check it first, and a driver that
+    lost it stops with `LeaseLostError`. `run` and `savepoint` release it when they return or
+    raise.
     """
 
     def __init__(
@@ -205,57 +270,40 @@ class JobDriver:
         dispatcher: TaskDispatcher,
         *,
         storage: JobStorage,
-        policy: Policy | None = None,
-        clock: Clock | None = None,
-        faults: Faults | None = None,
-        progress: Callable[[CheckpointEvent], None] | None = None,
-        watch: EpochWatch | None = None,
-        interval: float = 0.0,
-        restore_from: str | None = None,
-        restore_mode: str | None = None,
-        allow_dropped_state: bool = False,
-        observe: Callable[[Decision | TriggerCheckpoint], None] | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        run_id: str | None = None,
-        allow_fresh_start: bool = False,
+        **options: Unpack[DriverOptions],
     ) -> None:
-        self.pipeline = pipeline
-        self.dispatcher = dispatcher
-        self.storage = storage
+        self.pipeline, self.dispatcher, self.storage = pipeline, dispatcher, storage
         self.job_id = storage.job_id
-        self.policy = policy or Policy()
-        self.clock: Clock = clock or SystemClock()
-        self.faults = faults or Faults()
-        self.progress = progress
-        self.watch = watch
-        self.interval = interval
-        self.restore_from = restore_from
-        self.restore_mode = restore_mode or self.policy.restore.mode
+        # how it runs
+        self.policy = options.get("policy") or Policy()
+        self.faults = options.get("faults") or Faults()
+        self.clock: Clock = options.get("clock") or SystemClock()
+        self.interval = options.get("interval", 0.0)
+        self.run_id = options.get("run_id") or new_run_id()
+        self.metrics_port = options.get("metrics_port")
+        self.metrics_host = options.get("metrics_host", "127.0.0.1")
+        # where it starts
+        self.restore_from = options.get("restore_from")
+        self.restore_mode = options.get("restore_mode") or self.policy.restore.mode
         if self.restore_mode not in ("claim", "no-claim"):
             raise RestoreError(f"restore mode {self.restore_mode!r}: use claim or no-claim")
-        self.allow_dropped_state = allow_dropped_state
-        self.allow_fresh_start = allow_fresh_start
-        self._observe = observe
-        graph = pipeline.job_graph()
+        self.allow_dropped_state = options.get("allow_dropped_state", False)
+        self.allow_fresh_start = options.get("allow_fresh_start", False)
+        # who watches
+        self.progress = options.get("progress")
+        self.watch = options.get("watch")
+        self._observe = options.get("observe")
+
         self.plan = pipeline.regions()
-        bounded = [v for v, s in pipeline.sources.items() if s.source and s.source.bounded]
-        self.layout = JobLayout.from_plan(
-            self.plan,
-            graph.vertex_infos(),
-            sources=pipeline.sources,
-            bounded_sources=bounded,
-            graph_fingerprint=graph.fingerprint(),
-        )
+        self.layout = job_layout(pipeline, self.plan)
         pipeline.bind(storage.job_path, storage.filesystem)  # exchanges live in the job root
+        ttl_ms = round(options.get("lease_ttl", DEFAULT_LEASE_TTL) * 1000)
+        self.lease = JobLease(storage, self.run_id, ttl_ms=ttl_ms, clock=self.clock.now_ms)
         self.enumerators = {
             v: SplitEnumerator(v, s.source.discover())  # type: ignore[union-attr]
             for v, s in pipeline.sources.items()
             if s.exchange_from is None  # an exchange reader's splits are fixed per subtask
         }
-        self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.lease = JobLease(
-            storage, self.run_id, ttl_ms=round(lease_ttl * 1000), clock=self.clock.now_ms
-        )
         # One commit user per job run and sink (Paimon's rule): a restore reloads it from the
         # checkpoint, while a fresh run of the same job (a new checkpoint root) gets a new one,
         # so its commits are never mistaken for the old run's and skipped.
@@ -321,8 +369,17 @@ class JobDriver:
         then takes a savepoint (`RunSummary.savepoint`) and stops.
 
         Raises `JobFailedError` past `tolerable-failed-checkpoints`, `DriverCrash` at an
-        injected crash point, `CheckpointAbortedError` when the final savepoint failed.
+        injected crash point, `CheckpointAbortedError` when the final savepoint failed, and
+        `MetricsPortError` when `metrics_port` cannot be served.
         """
+        if self.metrics_port is None:
+            return self._run(max_checkpoints, stop_with_savepoint)
+        from regional.runtime.prometheus import serve_metrics
+
+        with serve_metrics(self, port=self.metrics_port, host=self.metrics_host):
+            return self._run(max_checkpoints, stop_with_savepoint)
+
+    def _run(self, max_checkpoints: int | None, stop_with_savepoint: bool) -> RunSummary:
         started = self.clock.now_ms()
         summary = RunSummary(self.job_id)
         try:

@@ -28,13 +28,11 @@ import sys
 import sysconfig
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import msgspec
 
-from metadata.events import CheckpointEvent
 from metadata.storage import JobStorage
 from regional.coordinator.messages import (
     AckBatch,
@@ -47,7 +45,7 @@ from regional.coordinator.messages import (
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
 from regional.runtime.dispatch import Dispatch
-from regional.runtime.driver import EpochWatch, JobDriver, RunSummary
+from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
 from regional.runtime.spark_errors import spark_failure
 from regional.runtime.task import TaskEnv, run_units
@@ -56,7 +54,15 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-__all__ = ["CRASH_STEPS", "DriverCrash", "Faults", "RunSummary", "SparkDispatcher", "SparkRuntime"]
+__all__ = [
+    "CRASH_STEPS",
+    "DriverCrash",
+    "Faults",
+    "RunSummary",
+    "SparkDispatcher",
+    "SparkRuntime",
+    "task_env",
+]
 
 _OURS = frozenset({"regional", "metadata", "cleaner", "builtins", "__main__"})
 #: How often a running Spark job's finished tasks are looked at for live answers.
@@ -313,27 +319,44 @@ def event_time_env(policy: Policy) -> dict[str, int | None]:
     }
 
 
+def task_env(
+    pipeline: Pipeline,
+    storage_root: str,
+    job_id: str,
+    policy: Policy,
+    faults: Faults,
+    run_id: str,
+    *,
+    merge_state: bool = True,
+    merge_sink_files: bool = True,
+) -> TaskEnv:
+    """What every task of the job is shipped, from the driver's policy and options."""
+    region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
+    event_time = event_time_env(policy)
+    return TaskEnv(
+        storage_root,
+        job_id,
+        pipeline,
+        # a packed task runs its units one after another: half the deadline per unit leaves
+        # the others of a task with a hung unit time to finish before the epoch deadline
+        unit_timeout=region_timeout / 2,
+        faults=faults.unit_faults(),
+        run_id=run_id,
+        merge_state=merge_state,
+        merge_sink_files=merge_sink_files,
+        exclude_after=event_time["exclude_after"],
+        idle_timeout_ms=event_time["idle_timeout_ms"],
+    )
+
+
 class SparkRuntime(JobDriver):
     """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI):
-    a `JobDriver` with a `SparkDispatcher`.
+    the one `JobDriver`, given a `SparkDispatcher`. Every `DriverOptions` key is a keyword
+    argument here too (policy, restore, progress, metrics, ...); the rest is Spark's own:
 
-    `tasks` is how many Spark tasks an epoch packs the units into (default: one per core).
-    `progress` is called with the `CheckpointEvent` of every epoch.
-
-    `restore_from` is a checkpoint or savepoint to start from (a savepoint directory, a
-    `chk-<id>` directory or its `_metadata`; local or URI) instead of the job root's latest;
-    the job root must hold no completed checkpoint then. `restore_mode` (default: the policy's
-    `restore.mode`): ``claim`` imports the restored state into the job root as a checkpoint of
-    its own (`chk-<id>/`, cleaned like any other); ``no-claim`` only stages it there for the
-    first checkpoint, which must be global. The source is never modified either way.
-    `allow_dropped_state` lets a restore leave behind state the pipeline cannot take (a
-    vertex it no longer has, a changed max parallelism) instead of failing;
-    `allow_fresh_start` starts from nothing in a job root whose checkpoints are all damaged.
-
-    `watch` sees the running epoch (units, and each answer as its task ends); `interval` is
-    the idle wait of `JobDriver`. `code_dir` (a pipeline file's folder) ships the modules
-    imported from it as files (see the module doc). `metrics_port` serves the job's metrics
-    for Prometheus on `metrics_host`:PORT while `run` runs (`regional.runtime.prometheus`).
+    `job_id` names the job's folder under `root` (default: the pipeline's name). `tasks` is
+    how many Spark tasks an epoch packs the units into (default: one per core). `code_dir` (a
+    pipeline file's folder) ships the modules imported from it as files (see the module doc).
     `merge_state` (default on) writes one physical state file per Spark task and checkpoint
     (DESIGN §4 rule 16); off, one per unit attempt (the layout before file merging).
     `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
@@ -346,88 +369,40 @@ class SparkRuntime(JobDriver):
         spark: SparkSession,
         *,
         root: str,
-        policy: Policy | None = None,
         job_id: str | None = None,
-        faults: Faults | None = None,
         tasks: int | None = None,
-        progress: Callable[[CheckpointEvent], None] | None = None,
-        watch: EpochWatch | None = None,
-        interval: float = 0.0,
-        restore_from: str | None = None,
-        restore_mode: str | None = None,
-        allow_dropped_state: bool = False,
-        allow_fresh_start: bool = False,
         code_dir: str | None = None,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
         merge_state: bool = True,
         merge_sink_files: bool = True,
+        **options: Unpack[DriverOptions],
     ) -> None:
-        policy = policy or Policy()
-        faults = faults or Faults()
-        job_id = job_id or pipeline.name
         sc = spark.sparkContext
-        region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
         shipped = _ship_modules_as_files(sc, code_dir) if code_dir else frozenset()
         _ship_user_code_by_value(pipeline, shipped)
-        # a packed task runs its units one after another: half the deadline per unit leaves
-        # the others of a task with a hung unit time to finish before the epoch deadline
-        run_id = uuid.uuid4().hex[:12]
-        env = TaskEnv(
-            root,
-            job_id,
+        options["run_id"] = run_id = options.get("run_id") or new_run_id()
+        storage = JobStorage(root, job_id or pipeline.name)
+        env = task_env(
             pipeline,
-            unit_timeout=region_timeout / 2,
-            faults=faults.unit_faults(),
-            run_id=run_id,
+            root,
+            storage.job_id,
+            options.get("policy") or Policy(),
+            options.get("faults") or Faults(),
+            run_id,
             merge_state=merge_state,
             merge_sink_files=merge_sink_files,
-            exclude_after=event_time_env(policy)["exclude_after"],
-            idle_timeout_ms=event_time_env(policy)["idle_timeout_ms"],
         )
-        tasks = tasks or max(1, sc.defaultParallelism)
-        super().__init__(
-            pipeline,
-            SparkDispatcher(
-                sc,
-                env,
-                tasks=tasks,
-                job_id=job_id,
-                on_answer=watch.unit_answered if watch is not None else None,
-            ),
-            storage=JobStorage(root, job_id),
-            policy=policy,
-            faults=faults,
-            progress=progress,
-            watch=watch,
-            interval=interval,
-            restore_from=restore_from,
-            restore_mode=restore_mode,
-            allow_dropped_state=allow_dropped_state,
-            run_id=run_id,
-            allow_fresh_start=allow_fresh_start,
+        watch = options.get("watch")
+        self.tasks = tasks or max(1, sc.defaultParallelism)
+        dispatcher = SparkDispatcher(
+            sc,
+            env,
+            tasks=self.tasks,
+            job_id=storage.job_id,
+            on_answer=watch.unit_answered if watch is not None else None,
         )
+        super().__init__(pipeline, dispatcher, storage=storage, **options)
         self.spark = spark
         self.root = root
-        self.tasks = tasks
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
-
-    def run(
-        self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
-    ) -> RunSummary:
-        """`JobDriver.run`, serving the metrics on `metrics_port` meanwhile (when given)."""
-        from regional.runtime.prometheus import serve_metrics
-
-        serving = (
-            contextlib.nullcontext()
-            if self.metrics_port is None
-            else serve_metrics(self, port=self.metrics_port, host=self.metrics_host)
-        )
-        with serving:
-            return super().run(
-                max_checkpoints=max_checkpoints, stop_with_savepoint=stop_with_savepoint
-            )
 
     @property
     def env(self) -> TaskEnv:
