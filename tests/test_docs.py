@@ -9,9 +9,12 @@ import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from browser import chromium
 
 from regional.policy import KEY_DOCS, policy_keys
 
@@ -19,10 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once for this module with every warning an error."""
+    out = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     run = subprocess.run(
-        [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -32,10 +38,85 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "WARNING" not in run.stderr
-    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    return out
+
+
+def test_the_site_builds_with_no_warning(site: Path) -> None:
+    cli = (site / "reference" / "cli.html").read_text()
     assert "usage: regional inspect" in cli and "usage: regional run" in cli
-    policy = (tmp_path / "site" / "reference" / "policy" / "index.html").read_text()
+    policy = (site / "reference" / "policy.html").read_text()
     assert all(key.path in policy for key in policy_keys())
+
+
+class _Links(HTMLParser):
+    """The `href` and `src` targets of one page, and each link's text (`anchors`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: list[str] = []
+        self.anchors: list[tuple[str, str]] = []  # (href, text)
+        self._open: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.targets += [v for k, v in attrs if k in ("href", "src") and v]
+        if tag == "a":
+            self._open = [dict(attrs).get("href") or ""]
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._open is not None:
+            href, *text = self._open
+            self.anchors.append((href, " ".join("".join(text).split())))
+            self._open = None
+
+
+def _local_targets(page: Path) -> list[str]:
+    """The links of `page` into the site itself (no scheme, not a bare #anchor)."""
+    parser = _Links()
+    parser.feed(page.read_text())
+    return [
+        t.split("#", 1)[0]
+        for t in parser.targets
+        if not urlsplit(t).scheme and not t.startswith(("#", "//"))
+    ]
+
+
+def test_every_link_of_the_site_opens_a_file_from_disk(site: Path) -> None:
+    """Over file:// a directory URL shows a directory listing: every link between pages names
+    a file that exists (`page.html`, not `page/`). 404.html is left out: only a web server
+    shows it, and its links are absolute for that reason."""
+    pages = sorted(p for p in site.rglob("*.html") if p.name != "404.html")
+    sources = (ROOT / "docs").rglob("*.md")
+    assert {str(p.relative_to(site)) for p in pages} >= {
+        str(p.relative_to(ROOT / "docs").with_suffix(".html")) for p in sources
+    }
+    broken = [
+        f"{page.relative_to(site)} -> {target}"
+        for page in pages
+        for target in _local_targets(page)
+        if target and not (page.parent / target).resolve().is_file()
+    ]
+    assert broken == []
+
+
+def test_the_site_opens_from_disk_in_a_browser(site: Path, tmp_path: Path) -> None:
+    """Open the front page from disk in headless Chromium and follow links from page to page,
+    as a reader of `site/index.html` would: each lands on a rendered page, never a listing."""
+    page = site / "index.html"
+    for link_text in ("Getting started", "Regions and fallback units", "Python API"):
+        dom, _ = chromium(page, tmp_path, (1200, 900))
+        assert "Index of" not in dom and "<article" in dom, page
+        parser = _Links()
+        parser.feed(dom)
+        hrefs = [h for h, text in parser.anchors if text == link_text and h[:1] not in "#"]
+        assert hrefs, f"{page.relative_to(site)} has no link to {link_text!r}"
+        page = (page.parent / hrefs[0]).resolve()
+        assert page.suffix == ".html" and page.is_file(), hrefs[0]
+    dom, _ = chromium(page, tmp_path, (1200, 900))
+    assert "SparkRuntime" in dom and "Index of" not in dom
 
 
 def test_every_policy_key_is_documented() -> None:
