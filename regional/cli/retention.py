@@ -53,9 +53,9 @@ def check_option(args: argparse.Namespace) -> None:
     """Refuse `--num-retained` outside the range of `checkpointing.num-retained` (1 to
     `regional.policy.MAX_COUNT`): a `UsageError` (exit 2), before anything is read.
 
-    >>> check_option(argparse.Namespace(num_retained=10**22))
+    >>> check_option(argparse.Namespace(num_retained=10**22))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    regional.errors.UsageError: --num-retained 10000000000000000000000 is out of range; give a whole number from 1 to 1000000, the range of checkpointing.num-retained
+    regional.errors.UsageError: --num-retained 10000000000000000000000 is out of range; give ...
     """
     value = args.num_retained
     if value is not None and not 1 <= value <= MAX_COUNT:
@@ -67,8 +67,9 @@ def check_option(args: argparse.Namespace) -> None:
 
 def in_force(args: argparse.Namespace, recorded: Callable[[], NumRetained]) -> NumRetained:
     """The `num-retained` that applies for `args` (see the module docstring; `--num-retained`
-    passed `check_option`); `recorded` is called only when neither option is given. A bad policy file raises `PolicyError` (exit 2)
-    naming the file, the key and the value, even when `--num-retained` overrides it."""
+    passed `check_option`); `recorded` is called only when neither option is given. A bad
+    policy file raises `PolicyError` (exit 2) naming the file, the key and the value, even when
+    `--num-retained` overrides it."""
     from_policy: NumRetained | None = None
     if args.policy is not None:
         resolved = load_policy(args.policy)
