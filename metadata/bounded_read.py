@@ -58,7 +58,7 @@ def read_local_file(path: str | os.PathLike[str], limit: int) -> bytes | None:
     instead of waiting for a writer for ever (`open` alone would); reads then block as usual,
     so a pipe being written (`<(generate-policy)`) is read to its end. OSError as `open` raises
     it (missing file, no permission, a directory)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         os.set_blocking(fd, True)
         stream = os.fdopen(fd, "rb")
