@@ -480,7 +480,7 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
     except RegionalError:
         raise  # the pipeline API's own errors already name the vertex or edge
     except KeyboardInterrupt:
-        raise
+        raise  # Ctrl-C while loading: "interrupted", exit 130 (`regional.cli.main`)
     except SystemExit as exc:  # sys.exit() while loading: not a pipeline definition
         raise GraphError(
             f"pipeline file {file} called sys.exit({exc.code!r}) while it was loaded; a "
