@@ -45,6 +45,7 @@ from metadata.unit_names import unit_name
 
 __all__ = [
     "EVENTS_SCHEMA",
+    "MAX_EVENT_FILE_BYTES",
     "CheckpointEvent",
     "Outcome",
     "StuckUnit",
@@ -55,6 +56,10 @@ __all__ = [
     "write_event",
 ]
 
+
+#: The largest event file read (64 MiB): an event is one checkpoint's outcome, under 1 MiB even
+#: with 10,000 units; a bigger file is reported as damaged, not read until memory runs out.
+MAX_EVENT_FILE_BYTES = 64 * 1024 * 1024
 
 #: A counter of events or checkpoints: small enough that a view's sum of them fits int64.
 _Tally = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
@@ -230,7 +235,7 @@ def read_events(storage: JobStorage) -> tuple[list[CheckpointEvent], list[Proble
         if cid is None:
             continue  # not named like an event (e.g. a temporary file of a write in progress)
         try:
-            data = storage.read_file(rel)
+            data = storage.read_file(rel, limit=MAX_EVENT_FILE_BYTES)
             if data is None:
                 continue  # deleted by the cleaner since the listing
             events.append(decode_event(data, source=storage.describe(rel)))

@@ -74,6 +74,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "MAGIC",
+    "MAX_METADATA_FILE_BYTES",
     "decode_metadata",
     "encode_metadata",
     "segment_checksum",
@@ -87,6 +88,11 @@ FORMAT_VERSION = 1
 #: `CheckpointMetadata.consecutive_regional`; 1.4 `CheckpointMetadata.sinks`; 1.5 the subtasks
 #: as columns (`metadata.subtasks.SubtaskColumns`).
 FORMAT_MINOR = 5
+
+#: The largest `_metadata` file read (1 GiB): a thousand times a checkpoint of 20,000
+#: subtasks (under 1 MiB), yet a bound, so a replaced or runaway file is refused as damaged
+#: instead of being read until memory runs out (`metadata.bounded_read`).
+MAX_METADATA_FILE_BYTES = 1024**3
 
 _HEADER = struct.Struct(">4sHHQ")
 _MAX_BYTES = 2**63 - 1

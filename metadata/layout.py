@@ -42,7 +42,9 @@ from metadata.errors import StorageError
 __all__ = [
     "DEFAULT_RETAINED_EVENTS",
     "EVENTS_DIR",
+    "JOB_ID_FORM",
     "LEASE_DIR",
+    "MAX_JOB_ID_LENGTH",
     "METADATA_NAME",
     "SAVEPOINTS_DIR",
     "SHARED_DIR",
@@ -52,6 +54,7 @@ __all__ = [
     "compacted_file_path",
     "event_checkpoint_id",
     "event_path",
+    "job_id_problem",
     "metadata_path",
     "name_problem",
     "path_problem",
@@ -67,6 +70,20 @@ LEASE_DIR = "_lease"
 #: Newest event-log files kept by the runtime and `regional clean` (older: `expired-event`).
 DEFAULT_RETAINED_EVENTS = 1000
 
+#: The longest job id of a new job (100 characters). The id names the job's directory and is
+#: part of longer names: a sink's staged files (``part-<job>-<run>-c<id>-<vertex>-...``), commit
+#: users (``<job>-<run>-<vertex>``), Paimon data files; each must stay within the 255 bytes a
+#: name may have on common file systems.
+MAX_JOB_ID_LENGTH = 100
+
+#: What a job id may be, as messages say it: a directory name and a part of object-store keys,
+#: so no separators, no spaces or shell characters.
+JOB_ID_FORM = (
+    f"letters, digits, '.', '_' and '-', at most {MAX_JOB_ID_LENGTH} characters (not '.' or "
+    "'..' alone)"
+)
+
+_JOB_ID_CHARACTER = re.compile(r"[A-Za-z0-9._-]")
 _CHK = re.compile(r"^chk-(\d+)(?:/|$)")
 _EVENT = re.compile(r"^events/(\d{12})-(\d+)\.json$")
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -143,6 +160,25 @@ def name_problem(name: str) -> str | None:
     if "/" in name or "\\" in name or "\x00" in name:
         return "it contains a slash, backslash or NUL byte"
     return None
+
+
+def job_id_problem(job_id: str) -> str | None:
+    """Why `job_id` cannot name a new job (`JOB_ID_FORM`), or None. Checked before a run starts;
+    reading an existing job root only needs `name_problem`.
+
+    >>> job_id_problem("clicks-2") is None
+    True
+    >>> job_id_problem("x" * 101), job_id_problem("a b"), job_id_problem("..")
+    ('it is 101 characters long', "it contains ' '", "'..' alone is not allowed")
+    """
+    if not job_id:
+        return "it is empty"
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        return f"it is {len(job_id)} characters long"
+    if job_id in (".", ".."):
+        return f"{job_id!r} alone is not allowed"
+    bad = next((c for c in job_id if not _JOB_ID_CHARACTER.fullmatch(c)), None)
+    return None if bad is None else f"it contains {bad!r}"
 
 
 def path_problem(path: str) -> str | None:

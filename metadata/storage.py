@@ -54,10 +54,16 @@ from collections.abc import Mapping, Sequence
 import msgspec
 from pyarrow import fs as pafs
 
+from metadata.bounded_read import byte_size, read_bounded
 from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError, StorageError
 from metadata.exclusive import create_exclusive, s3_delete_object, s3_put_if_absent
-from metadata.format import decode_metadata, encode_metadata, segment_checksum
+from metadata.format import (
+    MAX_METADATA_FILE_BYTES,
+    decode_metadata,
+    encode_metadata,
+    segment_checksum,
+)
 from metadata.layout import (
     EVENTS_DIR,
     LEASE_DIR,
@@ -220,6 +226,17 @@ def reference_problems(
 def links_of(files: Sequence[FileEntry]) -> dict[str, FileEntry]:
     """The entries of a listing that are symbolic links not followed, by path."""
     return {f.path: f for f in files if f.link is not None}
+
+
+def _within_limit(data: bytes | None, source: str) -> bytes:
+    """The bytes `read_bounded` read of metadata file `source`; `MetadataError` (damaged, so
+    skipped like a corrupt one) when there were more than `MAX_METADATA_FILE_BYTES`."""
+    if data is None:
+        raise MetadataError(
+            f"{source} is larger than {byte_size(MAX_METADATA_FILE_BYTES)}, more than any "
+            "checkpoint's metadata; the file was replaced or damaged"
+        )
+    return data
 
 
 def _link_on(path: str, links: Mapping[str, FileEntry]) -> FileEntry | None:
@@ -418,15 +435,24 @@ class JobStorage:
             raise StorageError(f"cannot list {self.describe(rel)}: {exc}") from None
         return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
 
-    def read_file(self, relpath: str) -> bytes | None:
-        """The bytes of the file at `relpath`, or None if there is none."""
+    def read_file(self, relpath: str, *, limit: int | None = None) -> bytes | None:
+        """The bytes of the file at `relpath`, or None if there is none. With `limit`, a file
+        larger than `limit` bytes is a `StorageError` (after reading `limit + 1` of them)."""
         try:
             with self.filesystem.open_input_stream(self._full(relpath)) as f:
-                return bytes(f.read())
+                if limit is None:
+                    return bytes(f.read())
+                data = read_bounded(f, limit)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StorageError(f"cannot read {self.describe(relpath)}: {exc}") from None
+        if data is None:
+            raise StorageError(
+                f"{self.describe(relpath)} is larger than {byte_size(limit)}, more than such a "
+                "file holds; it was replaced or damaged"
+            )
+        return data
 
     def list_checkpoint_ids(self, files: Sequence[FileEntry] | None = None) -> list[int]:
         """Ids of the checkpoints that have `chk-<id>/_metadata`, ascending."""
@@ -446,7 +472,7 @@ class JobStorage:
         source = self.describe(rel)
         try:
             with self.filesystem.open_input_stream(self._full(rel)) as f:
-                data = f.read()
+                data = read_bounded(f, MAX_METADATA_FILE_BYTES)
         except FileNotFoundError:
             raise MetadataError(
                 f"{source} does not exist: checkpoint {checkpoint_id} never completed or was "
@@ -454,7 +480,7 @@ class JobStorage:
             ) from None
         except OSError as exc:
             raise StorageError(f"cannot read {source}: {exc}") from None
-        md = decode_metadata(data, source=source)
+        md = decode_metadata(_within_limit(data, source), source=source)
         if md.checkpoint_id != checkpoint_id:
             raise MetadataError(
                 f"{source} holds checkpoint {md.checkpoint_id}, not {checkpoint_id}; the file "
@@ -467,12 +493,12 @@ class JobStorage:
         source = self.describe(relpath)
         try:
             with self.filesystem.open_input_stream(self._full(relpath)) as f:
-                data = f.read()
+                data = read_bounded(f, MAX_METADATA_FILE_BYTES)
         except FileNotFoundError:
             raise MetadataError(f"{source} does not exist") from None
         except OSError as exc:
             raise StorageError(f"cannot read {source}: {exc}") from None
-        return decode_metadata(data, source=source)
+        return decode_metadata(_within_limit(data, source), source=source)
 
     def write_metadata(self, md: CheckpointMetadata, *, at: str | None = None) -> None:
         """Write `chk-<id>/_metadata` (or the file at `at`) atomically; refuses to overwrite an

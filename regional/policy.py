@@ -38,12 +38,14 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import msgspec
 import pyarrow as pa
 
+from metadata.bounded_read import byte_size, read_local_file
 from regional.errors import PolicyError
 
 __all__ = [
     "KEY_DOCS",
     "MAX_COUNT",
     "MAX_DURATION_SECONDS",
+    "MAX_POLICY_FILE_BYTES",
     "CheckpointingPolicy",
     "EventTimePolicy",
     "FileMergingPolicy",
@@ -68,6 +70,10 @@ MAX_DURATION_SECONDS = 365 * 86400.0
 #: checkpoints, failures or fallbacks, and small enough for every counter and for the 64-bit
 #: integers of checkpoint metadata (a larger number would pass a check and fail mid-run).
 MAX_COUNT = 1_000_000
+
+#: The largest policy file read (1 MiB): a policy is a few lines of TOML, and a bound keeps a
+#: wrong path (`/dev/zero`, a FIFO, a log file) from being read until memory runs out.
+MAX_POLICY_FILE_BYTES = 1024 * 1024
 
 # Value types of the policy keys. Each description is the "allowed" part of error messages.
 _Seconds = Annotated[
@@ -400,11 +406,16 @@ def _layer(items: Iterator[tuple[str, Any, str, str]]) -> list[_Given]:
 def _file_layer(file: str | Path) -> list[_Given]:
     where = f"policy file {file}"
     try:
-        data = Path(file).read_bytes()
+        data = read_local_file(file, MAX_POLICY_FILE_BYTES)
     except FileNotFoundError:
         raise PolicyError(f"{where} does not exist; pass the path of a TOML policy file") from None
     except OSError as exc:
         raise PolicyError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    if data is None:
+        raise PolicyError(
+            f"{where} is larger than {byte_size(MAX_POLICY_FILE_BYTES)}, the most a policy file "
+            "may hold; a policy is a few lines of TOML: pass the right file"
+        )
     try:
         table = msgspec.toml.decode(data)
     except UnicodeDecodeError:

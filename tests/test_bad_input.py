@@ -332,18 +332,52 @@ def test_unreachable_from(
     assert not root.exists()
 
 
-@pytest.mark.parametrize("job_id", ["../x", "..", ".", "a/b", "a b", "x;rm", "\u00e9t\u00e9"])
+JOB_ID_FORM = "letters, digits, '.', '_' and '-', at most 100 characters (not '.' or '..' alone)"
+
+
+@pytest.mark.parametrize(
+    ("job_id", "shown", "problem"),
+    [
+        ("../x", "'../x'", "it contains '/'"),
+        ("..", "'..'", "'..' alone is not allowed"),
+        (".", "'.'", "'.' alone is not allowed"),
+        ("a/b", "'a/b'", "it contains '/'"),
+        ("a b", "'a b'", "it contains ' '"),
+        ("x;rm", "'x;rm'", "it contains ';'"),
+        ("\u00e9t\u00e9", "'\u00e9t\u00e9'", "it contains '\u00e9'"),
+        ("", "''", "it is empty"),
+        # issue 32 §4: 5,000 characters passed the check and failed on the file system (exit 1)
+        ("j" * 5000, "'" + "j" * 12 + "..." + "j" * 13 + "'", "it is 5000 characters long"),
+        ("j" * 101, "'" + "j" * 12 + "..." + "j" * 13 + "'", "it is 101 characters long"),
+    ],
+)
 def test_unsafe_job_ids(
-    tmp_path: Path, job_id: str, capsys: pytest.CaptureFixture[str], no_spark: None
+    tmp_path: Path,
+    job_id: str,
+    shown: str,
+    problem: str,
+    capsys: pytest.CaptureFixture[str],
+    no_spark: None,
 ) -> None:
     job = write(tmp_path / "job.py", PIPELINE)
     root = tmp_path / "ckpt"
     line = one_line(["run", str(job), "--checkpoint-dir", str(root), "--job-id", job_id], capsys)
     assert line == (
-        f"regional run: job id {job_id!r} (--job-id) cannot name a directory under the "
-        "checkpoint root; use letters, digits, '.', '_' and '-' (not '.' or '..' alone)"
+        f"regional run: job id {shown} (--job-id) cannot name a directory under the "
+        f"checkpoint root: {problem}; use {JOB_ID_FORM}"
     )
     assert not root.exists()
+
+
+def test_a_job_id_of_the_longest_length_is_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spark: None
+) -> None:
+    """100 characters pass the check; the run gets as far as starting Spark."""
+    job = write(tmp_path / "job.py", PIPELINE)
+    root = tmp_path / "ckpt"
+    argv = ["run", str(job), "--checkpoint-dir", str(root), "--job-id", "j" * 100]
+    with pytest.raises(AssertionError, match="Spark was started"):
+        main(argv)
 
 
 def test_pipeline_name_must_be_a_safe_job_id(
@@ -353,8 +387,7 @@ def test_pipeline_name_must_be_a_safe_job_id(
     root = tmp_path / "ckpt"
     assert one_line(["run", str(job), "--checkpoint-dir", str(root)], capsys) == (
         "regional run: job id '../../escape' (the pipeline's name; pass --job-id) cannot name a "
-        "directory under the checkpoint root; use letters, digits, '.', '_' and '-' (not '.' or "
-        "'..' alone)"
+        f"directory under the checkpoint root: it contains '/'; use {JOB_ID_FORM}"
     )
     assert not root.exists()
 

@@ -419,7 +419,10 @@ def test_cli_damaged_metadata_is_reported_not_fatal(job, capsys) -> None:
         (["{root}", "--job", "x", "lag"], "job 'x' not found under '{root}'; jobs there: orders"),
         (["{root}", "--job", "orders", "show", "9"], "checkpoint 9 not found (completed: 1, 2"),
         (["{root}", "--job", "orders", "diff", "1", "7"], "checkpoint 7 not found"),
-        (["{root}", "--job", "orders", "--num-retained", "0", "checkpoints"], "at least 1"),
+        (
+            ["{root}", "--job", "orders", "--num-retained", "0", "checkpoints"],
+            "--num-retained 0 is out of range",
+        ),
     ],
 )
 def test_cli_errors_exit_2_with_one_line(job, capsys, argv, message) -> None:

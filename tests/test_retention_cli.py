@@ -215,5 +215,8 @@ def test_bad_policy_file_and_bad_values_exit_2_naming_them(tmp_path, capsys, com
     assert main([command[0], root, *command[1:], "--policy", str(tmp_path / "nope.toml")]) == 2
     assert f"policy file {tmp_path / 'nope.toml'} does not exist" in capsys.readouterr().err
     assert main([command[0], root, *command[1:], "--num-retained", "0"]) == 2
-    assert "num-retained must be at least 1 (got 0)" in capsys.readouterr().err
+    assert (
+        f"regional {command[0]}: --num-retained 0 is out of range; give a whole number from 1 to "
+        "1000000, the range of checkpointing.num-retained\n"
+    ) == capsys.readouterr().err
     assert sorted(f.path for f in JobStorage(root, "orders").list_files())[0] == "chk-1/_metadata"

@@ -12,7 +12,8 @@ The CLI cannot see a running job's coordinator, so a checkpoint directory withou
 that is newer than every completed checkpoint is kept as possibly in progress (reason
 `pending`); the runtime's cleaner, which knows the live set, deletes aborted ones. Exit codes:
 0 done, 1 something was refused (a metadata path outside the job root) or failed to delete,
-2 bad input (no such root or job, `--num-retained` below 1, a bad `--policy` file).
+2 bad input (no such root or job, `--num-retained` outside 1 to 1,000,000, a bad `--policy`
+file).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def retention_output(
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print, and (unless --dry-run) delete; see the module docstring for exit codes."""
+    retention.check_option(args)
     if not args.root.strip():  # not the working directory by accident
         raise JobSelectionError("checkpoint root is empty; give a local path or a URI")
     storage = JobStorage.open(args.root, args.job)

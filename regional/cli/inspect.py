@@ -9,10 +9,10 @@ depend on `num-retained`: the one the job recorded in its latest checkpoint unle
 `--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
 says which applies and why (`--json` keeps the view's rows unchanged for `checkpoints`; the
 `retention` rows start with a `num-retained` row). Exit codes: 0 fine, 1 `validate` found a
-problem (or storage failed), 2 bad usage (no such root, job or checkpoint, `--num-retained` below
-1, a bad `--policy` file, a directory that is not a job root). Checkpoints whose metadata does
-not decode are reported on stderr (and as rows by `validate`), and so are event files that do
-not.
+problem (or storage failed), 2 bad usage (no such root, job or checkpoint, `--num-retained`
+outside 1 to 1,000,000, a bad `--policy` file, a directory that is not a job root).
+Checkpoints whose metadata does not decode are reported on stderr (and as rows by `validate`),
+and so are event files that do not.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def inspect_command(args: argparse.Namespace) -> int:
     """Open the job under `args.root`, compute the chosen view and print it."""
+    retention.check_option(args)
     storage = JobStorage.open(args.root, args.job)
     storage.check_job_root()  # not some other directory (`inspect /etc --job apt`): exit 2
     if args.view == "validate":

@@ -21,9 +21,10 @@ from metadata.errors import MetadataError, StorageError
 from metadata.model import CheckpointMetadata
 from metadata.retention import NumRetained, recorded_num_retained
 from metadata.storage import JobStorage
-from regional.policy import load_policy
+from regional.errors import UsageError
+from regional.policy import MAX_COUNT, load_policy
 
-__all__ = ["add_arguments", "in_force", "note", "recorded_in", "retention_row"]
+__all__ = ["add_arguments", "check_option", "in_force", "note", "recorded_in", "retention_row"]
 
 _KEY = "checkpointing.num-retained"
 
@@ -37,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) ->
         type=int,
         metavar="N",
         default=default,
-        help="newest completed checkpoints to retain (default: the number the job recorded in "
-        "its latest checkpoint, else 3)",
+        help=f"newest completed checkpoints to retain, 1 to {MAX_COUNT} (default: the number "
+        "the job recorded in its latest checkpoint, else 3)",
     )
     parser.add_argument(
         "--policy",
@@ -48,10 +49,27 @@ def add_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) ->
     )
 
 
+def check_option(args: argparse.Namespace) -> None:
+    """Refuse `--num-retained` outside the range of `checkpointing.num-retained` (1 to
+    `regional.policy.MAX_COUNT`): a `UsageError` (exit 2), before anything is read.
+
+    >>> check_option(argparse.Namespace(num_retained=10**22))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    regional.errors.UsageError: --num-retained 10000000000000000000000 is out of range; give ...
+    """
+    value = args.num_retained
+    if value is not None and not 1 <= value <= MAX_COUNT:
+        raise UsageError(
+            f"--num-retained {value} is out of range; give a whole number from 1 to "
+            f"{MAX_COUNT}, the range of {_KEY}"
+        )
+
+
 def in_force(args: argparse.Namespace, recorded: Callable[[], NumRetained]) -> NumRetained:
-    """The `num-retained` that applies for `args` (see the module docstring); `recorded` is
-    called only when neither option is given. A bad policy file raises `PolicyError` (exit 2)
-    naming the file, the key and the value, even when `--num-retained` overrides it."""
+    """The `num-retained` that applies for `args` (see the module docstring; `--num-retained`
+    passed `check_option`); `recorded` is called only when neither option is given. A bad
+    policy file raises `PolicyError` (exit 2) naming the file, the key and the value, even when
+    `--num-retained` overrides it."""
     from_policy: NumRetained | None = None
     if args.policy is not None:
         resolved = load_policy(args.policy)

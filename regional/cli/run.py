@@ -19,21 +19,23 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
-import runpy
+import reprlib
 import signal
 import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
+from metadata.bounded_read import byte_size, read_local_file
 from metadata.errors import MetadataError, RegionalError, StorageError
 from metadata.events import Outcome
+from metadata.layout import JOB_ID_FORM, job_id_problem
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError, UsageError
@@ -93,7 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"stop after this many epochs (1 to {MAX_EPOCHS:,})",
     )
     parser.add_argument(
-        "--job-id", help="the job's directory under the checkpoint root (default: pipeline name)"
+        "--job-id",
+        help="the job's directory under the checkpoint root (default: the pipeline's name): "
+        f"{JOB_ID_FORM}",
     )
     parser.add_argument(
         "--from",
@@ -415,13 +419,9 @@ def run_summary_line(summary: RunSummary) -> str:
     )
 
 
-#: What a job id may be made of: it becomes a directory name under the checkpoint root (and a
-#: part of object-store keys), so no separators, no `..`, no spaces or shell characters.
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
-
-
 def check_job_id(job_id: str, origin: str) -> None:
-    """Refuse a job id that is not a safe directory name; `origin` says where it came from.
+    """Refuse a job id that cannot name a new job (`metadata.layout.job_id_problem`), before
+    Spark starts; `origin` says where it came from. A long id is shown cut short.
 
     >>> check_job_id("clicks-2", "--job-id")
     >>> check_job_id("../x", "--job-id")  # doctest: +ELLIPSIS
@@ -430,31 +430,57 @@ def check_job_id(job_id: str, origin: str) -> None:
     """
     from metadata.storage import JobSelectionError
 
-    if not _JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
+    problem = job_id_problem(job_id)
+    if problem is not None:
         raise JobSelectionError(
-            f"job id {job_id!r} ({origin}) cannot name a directory under the checkpoint root; "
-            "use letters, digits, '.', '_' and '-' (not '.' or '..' alone)"
+            f"job id {reprlib.repr(job_id)} ({origin}) cannot name a directory under the "
+            f"checkpoint root: {problem}; use {JOB_ID_FORM}"
         )
+
+
+#: The largest pipeline file read (8 MiB): far above any hand-written or generated pipeline,
+#: and a bound keeps a wrong path (`/dev/zero`, a FIFO, a data file) from being read until
+#: memory runs out.
+MAX_PIPELINE_FILE_BYTES = 8 * 1024 * 1024
+
+#: `__name__` of a pipeline file while it runs: not "__main__", so a guarded demo block stays off.
+_RUN_NAME = "regional_pipeline"
 
 
 def load_pipeline_file(file: Path) -> dict[str, Any]:
     """Run PIPELINE.py and return its globals. The file's folder goes first on `sys.path` (and
     stays there for the run), so modules beside it import as under `python PIPELINE.py`. The
-    file is input: anything it raises (a syntax error, binary content, a failed import) is a
-    `GraphError` naming the file and line."""
+    file is input: it is read up to `MAX_PIPELINE_FILE_BYTES`, and anything it raises (a syntax
+    error, binary content, a failed import, any `BaseException` subclass, `sys.exit()`) is a
+    `GraphError` naming the file and line (exit 2). Only `KeyboardInterrupt` passes through: it
+    is Ctrl-C as often as the file's own doing, and the CLI reports it as interrupted (130)."""
     if file.is_dir():
         raise GraphError(
             f"pipeline file {file} is a directory; pass a Python file that defines `pipeline`"
         )
-    if not file.is_file():
-        raise GraphError(f"pipeline file {file} does not exist; pass a Python file")
+    try:
+        source = read_local_file(file, MAX_PIPELINE_FILE_BYTES)
+    except FileNotFoundError:
+        raise GraphError(f"pipeline file {file} does not exist; pass a Python file") from None
+    except OSError as exc:
+        raise GraphError(
+            f"pipeline file {file} cannot be read: {exc.strerror or exc}; pass a Python file "
+            "you can read"
+        ) from None
+    if source is None:
+        raise GraphError(
+            f"pipeline file {file} is larger than {byte_size(MAX_PIPELINE_FILE_BYTES)}, the most "
+            "a pipeline file may hold; pass the Python file that defines `pipeline`"
+        )
     folder = str(file.absolute().parent)
     if folder not in sys.path:  # sibling modules import as they do under `python FILE`
         sys.path.insert(0, folder)
     try:
-        return runpy.run_path(str(file), run_name="regional_pipeline")
+        return _run_source(source, file)
     except RegionalError:
         raise  # the pipeline API's own errors already name the vertex or edge
+    except KeyboardInterrupt:
+        raise  # Ctrl-C while loading: "interrupted", exit 130 (`regional.cli.main`)
     except SystemExit as exc:  # sys.exit() while loading: not a pipeline definition
         raise GraphError(
             f"pipeline file {file} called sys.exit({exc.code!r}) while it was loaded; a "
@@ -466,7 +492,7 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
         raise GraphError(
             f"pipeline file {where} is not valid Python: {exc.msg}; pass a Python source file"
         ) from exc
-    except Exception as exc:
+    except BaseException as exc:  # any exception class, also one not derived from Exception
         line = _line_in(file, exc)
         where = f"{file}, line {line}" if line else str(file)
         fix = (
@@ -477,6 +503,31 @@ def load_pipeline_file(file: Path) -> dict[str, Any]:
         raise GraphError(
             f"pipeline file {where} raised {type(exc).__name__}: {exc}; {fix}"
         ) from exc
+
+
+def _run_source(source: bytes, file: Path) -> dict[str, Any]:
+    """Run the pipeline file's `source` as `runpy.run_path` runs a script (which would read the
+    file again, without a bound): as module `_RUN_NAME` with `__file__` set, in `sys.modules`
+    only while it runs (so the workers get its functions by value, not by an import that would
+    fail there), with `sys.argv[0]` the file. Returns its globals."""
+    code = compile(source, str(file), "exec", dont_inherit=True)  # not our __future__ imports
+    module = types.ModuleType(_RUN_NAME)
+    module.__file__ = str(file)
+    saved_module = sys.modules.get(_RUN_NAME)
+    saved_argv0 = sys.argv[0] if sys.argv else None
+    sys.modules[_RUN_NAME] = module
+    if sys.argv:
+        sys.argv[0] = str(file)
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved_module is None:
+            sys.modules.pop(_RUN_NAME, None)
+        else:
+            sys.modules[_RUN_NAME] = saved_module
+        if saved_argv0 is not None:
+            sys.argv[0] = saved_argv0
+    return dict(module.__dict__)
 
 
 def _line_in(file: Path, exc: BaseException) -> int | None:

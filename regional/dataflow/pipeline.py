@@ -49,7 +49,7 @@ from regional.sources.base import Batch, Source
 if TYPE_CHECKING:
     from regional.graph.regions import RegionPlan
 
-__all__ = ["Chunk", "Operator", "Pipeline", "Stream", "VertexSpec"]
+__all__ = ["Chunk", "KeyedOnlyError", "Operator", "Pipeline", "Stream", "VertexSpec"]
 
 #: Data flowing between operators: the split the records came from, and the records.
 Chunk = tuple[str, Batch]
@@ -235,12 +235,33 @@ class VertexSpec:
     event_time: EventTime | None = None  # a source read with event time (watermarks)
 
 
+class KeyedOnlyError(GraphError, AttributeError):
+    """A keyed-stream method called on a stream that is not keyed, or a stream method on a
+    keyed one (`stream.window(...)` before `key_by`): names the method and the fix. Also an
+    `AttributeError`, so `hasattr(stream, "window")` stays False."""
+
+
+#: The methods only a `KeyedStream` has, and what a `Stream` has but a `KeyedStream` not.
+_KEYED_ONLY = ("process", "window")
+_UNKEYED_ONLY = ("map", "flat_map", "filter", "map_batches", "key_by", "exchange", "union", "sink")
+
+
 class Stream:
     """The output of one vertex; methods add a downstream operator over a forward edge."""
 
     def __init__(self, pipeline: Pipeline, vertex_id: str) -> None:
         self.pipeline = pipeline
         self.vertex_id = vertex_id
+
+    if not TYPE_CHECKING:  # a type checker keeps reporting `Stream.window` as missing
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _KEYED_ONLY:
+                raise KeyedOnlyError(
+                    f"{name}(...) after {self.vertex_id!r}: {name} works on keyed records; key "
+                    f"the stream first, e.g. .key_by(lambda r: r['user']).{name}(...)"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _then(self, kind: str, fn: Callable[..., Any], name: str | None, key: Any = None) -> Stream:
         op = Operator(kind, fn, key)
@@ -349,6 +370,17 @@ class KeyedStream:
     def __init__(self, stream: Stream, key: Callable[[Any], Any]) -> None:
         self._stream = stream
         self._key = key
+
+    if not TYPE_CHECKING:  # a type checker keeps reporting `KeyedStream.map` as missing
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _UNKEYED_ONLY:
+                raise KeyedOnlyError(
+                    f"{name}(...) after key_by on {self._stream.vertex_id!r}: a keyed stream "
+                    "only takes process(...) or window(...); call "
+                    f"{name}(...) before key_by, or on the stream process or window returns"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def process(
         self,

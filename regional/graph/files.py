@@ -25,11 +25,17 @@ from typing import Any
 
 import msgspec
 
+from metadata.bounded_read import byte_size, read_local_file
 from regional.errors import GraphError
 from regional.graph.flink_plan import graph_from_flink_plan, is_flink_plan
 from regional.graph.job_graph import JobGraph
 
-__all__ = ["load_graph", "parse_graph"]
+__all__ = ["MAX_GRAPH_FILE_BYTES", "load_graph", "parse_graph"]
+
+#: The largest job-graph file read (64 MiB): far above the plan of any real job (a
+#: 10,000-vertex graph is a few MiB), and a bound keeps a wrong path (`/dev/zero`, a FIFO) from
+#: being read until memory runs out.
+MAX_GRAPH_FILE_BYTES = 64 * 1024 * 1024
 
 
 def _decode(data: bytes, source: str) -> Any:
@@ -71,7 +77,12 @@ def parse_graph(data: bytes, *, source: str = "<graph>") -> JobGraph:
 def load_graph(path: str | Path) -> JobGraph:
     """Read and validate the job-graph file at `path` (format detected from its content)."""
     try:
-        data = Path(path).read_bytes()
+        data = read_local_file(path, MAX_GRAPH_FILE_BYTES)
     except OSError as exc:
         raise GraphError(f"{path}: cannot read the job-graph file: {exc.strerror}") from None
+    if data is None:
+        raise GraphError(
+            f"{path}: larger than {byte_size(MAX_GRAPH_FILE_BYTES)}, the most a job-graph file "
+            "may hold; pass a job-graph JSON/TOML or a Flink plan JSON"
+        )
     return parse_graph(data, source=str(path))
