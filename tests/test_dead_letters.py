@@ -15,7 +15,8 @@ import pytest
 from metadata.events import read_events
 from metadata.storage import JobStorage
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DeadLetters
-from regional.dataflow.pipeline import Operator, Pipeline
+from regional.dataflow.operators import Filter, FlatMap, Map, MapBatches, Process
+from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import GraphError, JobFailedError
 from regional.policy import load_policy
@@ -166,10 +167,10 @@ def test_each_record_wise_kind_dead_letters_the_record_and_goes_on():
 
     dead = DeadLetters(4, {"g0": "7"})
     chunks = [("g0", [{"n": 0}, {"n": 1}]), ("g0", [{"n": 2}])]
-    for kind in ("map", "filter"):
-        out = Operator(kind, flaky, name=kind).apply(chunks, None, dead)
+    for kind in (Map, Filter):
+        out, _ = kind(flaky, name=kind.kind).run(chunks, None, None, dead, None)
         assert [r for _, rs in out for r in rs] == [{"n": 0}, {"n": 2}]
-    out = Operator("flat_map", lambda r: [flaky(r)] * 2, name="fm").apply(chunks, None, dead)
+    out, _ = FlatMap(lambda r: [flaky(r)] * 2, name="fm").run(chunks, None, None, dead, None)
     assert [r["n"] for _, rs in out for r in rs] == [0, 0, 2, 2]
 
     def count(ctx: Any, r: dict) -> list:
@@ -178,7 +179,7 @@ def test_each_record_wise_kind_dead_letters_the_record_and_goes_on():
         return [{"n": flaky(r)["n"], "seen": seen.value()}]
 
     state = OperatorState()
-    out = Operator("process", count, key=lambda r: "k", name="count").apply(chunks, state, dead)
+    out, _ = Process(count, key=lambda r: "k", name="count").run(chunks, None, state, dead, None)
     # the update before the raise stays: state is not rolled back per record
     assert [r["seen"] for _, rs in out for r in rs] == [1, 3]
     rows = dead.batch(("map", "filter", "fm", "count")).to_pylist()
@@ -199,7 +200,7 @@ def test_map_batches_dead_letters_the_failing_batch_whole():
         ("g1", pa.RecordBatch.from_pylist([{"n": 0}, {"n": 1}])),
         ("g1", pa.RecordBatch.from_pylist([{"n": 10}, {"n": 11}, {"n": 12}])),
     ]
-    out = Operator("map_batches", first_only, name="vec").apply(chunks, None, dead)
+    out, _ = MapBatches(first_only, name="vec").run(chunks, None, None, dead, None)
     assert [b.num_rows for _, b in out] == [2]
     rows = dead.batch(("vec",)).to_pylist()
     assert [(r["record_index"], json.loads(r["record"])) for r in rows] == [
@@ -209,7 +210,7 @@ def test_map_batches_dead_letters_the_failing_batch_whole():
     ]
     # a wrong return type is a bug in the function: never dead-lettered
     with pytest.raises(TypeError, match="operator 'bad': the map_batches function returned"):
-        Operator("map_batches", lambda b: b.to_pylist(), name="bad").apply(chunks, None, dead)
+        MapBatches(lambda b: b.to_pylist(), name="bad").run(chunks, None, None, dead, None)
 
 
 def test_on_error_choices_are_checked():

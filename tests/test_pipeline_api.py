@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from regional.dataflow.pipeline import Operator, Pipeline
+from regional.dataflow.operators import Filter, FlatMap, Map, MapBatches, Process
+from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import GraphError
 from regional.sinks.parquet import ParquetSink
@@ -60,19 +61,19 @@ def test_duplicate_names_and_non_sources_are_refused():
 
 def test_record_and_batch_operators():
     chunks = [("s0", pa.record_batch({"x": [1, 2, 3]})), ("s1", [{"x": 4}])]
-    assert Operator("map", lambda r: {"x": r["x"] * 2}).apply(chunks, None) == [
+    assert Map(lambda r: {"x": r["x"] * 2}).run(chunks, None, None, None, None)[0] == [
         ("s0", [{"x": 2}, {"x": 4}, {"x": 6}]),
         ("s1", [{"x": 8}]),
     ]
-    assert Operator("filter", lambda r: r["x"] % 2).apply(chunks, None) == [
+    assert Filter(lambda r: r["x"] % 2).run(chunks, None, None, None, None)[0] == [
         ("s0", [{"x": 1}, {"x": 3}])
     ]
-    assert Operator("flat_map", lambda r: [r] * (r["x"] == 4) * 2).apply(chunks, None) == [
+    assert FlatMap(lambda r: [r] * (r["x"] == 4) * 2).run(chunks, None, None, None, None)[0] == [
         ("s1", [{"x": 4}, {"x": 4}])
     ]
-    doubled = Operator(
-        "map_batches", lambda b: pa.record_batch({"x": pc.multiply(b["x"], 10)})
-    ).apply(chunks, None)
+    doubled, _ = MapBatches(lambda b: pa.record_batch({"x": pc.multiply(b["x"], 10)})).run(
+        chunks, None, None, None, None
+    )
     assert [(s, b.to_pylist()) for s, b in doubled] == [
         ("s0", [{"x": 10}, {"x": 20}, {"x": 30}]),
         ("s1", [{"x": 40}]),
@@ -85,10 +86,11 @@ def test_map_batches_takes_a_table_and_names_the_operator_when_it_returns_someth
     as_table = src.map_batches(lambda b: pa.Table.from_batches([b]), name="to-table")
     as_list = as_table.map_batches(lambda b: b.to_pylist(), name="to-list")
     chunks = [("s0", pa.record_batch({"x": [1, 2]}))]
-    [(split, batch)] = p.vertices[as_table.vertex_id].operator.apply(chunks, None)
+    to_table = p.vertices[as_table.vertex_id].operator
+    [(split, batch)], _ = to_table.run(chunks, None, None, None, None)
     assert (split, batch.to_pylist()) == ("s0", [{"x": 1}, {"x": 2}])
     with pytest.raises(TypeError) as error:
-        p.vertices[as_list.vertex_id].operator.apply(chunks, None)
+        p.vertices[as_list.vertex_id].operator.run(chunks, None, None, None, None)
     assert str(error.value) == (
         "operator 'to-list': the map_batches function returned builtins.list; return a "
         "pyarrow.RecordBatch, a pyarrow.Table or None"
@@ -103,16 +105,16 @@ def test_keyed_state_is_scoped_by_split_and_key_and_survives_a_snapshot():
         ctx.list_state("seen").append(r["v"])
         yield (ctx.split_id, ctx.key, c.value())
 
-    op = Operator("process", count, key=lambda r: r["k"])
+    op = Process(count, key=lambda r: r["k"])
     state = OperatorState()
     rows = [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}]
-    out = op.apply([("s0", rows), ("s1", rows[:1])], state)
+    out, _ = op.run([("s0", rows), ("s1", rows[:1])], None, state, None, None)
     assert out == [
         ("s0", [("s0", "a", 1), ("s0", "b", 1), ("s0", "a", 2)]),
         ("s1", [("s1", "a", 1)]),
     ]
     restored = OperatorState.from_bytes(state.to_bytes())
     assert restored.lists == {"seen": [1, 2, 3, 1]}
-    again = op.apply([("s0", rows[:1])], restored)
+    again, _ = op.run([("s0", rows[:1])], None, restored, None, None)
     assert again == [("s0", [("s0", "a", 3)])]
     assert dict(restored.context("s0", "a").map_state("last")) == {"a": 1}

@@ -33,190 +33,31 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR, DeadLetters
-from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
-from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
+from regional.dataflow.operators import (
+    Chunk,
+    Filter,
+    FlatMap,
+    Map,
+    MapBatches,
+    Operator,
+    Process,
+    WindowOp,
+)
+from regional.dataflow.state import KeyedContext
 from regional.dataflow.state_codec import PickledState, StateCodec
-from regional.dataflow.timers import bind, fire_timers
-from regional.dataflow.window_operator import ON_LATE, WindowSpec, run_windows
+from regional.dataflow.window_operator import ON_LATE, WindowSpec
 from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
 from regional.errors import GraphError
 from regional.graph.job_graph import Edge, JobGraph, Vertex
 from regional.sinks.base import Sink
-from regional.sources.base import Batch, Source
+from regional.sources.base import Source
 
 if TYPE_CHECKING:
     from regional.graph.regions import RegionPlan
 
 __all__ = ["Chunk", "KeyedOnlyError", "Operator", "Pipeline", "Stream", "VertexSpec"]
-
-#: Data flowing between operators: the split the records came from, and the records.
-Chunk = tuple[str, Batch]
-
-
-def _records(data: pa.RecordBatch | list[Any]) -> list[Any]:
-    return data.to_pylist() if isinstance(data, pa.RecordBatch) else data
-
-
-def _batch(data: pa.RecordBatch | list[Any]) -> pa.RecordBatch:
-    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
-
-
-@dataclasses.dataclass(frozen=True)
-class Operator:
-    """One transformation. `kind` is map, flat_map, filter, map_batches, process or window
-    (`fn` is then a `regional.dataflow.window_operator.WindowSpec`)."""
-
-    kind: str
-    fn: Callable[..., Any]
-    key: Callable[[Any], Any] | None = None
-    name: str = ""  # the vertex id, for errors (set when the operator is added)
-    scope: str = "split"  # keyed state per (split, key), or per "key" after an exchange
-    on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None
-
-    @property
-    def stateful(self) -> bool:
-        return self.kind in ("process", "window")
-
-    @property
-    def timed(self) -> bool:
-        """True for operators that need watermarks (windows, processes with timers)."""
-        return self.kind == "window" or self.on_timer is not None
-
-    def apply_timed(
-        self,
-        chunks: list[Chunk],
-        origins: list[int],
-        state: OperatorState | None,
-        dead_letters: DeadLetters | None,
-        time: EpochTime,
-    ) -> tuple[list[Chunk], list[int]]:
-        """`apply` with event time: each chunk comes with its origin watermark
-        (`regional.dataflow.epoch_time`); the output chunks with theirs. Windows and timers
-        fire at the end, against `time.end`."""
-        if self.kind == "window":
-            assert state is not None and self.key is not None
-            return run_windows(
-                self.fn,  # type: ignore[arg-type]
-                self.name,
-                self.key,
-                self.scope,
-                chunks,
-                origins,
-                state,
-                time,
-                dead_letters,
-                _records,
-            )
-        out: list[Chunk] = []
-        out_origins: list[int] = []
-        seen: dict[str, int] = {}
-        for (split, data), origin in zip(chunks, origins, strict=True):
-            before = len(out)
-            out += self._chunk(split, data, seen, state, dead_letters, time, origin)
-            out_origins += [origin] * (len(out) - before)
-        if self.on_timer is not None:
-            assert state is not None
-            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
-            out += fired
-            out_origins += fired_origins
-        return out, out_origins
-
-    def apply(
-        self,
-        chunks: Iterable[Chunk],
-        state: OperatorState | None,
-        dead_letters: DeadLetters | None = None,
-    ) -> list[Chunk]:
-        """Run over one epoch's chunks of one subtask (state: for `process` only). With
-        `dead_letters`, a record the function raises on goes there and the next record is
-        processed (a whole batch for `map_batches`); without, the exception propagates."""
-        out: list[Chunk] = []
-        seen: dict[str, int] = {}  # split -> records of it before this chunk (dead letters)
-        for split, data in chunks:
-            out += self._chunk(split, data, seen, state, dead_letters)
-        return out
-
-    def _chunk(
-        self,
-        split: str,
-        data: Batch,
-        seen: dict[str, int],
-        state: OperatorState | None,
-        dead_letters: DeadLetters | None,
-        time: EpochTime | None = None,
-        origin: int = 0,
-    ) -> list[Chunk]:
-        """The output chunks of one input chunk (`seen`: records of each split before it)."""
-        base = seen.get(split, 0)
-        if self.kind == "map_batches":
-            batch = _batch(data)
-            seen[split] = base + batch.num_rows
-            try:
-                result = self.fn(batch)
-            except Exception as exc:
-                if dead_letters is None:
-                    raise
-                for i, record in enumerate(batch.to_pylist()):
-                    dead_letters.add(self.name, split, base + i, record, exc)
-                return []
-            return self._batch_output(split, result)
-        records = _records(data)
-        seen[split] = base + len(records)
-        if dead_letters is not None:
-            produced = []
-            for i, record in enumerate(records):
-                try:
-                    produced += self._one(split, record, state, time, origin)
-                except Exception as exc:
-                    dead_letters.add(self.name, split, base + i, record, exc)
-        elif self.kind == "map":
-            produced = [self.fn(r) for r in records]
-        elif self.kind == "filter":
-            produced = [r for r in records if self.fn(r)]
-        elif self.kind == "flat_map":
-            produced = [o for r in records for o in (self.fn(r) or ())]
-        else:  # process
-            produced = [o for r in records for o in self._one(split, r, state, time, origin)]
-        return [(split, produced)] if produced else []
-
-    def _one(
-        self,
-        split: str,
-        record: Any,
-        state: OperatorState | None,
-        time: EpochTime | None = None,
-        origin: int = 0,
-    ) -> list[Any]:
-        """The outputs of one record (record-wise kinds)."""
-        if self.kind == "map":
-            return [self.fn(record)]
-        if self.kind == "filter":
-            return [record] if self.fn(record) else []
-        if self.kind == "flat_map":
-            return list(self.fn(record) or ())
-        assert state is not None and self.key is not None  # process
-        scope = split if self.scope == "split" else KEY_SCOPE
-        ctx: KeyedContext = state.context(scope, self.key(record))
-        if time is not None and self.on_timer is not None:
-            bind(ctx, state, scope, time.start_of(scope))
-        return list(self.fn(ctx, record) or ())
-
-    def _batch_output(self, split: str, result: Any) -> list[Chunk]:
-        """The chunks of a `map_batches` result; `TypeError` naming the operator for a wrong
-        return type (a bug in the function, never dead-lettered)."""
-        if isinstance(result, pa.Table):
-            return [(split, b) for b in result.to_batches() if b.num_rows]
-        if isinstance(result, pa.RecordBatch):
-            return [(split, result)] if result.num_rows else []
-        if result is None:
-            return []
-        raise TypeError(
-            f"operator {self.name!r}: the map_batches function returned "
-            f"{type(result).__module__}.{type(result).__qualname__}; return a "
-            "pyarrow.RecordBatch, a pyarrow.Table or None"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,21 +104,20 @@ class Stream:
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _then(self, kind: str, fn: Callable[..., Any], name: str | None, key: Any = None) -> Stream:
-        op = Operator(kind, fn, key)
-        return self.pipeline._add(kind, name, (self.vertex_id,), operator=op)
+    def _then(self, op: Operator, name: str | None) -> Stream:
+        return self.pipeline._add(op.kind, name, (self.vertex_id,), operator=op)
 
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
         """One output record per input record."""
-        return self._then("map", fn, name)
+        return self._then(Map(fn), name)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> Stream:
         """Zero or more output records per input record."""
-        return self._then("flat_map", fn, name)
+        return self._then(FlatMap(fn), name)
 
     def filter(self, fn: Callable[[Any], bool], *, name: str | None = None) -> Stream:
         """The records for which `fn` is true."""
-        return self._then("filter", fn, name)
+        return self._then(Filter(fn), name)
 
     def map_batches(
         self,
@@ -288,7 +128,7 @@ class Stream:
         """One Arrow record batch in, a record batch or table out (vectorised work); anything
         else fails the unit with a `TypeError` naming the operator. With
         `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
-        return self._then("map_batches", fn, name)
+        return self._then(MapBatches(fn), name)
 
     def key_by(
         self,
@@ -353,7 +193,7 @@ class Stream:
     def union(self, *others: Stream, name: str | None = None) -> Stream:
         """The records of this stream and `others` (same parallelism, forward edges)."""
         ids = (self.vertex_id, *(o.vertex_id for o in others))
-        return self.pipeline._add("map", name, ids, operator=Operator("map", _identity))
+        return self.pipeline._add("map", name, ids, operator=Map(_identity))
 
     def sink(self, sink: Sink, *, name: str | None = None) -> None:
         """Write the records to `sink` (e.g. `regional.sinks.parquet.ParquetSink`)."""
@@ -397,7 +237,7 @@ class KeyedStream:
         scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
         if on_timer is not None:
             stream.pipeline._event_time_of(stream.vertex_id, None, name or "process")
-        op = Operator("process", fn, self._key, scope=scope, on_timer=on_timer)
+        op = Process(fn, self._key, scope=scope, on_timer=on_timer)
         return stream.pipeline._add("process", name, (stream.vertex_id,), operator=op)
 
     def window(
@@ -445,7 +285,7 @@ class KeyedStream:
             on_late=on_late,
             emit=emit,
         )
-        op = Operator("window", spec, self._key, scope=scope)  # type: ignore[arg-type]
+        op = WindowOp(spec, self._key, scope=scope)
         return pipeline._add("window", name, (stream.vertex_id,), operator=op)
 
 
@@ -594,7 +434,7 @@ class Pipeline:
             parallelism = sizes.pop()
         role = {"source": "source", "sink": "sink"}.get(kind, "operator")
         if isinstance(what.get("operator"), Operator):
-            what["operator"] = dataclasses.replace(what["operator"], name=vid)
+            what["operator"].name = vid
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
         if role == "operator" and self.dead_letter is not None:
             self._place_dead_letters()

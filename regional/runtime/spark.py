@@ -119,7 +119,7 @@ def _ship_user_code_by_value(pipeline: Pipeline, shipped: frozenset[str] = froze
     for v in pipeline.vertices.values():
         things += [v.source, v.sink, v.operator]
         if v.operator is not None:
-            things += [v.operator.fn, v.operator.key]
+            things += v.operator.user_functions()
         if v.source is not None:
             things += list(vars(v.source).values())
     installed = _installed_paths()

@@ -58,7 +58,7 @@ from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Chunk, Pipeline
-from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state import KEY_SCOPE
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sources.base import num_records
@@ -333,36 +333,33 @@ def _process(
             if epoch_time is not None:
                 input_origins = [o for i in spec.inputs for o in origins.get(i, ())]
             if spec.operator is not None:
+                operator = spec.operator
                 op_state = None
-                if spec.operator.stateful:
+                if operator.stateful:
                     restore_started = time.perf_counter()
-                    op_state = OperatorState.from_bytes(
+                    op_state = operator.restore(
                         b"".join(
                             storage.read_segment(h, whole_files=reads.cache_for(h))
                             if reads is not None
                             else storage.read_segment(h)
                             for h in old.handles
                         ),
-                        operator=vertex_id,
                         codec=pipeline.state_codec,
                         source=", ".join(storage.describe(h.path) for h in old.handles),
                     )
                     restore_s += time.perf_counter() - restore_started
-                if epoch_time is not None:
-                    outputs[vertex_id], origins[vertex_id] = spec.operator.apply_timed(
-                        inputs, input_origins, op_state, dead, epoch_time
-                    )
-                else:
-                    outputs[vertex_id] = spec.operator.apply(inputs, op_state, dead)
-                if op_state is not None:
-                    # keyed state of finished splits leaves with this snapshot, which is also
-                    # the first without the split in its source's state (DESIGN §4 rule 4);
-                    # key-scoped state (after an exchange) belongs to no split
-                    if spec.operator.scope == "split":
-                        op_state.retain_splits(live_splits)
-                    encode_started = time.perf_counter()
-                    blob = op_state.to_bytes()
-                    encode_s += time.perf_counter() - encode_started
+                outputs[vertex_id], out_origins = operator.run(
+                    inputs,
+                    input_origins if epoch_time is not None else None,
+                    op_state,
+                    dead,
+                    epoch_time,
+                )
+                if out_origins is not None:
+                    origins[vertex_id] = out_origins
+                encode_started = time.perf_counter()
+                blob = operator.snapshot(op_state, live_splits)
+                encode_s += time.perf_counter() - encode_started
             else:  # a sink, or the dead letters of this chain's operators
                 if spec.dead_letter:
                     assert dead is not None

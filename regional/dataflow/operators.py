@@ -1,0 +1,382 @@
+"""Operators: one interface for every transformation of a stage.
+
+An operator runs once per subtask and epoch, and the task side knows it only through this
+interface (`Operator`):
+
+* `restore(data, ...)`: its state from the segments of the checkpoint the coordinator named
+  (`None` for a stateless operator);
+* `run(chunks, origins, state, dead_letters, time)`: the epoch's input, each chunk with its
+  origin watermark under event time (`regional.dataflow.epoch_time`), to output chunks (and
+  theirs); windows and timers fire at the end of `run`, against `time.end`;
+* `snapshot(state, live_splits)`: the state's bytes for the checkpoint.
+
+Record-wise operators (`Map`, `Filter`, `FlatMap`, the keyed `Process`) share the per-record
+loop and dead-lettering of `RecordOperator`; `MapBatches` works on Arrow batches; `WindowOp`
+runs `regional.dataflow.window_operator`. A new operator is one subclass (a module of its own
+when it is large) and its test: the pipeline builder adds it, the runtime runs it.
+
+>>> op = Map(lambda r: {"x": r["x"] * 2}, name="double")
+>>> op.run([("s0", [{"x": 1}, {"x": 2}])], None, None, None, None)
+([('s0', [{'x': 2}, {'x': 4}])], None)
+>>> Filter(lambda r: r["x"] > 1).run([("s0", [{"x": 1}, {"x": 2}])], None, None, None, None)
+([('s0', [{'x': 2}])], None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
+from regional.dataflow.state_codec import StateCodec
+from regional.dataflow.timers import bind, fire_timers
+from regional.dataflow.window_operator import WindowSpec, run_windows
+from regional.sources.base import Batch
+
+__all__ = [
+    "Chunk",
+    "Filter",
+    "FlatMap",
+    "Map",
+    "MapBatches",
+    "Operator",
+    "Process",
+    "RecordOperator",
+    "WindowOp",
+    "records_of",
+]
+
+#: Data flowing between operators: the split the records came from, and the records.
+Chunk = tuple[str, Batch]
+
+
+def records_of(data: Batch) -> list[Any]:
+    """The records of a chunk's data (an Arrow batch, or a list of records)."""
+    return data.to_pylist() if isinstance(data, pa.RecordBatch) else data
+
+
+class Operator:
+    """One transformation of a stage. `name` is its vertex id (set by the pipeline when the
+    operator is added; errors name it); `scope` is where keyed state lives: per (input split,
+    key) on a forward chain (``"split"``), per key after a keyed exchange (``"key"``)."""
+
+    #: the vertex kind in the job graph and the default vertex name's prefix
+    kind: ClassVar[str] = "operator"
+    #: keeps state between epochs (restored, snapshotted, redistributed on rescale)
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, *, name: str = "", scope: str = "split") -> None:
+        self.name = name
+        self.scope = scope
+
+    @property
+    def timed(self) -> bool:
+        """True for an operator that needs watermarks (windows, timers)."""
+        return False
+
+    def user_functions(self) -> tuple[Any, ...]:
+        """The user's functions this operator calls (shipped to the workers by value)."""
+        return ()
+
+    def restore(self, data: bytes, *, codec: StateCodec, source: str) -> OperatorState | None:
+        """The subtask's state from its snapshot bytes (`source` names the state file in a
+        decode error); None for a stateless operator."""
+        if not self.stateful:
+            return None
+        return OperatorState.from_bytes(data, operator=self.name, codec=codec, source=source)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        """One epoch of one subtask: the output chunks, and with event time (`origins` and
+        `time` given) their origin watermarks. With `dead_letters`, a record the user's
+        function raises on goes there and processing goes on; without, the error
+        propagates (the unit declines)."""
+        raise NotImplementedError
+
+    def snapshot(self, state: OperatorState | None, live_splits: Collection[str]) -> bytes | None:
+        """The state's bytes for the checkpoint (None: stateless). Split-scoped keyed state of
+        splits not in `live_splits` (finished) leaves with this snapshot, which is also the
+        first without the split in its source's state (DESIGN §4 rule 4)."""
+        if state is None:
+            return None
+        if self.scope == "split":
+            state.retain_splits(live_splits)
+        return state.to_bytes()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class RecordOperator(Operator):
+    """An operator called once per record (`fn`): outputs are that record's results, in
+    input order, kept in their input split's chunk."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str = "", scope: str = "split") -> None:
+        super().__init__(name=name, scope=scope)
+        self.fn = fn
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.fn,)
+
+    def outputs(
+        self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        """The outputs of one record."""
+        raise NotImplementedError
+
+    def outputs_of(
+        self, records: list[Any], split: str, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        """The outputs of a chunk's records when no record may be dead-lettered (subclasses
+        make this one comprehension, without a call per record)."""
+        return [o for r in records for o in self.outputs(split, r, state, time)]
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        out: list[Chunk] = []
+        out_origins: list[int] | None = [] if origins is not None else None
+        seen: dict[str, int] = {}  # split -> its records before this chunk (dead letters)
+        for n, (split, data) in enumerate(chunks):
+            records = records_of(data)
+            base = seen.get(split, 0)
+            seen[split] = base + len(records)
+            if dead_letters is None:
+                produced = self.outputs_of(records, split, state, time)
+            else:
+                produced = []
+                for i, record in enumerate(records):
+                    try:
+                        produced += self.outputs(split, record, state, time)
+                    except Exception as exc:
+                        dead_letters.add(self.name, split, base + i, record, exc)
+            if produced:
+                out.append((split, produced))
+                if out_origins is not None:
+                    out_origins.append(origins[n])  # type: ignore[index]
+        return out, out_origins
+
+
+class Map(RecordOperator):
+    """One output record per input record: `fn(record)`."""
+
+    kind = "map"
+
+    def outputs(
+        self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        return [self.fn(record)]
+
+    def outputs_of(
+        self, records: list[Any], split: str, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        fn = self.fn
+        return [fn(r) for r in records]
+
+
+class Filter(RecordOperator):
+    """The records for which `fn(record)` is true."""
+
+    kind = "filter"
+
+    def outputs(
+        self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        return [record] if self.fn(record) else []
+
+    def outputs_of(
+        self, records: list[Any], split: str, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        fn = self.fn
+        return [r for r in records if fn(r)]
+
+
+class FlatMap(RecordOperator):
+    """Zero or more output records per input record: the iterable `fn(record)` (None: none)."""
+
+    kind = "flat_map"
+
+    def outputs(
+        self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        return list(self.fn(record) or ())
+
+    def outputs_of(
+        self, records: list[Any], split: str, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        fn = self.fn
+        return [o for r in records for o in (fn(r) or ())]
+
+
+class Process(RecordOperator):
+    """A keyed stateful function `fn(ctx, record) -> iterable of outputs` (`ctx`: the record's
+    `KeyedContext`); with `on_timer`, `ctx.timers` sets the key's timers and
+    `on_timer(ctx, ts)` runs when one is due (`regional.dataflow.timers`)."""
+
+    kind = "process"
+    stateful = True
+
+    def __init__(
+        self,
+        fn: Callable[[KeyedContext, Any], Iterable[Any] | None],
+        key: Callable[[Any], Any],
+        *,
+        on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
+        name: str = "",
+        scope: str = "split",
+    ) -> None:
+        super().__init__(fn, name=name, scope=scope)
+        self.key = key
+        self.on_timer = on_timer
+
+    @property
+    def timed(self) -> bool:
+        return self.on_timer is not None
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.fn, self.key, self.on_timer)
+
+    def outputs(
+        self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
+    ) -> list[Any]:
+        assert state is not None
+        scope = split if self.scope == "split" else KEY_SCOPE
+        ctx = state.context(scope, self.key(record))
+        if time is not None and self.on_timer is not None:
+            bind(ctx, state, scope, time.start_of(scope))
+        return list(self.fn(ctx, record) or ())
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        out, out_origins = super().run(chunks, origins, state, dead_letters, time)
+        if self.on_timer is not None and time is not None and out_origins is not None:
+            assert state is not None
+            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
+            out += fired
+            out_origins += fired_origins
+        return out, out_origins
+
+
+class MapBatches(Operator):
+    """One Arrow record batch in, a record batch or table out (`fn(batch)`; None: nothing);
+    with dead letters, a batch the function raises on is dead-lettered whole. Any other
+    return type is a `TypeError` naming the operator (a bug in the function, never
+    dead-lettered)."""
+
+    kind = "map_batches"
+
+    def __init__(
+        self, fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table | None], *, name: str = ""
+    ) -> None:
+        super().__init__(name=name)
+        self.fn = fn
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.fn,)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        out: list[Chunk] = []
+        out_origins: list[int] | None = [] if origins is not None else None
+        seen: dict[str, int] = {}
+        for n, (split, data) in enumerate(chunks):
+            batch = data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
+            base = seen.get(split, 0)
+            seen[split] = base + batch.num_rows
+            try:
+                result = self.fn(batch)
+            except Exception as exc:
+                if dead_letters is None:
+                    raise
+                for i, record in enumerate(batch.to_pylist()):
+                    dead_letters.add(self.name, split, base + i, record, exc)
+                continue
+            produced = self._chunks(split, result)
+            out += produced
+            if out_origins is not None:
+                out_origins += [origins[n]] * len(produced)  # type: ignore[index]
+        return out, out_origins
+
+    def _chunks(self, split: str, result: Any) -> list[Chunk]:
+        if isinstance(result, pa.Table):
+            return [(split, b) for b in result.to_batches() if b.num_rows]
+        if isinstance(result, pa.RecordBatch):
+            return [(split, result)] if result.num_rows else []
+        if result is None:
+            return []
+        raise TypeError(
+            f"operator {self.name!r}: the map_batches function returned "
+            f"{type(result).__module__}.{type(result).__qualname__}; return a "
+            "pyarrow.RecordBatch, a pyarrow.Table or None"
+        )
+
+
+class WindowOp(Operator):
+    """Event-time windows of a key (`regional.dataflow.window_operator`): records are added
+    to their windows, and closed windows emit one row each at the end of the epoch."""
+
+    kind = "window"
+    stateful = True
+
+    def __init__(
+        self, spec: WindowSpec, key: Callable[[Any], Any], *, name: str = "", scope: str = "split"
+    ) -> None:
+        super().__init__(name=name, scope=scope)
+        self.spec = spec
+        self.key = key
+
+    @property
+    def timed(self) -> bool:
+        return True
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.key, self.spec.time_of, self.spec.emit, self.spec.aggregate)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        assert state is not None and time is not None and origins is not None
+        return run_windows(
+            self.spec,
+            self.name,
+            self.key,
+            self.scope,
+            chunks,
+            origins,
+            state,
+            time,
+            dead_letters,
+            records_of,
+        )
