@@ -29,6 +29,7 @@ from regional.sources.base import ReadResult
 __all__ = ["LinesSource", "SQLiteSink", "build_pipeline"]
 
 
+# --8<-- [start:sink]
 class SQLiteSink:
     """Rows into table `table` (columns `columns`) of the SQLite database at `path`,
     exactly-once. Staged rows wait in `_staged_<table>`; commit records live in
@@ -158,6 +159,8 @@ class SQLiteSink:
             ]
 
 
+# --8<-- [end:sink]
+# --8<-- [start:source]
 class LinesSource:
     """The lines of every `*.txt` file in `directory`, one split per file; a record is
     ``{"file": name, "line": text}``. The position is the byte offset of the next line, so a
@@ -185,6 +188,8 @@ class LinesSource:
         return ReadResult([records], str(offset).encode(), finished)
 
 
+# --8<-- [end:source]
+# --8<-- [start:pipeline]
 def count_words(ctx: KeyedContext, record: dict[str, str]) -> Iterator[dict[str, object]]:
     """A running count per word of each file (keyed state, checkpointed with the unit)."""
     for word in record["line"].split():
@@ -202,6 +207,7 @@ def build_pipeline(data_dir: str, database: str) -> Pipeline:
     return p
 
 
+# --8<-- [end:pipeline]
 def write_lines(directory: str, *, files: int = 4, lines: int = 30) -> None:
     """`files` small text files (deterministic)."""
     os.makedirs(directory, exist_ok=True)

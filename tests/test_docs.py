@@ -171,3 +171,24 @@ def test_the_quickstart_commands_run_as_written(tmp_path: Path) -> None:
     assert "IDENTICAL" in outputs[0]
     assert (tmp_path / "examples" / ".regional" / "checkpoints").is_dir()
     assert re.search(r"^\s*7\s+global", outputs[3], re.M), outputs[3]  # the newest, retained
+
+
+_OVERFLOW_PROBE = """<script>
+window.addEventListener("load", () => {
+  const wide = [...document.querySelectorAll("pre > code")]
+    .filter((c) => c.scrollWidth > c.clientWidth + 1).length;
+  document.body.setAttribute("data-wide-code-blocks", String(wide));
+});
+</script>"""
+
+
+@pytest.mark.parametrize("page", ["event-time.html", "extending.html", "guide/pipelines.html"])
+def test_code_blocks_fit_the_column(site: Path, tmp_path: Path, page: str) -> None:
+    """No code block scrolls sideways in a 1280 px window (a comment at a line's end would be
+    cut off): long lines wrap. Measured by a probe script in a copy of the page."""
+    probe = site / page.replace(".html", ".probe.html")
+    probe.write_text((site / page).read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
+    dom, _ = chromium(probe, tmp_path, (1280, 900))
+    wide = re.search(r'data-wide-code-blocks="(\d+)"', dom)
+    assert wide is not None, "the probe did not run"
+    assert wide.group(1) == "0"
