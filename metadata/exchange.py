@@ -9,6 +9,9 @@ A durable exchange (`regional.dataflow.exchange`) joins an upstream stage to a d
 ```
 exchange/<reader>/n<partitions>/p<partition>/<checkpoint:020d>-<writer:05d>.parquet
                                     committed segments (published by the commit of <checkpoint>)
+exchange/<reader>/n<partitions>/p<partition>/<checkpoint:020d>-99999.parquet
+                                    a moved backlog (`MOVED_WRITER`: a restore of <checkpoint>
+                                    with another number of partitions wrote it)
 exchange/<reader>/_staging/<job>/...staged     staged by writer subtasks, invisible to readers
 exchange/<reader>/_commits/<user>/<group>/<checkpoint>.json      one record per commit
                                     (its segments, sizes and checksums: `metadata.commit_log`;

@@ -46,8 +46,10 @@ two
 * **Retention.** A segment is garbage once no kept checkpoint's cursor still needs it
   (`metadata.exchange.kept_by`, applied by the cleaner).
 * **Rescale.** Restoring with another number of partitions repartitions the backlog the
-  restored checkpoint had not read yet into the new layout (`ExchangeWriter.repartition`, on the
-  driver, deterministic and idempotent), and keyed state moves by key hash.
+  restored checkpoint had not read yet into the new layout (`repartition`, on the driver,
+  deterministic and idempotent: one moved backlog per partition, keeping each record's origin
+  watermark and, in its footer, the segment it was first published in), and keyed state moves
+  by key hash.
 * **Fresh start.** A job root without a checkpoint to restore has no reader cursors, so its old
   segments (of an earlier run) are deleted before the first epoch (`ExchangeWriter.reset`).
 
