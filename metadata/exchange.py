@@ -9,6 +9,9 @@ A durable exchange (`regional.dataflow.exchange`) joins an upstream stage to a d
 ```
 exchange/<reader>/n<partitions>/p<partition>/<checkpoint:020d>-<writer:05d>.parquet
                                     committed segments (published by the commit of <checkpoint>)
+exchange/<reader>/n<partitions>/p<partition>/<checkpoint:020d>-99999.parquet
+                                    a moved backlog (`MOVED_WRITER`: a restore of <checkpoint>
+                                    with another number of partitions wrote it)
 exchange/<reader>/_staging/<job>/...staged     staged by writer subtasks, invisible to readers
 exchange/<reader>/_commits/<user>/<group>/<checkpoint>.json      one record per commit
                                     (its segments, sizes and checksums: `metadata.commit_log`;
@@ -38,8 +41,9 @@ name order, so a reader never passes a segment that is published later.
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -53,13 +57,18 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKLOG_SCHEMA",
     "EXCHANGE_DIR",
+    "MOVED_KEY",
+    "MOVED_WRITER",
     "WRITERS_KEY",
     "Cursor",
     "ExchangeFile",
     "ReaderView",
     "SegmentName",
     "backlog_table",
+    "first_published",
     "kept_by",
+    "moved_from",
+    "moved_runs",
     "reader_view",
     "segment_name",
     "segment_of",
@@ -79,6 +88,70 @@ _PARTITION = re.compile(r"p(\d+)")
 #: The Parquet metadata key of a merged segment's writer subtasks and their rows, in file order
 #: (``<writer>:<rows>,...``; `regional.dataflow.exchange.ExchangeWriter.write_merged`).
 WRITERS_KEY = b"regional.writers"
+
+
+#: The writer number in the name of a *moved backlog*: the one segment per partition a restore
+#: with another number of partitions writes (``<checkpoint>-99999``, after every writer
+#: subtask's segment of that checkpoint: parallelism is at most 32768). New readers start at
+#: ``Cursor(checkpoint, MOVED_WRITER)``.
+MOVED_WRITER = 99_999
+#: The Parquet metadata key of a moved backlog: the segment each run of its rows was first
+#: published in, in file order (``<checkpoint>:<writer>:<rows>,...``; `moved_runs`).
+MOVED_KEY = b"regional.moved_from"
+
+
+def moved_runs(first_published: Sequence[SegmentName]) -> bytes:
+    """`MOVED_KEY`'s value for a moved backlog whose rows were first published in
+    `first_published` (one per row, in file order).
+
+    >>> moved_runs([SegmentName(3, 0), SegmentName(3, 0), SegmentName(4, 2)])
+    b'3:0:2,4:2:1'
+    """
+    runs = [(s, sum(1 for _ in group)) for s, group in itertools.groupby(first_published)]
+    return ",".join(f"{s.checkpoint_id}:{s.writer}:{n}" for s, n in runs).encode()
+
+
+def moved_from(
+    metadata: Mapping[bytes, bytes] | None, num_rows: int
+) -> list[tuple[SegmentName, int]] | None:
+    """The runs (segment first published in, rows) of a moved backlog's rows, in file order,
+    from its Parquet `metadata` (`MOVED_KEY`); None when its footer does not say, or says
+    something that does not add up to its `num_rows`.
+
+    >>> moved_from({MOVED_KEY: b"3:0:2,4:2:1"}, 3)
+    [(SegmentName(checkpoint_id=3, writer=0), 2), (SegmentName(checkpoint_id=4, writer=2), 1)]
+    >>> moved_from({MOVED_KEY: b"3:0:2"}, 3) is None, moved_from({}, 0) is None
+    (True, True)
+    """
+    listed = (metadata or {}).get(MOVED_KEY)
+    if listed is None:
+        return None
+    try:
+        runs = []
+        for run in listed.decode().split(","):
+            checkpoint_id, writer, rows = (int(x) for x in run.split(":"))
+            runs.append((SegmentName(checkpoint_id, writer), rows))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if any(n < 0 for _, n in runs) or sum(n for _, n in runs) != num_rows:
+        return None
+    return runs
+
+
+def first_published(metadata: Mapping[bytes, bytes] | None, num_rows: int, row: int) -> SegmentName:
+    """The segment row `row` of a moved backlog was first published in (`moved_from`). When
+    the footer does not say, ``SegmentName(0, 0)``: earlier than any, so a reader's watermark
+    counts no mark before the moved backlog is read whole (`metadata.watermarks.mark_reached`).
+
+    >>> first_published({MOVED_KEY: b"3:0:2,4:2:1"}, 3, 2), first_published({}, 3, 0)
+    (SegmentName(checkpoint_id=4, writer=2), SegmentName(checkpoint_id=0, writer=0))
+    """
+    end = 0
+    for segment, rows in moved_from(metadata, num_rows) or ():
+        end += rows
+        if row < end:
+            return segment
+    return SegmentName(0, 0)
 
 
 def writers_read(metadata: Mapping[bytes, bytes] | None, num_rows: int, row: int) -> frozenset[int]:

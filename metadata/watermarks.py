@@ -34,9 +34,11 @@ import pyarrow as pa
 
 from metadata.exchange import (
     EXCHANGE_DIR,
+    MOVED_WRITER,
     Cursor,
     ReaderView,
     SegmentName,
+    first_published,
     reader_view,
     segment_of,
     segment_path,
@@ -59,6 +61,7 @@ __all__ = [
     "mark_kept_by",
     "mark_name",
     "mark_path_of",
+    "mark_reached",
     "parse_mark",
     "reader_watermark",
     "released_writers",
@@ -138,6 +141,60 @@ def format_watermark(watermark: int | None) -> str:
     except (OverflowError, ValueError, OSError):
         return f"{watermark} ms"
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def mark_reached(
+    first: SegmentName | None,
+    *,
+    done: frozenset[int] = frozenset(),
+    moved: SegmentName | None = None,
+) -> Callable[[WatermarkMark], bool]:
+    """Whether a reader of one partition has reached a mark (Y, w), i.e. read every row writer
+    subtask w wrote for the partition up to epoch Y, given `first`, the first segment it has
+    not read whole (None: it read everything published); `done`, the writers whose rows of
+    `first` it has all read (a merged segment, `metadata.exchange.writers_read`); and, when
+    `first` is a moved backlog, `moved`, the segment its first unread row was first published
+    in (`metadata.exchange.first_published`; None: unknown, so nothing counts).
+
+    Writer w's rows of epoch Y' are all in ONE segment of the partition, its task's, named
+    (Y', w0) after the task's lowest writer: w0 <= w, so w's rows up to epoch Y are in
+    segments <= (Y, w).
+
+    * Plain segments: the mark counts when (Y, w) < `first`, or `first` is of checkpoint Y and
+      w is in `done`. While w's segment S = (Y, w0) is unread, `first` <= S <= (Y, w), so only
+      the second rule can count it, once w's rows of S are read; w's rows of earlier epochs
+      are in segments before S.
+    * A moved backlog M = (C, MOVED_WRITER), written by a restore of checkpoint C with another
+      number of partitions, holds every row of this partition the old readers had not read,
+      sorted by the segment each was first published in (`regional.dataflow.exchange.
+      repartition`). The mark counts only when (Y, w) < `moved`: then every segment holding w's
+      rows up to Y sorts before `moved`, so those of them in M precede the cursor (M is sorted)
+      and the others were read by the old readers before C (M holds rows of checkpoints up to
+      C, so Y <= C). w's rows written after C are in segments after M: their marks count by
+      the first rule, once M is read whole.
+
+    So a mark is never counted while one of its writer's rows is unread; it only may lag.
+
+    >>> m = WatermarkMark(4, 1, 0)
+    >>> mark_reached(SegmentName(5, 0))(m), mark_reached(SegmentName(4, 0))(m)
+    (True, False)
+    >>> mark_reached(SegmentName(4, 0), done=frozenset({1}))(m)
+    True
+    >>> moved = SegmentName(9, MOVED_WRITER)
+    >>> [mark_reached(moved, moved=SegmentName(4, w))(m) for w in (2, 1)]
+    [True, False]
+    >>> mark_reached(moved)(WatermarkMark(1, 0, 0)), mark_reached(None)(m)
+    (False, True)
+    """
+    if first is None:
+        return lambda m: True
+    if first.writer == MOVED_WRITER:
+        bound = tuple(moved or SegmentName(0, 0))
+        return lambda m: (m.checkpoint_id, m.writer) < bound
+    return lambda m: (
+        (m.checkpoint_id, m.writer) < tuple(first)
+        or (m.checkpoint_id == first.checkpoint_id and m.writer in done)
+    )
 
 
 def reader_watermark(
@@ -287,14 +344,8 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
             cursor = view.cursors.get(q, Cursor())
             unread = [s for s in segments.get((reader, view.layout, q), []) if not cursor.passed(s)]
             first = min(unread, default=None)
-            done = _writers_read(storage, reader, view.layout, q, first, cursor)
-            reached = [
-                m
-                for m in known
-                if first is None
-                or (m.checkpoint_id, m.writer) < first
-                or (m.checkpoint_id == first.checkpoint_id and m.writer in done)
-            ]
+            counts = _reached(storage, reader, view.layout, q, first, cursor)
+            reached = [m for m in known if counts(m)]
             wm = reader_watermark(reached, writers, lambda m: True)
             best: dict[int, WatermarkMark] = {}
             for m in reached:
@@ -318,25 +369,29 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
 
 
-def _writers_read(
+def _reached(
     storage: JobStorage,
     reader: str,
     layout: int,
     partition: int,
-    segment: SegmentName | None,
+    first: SegmentName | None,
     cursor: Cursor,
-) -> frozenset[int]:
-    """The writers whose rows of the merged `segment` the `cursor` inside it has all read
-    (`metadata.exchange.writers_read`, from the segment's footer; read only then)."""
-    if segment is None or cursor.first_row(segment) <= 0:
-        return frozenset()
+) -> Callable[[WatermarkMark], bool]:
+    """`mark_reached` for a reader of `partition` at `cursor` whose first unread segment is
+    `first`; reads that segment's footer only when the cursor is inside it or it is a moved
+    backlog (`metadata.exchange.writers_read`, `metadata.exchange.first_published`)."""
+    row = 0 if first is None else cursor.first_row(first)
+    if first is None or (row <= 0 and first.writer != MOVED_WRITER):
+        return mark_reached(first)
     import pyarrow.parquet as pq  # on first use, as `metadata.exchange.backlog_table`
 
-    data = storage.read_file(segment_path(reader, layout, partition, segment))
+    data = storage.read_file(segment_path(reader, layout, partition, first))
     if data is None:
-        return frozenset()
+        return mark_reached(first)
     footer = pq.read_metadata(pa.BufferReader(data))
-    return writers_read(footer.metadata, footer.num_rows, cursor.first_row(segment))
+    if first.writer == MOVED_WRITER:
+        return mark_reached(first, moved=first_published(footer.metadata, footer.num_rows, row))
+    return mark_reached(first, done=writers_read(footer.metadata, footer.num_rows, row))
 
 
 def _exchange_readers(md: CheckpointMetadata) -> set[str]:
@@ -393,8 +448,9 @@ def mark_kept_by(
         for q in range(view.layout):
             cursor = view.cursors.get(q, Cursor())
             unread = [s for s in segments(view.layout, q) if not cursor.passed(s)]
-            first = min(unread, default=None)
-            if not (first is None or (later[0], mark.writer) < tuple(first)):
+            # a moved backlog not read whole keeps every mark (its footer is not read here)
+            reached = mark_reached(min(unread, default=None))
+            if not reached(WatermarkMark(later[0], mark.writer, mark.watermark)):
                 out.append(view.checkpoint_id)
                 break
     return out

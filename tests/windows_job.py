@@ -277,3 +277,46 @@ def expected_sessions() -> list[tuple[str, int, int]]:
             times = [c["ts"] for c in stamps if c["user"] == u]
             want += [(u, n, end) for _, end, n in batch_sessions(times, GAP)]
     return sorted(want)
+
+
+# --- every event-time operator after one exchange, for the rescale tests ------------------
+
+#: The window operators of `all_operators` (their dead letters name them) and the timer one.
+WINDOW_OPERATORS = tuple(ASSIGNERS)
+TIMERS = "timers"
+
+
+def on_time_sessionize(ctx: Any, click: dict[str, Any]) -> list[dict[str, Any]]:
+    """`sessionize` over the on-time clicks only (a `process` has no late-data rule: what it
+    makes of a click behind its timers would depend on when the click is read)."""
+    return [] if click["n"] % 23 == 22 else sessionize(ctx, click)
+
+
+def all_operators(
+    directory: str, partitions: int, *, source: Any = None, per_epoch: int = PER_EPOCH
+) -> Pipeline:
+    """clicks (`SPLITS` subtasks; `source`, by default the generator's) -> exchange by user
+    (`partitions`) -> tumbling, sliding and session windows and a sessionizer with event-time
+    timers, each into its own Parquet table under `directory` (`<operator>/`); late records
+    dead-lettered (`dead/`)."""
+    p = Pipeline(
+        "clicks",
+        records_per_epoch=per_epoch,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(os.path.join(directory, "dead")),
+    )
+    keyed = p.source(
+        source or GeneratorSource(SPLITS, click, records_per_split=PER_SPLIT),
+        parallelism=SPLITS,
+        name="clicks",
+        event_time=ts_of,
+        max_out_of_orderness=BOUND_MS / 1000,
+    ).key_by(user, partitions=partitions, name="by-user")
+    for kind in WINDOW_OPERATORS:
+        keyed.window(
+            ASSIGNERS[kind], aggregate=count(), emit=emit, on_late="dead-letter", name=kind
+        ).sink(ParquetSink(os.path.join(directory, kind)), name=f"out-{kind}")
+    keyed.process(on_time_sessionize, on_timer=close_session, name=TIMERS).sink(
+        ParquetSink(os.path.join(directory, TIMERS)), name=f"out-{TIMERS}"
+    )
+    return p

@@ -46,8 +46,10 @@ two
 * **Retention.** A segment is garbage once no kept checkpoint's cursor still needs it
   (`metadata.exchange.kept_by`, applied by the cleaner).
 * **Rescale.** Restoring with another number of partitions repartitions the backlog the
-  restored checkpoint had not read yet into the new layout (`ExchangeWriter.repartition`, on the
-  driver, deterministic and idempotent), and keyed state moves by key hash.
+  restored checkpoint had not read yet into the new layout (`repartition`, on the driver,
+  deterministic and idempotent: one moved backlog per partition, keeping each record's origin
+  watermark and, in its footer, the segment it was first published in), and keyed state moves
+  by key hash.
 * **Fresh start.** A job root without a checkpoint to restore has no reader cursors, so its old
   segments (of an earlier run) are deleted before the first epoch (`ExchangeWriter.reset`).
 
@@ -75,9 +77,14 @@ from metadata.confine import check_confined
 from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
+    MOVED_KEY,
+    MOVED_WRITER,
     WRITERS_KEY,
     Cursor,
     SegmentName,
+    first_published,
+    moved_from,
+    moved_runs,
     segment_name,
     split_id,
     split_partition,
@@ -90,6 +97,7 @@ from metadata.watermarks import (
     WATERMARK_DIR,
     WatermarkMark,
     mark_name,
+    mark_reached,
     parse_mark,
 )
 from regional.dataflow.event_time import reader_watermark, released_writers
@@ -191,6 +199,32 @@ class _Unread(NamedTuple):
         """The rows of the segment a restore reads."""
         table = pq.read_table(self.path, filesystem=fs)
         return table.slice(self.first_row) if self.keep is None else take_ranges(table, self.keep)
+
+    def provenance(
+        self, fs: pafs.FileSystem
+    ) -> tuple[list[Any], list[SegmentName], list[int | None]]:
+        """The records a restore reads of this segment, and for each the segment it was first
+        published in (this one; of a moved backlog, the one its footer names for the row,
+        ``SegmentName(0, 0)`` when it does not say: `metadata.exchange.first_published`) and
+        its origin watermark (the row's `ORIGIN_COLUMN` value, else the segment's
+        `ORIGIN_KEY`; None: written without event time)."""
+        table = pq.read_table(self.path, filesystem=fs)
+        n = table.num_rows
+        meta = table.schema.metadata or {}
+        if self.segment.writer == MOVED_WRITER:
+            runs = moved_from(meta, n) or [(SegmentName(0, 0), n)]
+            published = [s for s, rows in runs for _ in range(rows)]
+        else:
+            published = [self.segment] * n
+        default = int(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else None
+        origins: list[int | None] = [default] * n
+        if ORIGIN_COLUMN in table.column_names:
+            column = table.column(ORIGIN_COLUMN).to_pylist()
+            origins = [default if v is None else int(v) for v in column]
+        ranges = ((self.first_row, n - self.first_row),) if self.keep is None else self.keep
+        taken = [i for first, rows in ranges for i in range(first, first + rows)]
+        records = _records(table).take(pa.array(taken, pa.int64())).to_pylist()
+        return records, [published[i] for i in taken], [origins[i] for i in taken]
 
 
 def _job_root(base: str) -> tuple[str, str]:
@@ -429,43 +463,24 @@ class ExchangeReader(_Bound):
         self, layout: int, partition: int, cursor: Cursor
     ) -> Callable[[WatermarkMark], bool]:
         """Whether a reader of `partition` at `cursor` has reached a mark (Y, w): it has read
-        every row writer subtask w wrote for the partition up to epoch Y.
-
-        A mark is reached when the first unread segment sorts after (Y, w), or when the cursor
-        is inside a merged segment of checkpoint Y whose footer says it read all of w's rows
-        there (`metadata.exchange.writers_read`). Safe with merged segments: writer w's rows
-        of epoch Y for this partition are all in ONE segment S, its task's, named (Y, w0)
-        after the task's lowest writer, so w0 <= w (a rewrite keeps the name). While S is
-        unread the first unread segment sorts at or before S = (Y, w0) <= (Y, w), so the
-        first rule does not count the mark, and the second counts it only once w's rows of S
-        are read; w's rows of earlier epochs are in segments before S. So a mark is never
-        counted while its writer's rows are unread; it only may lag (a writer of another task
-        whose segment sorts after S waits for S to be read whole)."""
+        every row writer subtask w wrote for the partition up to epoch Y
+        (`metadata.watermarks.mark_reached`, which proves it, also through merged segments and
+        a moved backlog). Reads the footer of the first unread segment only when the cursor
+        is inside it (the writers whose rows of it are read, `metadata.exchange.writers_read`)
+        or it is a moved backlog (where its first unread row was first published,
+        `metadata.exchange.first_published`)."""
         unread = [(s, i) for s, i in self._segments(layout, partition) if not cursor.passed(s)]
         if not unread:
-            return lambda m: True
-        first = unread[0][0]
-        done = self._writers_read(*unread[0], cursor)
-
-        def reached(m: WatermarkMark) -> bool:
-            if (m.checkpoint_id, m.writer) < tuple(first):
-                return True
-            return m.checkpoint_id == first.checkpoint_id and m.writer in done
-
-        return reached
-
-    def _writers_read(
-        self, segment: SegmentName, info: pafs.FileInfo, cursor: Cursor
-    ) -> frozenset[int]:
-        """The writers whose rows of merged segment `segment` the `cursor` (inside it) has all
-        read (`metadata.exchange.writers_read`; reads its footer only when the cursor is
-        inside it)."""
-        row = cursor.first_row(segment)
-        if row <= 0:
-            return frozenset()
+            return mark_reached(None)
+        first, info = unread[0]
+        row = cursor.first_row(first)
+        if row <= 0 and first.writer != MOVED_WRITER:
+            return mark_reached(first)
         fs, _ = self._fs()
         footer = pq.read_metadata(info.path, filesystem=fs)
-        return writers_read(footer.metadata, footer.num_rows, row)
+        if first.writer == MOVED_WRITER:
+            return mark_reached(first, moved=first_published(footer.metadata, footer.num_rows, row))
+        return mark_reached(first, done=writers_read(footer.metadata, footer.num_rows, row))
 
     def backlog(self, split_id: str, position: bytes) -> Backlog:
         """What partition `split_id` holds after `position` (reads Parquet footers only)."""
@@ -819,25 +834,35 @@ def repartition(
     """Move what the readers of checkpoint `checkpoint_id` had not read into `new_layout` of
     `target`: for each partition of `old_layout` in `origin`, the published segments of
     checkpoints up to `checkpoint_id` after its cursor (`cursors`, by partition), and the
-    segments of the checkpoint's `staged` committables not published yet, in segment order.
-    Writes one segment ``<checkpoint_id>-00000`` per new partition (replaced if it exists: a
-    retried restore writes the same files); new readers start at ``Cursor(checkpoint_id)``.
-    Returns the number of records moved."""
+    segments of the checkpoint's `staged` committables not published yet. Writes one *moved
+    backlog* ``<checkpoint_id>-99999`` per new partition (`metadata.exchange.MOVED_WRITER`;
+    replaced if it exists: a retried restore writes the same files); new readers start at
+    ``Cursor(checkpoint_id, MOVED_WRITER)``. Returns the number of records moved.
+
+    Event time survives the move (DESIGN §4 rule 15): each row keeps its origin watermark
+    (`ORIGIN_COLUMN`, so it is judged late exactly as without the rescale), and the rows are
+    sorted by the segment each was first published in (stable: a key's records keep their
+    order), which the footer lists (`metadata.exchange.MOVED_KEY`), so a new reader's
+    watermark passes a writer's mark only once every moved row before it is read
+    (`metadata.watermarks.mark_reached`)."""
     fs, _ = origin._fs()
-    rows: list[Any] = []
+    moved: list[tuple[SegmentName, int | None, Any]] = []
     for u in origin._unread(old_layout, cursors, staged, checkpoint_id):
-        rows += _records(u.rows(fs)).to_pylist()
-    grouped = target.partition(rows, new_layout)
+        records, published, origins = u.provenance(fs)
+        moved += zip(published, origins, records, strict=True)
+    moved.sort(key=lambda m: m[0])  # stable
+    grouped: dict[int, list[tuple[SegmentName, int | None, Any]]] = defaultdict(list)
+    for m in moved:
+        grouped[partition_of(target.key(m[2]), new_layout)].append(m)
     out_fs, out_base = target._fs()
     files, sizes, checksums = [], [], []
     for partition in range(new_layout):
-        relative = f"n{new_layout}/p{partition}/{SegmentName(checkpoint_id, 0).file_name()}"
+        segment = SegmentName(checkpoint_id, MOVED_WRITER)
+        relative = f"n{new_layout}/p{partition}/{segment.file_name()}"
         name = target.area.inside(out_fs, f"{out_base}/{relative}")
         out_fs.create_dir(posixpath.dirname(name), recursive=True)
         if part := grouped.get(partition):
-            sink = pa.BufferOutputStream()
-            pq.write_table(pa.Table.from_pylist(part), sink)
-            data = sink.getvalue()
+            data = _moved_backlog(part)
             with out_fs.open_output_stream(name) as out:
                 out.write(data)
             files.append(relative)
@@ -849,7 +874,23 @@ def repartition(
     # the readers verify segments against commit records: these are committed by the restore
     target.area.write_record(
         CommitRecord(
-            REPARTITION_USER, checkpoint_id, files, len(rows), sizes=sizes, checksums=checksums
+            REPARTITION_USER, checkpoint_id, files, len(moved), sizes=sizes, checksums=checksums
         )
     )
-    return len(rows)
+    return len(moved)
+
+
+def _moved_backlog(rows: Sequence[tuple[SegmentName, int | None, Any]]) -> pa.Buffer:
+    """The Parquet bytes of one partition's moved backlog: `rows` (first published in, origin
+    watermark, record), the records in order with, when any has an origin, each row's in
+    `ORIGIN_COLUMN` (-inf for a row without) and the lowest in `ORIGIN_KEY`, and the segments
+    they were first published in under `MOVED_KEY`."""
+    table = pa.Table.from_pylist([r for _, _, r in rows])
+    meta = {MOVED_KEY: moved_runs([s for s, _, _ in rows])}
+    if any(o is not None for _, o, _ in rows):
+        origins = [MIN_WATERMARK if o is None else o for _, o, _ in rows]
+        table = table.append_column(ORIGIN_COLUMN, pa.array(origins, pa.int64()))
+        meta[ORIGIN_KEY] = str(min(origins)).encode()
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(meta), sink)
+    return sink.getvalue()

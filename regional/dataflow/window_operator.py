@@ -40,14 +40,23 @@ from regional.dataflow.windows import (
 )
 from regional.sources.base import Batch
 
-__all__ = ["ON_LATE", "LateRecord", "WindowSpec", "default_emit", "run_windows"]
+__all__ = [
+    "FIRED_WATERMARK",
+    "ON_LATE",
+    "LateRecord",
+    "WindowSpec",
+    "default_emit",
+    "run_windows",
+]
 
 #: What `window(on_late=...)` does with a late record: count it and drop it, or also write it
 #: to the pipeline's dead-letter sink.
 ON_LATE = ("drop", "dead-letter")
 _WINDOWS = "w"  # slot entry: {start: [end, acc]} (tumbling, sliding)
 _SESSIONS = "s"  # slot entry: [[start, end, acc], ...] (sessions)
-_FLOOR = "\x00fired-watermark"  # list state of a key-scoped window operator: [watermark]
+#: List state of a key-scoped window operator: ``[the highest watermark it fired at]``. A
+#: rescale gives every new subtask the lowest of the old ones (`regional.runtime.rescale`).
+FIRED_WATERMARK = "\x00fired-watermark"
 _ENCODE = msgspec.msgpack.Encoder()
 
 
@@ -121,7 +130,9 @@ def run_windows(
     session = spec.assigner.session
     # after an exchange: the highest watermark this subtask fired at (the `exclude` policy can
     # move the reader's watermark back; a window never fires twice)
-    floor = state.lists.setdefault(_FLOOR, [MIN_WATERMARK]) if scope_kind == "key" else None
+    floor = (
+        state.lists.setdefault(FIRED_WATERMARK, [MIN_WATERMARK]) if scope_kind == "key" else None
+    )
     if floor is not None and time.start_of(KEY_SCOPE) < floor[0]:
         time.start[KEY_SCOPE] = floor[0]
     seen: dict[str, int] = {}

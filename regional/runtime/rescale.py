@@ -11,7 +11,11 @@ moves like this:
   only holds state of the splits source subtask *i* read, so the keyed state of split *s* goes to
   the subtask that now owns *s*.
 * **subtask list state** is dealt round-robin over the new subtasks, list by list, in the order
-  of the old subtasks (sizes differ by at most one; every entry kept exactly once).
+  of the old subtasks (sizes differ by at most one; every entry kept exactly once); except a
+  window operator's fired watermark (`regional.dataflow.window_operator.FIRED_WATERMARK`): every
+  new subtask starts from the lowest of the old subtasks', so no record is judged against a
+  watermark its own key never reached (with the default `hold`, every record still to come
+  has an origin watermark at or above its old subtask's, DESIGN §4 rule 15).
 * **union state** does not exist: the state API offers none (DESIGN §4 rule 13 rejects it in
   regional mode).
 * **committables** of the checkpoint's fresh sink subtasks are kept (the restore re-commits
@@ -42,8 +46,10 @@ from typing import Any
 import msgspec
 
 from metadata.model import CheckpointMetadata, SplitState, SubtaskState
+from metadata.watermarks import MIN_WATERMARK
 from regional.dataflow.partitioning import partition_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.window_operator import FIRED_WATERMARK
 from regional.errors import RestoreError
 
 __all__ = [
@@ -185,10 +191,15 @@ def redistribute_keys(old: Sequence[OperatorState], parallelism: int) -> list[Op
 
 
 def _deal_lists(old: Sequence[OperatorState], new: Sequence[OperatorState]) -> None:
-    """Subtask list state of `old`, dealt round-robin over `new`, list by list."""
+    """Subtask list state of `old`, dealt round-robin over `new`, list by list (a window
+    operator's fired watermark: the lowest, to every new subtask)."""
     names = list(dict.fromkeys(name for state in old for name in state.lists))
     for name in names:
         entries = [e for state in old for e in state.lists.get(name, ())]
+        if name == FIRED_WATERMARK:  # the lowest: keys of every old subtask may land anywhere
+            for state in new:
+                state.lists[name] = [min(entries, default=MIN_WATERMARK)]
+            continue
         for index, part in enumerate(deal(entries, len(new))):
             new[index].lists[name] = part
 

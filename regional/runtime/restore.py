@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from cleaner.model import RestoreBase
-from metadata.exchange import Cursor, reader_view, split_id
+from metadata.exchange import MOVED_WRITER, Cursor, reader_view, split_id
 from metadata.layout import METADATA_NAME, checkpoint_id_of, event_checkpoint_id, state_file_path
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
@@ -391,7 +391,9 @@ def _move_exchanges(
             raise RestoreError(
                 f"cannot carry exchange {reader_id!r} of checkpoint {cid} over: {exc}"
             ) from exc
-        start = (SplitState(split_id(reader_spec.parallelism, 0), Cursor(cid).encode()),)
+        start = (
+            SplitState(split_id(reader_spec.parallelism, 0), Cursor(cid, MOVED_WRITER).encode()),
+        )
         for index in range(reader_spec.parallelism):
             key = (reader_id, index)
             split = split_id(reader_spec.parallelism, index)
