@@ -516,32 +516,41 @@ def clean_staged_sinks(
     job_id: str,
     restored: CheckpointMetadata | None,
 ) -> tuple[str, ...]:
-    """At a driver's start, before any task runs: every sink that stages files
-    (`TableStaging`) deletes job `job_id`'s staged files that neither the `restored`
-    checkpoint's subtasks nor its commit coordinator's pending re-commits name (none on a
-    fresh start): they are from lost attempts or a lost run. Best effort (what is left waits
-    for the next start); returns a note per sink that deleted files, for the user."""
-    notes: list[str] = []
-    for vertex_id, committer in committers.items():
+    """At a driver's start, before any task runs: every table whose writers stage files
+    (`TableStaging`) deletes job `job_id`'s staged files that nothing of the job still names:
+    neither a subtask of the `restored` checkpoint nor a pending re-commit of any commit
+    coordinator (none on a fresh start). They are from lost attempts or a lost run.
+
+    Cleaning is per table, not per sink vertex: several vertices may write one table (the
+    dead-letter sink of every part of the graph, one sink object given to two `.sink()`
+    calls, two sink objects on one location), and one vertex's staged files are no lost
+    attempt of another's. So each table is handed every committable of the job and keeps the
+    ones that name its files (a table skips other tables' committables, as `discard` does):
+    the files it keeps are found by their names inside it, however its path was spelled.
+    Each sink object cleans once. Best effort (what is left waits for the next start);
+    returns a note per table that deleted files, naming its sink vertices."""
+    keep = [
+        c for committer in committers.values() for p in committer.pending for c in p.committables
+    ]
+    if restored is not None:
+        keep += [c for s in restored.subtasks for c in s.committables]
+    tables: dict[int, tuple[TableStaging, list[str]]] = {}
+    for vertex_id in committers:
         sink = pipeline.sink_of(vertex_id)
-        if not isinstance(sink, TableStaging):
-            continue
-        keep = [c for commit in committer.pending for c in commit.committables]
-        if restored is not None:
-            keep += [
-                c for s in restored.subtasks if s.vertex_id == vertex_id for c in s.committables
-            ]
+        if isinstance(sink, TableStaging):
+            tables.setdefault(id(sink), (sink, []))[1].append(vertex_id)
+    notes: list[str] = []
+    for sink, vertices in tables.values():
+        names = ", ".join(repr(v) for v in vertices)
         try:
             deleted = sink.clean_staged(job_id, keep)
         except CommitError:  # a link out of the table (or bad names): refuse to start
             raise
         except Exception as exc:  # storage trouble: the next start tries again
-            log.warning("sink %r: staged files of lost attempts left: %s", vertex_id, exc)
+            log.warning("sink %s: staged files of lost attempts left: %s", names, exc)
             continue
         if deleted:
-            notes.append(
-                f"sink {vertex_id!r}: deleted {len(deleted)} staged file(s) of lost attempts"
-            )
+            notes.append(f"sink {names}: deleted {len(deleted)} staged file(s) of lost attempts")
             log.info("%s", notes[-1])
     return tuple(notes)
 
