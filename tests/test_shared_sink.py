@@ -188,3 +188,65 @@ def test_a_starting_driver_cleans_a_shared_table_once_keeping_every_vertexs_file
     assert notes == ("sink 'a', 'b': deleted 2 staged file(s) of lost attempts",)
     assert sink.missing_files(a_state + b_state + b_pending) == []
     assert len(sink.missing_files(lost)) == 2
+
+
+ROWS_SCHEMA = pa.schema([("tag", pa.string()), ("n", pa.int64())])
+
+
+def _commit(sink: Any, vertex_id: str, checkpoint_id: int) -> None:
+    """Stage and commit one row (`vertex_id`, `checkpoint_id`) as the vertex's commit user."""
+    context = WriteContext(
+        job_id="job",
+        run_id="r1",
+        checkpoint_id=checkpoint_id,
+        attempt=0,
+        unit_id=0,
+        vertex_id=vertex_id,
+        index=0,
+    )
+    batch = pa.RecordBatch.from_pylist([{"tag": vertex_id, "n": checkpoint_id}], ROWS_SCHEMA)
+    sink.commit(f"job-r1-{vertex_id}", checkpoint_id, sink.write([batch], context))
+
+
+@pytest.mark.parametrize("objects", ["one-object", "two-objects"])
+@pytest.mark.parametrize("kind", ["parquet", "iceberg"])
+def test_a_restore_rolls_back_every_vertex_of_a_shared_table_and_only_its_commits(
+    tmp_path: Path, kind: str, objects: str
+) -> None:
+    """Vertices "a" and "b" commit in turns to one table; newer checkpoints than 1 are
+    damaged. Both are rolled back to 1, whether the table moves back per commit user
+    (Parquet) or as a whole (Iceberg: a snapshot, once for every user of the job)."""
+    from regional.runtime.restore import roll_back_sinks
+    from regional.sinks.iceberg import IcebergSink
+
+    def sink() -> Any:
+        if kind == "parquet":
+            return ParquetSink(str(tmp_path / "t"))
+        return IcebergSink(str(tmp_path / "warehouse"), "db.t", schema=ROWS_SCHEMA)
+
+    a = sink()
+    sinks = {"a": a, "b": a if objects == "one-object" else sink(), "c": sink()}
+    for cid in (1, 2, 3):
+        for vertex_id in ("a", "b", "c") if cid == 1 else ("a", "b"):  # c: nothing after 1
+            _commit(sinks[vertex_id], vertex_id, cid)
+    p = Pipeline("job")
+    src = p.source(GeneratorSource(1, lambda split, i: {"n": i}))
+    for vertex_id, s in sinks.items():
+        src.sink(s, name=vertex_id)
+    committers = {v: CommitCoordinator(v, commit_user=f"job-r1-{v}") for v in sinks}
+    notes = roll_back_sinks(p, committers, 1, own_root=True)
+    assert [n.split(" holds")[0] + n.split(":")[-1] for n in notes] == [
+        "sink 'a' commit(s) 2, 3 rolled back, their output is written again",
+        "sink 'b' commit(s) 2, 3 rolled back, their output is written again",
+    ]
+    if kind == "parquet":
+        t = read_table(str(tmp_path / "t"))
+    else:
+        t = IcebergSink(str(tmp_path / "warehouse"), "db.t").read()
+    assert sorted(zip(t.column("tag").to_pylist(), t.column("n").to_pylist(), strict=True)) == [
+        ("a", 1),
+        ("b", 1),
+        ("c", 1),
+    ]
+    fresh = sink()
+    assert [fresh.latest_committed(f"job-r1-{v}") for v in "abc"] == [1, 1, 1]
