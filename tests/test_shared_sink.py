@@ -250,3 +250,48 @@ def test_a_restore_rolls_back_every_vertex_of_a_shared_table_and_only_its_commit
     ]
     fresh = sink()
     assert [fresh.latest_committed(f"job-r1-{v}") for v in "abc"] == [1, 1, 1]
+
+
+KILLED_IN_PROCESS = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, os.environ["TESTS"])
+import test_shared_sink
+from regional.sinks import staging
+
+publish, published = staging.StagingArea._publish, []
+
+def publish_or_die(self, fs, staged, target):
+    published.append(target)
+    if len(published) == int(os.environ["KILL_AT_PUBLISH"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    publish(self, fs, staged, target)
+
+staging.StagingArea._publish = publish_or_die
+test_shared_sink._clicks(Path(os.environ["BASE"])).run()
+"""
+
+
+def test_kill_9_at_seeded_moments_mid_commit_resumes_to_the_fault_free_tables(
+    tmp_path: Path, fault_free: tuple[list[Any], list[Any], int]
+) -> None:
+    """The driver process is killed with SIGKILL before its n-th file publish (n seeded),
+    three times in one job's life, each run resuming the last; then a run to the end."""
+    import os
+    import random
+    import subprocess
+    import sys
+
+    rows, letters, _ = fault_free
+    env = {**os.environ, "TESTS": str(Path(__file__).parent), "BASE": str(tmp_path)}
+    for n in random.Random(32).sample(range(2, 40), 3):
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLED_IN_PROCESS],
+            env={**env, "KILL_AT_PUBLISH": str(n)},
+            capture_output=True,
+            text=True,
+        )
+        assert killed.returncode == -9, (n, killed.stderr)
+    assert _clicks(tmp_path).run().finished
+    assert job.rows(str(tmp_path / "table")) == rows
+    assert job.dead_letters(str(tmp_path / "dead")) == letters
