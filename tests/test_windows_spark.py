@@ -2,10 +2,18 @@
 tumbling and sliding counts and sums equal Spark SQL ``groupBy(window(ts, ...), user)`` and
 sessions equal ``session_window`` over the input without the records the job dead-lettered as
 late (every one of them 40 s behind); through unit faults on both sides of the exchange and a
-driver crash at each crash point, the committed rows equal the fault-free run's row for row."""
+driver crash at each crash point, the committed rows equal the fault-free run's row for row.
+With a failing map before the exchange, one dead-letter sink collects from both sides (two
+sink vertices, one table): a crash at every crash point and a kill -9 mid-commit leave both
+tables equal to the fault-free run's (read with DuckDB)."""
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +101,102 @@ def test_a_sessionizer_after_an_exchange_closes_every_quiet_users_session(
     assert SparkRuntime(p, spark, root=str(tmp_path / "ckpt")).run().finished
     got = sorted((r["user"], r["clicks"], r["end"]) for r in job.read_table(table).to_pylist())
     assert got == job.expected_sessions()
+
+
+def _checked(spark: Any, base: Path, faults: Faults | None = None) -> SparkRuntime:
+    """The file job with `check` before the exchange: poison clicks and late clicks go to one
+    dead-letter ParquetSink (vertices `dead-letters` and `dead-letters-2`)."""
+    p = job.file_pipeline(
+        "sliding", str(base / "clicks"), str(base / "table"), str(base / "dead"), checked=True
+    )
+    return SparkRuntime(p, spark, root=str(base / "ckpt"), faults=faults)
+
+
+def _duckdb(table: Path, columns: str) -> list[tuple[Any, ...]]:
+    """The committed rows of a Parquet table as DuckDB reads it (an independent reader)."""
+    import duckdb
+
+    query = f"SELECT {columns} FROM read_parquet('{table}/**/*.parquet') ORDER BY ALL"
+    return duckdb.sql(query).fetchall()
+
+
+DEAD_COLUMNS = "operator, error_type, record"
+TOTAL_COLUMNS = 'user, start, "end", clicks, amount'
+
+
+@pytest.fixture(scope="module")
+def checked_fault_free(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("checked-fault-free")
+    job.write_clicks(str(base / "clicks"))
+    assert _checked(spark, base).run().finished
+    assert job.dead_letters(str(base / "dead")) == job.expected_dead_letters(FAR_BEHIND)
+    return base
+
+
+def test_one_dead_letter_sink_for_both_sides_of_an_exchange_survives_every_crash_point(
+    spark: Any, tmp_path: Path, checked_fault_free: Path
+) -> None:
+    """Crash points in one job's life: each restart resumes where the last crash left it.
+    Checkpoint 4 (the first after-metadata crash) holds staged dead letters of both sides."""
+    job.write_clicks(str(tmp_path / "clicks"))
+    crashes = [(4, "after-metadata"), (7, "after-acks"), (10, "after-commit"), (12, "mid-clean")]
+    assert sorted(step for _, step in crashes) == sorted(CRASH_STEPS)
+    for cid, step in crashes:
+        with pytest.raises(DriverCrash, match=f"checkpoint {cid}, {step}"):
+            _checked(spark, tmp_path, Faults(crash_at=(cid, step))).run()
+    summary = _checked(spark, tmp_path).run()
+    assert summary.finished and summary.restored_from is not None
+    for table, columns in (("table", TOTAL_COLUMNS), ("dead", DEAD_COLUMNS)):
+        assert _duckdb(tmp_path / table, columns) == _duckdb(checked_fault_free / table, columns)
+
+
+KILLED = textwrap.dedent(
+    """
+    import os
+    import signal
+    import sys
+
+    sys.path.insert(0, os.environ["JOB_DIR"])
+    import windows_job as job
+    from regional.sinks import staging
+
+    base = os.environ["BASE"]
+    pipeline = job.file_pipeline(
+        "sliding", base + "/clicks", base + "/table", base + "/dead", checked=True
+    )
+    if os.environ.get("KILL_AT_PUBLISH"):  # SIGKILL before this driver's n-th file publish
+        publish, published = staging.StagingArea._publish, []
+
+        def publish_or_die(self, fs, staged, target):
+            published.append(target)
+            if len(published) == int(os.environ["KILL_AT_PUBLISH"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            publish(self, fs, staged, target)
+
+        staging.StagingArea._publish = publish_or_die
+    """
+)
+
+
+def test_one_dead_letter_sink_for_both_sides_survives_kill_9_mid_commit(
+    spark: Any, tmp_path: Path, checked_fault_free: Path
+) -> None:
+    """`regional run` killed with SIGKILL at a seeded moment: before the n-th file a commit
+    publishes (sink rows, dead letters or exchange segments), so a commit is cut halfway;
+    the next run completes it and both tables equal the fault-free run's. (One kill: a
+    `regional run` costs a JVM start; tests/test_shared_sink.py kills at more moments.)"""
+    job.write_clicks(str(tmp_path / "clicks"))
+    file = tmp_path / "job.py"
+    file.write_text(KILLED)
+    env = {**os.environ, "JOB_DIR": str(Path(job.__file__).parent), "BASE": str(tmp_path)}
+    cmd = [sys.executable, "-m", "regional.cli", "run", str(file), "--master", "local[1]"]
+    cmd += ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    n = random.Random(32).randrange(3, 16)
+    killed = subprocess.run(
+        cmd, env={**env, "KILL_AT_PUBLISH": str(n)}, capture_output=True, text=True
+    )
+    assert killed.returncode == -9, (n, killed.stdout, killed.stderr)
+    summary = _checked(spark, tmp_path).run()  # the same job root: the pipeline is "clicks"
+    assert summary.finished and summary.restored_from is not None
+    for table, columns in (("table", TOTAL_COLUMNS), ("dead", DEAD_COLUMNS)):
+        assert _duckdb(tmp_path / table, columns) == _duckdb(checked_fault_free / table, columns)

@@ -33,6 +33,17 @@ def click(split: int, n: int) -> dict[str, Any]:
     return {"user": user, "ts": ts, "split": split, "n": n}
 
 
+#: the clicks `check` (before the exchange) raises on: three per split, none of them late
+POISON_N = (13, 53, 93)
+
+
+def check(r: dict[str, Any]) -> dict[str, Any]:
+    """An upstream map that fails on the clicks numbered `POISON_N` (dead-lettered)."""
+    if r["n"] in POISON_N:
+        raise ValueError(f"click {r['n']} of split {r['split']} is poison")
+    return r
+
+
 def user(r: dict[str, Any]) -> str:
     return str(r["user"])
 
@@ -60,8 +71,10 @@ def pipeline(
     parallelism: int = 2,
     on_late: str = "drop",
     dead_letter: Any = None,
+    checked: bool = False,
 ) -> Pipeline:
-    """clicks (`parallelism` subtasks) -> [exchange by user] -> window `kind` -> Parquet."""
+    """clicks (`parallelism` subtasks) -> [`check` when `checked`] -> [exchange by user] ->
+    window `kind` -> Parquet."""
     p = Pipeline(
         "clicks",
         records_per_epoch=PER_EPOCH,
@@ -76,6 +89,8 @@ def pipeline(
         event_time=ts_of,
         max_out_of_orderness=BOUND_MS / 1000,
     )
+    if checked:
+        stream = stream.map(check, name="check")
     keyed = stream.key_by(user, partitions=partitions, name="by-user" if partitions else None)
     keyed.window(ASSIGNERS[kind], aggregate=count(), emit=emit, on_late=on_late, name="win").sink(
         ParquetSink(table), name="out"
@@ -167,24 +182,29 @@ def emit_totals(key: Any, w: Window, value: Any) -> dict[str, Any]:
     return {"user": key, "start": w.start, "end": w.end, "clicks": value[0], "amount": value[1]}
 
 
-def file_pipeline(kind: str, clicks: str, table: str, dead: str) -> Pipeline:
-    """clicks files (one subtask per file) -> exchange by user (3) -> window `kind` -> Parquet;
-    late records dead-lettered (`dead`)."""
+def file_pipeline(
+    kind: str, clicks: str, table: str, dead: str, *, checked: bool = False
+) -> Pipeline:
+    """clicks files (one subtask per file) -> [`check` when `checked`] -> exchange by user
+    (3) -> window `kind` -> Parquet; late records (and `check`'s poison clicks) dead-lettered
+    (`dead`: one sink for both sides of the exchange)."""
     p = Pipeline(
         "clicks",
         records_per_epoch=PER_EPOCH,
         on_error="dead-letter",
         dead_letter=ParquetSink(dead),
     )
+    stream = p.source(
+        FileSource(clicks, format="jsonl"),
+        parallelism=SPLITS,
+        name="clicks",
+        event_time=ts_of,
+        max_out_of_orderness=BOUND_MS / 1000,
+    )
+    if checked:
+        stream = stream.map(check, name="check")
     (
-        p.source(
-            FileSource(clicks, format="jsonl"),
-            parallelism=SPLITS,
-            name="clicks",
-            event_time=ts_of,
-            max_out_of_orderness=BOUND_MS / 1000,
-        )
-        .key_by(user, partitions=3, name="by-user")
+        stream.key_by(user, partitions=3, name="by-user")
         .window(
             ASSIGNERS[kind],
             aggregate=count_and_sum(),
@@ -215,6 +235,22 @@ def late_records(dead: str) -> list[tuple[int, int]]:
         record = json.loads(r["record"])
         out.append((int(record["split"]), int(record["n"])))
     return sorted(out)
+
+
+def dead_letters(dead: str) -> list[tuple[str, str, int, int]]:
+    """(operator, error type, split, n) of every dead-lettered click, sorted."""
+    rows = read_table(dead).to_pylist()
+    out = []
+    for r in rows:
+        record = json.loads(r["record"])
+        out.append((r["operator"], r["error_type"], int(record["split"]), int(record["n"])))
+    return sorted(out)
+
+
+def expected_dead_letters(late: list[tuple[int, int]]) -> list[tuple[str, str, int, int]]:
+    """What `dead_letters` holds for a checked job whose window judged `late` late."""
+    poison = [("check", "ValueError", s, n) for s in range(SPLITS) for n in POISON_N]
+    return sorted(poison + [("win", "LateRecord", s, n) for s, n in late])
 
 
 # --- a sessionizer with timers --------------------------------------------------------

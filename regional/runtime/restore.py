@@ -48,7 +48,7 @@ from regional.runtime.rescale import (
     redistribute_keys,
     redistribute_state,
 )
-from regional.sinks.base import TableRollback, TableStaging
+from regional.sinks.base import TableRollback, TableRollbackUsers, TableStaging
 
 log = logging.getLogger(__name__)
 
@@ -436,8 +436,14 @@ def roll_back_sinks(
     rolled back when it can (`TableRollback`); otherwise the restore is refused
     (`RestoreError`). Every sink's (and exchange's) case is decided before any is rolled back,
     so a refused restore leaves every table as it was. Returns what was rolled back, for the
-    user."""
-    rollbacks: list[tuple[str, str, TableRollback, str]] = []
+    user.
+
+    A sink vertex's commits are its commit user's, so rolling one back never undoes another
+    vertex's commits to the same table, and every vertex that needs it is rolled back. A table
+    that rolls back as a whole (`TableRollbackUsers`: a snapshot) is rolled back once, for
+    every commit user of the job, since the vertices sharing it (one sink object, or several
+    on one location) may have committed in turns."""
+    rollbacks: dict[int, tuple[TableRollback, list[tuple[str, str, str]]]] = {}
     refusals: list[str] = []
     for vertex_id, committer in committers.items():
         sink = pipeline.sink_of(vertex_id)
@@ -450,7 +456,7 @@ def roll_back_sinks(
             f"newer than the restored checkpoint {restored_id}"
         )
         if own_root and isinstance(sink, TableRollback):
-            rollbacks.append((vertex_id, user, sink, what))
+            rollbacks.setdefault(id(sink), (sink, []))[1].append((vertex_id, user, what))
             continue
         how = (
             "they may belong to another run of the job"
@@ -463,19 +469,29 @@ def roll_back_sinks(
             "and start again"
         )
     if refusals:
+        vertices = [v for _, needing in rollbacks.values() for v, _, _ in needing]
         untouched = (
-            f" (nothing was rolled back: {', '.join(repr(v) for v, *_ in rollbacks)} left as "
-            "they were)"
-            if rollbacks
+            f" (nothing was rolled back: {', '.join(map(repr, vertices))} left as they were)"
+            if vertices
             else ""
         )
         raise RestoreError("; ".join(refusals) + untouched)
+    users = [c.commit_user for c in committers.values()]
+    undone: dict[str, list[int]] = {}  # per commit user (a user may be undone by another sink)
+    for table, needing in rollbacks.values():
+        if isinstance(table, TableRollbackUsers):
+            for user, ids in table.rollback_users(users, restored_id).items():
+                undone.setdefault(user, []).extend(ids)
+        else:
+            for _, user, _ in needing:
+                undone.setdefault(user, []).extend(table.rollback(user, restored_id))
     notes = []
-    for _vertex_id, user, table, what in rollbacks:
-        undone = table.rollback(user, restored_id)
-        done = f"commit(s) {_ids(undone)} rolled back" if undone else "rolled back"
-        log.warning("%s: %s (their output is written again)", what, done)
-        notes.append(f"{what}: {done}, their output is written again")
+    for _, needing in rollbacks.values():
+        for _vertex_id, user, what in needing:
+            ids = sorted(set(undone.get(user, ())))
+            done = f"commit(s) {_ids(ids)} rolled back" if ids else "rolled back"
+            log.warning("%s: %s (their output is written again)", what, done)
+            notes.append(f"{what}: {done}, their output is written again")
     return tuple(notes)
 
 
@@ -518,32 +534,41 @@ def clean_staged_sinks(
     job_id: str,
     restored: CheckpointMetadata | None,
 ) -> tuple[str, ...]:
-    """At a driver's start, before any task runs: every sink that stages files
-    (`TableStaging`) deletes job `job_id`'s staged files that neither the `restored`
-    checkpoint's subtasks nor its commit coordinator's pending re-commits name (none on a
-    fresh start): they are from lost attempts or a lost run. Best effort (what is left waits
-    for the next start); returns a note per sink that deleted files, for the user."""
-    notes: list[str] = []
-    for vertex_id, committer in committers.items():
+    """At a driver's start, before any task runs: every table whose writers stage files
+    (`TableStaging`) deletes job `job_id`'s staged files that nothing of the job still names:
+    neither a subtask of the `restored` checkpoint nor a pending re-commit of any commit
+    coordinator (none on a fresh start). They are from lost attempts or a lost run.
+
+    Cleaning is per table, not per sink vertex: several vertices may write one table (the
+    dead-letter sink of every part of the graph, one sink object given to two `.sink()`
+    calls, two sink objects on one location), and one vertex's staged files are no lost
+    attempt of another's. So each table is handed every committable of the job and keeps the
+    ones that name its files (a table skips other tables' committables, as `discard` does):
+    the files it keeps are found by their names inside it, however its path was spelled.
+    Each sink object cleans once. Best effort (what is left waits for the next start);
+    returns a note per table that deleted files, naming its sink vertices."""
+    keep = [
+        c for committer in committers.values() for p in committer.pending for c in p.committables
+    ]
+    if restored is not None:
+        keep += [c for s in restored.subtasks for c in s.committables]
+    tables: dict[int, tuple[TableStaging, list[str]]] = {}
+    for vertex_id in committers:
         sink = pipeline.sink_of(vertex_id)
-        if not isinstance(sink, TableStaging):
-            continue
-        keep = [c for commit in committer.pending for c in commit.committables]
-        if restored is not None:
-            keep += [
-                c for s in restored.subtasks if s.vertex_id == vertex_id for c in s.committables
-            ]
+        if isinstance(sink, TableStaging):
+            tables.setdefault(id(sink), (sink, []))[1].append(vertex_id)
+    notes: list[str] = []
+    for table, vertices in tables.values():
+        names = ", ".join(map(repr, vertices))
         try:
-            deleted = sink.clean_staged(job_id, keep)
+            deleted = table.clean_staged(job_id, keep)
         except CommitError:  # a link out of the table (or bad names): refuse to start
             raise
         except Exception as exc:  # storage trouble: the next start tries again
-            log.warning("sink %r: staged files of lost attempts left: %s", vertex_id, exc)
+            log.warning("sink %s: staged files of lost attempts left: %s", names, exc)
             continue
         if deleted:
-            notes.append(
-                f"sink {vertex_id!r}: deleted {len(deleted)} staged file(s) of lost attempts"
-            )
+            notes.append(f"sink {names}: deleted {len(deleted)} staged file(s) of lost attempts")
             log.info("%s", notes[-1])
     return tuple(notes)
 

@@ -10,8 +10,15 @@ aborted attempt staged. Everything a writer needs to know about the call is one 
 A **committer** (`TableCommitter`) runs on the driver: it commits a checkpoint's committables
 atomically and idempotently under (commit user, identifier). Optional capabilities are their own
 protocols, checked with `isinstance`: `TableRollback` (undo commits after an identifier),
-`TableStaging` (clean staged files a crash orphaned), `TableRetention` (how long the table keeps
-what its deduplication relies on).
+`TableRollbackUsers` (undo several commit users' commits at once, for a table that rolls back
+as a whole), `TableStaging` (clean staged files a crash orphaned), `TableRetention` (how long
+the table keeps what its deduplication relies on).
+
+Several sink vertices may write one table (the dead-letter sink of every part of the graph,
+one sink object given to two `Stream.sink` calls, two sink objects on one location): each
+vertex commits under its own commit user, and the driver cleans and rolls back per table
+(`regional.runtime.restore`), so what one vertex staged or committed is never taken for
+another's leftovers.
 
 A writer that is also a `MergingWriter` stages one file per task and epoch for all the units
 the task ran (`regional.sinks.merging`), instead of one per unit.
@@ -34,7 +41,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
@@ -51,6 +58,7 @@ __all__ = [
     "TableCommitter",
     "TableRetention",
     "TableRollback",
+    "TableRollbackUsers",
     "TableStaging",
     "WriteContext",
 ]
@@ -148,11 +156,24 @@ class TableRollback(Protocol):
 
 
 @runtime_checkable
+class TableRollbackUsers(Protocol):
+    """A table that rolls back as a whole (to an earlier snapshot), so one commit user's
+    commits cannot be undone while another user of the job committed after them:
+    `rollback_users` undoes the commits after `identifier` of every user in `commit_users`
+    (the job's sink vertices) in one step, and returns the identifiers undone per user."""
+
+    def rollback_users(
+        self, commit_users: Collection[str], identifier: int
+    ) -> dict[str, list[int]]: ...
+
+
+@runtime_checkable
 class TableStaging(Protocol):
     """A table whose writers stage files a crash can orphan: `clean_staged` deletes job
     `job_id`'s staged files that no committable in `keep` names, and returns them. The driver
-    calls it when it starts, before any task runs, with every committable its restored
-    checkpoint still names (a pending re-commit's files are among them)."""
+    calls it when it starts, before any task runs, with every committable of the job its
+    restored checkpoint still names (a pending re-commit's files are among them), of every
+    sink vertex: a table keeps those naming its files and skips the others."""
 
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]: ...
 

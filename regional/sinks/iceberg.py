@@ -74,7 +74,7 @@ import os
 import posixpath
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -632,31 +632,48 @@ class IcebergSink:
         return max(self.committed_identifiers(commit_user), default=None)
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
-        """Undo `commit_user`'s commits after checkpoint `identifier` by making the snapshot
-        before the first of them the table's current one; returns the checkpoints undone.
+        """Undo `commit_user`'s commits after checkpoint `identifier` (`rollback_users`);
+        returns the checkpoints undone. `regional.sinks.base.TableRollback`."""
+        return self.rollback_users((commit_user,), identifier).get(commit_user, [])
+
+    def rollback_users(
+        self, commit_users: Collection[str], identifier: int
+    ) -> dict[str, list[int]]:
+        """Undo the commits after checkpoint `identifier` of every user in `commit_users` (the
+        sink vertices of one job, which may share this table) by making the snapshot before
+        the first of them the table's current one; returns, per user, the checkpoints undone.
+        A commit of theirs up to `identifier` that came after such a commit goes back too: it
+        was not confirmed when checkpoint `identifier` was taken, so the restore commits it
+        again.
 
         Refused (`RestoreError`) when another writer committed after that snapshot: moving the
-        table back would drop its rows too. `regional.sinks.base.TableRollback`."""
+        table back would drop its rows too. `regional.sinks.base.TableRollbackUsers`."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table.snapshots import ancestors_of
 
+        users = set(commit_users)
+        described = f"user{'s' if len(users) > 1 else ''} " + ", ".join(map(repr, sorted(users)))
+        # the users with commits to undo, until the walk meets one of theirs at or before it
+        waiting = {u for u in users if (self.latest_committed(u) or 0) > identifier}
         table = self._refreshed()
-        newer = []  # newest first, up to the oldest commit of the user after `identifier`
-        for s in ancestors_of(table.current_snapshot(), table.metadata):
+        newer = []  # newest first, up to the oldest commit of theirs after `identifier`
+        for s in ancestors_of(table.current_snapshot(), table.metadata) if waiting else ():
             user, checkpoint = _mark(s)
-            if user == commit_user and checkpoint is not None and checkpoint <= identifier:
-                break
+            if user in waiting and checkpoint is not None and checkpoint <= identifier:
+                waiting.discard(user)
+                if not waiting:
+                    break
             newer.append(s)
         while newer and not (
-            _mark(newer[-1])[0] == commit_user and (_mark(newer[-1])[1] or 0) > identifier
+            _mark(newer[-1])[0] in users and (_mark(newer[-1])[1] or 0) > identifier
         ):
             newer.pop()
         if not newer:
-            return []
-        if others := [s for s in newer if _mark(s)[0] != commit_user]:
+            return {}
+        if others := [s for s in newer if _mark(s)[0] not in users]:
             raise RestoreError(
-                f"Iceberg table {self.table_name!r}: cannot roll back the commits of user "
-                f"{commit_user!r} after checkpoint {identifier}: snapshot(s) "
+                f"Iceberg table {self.table_name!r}: cannot roll back the commits of "
+                f"{described} after checkpoint {identifier}: snapshot(s) "
                 f"{', '.join(str(s.snapshot_id) for s in reversed(others))} of other writers "
                 "came after them and would be dropped too; remove the commits by hand (e.g. "
                 "delete their rows) or restore a newer checkpoint"
@@ -671,12 +688,17 @@ class IcebergSink:
             manage.commit()
         except CommitFailedException as exc:
             raise CommitError(
-                f"Iceberg table {self.table_name!r}: the rollback of user {commit_user!r} to "
+                f"Iceberg table {self.table_name!r}: the rollback of {described} to "
                 f"checkpoint {identifier} met a concurrent commit and was not made ({exc}); "
                 "restore again"
             ) from exc
         self._head, self._identifiers, self._snapshots_of = None, {}, {}
-        return sorted(c for s in newer if (c := _mark(s)[1]) is not None)
+        undone: dict[str, list[int]] = {}
+        for s in reversed(newer):  # oldest first
+            user, checkpoint = _mark(s)
+            if user is not None and checkpoint is not None and checkpoint > identifier:
+                undone.setdefault(user, []).append(checkpoint)
+        return undone
 
     # --- the duplicate-file backstop (see the module's docstring) ------------------------------
 
