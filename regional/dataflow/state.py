@@ -130,9 +130,10 @@ class ValueState:
     def value(self) -> Any:
         """The stored value, or the default given when the state was opened (also when the
         value expired)."""
-        stamp = None if self._ttl is None else self._slot.get((self._name, TTL))
-        if stamp is not None and self._state.clock() - stamp[0] >= self._ttl:
-            return self._default
+        if self._ttl is not None:
+            stamp = self._slot.get((self._name, TTL))
+            if stamp is not None and self._state.clock() - stamp[0] >= self._ttl:
+                return self._default
         return self._slot.get(self._name, self._default)
 
     def update(self, value: Any) -> None:
@@ -246,12 +247,19 @@ class KeyedContext:
                 )
             slot = slots[key] = {}
         self._slot: dict[Any, Any] = slot
+        self._opened: dict[str, ValueState] = {}  # value states without ttl, by name
 
     def value_state(
         self, name: str, default: Any = None, *, ttl: dt.timedelta | float | None = None
     ) -> ValueState:
         """The value state `name` of the current (split, key); with `ttl` (a `timedelta` or
         seconds of processing time) a value not updated for that long reads as `default`."""
+        if ttl is None:  # the hot path: the same state object for every record of the key
+            opened = self._opened.get(name)
+            if opened is not None and opened._default is default and opened._ttl is None:
+                return opened
+            opened = self._opened[name] = ValueState(self._state, self._slot, name, default)
+            return opened
         return ValueState(self._state, self._slot, name, default, ttl_ms(ttl, name))
 
     def map_state(self, name: str, *, ttl: dt.timedelta | float | None = None) -> MapState:
@@ -283,6 +291,7 @@ class OperatorState:
     ) -> None:
         self.keyed = keyed if keyed is not None else {}
         self.lists = lists if lists is not None else {}
+        self._contexts: dict[tuple[str, Any], KeyedContext] = {}  # see `context`
         self.operator = operator
         self.codec = codec if codec is not None else _DEFAULT_CODEC
         self.clock: Callable[[], int] = clock or _system_ms
@@ -303,8 +312,18 @@ class OperatorState:
         self.codec.check(value, what=f"state {name!r}", operator=self.operator, at=at)
 
     def context(self, split_id: str, key: Any) -> KeyedContext:
-        """The state context of one record read from `split_id` with key `key`."""
-        return KeyedContext(self, split_id, key)
+        """The state context of one record read from `split_id` with key `key`: the same
+        object for every record of the (split, key) while its slot lives (no allocation per
+        record on the hot path); a new one once the slot was dropped (a fired window, a
+        finished split, expired entries)."""
+        slots = self.keyed.get(split_id)
+        slot = None if slots is None else slots.get(key)
+        if slot is not None:
+            ctx = self._contexts.get((split_id, key))
+            if ctx is not None and ctx._slot is slot:
+                return ctx
+        ctx = self._contexts[split_id, key] = KeyedContext(self, split_id, key)
+        return ctx
 
     def retain_splits(self, live: Collection[str]) -> int:
         """Drop the keyed state of every split not in `live` (the splits the unit's sources
