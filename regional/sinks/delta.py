@@ -145,6 +145,7 @@ class DeltaSink(TableSink[_Committable]):
 
     committable = _Committable
     kind = "delta"
+    shipped = ("path", "storage_options", "schema")  # no table object
 
     def __init__(
         self,
@@ -157,7 +158,6 @@ class DeltaSink(TableSink[_Committable]):
         super().__init__()
         self.path = _location(path)
         self.storage_options = dict(storage_options or {})
-        self._table_object: Any = None
         deltalake = _require_deltalake()
         if schema is not None:
             deltalake.DeltaTable.create(
@@ -175,13 +175,9 @@ class DeltaSink(TableSink[_Committable]):
             )
         self.schema = pa.schema(table.schema().to_arrow())
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Ship only the configuration and the table's columns to tasks (no table object)."""
-        return {"path": self.path, "storage_options": self.storage_options, "schema": self.schema}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._table_object = None
+    def _forget(self) -> None:
+        super()._forget()
+        self._table_object: Any = None
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
@@ -191,10 +187,6 @@ class DeltaSink(TableSink[_Committable]):
     @property
     def describe(self) -> str:
         return f"Delta table {self.path}"
-
-    @property
-    def location(self) -> str:
-        return self.path
 
     def _table(self) -> Any:
         if self._table_object is None:
@@ -219,11 +211,8 @@ class DeltaSink(TableSink[_Committable]):
         """A full path (``<table path>/<file>``) as the table's file system names it."""
         return f"{self._filesystem()[1]}{path[len(self.path) :]}"
 
-    def _identity(self) -> str:
-        return self.path
-
-    def _table_of(self, committable: _Committable) -> str:
-        return committable.table
+    def _other_table(self, committable: _Committable) -> str | None:
+        return None if committable.table == self.path else committable.table
 
     def _schema(self) -> pa.Schema:
         return self.schema
@@ -257,6 +246,10 @@ class DeltaSink(TableSink[_Committable]):
                 fs.delete_file(self._in_fs(path))
             except FileNotFoundError:
                 continue
+
+    @property
+    def location(self) -> str:
+        return self.path
 
     def _retention(self) -> tuple[str, int | None]:
         """`delta.setTransactionRetentionDuration` if set (else None: markers kept forever)."""

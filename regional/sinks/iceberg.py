@@ -193,6 +193,15 @@ class IcebergSink(TableSink[_Committable]):
 
     committable = _Committable
     kind = "iceberg"
+    #: writers read the table from its metadata file, never from the catalog: no SQLite or
+    #: catalog service from executors
+    shipped = (
+        "warehouse",
+        "table_name",
+        "catalog_name",
+        "catalog_properties",
+        "_metadata_location",
+    )
 
     def __init__(
         self,
@@ -226,13 +235,7 @@ class IcebergSink(TableSink[_Committable]):
             }
         else:
             self.catalog_properties = {"warehouse": warehouse, **catalog_properties}
-        self._catalog_object: Any = None
-        self._table_object: Any = None
         self._metadata_location: str | None = None  # what tasks read the table from
-        self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
-        self._identifiers: dict[str, set[int]] = {}
-        self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
-        self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
         require("pyiceberg.catalog", "Iceberg", "iceberg")
         if schema is not None:
             catalog = self._catalog()
@@ -247,22 +250,16 @@ class IcebergSink(TableSink[_Committable]):
         table from it, never from the catalog: no SQLite or catalog service from executors)."""
         if self._table_object is not None:
             self._metadata_location = self._table_object.metadata_location
-        return {
-            "warehouse": self.warehouse,
-            "table_name": self.table_name,
-            "catalog_name": self.catalog_name,
-            "catalog_properties": self.catalog_properties,
-            "_metadata_location": self._metadata_location,
-        }
+        return super().__getstate__()
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._catalog_object = None
-        self._table_object = None
-        self._head = None
-        self._identifiers = {}
-        self._snapshots_of = {}
-        self.snapshots_read = 0
+    def _forget(self) -> None:
+        super()._forget()
+        self._catalog_object: Any = None
+        self._table_object: Any = None
+        self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
+        self._identifiers: dict[str, set[int]] = {}
+        self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
+        self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
 
     def __repr__(self) -> str:
         return f"IcebergSink({self.warehouse!r}, {self.table_name!r})"
@@ -323,15 +320,9 @@ class IcebergSink(TableSink[_Committable]):
     def describe(self) -> str:
         return f"Iceberg table {self.table_name!r}"
 
-    @property
-    def location(self) -> str:
-        return f"{self.warehouse} {self.table_name}"
-
-    def _identity(self) -> str:
-        return str(self._table().metadata.table_uuid.hex)
-
-    def _table_of(self, committable: _Committable) -> str:
-        return committable.table_uuid
+    def _other_table(self, committable: _Committable) -> str | None:
+        mine = self._table().metadata.table_uuid.hex
+        return None if committable.table_uuid == mine else f"uuid {committable.table_uuid}"
 
     def _schema(self) -> pa.Schema:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -362,6 +353,10 @@ class IcebergSink(TableSink[_Committable]):
         for path in paths:
             if io.new_input(path).exists():
                 io.delete(path)
+
+    @property
+    def location(self) -> str:
+        return f"{self.warehouse} {self.table_name}"
 
     def _retention(self) -> tuple[str, int | None]:
         """The table's `history.expire.max-snapshot-age-ms` if set on it (what snapshot expiry

@@ -23,7 +23,7 @@ every format it does
 * **retention** (`marker_retention`): how long the table keeps what its deduplication relies on.
 
 The format supplies the hooks: its committable Struct (`committable`), its table's identity and
-columns (`_identity`, `_table_of`, `_schema`), where a committable's data files are and how they
+columns (`_other_table`, `_schema`), where a committable's data files are and how they
 are found, written and deleted (`_paths`, `_path`, `_exist`, `_stage`, `_delete`), and the
 commit itself (`_publish`: its own backstops, the cut-out's rewrite, the atomic commit), with
 `latest_committed` and `read`. Committables stay `bytes` in the contract: checkpoints store them
@@ -174,14 +174,24 @@ class TableSink(Generic[C]):
     committable: type[C]
     #: The format's name in the retention recorded in checkpoints (`marker_retention`).
     kind: str
+    #: The attributes shipped to tasks: the configuration, never table objects or caches.
+    shipped: tuple[str, ...]
 
     def __init__(self) -> None:
-        self._discarded = DiscardedParts()  # parts of merged files discarded so far
+        self._forget()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ship only the configuration (`shipped`) to tasks."""
+        return {name: getattr(self, name) for name in self.shipped}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A writer unpickled in a task: its configuration, nothing discarded yet."""
+        """A writer unpickled in a task: its configuration, nothing read or discarded yet."""
         self.__dict__.update(state)
-        self._discarded = DiscardedParts()
+        self._forget()
+
+    def _forget(self) -> None:
+        """Start without table objects and caches (a new sink, or one unpickled in a task)."""
+        self._discarded = DiscardedParts()  # parts of merged files discarded so far
 
     # --- hooks of the format ------------------------------------------------------------------
 
@@ -190,17 +200,9 @@ class TableSink(Generic[C]):
         """The table in errors (``Delta table /data/t``, ``Iceberg table 'db.t'``)."""
         raise NotImplementedError
 
-    @property
-    def location(self) -> str:
-        """Where the table is, as recorded with its retention."""
-        raise NotImplementedError
-
-    def _identity(self) -> str:
-        """This table's identity as its committables record it."""
-        raise NotImplementedError
-
-    def _table_of(self, committable: C) -> str:
-        """The identity of the table `committable` was written for."""
+    def _other_table(self, committable: C) -> str | None:
+        """The table `committable` was written for (as it records it) when that is not this
+        one; None when it is."""
         raise NotImplementedError
 
     def _schema(self) -> pa.Schema:
@@ -272,6 +274,11 @@ class TableSink(Generic[C]):
         cut-outs first. The merged files cut out are deleted afterwards by the template."""
         raise NotImplementedError
 
+    @property
+    def location(self) -> str:
+        """Where the table is, as recorded with its retention."""
+        raise NotImplementedError
+
     def _retention(self) -> tuple[str, int | None]:
         """The table property bounding how long its commit markers live, and its value (ms;
         None when not set: kept forever, or until someone deletes them)."""
@@ -297,11 +304,11 @@ class TableSink(Generic[C]):
                     f"committable ({exc}); was the sink of this vertex changed since the "
                     "checkpoint was taken?"
                 ) from None
-            if (table := self._table_of(c)) != self._identity():
+            if (table := self._other_table(c)) is not None:
                 raise CommitError(
-                    f"{self.describe}: a committable names file {self._name(c)!r} of another "
-                    f"table ({table}); was the sink's table changed since the checkpoint was "
-                    "taken? Restore with the original table"
+                    f"{self.describe}: a committable was written for another table ({table}); "
+                    "was the sink's table changed since the checkpoint was taken? Restore with "
+                    "the original table"
                 )
             out.append(self._checked(check_version(c, self.describe)))
         return out
@@ -309,14 +316,13 @@ class TableSink(Generic[C]):
     def own(self, committables: Iterable[bytes]) -> list[C]:
         """The committables of this table, decoded; those of other sinks and tables are
         skipped (a defence: the runtime hands a sink only its own)."""
-        identity = self._identity()
         out = []
         for raw in committables:
             try:
                 c = msgspec.msgpack.decode(raw, type=self.committable)
             except DECODE_FAILURES:
                 continue
-            if self._table_of(c) == identity:
+            if self._other_table(c) is None:
                 out.append(self._checked(check_version(c, self.describe)))
         return out
 
