@@ -533,13 +533,17 @@ class StagingArea:
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
         """Delete the staged files of job `job_id` that no committable in `keep` names (they
         are from lost attempts or lost runs); returns them (relative to the directory). Called
-        when a driver starts, before any task of its run; other jobs' files are never touched."""
+        when a driver starts, before any task of its run; other jobs' files are never touched.
+        A committable of a newer version is a `CommitError` (what it names is not known), and
+        nothing is deleted."""
         if name_problem(job_id) is not None:
             return []
         kept: set[str] = set()
         for c in keep:
-            with contextlib.suppress(CommitError):
-                kept.update(i.file for i in self.files([c]))
+            with contextlib.suppress(*DECODE_FAILURES):  # not this area's: names none of it
+                kept.add(
+                    check_version(msgspec.msgpack.decode(c, type=StagedFile), self.describe).file
+                )
         fs, base = self.location()
         deleted = []
         for info in self.listing(f"{base}/{STAGING}/{job_id}"):
