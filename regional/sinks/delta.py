@@ -25,15 +25,12 @@ Each version records ``regional.checkpoint-id``, ``regional.commit-user`` and
 ``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
 fell back in Y) in its commit info. Staged files of declined or aborted attempts are deleted.
 
-With output merging (`write_merged`, `regional.sinks.merging`) a task writes one file for all
-the units it ran in an epoch, and each unit's committable names its rows of it. A commit adds
-such a file whole (one ``add`` action, the whole file's row count) when it holds every part of
-it; otherwise (a unit was declared fallen back after its rows were written) it first rewrites
-the kept rows as ``<file>-k<kept ranges>.parquet`` (the same name on a retry: the retry writes
-the same file again and the marker keeps it from being added twice), adds that file, and then
-deletes the merged file. The merged file is never added, so readers do not see it; one left
-behind by a crash between the commit and the delete is not referenced by the log, which
-``DeltaTable.vacuum(full=True)`` deletes once it is older than the retention.
+Staging, merged files (one per task and epoch, `write_merged`), discard and the frame of a
+commit are the table-sink template's (`regional.sinks.table.TableSink`). A merged file the commit
+holds whole is one ``add`` action with the whole file's row count; one cut out (a unit declared
+fallen back after staging) is added as ``<file>-k<kept ranges>.parquet`` (a retry writes the same
+file, the marker keeps it from being added twice). The merged file is never added; one left by a
+crash between the commit and its delete is in no log entry: ``DeltaTable.vacuum(full=True)``.
 
 There is no rollback: Delta's RESTORE also drops other writers' commits and does not lower the
 marker, so a restore below the table's latest commit of the job refuses instead.

@@ -48,15 +48,12 @@ every manifest of the current snapshot (one per append). It rests on the file na
    totals), is the whole current snapshot checked (pyiceberg's check): a commit user's first
    commit into a table with expired history (at most once per driver).
 
-With output merging (`write_merged`, `regional.sinks.merging`) a task writes one data file for
-all the units it ran in an epoch, and each unit's committable names its rows of it. A commit
-appends such a file whole (pyiceberg reads its metrics from the file's footer, as for any file)
-when it holds every part of it; otherwise (a unit was declared fallen back after its rows were
-written) it first rewrites the kept rows next to it as ``<file>-k<kept ranges>.parquet`` (the
-same name on a retry, still named for checkpoint Y, so the backstop above covers it), appends
-that file, and then deletes the merged file. The merged file is in no manifest, so readers do
-not see it; one left behind by a crash between the commit and the delete is an orphan file,
-which Iceberg's orphan-file removal (e.g. Spark's ``remove_orphan_files``) deletes.
+With output merging (`write_merged`) a task writes one data file for all the units it ran in
+an epoch; a commit appends it whole (pyiceberg reads its metrics from the footer), or, when it
+holds only some units' parts, the template's cut-out ``<file>-k<kept ranges>.parquet`` (still
+named for checkpoint Y, so the backstop above covers it). The merged file is in no manifest; one
+left by a crash between the commit and its delete is an orphan file, which Iceberg's orphan-file
+removal (e.g. Spark's ``remove_orphan_files``) deletes.
 
 Not checked: files of ours added to the table by another writer without our summary (e.g. a
 hand-run ``add_files`` over the data directory), and a file added by a snapshot expired out of

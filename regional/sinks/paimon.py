@@ -66,29 +66,17 @@ FALLBACK_PROPERTY = "regional.fallback-units"
 
 _MESSAGE_VERSION = 14  # Java Paimon's CommitMessageSerializer version of the message bytes
 _TIME_RETAINED = "snapshot.time-retained"
-_PAIMON_UNITS = {
-    "ms": 1,
-    "milli": 1,
-    "millis": 1,
-    "millisecond": 1,
-    "milliseconds": 1,
-    "s": 1000,
-    "sec": 1000,
-    "secs": 1000,
-    "second": 1000,
-    "seconds": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "minute": 60_000,
-    "minutes": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "hours": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
-    "days": 86_400_000,
+_PAIMON_UNITS = {  # the unit names Paimon's durations accept, in ms
+    name: ms
+    for names, ms in (
+        ("ms milli millis millisecond milliseconds", 1),
+        ("s sec secs second seconds", 1000),
+        ("m min minute minutes", 60_000),
+        ("h hour hours", 3_600_000),
+        ("d day days", 86_400_000),
+    )
+    for name in names.split()
 }
-
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
