@@ -2,14 +2,31 @@
 `PaimonSink` (an Apache Paimon append table; the extra ``regional-checkpoints[paimon]``),
 `DeltaSink` (a Delta Lake table; ``regional-checkpoints[delta]``) and `IcebergSink` (an Apache
 Iceberg table; ``regional-checkpoints[iceberg]``). The optional ones are imported on first use, so
-that `regional.sinks` works without their packages."""
+that `regional.sinks` works without their packages.
+
+Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
+`SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
+driver) and the optional capabilities `TableRollback`, `TableStaging` and `TableRetention`; and
+the template a table format's sink is written on, `TableSink`, with its versioned committables
+(`TableCommittable`, `COMMITTABLE_VERSION`; `regional.sinks.table`)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from regional.sinks.base import (
+    MergingWriter,
+    Sink,
+    SinkWriter,
+    TableCommitter,
+    TableRetention,
+    TableRollback,
+    TableStaging,
+    WriteContext,
+)
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
+from regional.sinks.table import COMMITTABLE_VERSION, TableCommittable, TableSink
 
 if TYPE_CHECKING:
     from regional.sinks.delta import DeltaSink
@@ -22,7 +39,25 @@ _LAZY = {
     "IcebergSink": "regional.sinks.iceberg",
 }
 
-__all__ = ["DeltaSink", "IcebergSink", "PaimonSink", "ParquetSink", "committed_files", "read_table"]
+__all__ = [
+    "COMMITTABLE_VERSION",
+    "DeltaSink",
+    "IcebergSink",
+    "MergingWriter",
+    "PaimonSink",
+    "ParquetSink",
+    "Sink",
+    "SinkWriter",
+    "TableCommittable",
+    "TableCommitter",
+    "TableRetention",
+    "TableRollback",
+    "TableSink",
+    "TableStaging",
+    "WriteContext",
+    "committed_files",
+    "read_table",
+]
 
 
 def __getattr__(name: str) -> Any:

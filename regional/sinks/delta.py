@@ -25,15 +25,12 @@ Each version records ``regional.checkpoint-id``, ``regional.commit-user`` and
 ``regional.fallback-units`` (JSON: unit -> the checkpoint owning its state, for the units that
 fell back in Y) in its commit info. Staged files of declined or aborted attempts are deleted.
 
-With output merging (`write_merged`, `regional.sinks.merging`) a task writes one file for all
-the units it ran in an epoch, and each unit's committable names its rows of it. A commit adds
-such a file whole (one ``add`` action, the whole file's row count) when it holds every part of
-it; otherwise (a unit was declared fallen back after its rows were written) it first rewrites
-the kept rows as ``<file>-k<kept ranges>.parquet`` (the same name on a retry: the retry writes
-the same file again and the marker keeps it from being added twice), adds that file, and then
-deletes the merged file. The merged file is never added, so readers do not see it; one left
-behind by a crash between the commit and the delete is not referenced by the log, which
-``DeltaTable.vacuum(full=True)`` deletes once it is older than the retention.
+Staging, merged files (one per task and epoch, `write_merged`), discard and the frame of a
+commit are the table-sink template's (`regional.sinks.table.TableSink`). A merged file the commit
+holds whole is one ``add`` action with the whole file's row count; one cut out (a unit declared
+fallen back after staging) is added as ``<file>-k<kept ranges>.parquet`` (a retry writes the same
+file, the marker keeps it from being added twice). The merged file is never added; one left by a
+crash between the commit and its delete is in no log entry: ``DeltaTable.vacuum(full=True)``.
 
 There is no rollback: Delta's RESTORE also drops other writers' commits and does not lower the
 marker, so a restore below the table's latest commit of the job refuses instead.
@@ -54,32 +51,24 @@ marker, so a restore below the table's latest commit of the job refuses instead.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 from regional.sinks.base import WriteContext
 from regional.sinks.durability import fsync_path as _fsync
-from regional.sinks.merging import (
-    DiscardedParts,
-    FilePart,
-    commit_plan,
-    kept_stem,
-    merged_table,
-    take_ranges,
-)
+from regional.sinks.merging import take_ranges
+from regional.sinks.table import COMMITTABLE_VERSION, Planned, TableSink, require
 
 __all__ = ["CHECKPOINT_PROPERTY", "COMMIT_USER_PROPERTY", "FALLBACK_PROPERTY", "DeltaSink"]
 
@@ -95,10 +84,9 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.parquet")
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
-    """One staged data file, or one unit's part of a merged one (`write_merged`): `rows` from
-    `first_row` of the file's `file_rows` (-1: the committable is the whole file; the part
-    fields come last, with defaults, so committables of older versions still decode). `size`
-    and `modified` are the whole file's."""
+    """One staged data file, or one unit's part of a merged one (`write_merged`;
+    `regional.sinks.table.TableCommittable`). `size` and `modified` are the whole file's. The
+    fields after `modified` came later, with defaults: older committables still decode."""
 
     table: str  # the table's location when written (discard skips other tables' files)
     file: str  # name of the data file in the table directory
@@ -107,25 +95,7 @@ class _Committable(msgspec.Struct, frozen=True, array_like=True, tag="delta"):
     modified: int  # ms since the epoch
     first_row: int = 0
     file_rows: int = -1
-
-    @property
-    def part(self) -> FilePart | None:
-        """Its part of a merged file, or None when it is a whole file."""
-        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
-
-
-class _Added(NamedTuple):
-    """One data file a commit adds: `file` (in the table directory), made from the data file
-    `source` the committables name (the same file, or, for `keep` ranges, a rewrite of it
-    without the rows of parts not in the commit), with its rows, size (-1 until rewritten)
-    and modification time (ms)."""
-
-    source: str
-    file: str
-    rows: int
-    size: int
-    modified: int
-    keep: tuple[tuple[int, int], ...] | None = None
+    version: int = 1
 
 
 _TXN_RETENTION = "delta.setTransactionRetentionDuration"
@@ -154,14 +124,7 @@ def _interval_ms(text: str) -> int | None:
 
 
 def _require_deltalake() -> Any:
-    try:
-        import deltalake
-    except ImportError as exc:
-        raise SinkError(
-            f"the Delta Lake sink needs the deltalake package ({exc}): "
-            "pip install 'regional-checkpoints[delta]'"
-        ) from exc
-    return deltalake
+    return require("deltalake", "Delta Lake", "delta")
 
 
 def _location(path: str) -> str:
@@ -169,13 +132,17 @@ def _location(path: str) -> str:
     return path.rstrip("/") if "://" in path else os.path.abspath(path)
 
 
-class DeltaSink:
+class DeltaSink(TableSink[_Committable]):
     """The unpartitioned Delta table at `path` (a local path or a URI deltalake and pyarrow.fs
     both understand, e.g. ``s3://bucket/t`` with credentials in the environment).
 
     With `schema` the table is created if missing (with `configuration`, its Delta table
     properties); otherwise it must exist. `storage_options` go to deltalake.
     """
+
+    committable = _Committable
+    kind = "delta"
+    shipped = ("path", "storage_options", "schema")  # no table object
 
     def __init__(
         self,
@@ -185,10 +152,9 @@ class DeltaSink:
         configuration: Mapping[str, str] | None = None,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__()
         self.path = _location(path)
         self.storage_options = dict(storage_options or {})
-        self._table_object: Any = None
-        self._discarded = DiscardedParts()  # parts of merged files discarded so far
         deltalake = _require_deltalake()
         if schema is not None:
             deltalake.DeltaTable.create(
@@ -206,19 +172,18 @@ class DeltaSink:
             )
         self.schema = pa.schema(table.schema().to_arrow())
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Ship only the configuration and the table's columns to tasks (no table object)."""
-        return {"path": self.path, "storage_options": self.storage_options, "schema": self.schema}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._table_object = None
-        self._discarded = DiscardedParts()
+    def _forget(self) -> None:
+        super()._forget()
+        self._table_object: Any = None
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
 
-    # --- the table --------------------------------------------------------------------------
+    # --- the table: regional.sinks.table.TableSink's hooks -------------------------------------
+
+    @property
+    def describe(self) -> str:
+        return f"Delta table {self.path}"
 
     def _table(self) -> Any:
         if self._table_object is None:
@@ -239,115 +204,60 @@ class DeltaSink:
             return pafs.FileSystem.from_uri(self.path)
         return pafs.LocalFileSystem(), self.path
 
-    def _fit(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
-        """`batches` as one table of the Delta table's columns, in its order and types."""
-        names = self.schema.names
-        out = []
-        for batch in batches:
-            missing = [n for n in names if n not in batch.schema.names]
-            extra = [n for n in batch.schema.names if n not in names]
-            if missing or extra:
-                raise SinkError(
-                    f"records for Delta table {self.path} do not fit its columns {names}: "
-                    f"missing {missing or 'none'}, unknown {extra or 'none'}; map the records "
-                    "to the table's columns before the sink"
-                )
-            try:
-                out.append(pa.Table.from_batches([batch]).select(names).cast(self.schema))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                raise SinkError(
-                    f"records for Delta table {self.path} do not convert to its schema "
-                    f"({self.schema}): {exc}"
-                ) from exc
-        return pa.concat_tables(out)
+    def _in_fs(self, path: str) -> str:
+        """A full path (``<table path>/<file>``) as the table's file system names it."""
+        return f"{self._filesystem()[1]}{path[len(self.path) :]}"
 
-    def _own(self, committables: Iterable[bytes]) -> list[_Committable]:
-        """The committables of this table, decoded; those of other sinks are skipped."""
-        own = []
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError:  # another sink's format
-                continue
-            if c.table == self.path:
-                own.append(c)
-        return own
+    def _other_table(self, committable: _Committable) -> str | None:
+        return None if committable.table == self.path else committable.table
 
-    def _decode(self, committables: Iterable[bytes]) -> list[_Committable]:
-        """Every committable decoded; refuses one of another table or with an unsafe name."""
-        out = []
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError as exc:
-                raise CommitError(
-                    f"Delta table {self.path}: a committable is not a Delta sink's ({exc}); was "
-                    "the sink of this vertex changed since the checkpoint was taken?"
-                ) from exc
-            if c.table != self.path:
-                raise CommitError(
-                    f"Delta table {self.path}: a committable names file {c.file!r} of another "
-                    f"table ({c.table}); was the sink's path changed since the checkpoint was "
-                    "taken? Restore with the original path"
-                )
-            out.append(self._checked(c))
-        return out
+    def _schema(self) -> pa.Schema:
+        return self.schema
 
-    def _checked(self, c: _Committable) -> _Committable:
-        if not _FILE_NAME.fullmatch(c.file):
+    def _name(self, committable: _Committable) -> str:
+        return committable.file
+
+    def _path(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def _checked(self, committable: _Committable) -> _Committable:
+        if not _FILE_NAME.fullmatch(committable.file):
             raise CommitError(
-                f"Delta table {self.path}: a committable names file {c.file!r}, which is not a "
-                "data file name in the table directory (it would escape the table or hide in "
-                "it); refusing it: the checkpoint's committables are damaged"
+                f"Delta table {self.path}: a committable names file {committable.file!r}, "
+                "which is not a data file name in the table directory (it would escape the "
+                "table or hide in it); refusing it: the checkpoint's committables are damaged"
             )
-        return c
+        return committable
+
+    def _exist(self, paths: Sequence[str]) -> list[bool]:
+        if not paths:
+            return []
+        fs, _ = self._filesystem()
+        infos = fs.get_file_info([self._in_fs(p) for p in paths])
+        return [i.type == pafs.FileType.File for i in infos]
+
+    def _delete(self, paths: Sequence[str]) -> None:
+        fs, _ = self._filesystem()
+        for path in paths:
+            try:
+                fs.delete_file(self._in_fs(path))
+            except FileNotFoundError:
+                continue
+
+    @property
+    def location(self) -> str:
+        return self.path
+
+    def _retention(self) -> tuple[str, int | None]:
+        """`delta.setTransactionRetentionDuration` if set (else None: markers kept forever)."""
+        text = self._table().metadata().configuration.get(_TXN_RETENTION)
+        return _TXN_RETENTION, _interval_ms(text) if text else None
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
-        """Write `batches` as one Parquet file in the table directory; its committable (none
-        if there are no rows). Nothing is visible until the driver commits it."""
-        batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return ()
-        table = self._fit(batches)
-        name, size, modified = self._write_file(table, context)
-        return (
-            msgspec.msgpack.encode(_Committable(self.path, name, table.num_rows, size, modified)),
-        )
-
-    def write_merged(
-        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
-    ) -> list[tuple[bytes, ...]]:
-        """Write the rows of every part (the units of one task and epoch) as one Parquet file in
-        the table directory, named after the first part; per part, its committable naming its
-        rows of the file (none for a part without rows; `regional.sinks.base.MergingWriter`).
-        The commit adds the file whole, or a rewrite of it without the rows of parts it does
-        not hold."""
-        if not parts:
-            return []
-        fitted = [
-            self._fit(rows).to_batches() if (rows := [b for b in batches if b.num_rows]) else []
-            for _, batches in parts
-        ]
-        table, places = merged_table(fitted)
-        if table is None:
-            return [() for _ in parts]
-        name, size, modified = self._write_file(table, parts[0][0])
-        return [
-            ()
-            if p is None
-            else (
-                msgspec.msgpack.encode(
-                    _Committable(self.path, name, p.rows, size, modified, p.first_row, p.file_rows)
-                ),
-            )
-            for p in places
-        ]
-
-    def _write_file(self, table: pa.Table, context: WriteContext) -> tuple[str, int, int]:
-        """Write `table` as a new Parquet file in the table directory named after `context`,
-        durable on return on a local disk: its name, size and modification time (ms)."""
+    def _stage(self, rows: pa.Table, context: WriteContext) -> list[_Committable]:
+        """Write `rows` as a new Parquet file in the table directory named after `context`,
+        durable on return on a local disk."""
         vertex = re.sub(r"[^A-Za-z0-9_-]", "_", context.vertex_id)
         run = re.sub(r"[^A-Za-z0-9_-]", "_", context.run_id)
         name = (
@@ -357,7 +267,12 @@ class DeltaSink:
         )
         fs, base = self._filesystem()
         fs.create_dir(base, recursive=True)
-        return name, *self._write_at(fs, base, name, table)
+        size, modified = self._write_at(fs, base, name, rows)
+        return [
+            _Committable(
+                self.path, name, rows.num_rows, size, modified, version=COMMITTABLE_VERSION
+            )
+        ]
 
     @staticmethod
     def _write_at(fs: pafs.FileSystem, base: str, name: str, table: pa.Table) -> tuple[int, int]:
@@ -370,51 +285,32 @@ class DeltaSink:
         size = fs.get_file_info(f"{base}/{name}").size
         return int(size or 0), time.time_ns() // 1_000_000
 
-    def sync_staged(self) -> None:
-        """Nothing to do: `write` fsyncs each data file and its directory on a local disk
-        before it returns (`regional.sinks.base.SinkWriter.sync_staged`)."""
+    # --- committer side (on the driver) -----------------------------------------------------
 
-    # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
+    def _latest_before_commit(self, commit_user: str) -> int | None:
+        """The marker in the table version `latest_committed` last read: the version the
+        commit is made on, so a commit of the same commit user since then makes delta-rs
+        refuse (a `CommitError`)."""
+        version: int | None = self._table().transaction_version(commit_user)
+        return version
 
-    def commit(
+    def _publish(
         self,
         commit_user: str,
         identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
+        plan: Sequence[Planned[_Committable]],
+        latest: int | None,
+        fallback: str,
     ) -> None:
-        """Add the files behind `committables` as one Delta version with the transaction marker
-        (`commit_user`, `identifier`), recording the checkpoint and the fallback units (unit ->
-        owner checkpoint) in its commit info.
-
-        Uses the table version `latest_committed` last read: a commit of the same commit
-        user since then makes delta-rs refuse, and that is a `CommitError`.
-        """
+        """Add the data files of `plan` as one Delta version with the transaction marker
+        (`commit_user`, `identifier`), recording the checkpoint and the fallback units in its
+        commit info; a commit user without a marker first checks that none is in the table."""
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import AddAction, CommitProperties, Transaction
 
         table = self._table()
         version = table.version()
-        latest = table.transaction_version(commit_user)
-        if latest is not None and identifier <= latest:
-            raise CommitError(
-                f"Delta table {self.path}: commit {identifier} of user {commit_user!r} is not "
-                f"after its latest commit {latest}; commits must be in checkpoint order"
-            )
-        added = self._plan(self._decode(committables))
-        where = self._where(added)
-        if missing := [
-            f"{self.path}/{a.source}"
-            for a, (s, r) in zip(added, where, strict=True)
-            if not (s or r)
-        ]:
-            raise CommitError(
-                f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
-                f"{', '.join(missing[:5])} are missing (were they deleted?); nothing was "
-                "committed; restore from a newer checkpoint or restore the files"
-            )
-        if latest is None and (present := self._in_table(added)):
+        if latest is None and (present := self._in_table(plan)):
             raise CommitError(
                 f"Delta table {self.path}: cannot commit checkpoint {identifier}: data file(s) "
                 f"{', '.join(present[:5])} are already in the table but commit user "
@@ -422,22 +318,15 @@ class DeltaSink:
                 "delta.setTransactionRetentionDuration expire it?); nothing was committed, "
                 "committing again would duplicate their rows"
             )
-        added = [
-            self._rewrite(a, source_here) if a.keep is not None else a
-            for a, (source_here, _) in zip(added, where, strict=True)
-        ]
         actions = [
-            AddAction(a.file, a.size, {}, a.modified, True, json.dumps({"numRecords": a.rows}))
-            for a in added
+            AddAction(file, size, {}, modified, True, json.dumps({"numRecords": rows}))
+            for file, rows, size, modified in (self._added(x) for x in plan)
         ]
         properties = CommitProperties(
             custom_metadata={
                 CHECKPOINT_PROPERTY: str(identifier),
                 COMMIT_USER_PROPERTY: commit_user,
-                FALLBACK_PROPERTY: json.dumps(
-                    {str(u): o for u, o in sorted((fallback or {}).items())},
-                    separators=(",", ":"),
-                ),
+                FALLBACK_PROPERTY: fallback,
             },
             app_transactions=[
                 Transaction(commit_user, identifier, last_updated=time.time_ns() // 1_000_000)
@@ -456,63 +345,25 @@ class DeltaSink:
                 "running? The commit is retried and skipped if the other writer committed it"
             ) from exc
         table.update_incremental()
-        fs, base = self._filesystem()
-        for a in added:  # the merged files rewritten without other units' rows: no longer needed
-            if a.keep is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(f"{base}/{a.source}")
 
-    def _plan(self, items: Sequence[_Committable]) -> list[_Added]:
-        """The data files a commit of `items` adds, in order: a whole data file each, and one per
-        merged data file (at its first part's place): whole, with the file's rows, when the
-        commit holds every part of it, else a rewrite keeping the committed parts' rows
-        (`regional.sinks.merging.kept_ranges`), named by the kept ranges (`kept_stem`) so a
-        retried commit rewrites the same file."""
-        added: list[_Added] = []
-        for c, keep in commit_plan(
-            items,
-            part=lambda c: c.part,
-            file=lambda c: c.file,
-            describe=lambda c: f"Delta table {self.path}: {c.file}",
-        ):
-            if keep is None:
-                rows = c.rows if c.part is None else c.file_rows
-                added.append(_Added(c.file, c.file, rows, c.size, c.modified))
-                continue
-            name = f"{kept_stem(c.file.removesuffix('.parquet'), keep)}.parquet"
-            added.append(_Added(c.file, name, sum(n for _, n in keep), -1, -1, keep))
-        return added
-
-    def _where(self, added: Sequence[_Added]) -> list[tuple[bool, bool]]:
-        """For each planned file: (the data file its committables name exists, its rewrite
-        exists). The rewrite is looked up only where the named file is gone (deleted after a
-        commit that rewrote it: a retry)."""
-        if not added:
-            return []
+    def _added(self, planned: Planned[_Committable]) -> tuple[str, int, int, int]:
+        """The data file `planned` adds: (name, rows, size, ms time). A cut-out is written
+        from its merged file (replacing one an interrupted try left: same rows, same name),
+        or, when the merged file is gone, taken as it is."""
+        c, keep, kept = planned.item, planned.keep, planned.kept
+        if keep is None or kept is None:
+            return c.file, c.rows if c.file_rows < 0 else c.file_rows, c.size, c.modified
         fs, base = self._filesystem()
-        infos = fs.get_file_info([f"{base}/{a.source}" for a in added])
-        here = [i.type == pafs.FileType.File for i in infos]
-        gone = [a.file for a, h in zip(added, here, strict=True) if not h and a.keep is not None]
-        infos = fs.get_file_info([f"{base}/{f}" for f in gone]) if gone else []
-        rewritten = {f for f, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
-        return [(h, a.file in rewritten) for a, h in zip(added, here, strict=True)]
-
-    def _rewrite(self, added: _Added, source_here: bool) -> _Added:
-        """Write the kept rows of `added`'s merged source file as its data file (replacing one
-        an interrupted try left: same rows, same name), or, when the source is gone, take the
-        rewrite that is there; `added` with the file's size and time."""
-        fs, base = self._filesystem()
-        if not source_here:
-            info = fs.get_file_info(f"{base}/{added.file}")
+        rows = sum(n for _, n in keep)
+        if planned.gone:
+            info = fs.get_file_info(f"{base}/{kept}")
             mtime = info.mtime_ns // 1_000_000 if info.mtime_ns else time.time_ns() // 1_000_000
-            return added._replace(size=int(info.size or 0), modified=mtime)
-        assert added.keep is not None
-        rows = take_ranges(pq.read_table(f"{base}/{added.source}", filesystem=fs), added.keep)
-        size, modified = self._write_at(fs, base, added.file, rows)
-        return added._replace(size=size, modified=modified)
+            return kept, rows, int(info.size or 0), mtime
+        table = take_ranges(pq.read_table(f"{base}/{c.file}", filesystem=fs), keep)
+        return kept, rows, *self._write_at(fs, base, kept, table)
 
-    def _in_table(self, added: Sequence[_Added]) -> list[str]:
-        names = {a.file for a in added} | {a.source for a in added}
+    def _in_table(self, plan: Sequence[Planned[_Committable]]) -> list[str]:
+        names = {x.item.file for x in plan} | {x.kept for x in plan if x.kept is not None}
         paths = self._table().get_add_actions().column("path").to_pylist()
         return [f"{self.path}/{p}" for p in paths if p in names]
 
@@ -524,51 +375,6 @@ class DeltaSink:
         table.update_incremental()
         version: int | None = table.transaction_version(commit_user)
         return version
-
-    def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Paths of the data files behind `committables` (a merged file once)."""
-        return list(dict.fromkeys(f"{self.path}/{c.file}" for c in self._decode(committables)))
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The data files behind `committables` that are gone (a merged file partly committed
-        counts as there while its rewrite is)."""
-        added = self._plan(self._decode(committables))
-        where = self._where(added)
-        return [
-            f"{self.path}/{a.source}"
-            for a, (s, r) in zip(added, where, strict=True)
-            if not (s or r)
-        ]
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the files of a declined or aborted attempt (already gone is fine). A merged
-        file is deleted once all of its parts were discarded through this sink object (the
-        other units' rows in it may still commit).
-
-        Committables of other sinks and tables (the runtime may hand a unit's committables to
-        every sink) are skipped; a name that would escape the table is refused (nothing is
-        deleted).
-        """
-        own = [self._checked(c) for c in self._own(committables)]
-        fs, base = self._filesystem()
-        for c in own:
-            if (part := c.part) is not None and not self._discarded.add(c.file, part):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                fs.delete_file(f"{base}/{c.file}")
-
-    def rows_of(self, committables: Iterable[bytes]) -> int:
-        """How many rows `committables` hold (for progress displays)."""
-        return sum(c.rows for c in self._own(committables))
-
-    def marker_retention(self) -> SinkRetention:
-        """How long the table keeps a commit user's marker (`regional.sinks.base.TableRetention`):
-        `delta.setTransactionRetentionDuration` if set (else None: kept forever)."""
-        configuration = self._table().metadata().configuration
-        text = configuration.get(_TXN_RETENTION)
-        return SinkRetention(
-            "", "delta", self.path, _TXN_RETENTION, _interval_ms(text) if text else None
-        )
 
     # --- reading ----------------------------------------------------------------------------
 

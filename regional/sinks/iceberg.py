@@ -5,9 +5,10 @@ only when an `IcebergSink` is created or used). The catalog is a pyiceberg `SqlC
 file next to the warehouse by default (nothing to start), or any pyiceberg catalog from its
 properties. Only unpartitioned tables are supported.
 
-About 600 lines, on purpose: the commit's guarantees (the ancestry walk, the duplicate-file
-backstop, rollback only over our own snapshots) depend on each other and are argued below; the
-writer side is small.
+Written on the table-sink template (`regional.sinks.table.TableSink`: staging, merged parts,
+discard, the commit's frame); what is Iceberg's own is long on purpose: the commit's guarantees
+(the ancestry walk, the duplicate-file backstop, rollback only over our own snapshots) depend on
+each other and are argued below.
 
 Writers (in Spark tasks) write their epoch's rows as one Parquet data file under the table's data
 location, named by sink subtask, checkpoint and attempt, and return one committable naming it.
@@ -47,15 +48,12 @@ every manifest of the current snapshot (one per append). It rests on the file na
    totals), is the whole current snapshot checked (pyiceberg's check): a commit user's first
    commit into a table with expired history (at most once per driver).
 
-With output merging (`write_merged`, `regional.sinks.merging`) a task writes one data file for
-all the units it ran in an epoch, and each unit's committable names its rows of it. A commit
-appends such a file whole (pyiceberg reads its metrics from the file's footer, as for any file)
-when it holds every part of it; otherwise (a unit was declared fallen back after its rows were
-written) it first rewrites the kept rows next to it as ``<file>-k<kept ranges>.parquet`` (the
-same name on a retry, still named for checkpoint Y, so the backstop above covers it), appends
-that file, and then deletes the merged file. The merged file is in no manifest, so readers do
-not see it; one left behind by a crash between the commit and the delete is an orphan file,
-which Iceberg's orphan-file removal (e.g. Spark's ``remove_orphan_files``) deletes.
+With output merging (`write_merged`) a task writes one data file for all the units it ran in
+an epoch; a commit appends it whole (pyiceberg reads its metrics from the footer), or, when it
+holds only some units' parts, the template's cut-out ``<file>-k<kept ranges>.parquet`` (still
+named for checkpoint Y, so the backstop above covers it). The merged file is in no manifest; one
+left by a crash between the commit and its delete is an orphan file, which Iceberg's orphan-file
+removal (e.g. Spark's ``remove_orphan_files``) deletes.
 
 Not checked: files of ours added to the table by another writer without our summary (e.g. a
 hand-run ``add_files`` over the data directory), and a file added by a snapshot expired out of
@@ -69,29 +67,20 @@ age order (expiry by snapshot id).
 
 from __future__ import annotations
 
-import json
 import os
-import posixpath
 import re
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from metadata.model import SinkRetention
 from regional.errors import CommitError, RestoreError, SinkError
 from regional.sinks.base import WriteContext
-from regional.sinks.merging import (
-    DiscardedParts,
-    FilePart,
-    commit_plan,
-    kept_stem,
-    merged_table,
-    take_ranges,
-)
+from regional.sinks.merging import take_ranges
+from regional.sinks.table import COMMITTABLE_VERSION, Planned, TableSink, require
 
 __all__ = [
     "CHECKPOINT_PROPERTY",
@@ -145,41 +134,16 @@ def _checkpoint_of(file: str) -> int | None:
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
-    """One data file, or one unit's part of a merged one (`write_merged`): `rows` from
-    `first_row` of the file's `file_rows` (-1: the committable is the whole file; the part
-    fields come last, with defaults, so committables of older versions still decode)."""
+    """One data file, or one unit's part of a merged one (`write_merged`;
+    `regional.sinks.table.TableCommittable`). The fields after `rows` came later, with
+    defaults: older committables still decode."""
 
     table_uuid: str  # the table written (discard skips other tables' files)
     file: str  # relative to the table's data location
     rows: int
     first_row: int = 0
     file_rows: int = -1
-
-    @property
-    def part(self) -> FilePart | None:
-        """Its part of a merged file, or None when it is a whole file."""
-        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
-
-
-class _Added(NamedTuple):
-    """One data file a commit appends: `file` (relative to the data location), made from the
-    data file `source` the committables name (the same file, or, for `keep` ranges, a rewrite
-    of it without the rows of parts not in the commit)."""
-
-    source: str
-    file: str
-    keep: tuple[tuple[int, int], ...] | None = None
-
-
-def _require_pyiceberg() -> Any:
-    try:
-        import pyiceberg.catalog
-    except ImportError as exc:
-        raise SinkError(
-            f"the Iceberg sink needs the pyiceberg package ({exc}): "
-            "pip install 'regional-checkpoints[iceberg]'"
-        ) from exc
-    return pyiceberg
+    version: int = 1
 
 
 def _mark(snapshot: Any) -> tuple[str | None, int | None]:
@@ -213,7 +177,7 @@ def _added_files(io: Any, snapshot: Any) -> set[str]:
     }
 
 
-class IcebergSink:
+class IcebergSink(TableSink[_Committable]):
     """The unpartitioned Iceberg table `table` ("namespace.table").
 
     By default the catalog is a pyiceberg `SqlCatalog` on ``<warehouse>/catalog.db`` with the
@@ -223,6 +187,18 @@ class IcebergSink:
     `schema` the namespace and table are created if missing (with `table_properties`);
     otherwise the table must exist.
     """
+
+    committable = _Committable
+    kind = "iceberg"
+    #: writers read the table from its metadata file, never from the catalog: no SQLite or
+    #: catalog service from executors
+    shipped = (
+        "warehouse",
+        "table_name",
+        "catalog_name",
+        "catalog_properties",
+        "_metadata_location",
+    )
 
     def __init__(
         self,
@@ -234,6 +210,7 @@ class IcebergSink:
         catalog_properties: Mapping[str, str] | None = None,
         catalog_name: str = "regional",
     ) -> None:
+        super().__init__()
         if "." not in table.strip("."):
             raise SinkError(f"Iceberg table {table!r}: expected 'namespace.table'")
         self.warehouse = warehouse
@@ -255,15 +232,8 @@ class IcebergSink:
             }
         else:
             self.catalog_properties = {"warehouse": warehouse, **catalog_properties}
-        self._catalog_object: Any = None
-        self._table_object: Any = None
         self._metadata_location: str | None = None  # what tasks read the table from
-        self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
-        self._identifiers: dict[str, set[int]] = {}
-        self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
-        self._discarded = DiscardedParts()  # parts of merged files discarded so far
-        self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
-        _require_pyiceberg()
+        require("pyiceberg.catalog", "Iceberg", "iceberg")
         if schema is not None:
             catalog = self._catalog()
             catalog.create_namespace_if_not_exists(table.rsplit(".", 1)[0])
@@ -277,23 +247,16 @@ class IcebergSink:
         table from it, never from the catalog: no SQLite or catalog service from executors)."""
         if self._table_object is not None:
             self._metadata_location = self._table_object.metadata_location
-        return {
-            "warehouse": self.warehouse,
-            "table_name": self.table_name,
-            "catalog_name": self.catalog_name,
-            "catalog_properties": self.catalog_properties,
-            "_metadata_location": self._metadata_location,
-        }
+        return super().__getstate__()
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._catalog_object = None
-        self._table_object = None
-        self._head = None
-        self._identifiers = {}
-        self._snapshots_of = {}
-        self.snapshots_read = 0
-        self._discarded = DiscardedParts()
+    def _forget(self) -> None:
+        super()._forget()
+        self._catalog_object: Any = None
+        self._table_object: Any = None
+        self._head: int | None = None  # `_identifiers` describe the ancestors of this snapshot
+        self._identifiers: dict[str, set[int]] = {}
+        self._snapshots_of: dict[int, list[int]] = {}  # checkpoint -> ancestors marked with it
+        self.snapshots_read = 0  # snapshots walked so far (to measure the cache)
 
     def __repr__(self) -> str:
         return f"IcebergSink({self.warehouse!r}, {self.table_name!r})"
@@ -348,97 +311,64 @@ class IcebergSink:
     def _data_path(self, table: Any) -> str:
         return str(table.location_provider().data_path).rstrip("/")
 
-    def _path(self, table: Any, file: str) -> str:
-        """The full location of `file` (relative to the data location, from a committable);
-        a name that would leave the table's data location is refused."""
-        parts = file.split("/")
-        if "\\" in file or ":" in file or {"", ".", ".."} & {*parts}:
+    # --- regional.sinks.table.TableSink's hooks ------------------------------------------------
+
+    @property
+    def describe(self) -> str:
+        return f"Iceberg table {self.table_name!r}"
+
+    def _other_table(self, committable: _Committable) -> str | None:
+        mine = self._table().metadata.table_uuid.hex
+        return None if committable.table_uuid == mine else f"uuid {committable.table_uuid}"
+
+    def _schema(self) -> pa.Schema:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        return schema_to_pyarrow(self._writer_table().schema())
+
+    def _name(self, committable: _Committable) -> str:
+        return committable.file
+
+    def _path(self, name: str) -> str:
+        """The full location of data file `name` (relative to the data location, from a
+        committable); a name that would leave the table's data location is refused."""
+        data_path = self._data_path(self._table())
+        if "\\" in name or ":" in name or {"", ".", ".."} & {*name.split("/")}:
             raise CommitError(
-                f"Iceberg table {self.table_name!r}: committable names data file {file!r}, "
-                f"which is outside the table's data location {self._data_path(table)}; "
+                f"Iceberg table {self.table_name!r}: committable names data file {name!r}, "
+                f"which is outside the table's data location {data_path}; "
                 "refusing it (is the checkpoint metadata from another table or tampered with?)"
             )
-        return f"{self._data_path(table)}/{file}"
+        return f"{data_path}/{name}"
 
-    def _fit(self, batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-        """`batches` as one table of the table's columns, in its order and types."""
-        names = batches[0].schema.names
-        missing = [n for n in schema.names if n not in names]
-        extra = [n for n in names if n not in schema.names]
-        if missing or extra:
-            raise SinkError(
-                f"records for Iceberg table {self.table_name!r} do not fit its columns "
-                f"{schema.names}: missing {missing or 'none'}, unknown {extra or 'none'}; "
-                "map the records to the table's columns before the sink"
-            )
-        try:
-            return pa.concat_tables(
-                pa.Table.from_batches([b]).select(schema.names).cast(schema) for b in batches
-            )
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise SinkError(
-                f"records for Iceberg table {self.table_name!r} do not convert to its schema "
-                f"({schema}): {exc}"
-            ) from exc
+    def _exist(self, paths: Sequence[str]) -> list[bool]:
+        io = self._table().io
+        return [bool(io.new_input(p).exists()) for p in paths]
+
+    def _delete(self, paths: Sequence[str]) -> None:
+        io = self._table().io
+        for path in paths:
+            if io.new_input(path).exists():
+                io.delete(path)
+
+    @property
+    def location(self) -> str:
+        return f"{self.warehouse} {self.table_name}"
+
+    def _retention(self) -> tuple[str, int | None]:
+        """The table's `history.expire.max-snapshot-age-ms` if set on it (what snapshot expiry
+        by Spark, Flink or Java Iceberg uses when given no age; pyiceberg expires only when
+        asked), else None. Our commit markers are snapshot summaries, so an expired snapshot
+        takes its marker with it."""
+        text = self._table().properties.get(_MAX_SNAPSHOT_AGE)
+        return _MAX_SNAPSHOT_AGE, int(text) if text is not None and text.strip().isdigit() else None
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
-        """Write `batches` as one Parquet data file (with the table's field ids) under the
-        table's data location; its committable (none if there are no rows). Nothing is visible
-        until the driver commits."""
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-        batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return ()
+    def _stage(self, rows: pa.Table, context: WriteContext) -> list[_Committable]:
+        """Write `rows` as a new Parquet data file (with the table's field ids) under the data
+        location, named after `context` (the name the duplicate-file backstop relies on)."""
         table = self._writer_table()
-        rows = self._fit(batches, schema_to_pyarrow(table.schema()))
-        file = self._write_file(table, rows, context)
-        c = _Committable(table.metadata.table_uuid.hex, file, len(rows))
-        return (msgspec.msgpack.encode(c),)
-
-    def write_merged(
-        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
-    ) -> list[tuple[bytes, ...]]:
-        """Write the rows of every part (the units of one task and epoch) as one Parquet data
-        file under the table's data location, named after the first part; per part, its
-        committable naming its rows of the file (none for a part without rows;
-        `regional.sinks.base.MergingWriter`). The commit appends the file whole, or a rewrite
-        of it without the rows of parts it does not hold."""
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-        if not parts:
-            return []
-        table = self._writer_table()
-        schema = schema_to_pyarrow(table.schema())
-        # without schema metadata (schema_to_pyarrow's is {}): merged_table hashes schemas,
-        # which pyarrow refuses for one with metadata; the field ids are field metadata
-        fitted = [
-            self._fit(rows, schema).replace_schema_metadata(None).to_batches()
-            if (rows := [b for b in batches if b.num_rows])
-            else []
-            for _, batches in parts
-        ]
-        merged, places = merged_table(fitted)
-        if merged is None:
-            return [() for _ in parts]
-        file = self._write_file(table, merged, parts[0][0])
-        uuid_hex = table.metadata.table_uuid.hex
-        return [
-            ()
-            if p is None
-            else (
-                msgspec.msgpack.encode(
-                    _Committable(uuid_hex, file, p.rows, p.first_row, p.file_rows)
-                ),
-            )
-            for p in places
-        ]
-
-    def _write_file(self, table: Any, rows: pa.Table, context: WriteContext) -> str:
-        """Write `rows` as a new data file named after `context` (the name the duplicate-file
-        backstop relies on); its name relative to the data location."""
         name = (
             f"{_UNSAFE.sub('_', context.vertex_id)}-{context.index}-c{context.checkpoint_id}-"
             f"a{context.attempt}-"
@@ -458,7 +388,9 @@ class IcebergSink:
         except BaseException:
             table.io.delete(location)
             raise
-        return location[len(data_path) + 1 :]
+        file = location[len(data_path) + 1 :]
+        uuid_hex = table.metadata.table_uuid.hex
+        return [_Committable(uuid_hex, file, rows.num_rows, version=COMMITTABLE_VERSION)]
 
     def sync_staged(self) -> None:
         """Nothing is synced here (`regional.sinks.base.SinkWriter.sync_staged`): data files go
@@ -468,49 +400,31 @@ class IcebergSink:
 
     # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
-    def commit(
+    def _latest_before_commit(self, commit_user: str) -> int | None:
+        return max(self.committed_identifiers(commit_user), default=None)  # refreshes the table
+
+    def _publish(
         self,
         commit_user: str,
         identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
+        plan: Sequence[Planned[_Committable]],
+        latest: int | None,
+        fallback: str,
     ) -> None:
-        """Append the data files behind `committables` as one snapshot of `commit_user` for
-        checkpoint `identifier`, recording the job, user, checkpoint and fallback units
-        (unit -> owner checkpoint) in its summary."""
+        """Append the data files of `plan` as one snapshot of `commit_user` for checkpoint
+        `identifier`, recording the job, user, checkpoint and fallback units in its summary,
+        after the duplicate-file backstop (see the module's docstring)."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table import Table, TableProperties
 
-        done = self.committed_identifiers(commit_user)  # refreshes the table
-        if done and identifier <= max(done):
-            raise CommitError(
-                f"Iceberg table {self.table_name!r}: commit {identifier} of user "
-                f"{commit_user!r} is not after its latest commit {max(done)}; commits must be "
-                "in checkpoint order"
-            )
         table = self._table()
-        added = self._plan(self._decode(committables))
-        paths = [self._path(table, a.file) for a in added]
+        paths = [self._path(x.item.file if x.kept is None else x.kept) for x in plan]
         self._check_names(commit_user, identifier, paths)
-        where = self._where(table, added)
-        if missing := [
-            self._path(table, a.source)
-            for a, (s, r) in zip(added, where, strict=True)
-            if not (s or r)
-        ]:
-            raise CommitError(
-                f"Iceberg table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
-                f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
-                "committed; restore from a newer checkpoint or restore the files"
-            )
         properties = {
             JOB_PROPERTY: job_of(commit_user),
             COMMIT_USER_PROPERTY: commit_user,
             CHECKPOINT_PROPERTY: str(identifier),
-            FALLBACK_PROPERTY: json.dumps(
-                {str(u): o for u, o in sorted((fallback or {}).items())}, separators=(",", ":")
-            ),
+            FALLBACK_PROPERTY: fallback,
         }
         # pyiceberg would re-base the append onto a concurrent commit and retry without asking
         # us; a commit of ours in between would then be duplicated. Commit once, on a copy of
@@ -522,12 +436,15 @@ class IcebergSink:
             }
         )
         once = Table(table.name(), no_retry, table.metadata_location, table.io, table.catalog)
-        sources = [self._path(table, a.source) for a in added if a.keep is not None]
+        sources = [p for x in plan if x.keep is not None for p in x.sources]
         self._check_not_committed(table, commit_user, identifier, [*paths, *sources])
-        for a, (source_here, _) in zip(added, where, strict=True):
-            if a.keep is not None and source_here:
-                self._rewrite(table, a)
-        whole_table = not done and self._history_cut(table)  # see the module's docstring
+        for x, path in zip(plan, paths, strict=True):
+            if x.keep is not None and not x.gone:  # the cut-out, replacing a lost try's
+                with table.io.new_input(x.sources[0]).open() as f:
+                    rows = take_ranges(pq.read_table(f), x.keep)
+                with table.io.new_output(path).create(overwrite=True) as out:
+                    pq.write_table(rows, out)
+        whole_table = latest is None and self._history_cut(table)  # see the module's docstring
         transaction = once.transaction()
         try:
             transaction.add_files(
@@ -547,57 +464,6 @@ class IcebergSink:
                 "expired or by another writer? nothing was committed"
             ) from exc
         self._table_object.refresh()
-        for a, (source_here, _) in zip(added, where, strict=True):
-            if a.keep is not None and source_here:  # rewritten without other units' rows
-                table.io.delete(self._path(table, a.source))
-
-    def _plan(self, items: Sequence[_Committable]) -> list[_Added]:
-        """The data files a commit of `items` appends, in order: a whole data file each, and one
-        per merged data file (at its first part's place): whole when the commit holds every
-        part of it, else a rewrite keeping the committed parts' rows
-        (`regional.sinks.merging.kept_ranges`) next to it, named by the kept ranges
-        (`kept_stem`) so a retried commit rewrites the same file."""
-        added: list[_Added] = []
-        for c, keep in commit_plan(
-            items,
-            part=lambda c: c.part,
-            file=lambda c: c.file,
-            describe=lambda c: f"Iceberg table {self.table_name!r}: {c.file}",
-        ):
-            if keep is None:
-                added.append(_Added(c.file, c.file))
-                continue
-            stem = posixpath.basename(c.file).removesuffix(".parquet")
-            name = f"{kept_stem(stem, keep)}.parquet"
-            directory = posixpath.dirname(c.file)
-            added.append(_Added(c.file, f"{directory}/{name}" if directory else name, keep))
-        return added
-
-    def _where(self, table: Any, added: Sequence[_Added]) -> list[tuple[bool, bool]]:
-        """For each planned file: (the data file its committables name exists, its rewrite
-        exists). The rewrite is looked up only where the named file is gone (deleted after a
-        commit that appended the rewrite)."""
-        out = []
-        for a in added:
-            here = table.io.new_input(self._path(table, a.source)).exists()
-            rewritten = (
-                not here
-                and a.keep is not None
-                and table.io.new_input(self._path(table, a.file)).exists()
-            )
-            out.append((here, rewritten))
-        return out
-
-    def _rewrite(self, table: Any, added: _Added) -> None:
-        """Write the kept rows of `added`'s merged source file as its data file, with the
-        source's schema and field ids (replacing one an interrupted try left: the same rows
-        under the same name; it is in no snapshot, `_check_not_committed` said so)."""
-        assert added.keep is not None
-        with table.io.new_input(self._path(table, added.source)).open() as f:
-            rows = take_ranges(pq.read_table(f), added.keep)
-        location = self._path(table, added.file)
-        with table.io.new_output(location).create(overwrite=True) as out:
-            pq.write_table(rows, out)
 
     def committed_identifiers(self, commit_user: str) -> frozenset[int]:
         """Checkpoint ids committed by `commit_user`: the snapshot summaries of the current
@@ -754,69 +620,6 @@ class IcebergSink:
         added = summary.get("added-data-files") or 0
         deleted = summary.get("deleted-data-files") or 0
         return int(total) - int(added) + int(deleted) > 0
-
-    # --- files --------------------------------------------------------------------------------
-
-    def _decode(self, committables: Iterable[bytes]) -> list[_Committable]:
-        return [msgspec.msgpack.decode(c, type=_Committable) for c in committables]
-
-    def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Full locations of the data files behind `committables` (a merged file once)."""
-        table = self._table()
-        return list(dict.fromkeys(self._path(table, c.file) for c in self._decode(committables)))
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The data files behind `committables` that are gone (a merged file partly committed
-        counts as there while its rewrite is)."""
-        table = self._table()
-        added = self._plan(self._decode(committables))
-        where = self._where(table, added)
-        return [
-            self._path(table, a.source)
-            for a, (s, r) in zip(added, where, strict=True)
-            if not (s or r)
-        ]
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the data files of a declined or aborted attempt (already gone is fine). A
-        merged file is deleted once all of its parts were discarded through this sink object
-        (the other units' rows in it may still commit).
-
-        Committables of other sinks or other tables (the runtime may hand a unit's committables
-        to every sink) are skipped."""
-        table = self._table()
-        mine = table.metadata.table_uuid.hex
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError:  # another sink's format
-                continue
-            if c.table_uuid != mine:
-                continue
-            if (part := c.part) is not None and not self._discarded.add(c.file, part):
-                continue
-            path = self._path(table, c.file)
-            if table.io.new_input(path).exists():
-                table.io.delete(path)
-
-    def rows_of(self, committables: Iterable[bytes]) -> int:
-        """How many rows `committables` hold (for progress displays)."""
-        return sum(c.rows for c in self._decode(committables))
-
-    def marker_retention(self) -> SinkRetention:
-        """How long the table keeps snapshots (`regional.sinks.base.TableRetention`): its
-        `history.expire.max-snapshot-age-ms` if set on the table (what snapshot expiry by Spark,
-        Flink or Java Iceberg uses when given no age; pyiceberg expires only when asked), else
-        None. Our commit markers are snapshot summaries, so an expired snapshot takes its marker
-        with it."""
-        text = self._table().properties.get(_MAX_SNAPSHOT_AGE)
-        return SinkRetention(
-            "",
-            "iceberg",
-            f"{self.warehouse} {self.table_name}",
-            _MAX_SNAPSHOT_AGE,
-            int(text) if text is not None and text.strip().isdigit() else None,
-        )
 
     # --- reading ----------------------------------------------------------------------------
 

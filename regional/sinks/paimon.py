@@ -36,13 +36,14 @@ between the commit and the delete is deleted by `clean_staged` once no restored 
 names it.
 
 Only one process may commit to a table at a time (pypaimon's local rename lock is per process).
+Staging, merged parts, discard and the commit's frame are the table-sink template's
+(`regional.sinks.table.TableSink`); a Paimon "data file" there is a commit message.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -51,17 +52,10 @@ import msgspec
 import pyarrow as pa
 from pyarrow import fs as pafs
 
-from metadata.model import SinkRetention
 from regional.errors import CommitError, SinkError
 from regional.sinks.base import WriteContext
-from regional.sinks.merging import (
-    DiscardedParts,
-    FilePart,
-    commit_plan,
-    kept_stem,
-    merged_table,
-    take_ranges,
-)
+from regional.sinks.merging import kept_stem, take_ranges
+from regional.sinks.table import COMMITTABLE_VERSION, Planned, TableSink, require
 
 __all__ = ["CHECKPOINT_PROPERTY", "FALLBACK_PROPERTY", "PaimonSink"]
 
@@ -72,29 +66,17 @@ FALLBACK_PROPERTY = "regional.fallback-units"
 
 _MESSAGE_VERSION = 14  # Java Paimon's CommitMessageSerializer version of the message bytes
 _TIME_RETAINED = "snapshot.time-retained"
-_PAIMON_UNITS = {
-    "ms": 1,
-    "milli": 1,
-    "millis": 1,
-    "millisecond": 1,
-    "milliseconds": 1,
-    "s": 1000,
-    "sec": 1000,
-    "secs": 1000,
-    "second": 1000,
-    "seconds": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "minute": 60_000,
-    "minutes": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "hours": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
-    "days": 86_400_000,
+_PAIMON_UNITS = {  # the unit names Paimon's durations accept, in ms
+    name: ms
+    for names, ms in (
+        ("ms milli millis millisecond milliseconds", 1),
+        ("s sec secs second seconds", 1000),
+        ("m min minute minutes", 60_000),
+        ("h hour hours", 3_600_000),
+        ("d day days", 86_400_000),
+    )
+    for name in names.split()
 }
-
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -132,44 +114,37 @@ def _paimon_duration_ms(text: str) -> int | None:
 
 
 class _Committable(msgspec.Struct, frozen=True, array_like=True):
-    """One Paimon commit message, or one unit's part of a merged one (`write_merged`): `rows`
-    from `first_row` of the message's `file_rows` (its data files' rows, in order; -1: the
-    committable is the whole message). The part fields come last, with defaults, so
-    committables of older versions still decode; every part of a merged message carries the
-    whole message."""
+    """One Paimon commit message, or one unit's part of a merged one (`write_merged`;
+    `regional.sinks.table.TableCommittable`: `rows` from `first_row` of the message's
+    `file_rows`, its data files' rows in order). Every part of a merged message carries the
+    whole message. The fields after `table_path` came later, with defaults: older committables
+    still decode."""
 
-    version: int  # serializer version of `message`
+    message_version: int  # Java Paimon's CommitMessageSerializer version of `message`
     schema_id: int
     rows: int
     message: bytes
     table_path: str  # the table's location when written (discard skips other tables' files)
     first_row: int = 0
     file_rows: int = -1
-
-    @property
-    def part(self) -> FilePart | None:
-        """Its part of a merged message, or None when it is a whole message."""
-        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
+    version: int = 1
 
 
 def _require_pypaimon() -> Any:
-    try:
-        import pypaimon
-    except ImportError as exc:
-        raise SinkError(
-            f"the Paimon sink needs the pypaimon package ({exc}): "
-            "pip install 'regional-checkpoints[paimon]'"
-        ) from exc
-    return pypaimon
+    return require("pypaimon", "Paimon", "paimon")
 
 
-class PaimonSink:
+class PaimonSink(TableSink[_Committable]):
     """The Paimon append table `table` ("database.table") in the catalog at `warehouse`.
 
     With `schema` the database and table are created if missing (`partition_keys` and
     `table_options` apply then); otherwise the table must exist. `catalog_options` are extra
     pypaimon catalog options (e.g. object-store credentials).
     """
+
+    committable = _Committable
+    kind = "paimon"
+    shipped = ("warehouse", "table_name", "catalog_options")  # no table object, no cache
 
     def __init__(
         self,
@@ -181,15 +156,12 @@ class PaimonSink:
         table_options: Mapping[str, str] | None = None,
         catalog_options: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__()
         if table.count(".") != 1:
             raise SinkError(f"Paimon table {table!r}: expected 'database.table'")
         self.warehouse = warehouse
         self.table_name = table
         self.catalog_options = {**(catalog_options or {}), "warehouse": warehouse}
-        self._table_object: Any = None
-        self._seen_snapshots = 0  # snapshots up to this id are in `_latest`
-        self._latest: dict[str, int] = {}  # commit user -> its latest commit identifier
-        self._discarded = DiscardedParts()  # parts of merged messages discarded so far
         pypaimon = _require_pypaimon()
         if schema is not None:
             catalog = pypaimon.CatalogFactory.create(self.catalog_options)
@@ -200,20 +172,11 @@ class PaimonSink:
             catalog.create_table(table, paimon_schema, True)
         self._check_append_table(self._table())
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Ship only the configuration to tasks (no table object, no commit-side cache)."""
-        return {
-            "warehouse": self.warehouse,
-            "table_name": self.table_name,
-            "catalog_options": self.catalog_options,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._table_object = None
-        self._seen_snapshots = 0
-        self._latest = {}
-        self._discarded = DiscardedParts()
+    def _forget(self) -> None:
+        super()._forget()
+        self._table_object: Any = None
+        self._seen_snapshots = 0  # snapshots up to this id are in `_latest`
+        self._latest: dict[str, int] = {}  # commit user -> its latest commit identifier
 
     def __repr__(self) -> str:
         return f"PaimonSink({self.warehouse!r}, {self.table_name!r})"
@@ -246,45 +209,62 @@ class PaimonSink:
                 f"{table.bucket_mode().name}"
             )
 
-    def _fit(self, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-        """`batch` as a table of the table's columns, in its order and types."""
-        missing = [n for n in schema.names if n not in batch.schema.names]
-        extra = [n for n in batch.schema.names if n not in schema.names]
-        if missing or extra:
-            raise SinkError(
-                f"records for Paimon table {self.table_name!r} do not fit its columns "
-                f"{schema.names}: missing {missing or 'none'}, unknown {extra or 'none'}; "
-                "map the records to the table's columns before the sink"
-            )
+    # --- regional.sinks.table.TableSink's hooks ------------------------------------------------
+
+    @property
+    def describe(self) -> str:
+        return f"Paimon table {self.table_name!r}"
+
+    def _other_table(self, committable: _Committable) -> str | None:
+        mine = str(self._table().table_path)
+        return None if committable.table_path == mine else committable.table_path
+
+    def _schema(self) -> pa.Schema:
+        """The table's columns as Arrow (what its writers take)."""
+        write = self._table().new_stream_write_builder().new_write()
         try:
-            return pa.Table.from_batches([batch]).select(schema.names).cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise SinkError(
-                f"records for Paimon table {self.table_name!r} do not convert to its schema "
-                f"({schema}): {exc}"
-            ) from exc
+            schema: pa.Schema = write.table_pyarrow_schema
+        finally:
+            write.close()
+        return schema
 
-    def _messages(self, committables: Iterable[bytes]) -> list[Any]:
-        """The commit messages behind `committables`, decoded (a merged message once)."""
-        return [self._message(c) for c in self._unique(self._items(committables))]
+    def _name(self, committable: _Committable) -> str:
+        return self._paths(committable)[0].rsplit("/", 1)[-1]
 
-    @staticmethod
-    def _items(committables: Iterable[bytes]) -> list[_Committable]:
-        return [msgspec.msgpack.decode(raw, type=_Committable) for raw in committables]
+    def _key(self, committable: _Committable) -> str:
+        return hashlib.blake2b(committable.message, digest_size=16).hexdigest()
 
-    @staticmethod
-    def _unique(items: Iterable[_Committable]) -> list[_Committable]:
-        """`items` without the further parts of a merged message (its first part stands for
-        it)."""
-        seen: set[bytes] = set()
-        out = []
-        for c in items:
-            if c.part is not None:
-                if c.message in seen:
-                    continue
-                seen.add(c.message)
-            out.append(c)
-        return out
+    def _paths(self, committable: _Committable) -> list[str]:
+        return self._data_files([self._message(committable)])
+
+    def _kept_name(self, committable: _Committable, keep: Sequence[tuple[int, int]]) -> None:
+        """None: a pypaimon writer writes the cut-out (`_rewrite`), which names it."""
+        return None
+
+    def _exist(self, paths: Sequence[str]) -> list[bool]:
+        file_io = self._table().file_io
+        return [bool(file_io.exists(p)) for p in paths]
+
+    def _delete(self, paths: Sequence[str]) -> None:
+        file_io = self._table().file_io
+        for path in paths:
+            file_io.delete_quietly(path)
+
+    def _merges(self) -> bool:
+        """A partitioned table's rows go to one message per partition, so there each unit is
+        written on its own, as `write` does (its committables are whole messages)."""
+        return not self._table().partition_keys
+
+    @property
+    def location(self) -> str:
+        return f"{self.warehouse} {self.table_name}"
+
+    def _retention(self) -> tuple[str, int | None]:
+        """The table's `snapshot.time-retained` if set on it (pypaimon never expires snapshots;
+        Java, Spark and Flink writers and procedures do, by this option, default 1 h, keeping at
+        least `snapshot.num-retained.min`), else None."""
+        text = self._table().table_schema.options.get(_TIME_RETAINED)
+        return _TIME_RETAINED, _paimon_duration_ms(text) if text else None
 
     def _message(self, c: _Committable) -> Any:
         from pypaimon.write.commit_message_serializer import deserialize_commit_message
@@ -295,12 +275,12 @@ class PaimonSink:
                 c.message,
                 table.partition_keys_fields,
                 table.trimmed_primary_keys_fields,
-                version=c.version,
+                version=c.message_version,
             )
         except ValueError as exc:
             raise CommitError(
                 f"Paimon table {self.table_name!r}: cannot decode a committable written "
-                f"with schema {c.schema_id} (message version {c.version}): {exc}"
+                f"with schema {c.schema_id} (message version {c.message_version}): {exc}"
             ) from exc
 
     def _data_files(self, messages: Iterable[Any]) -> list[str]:
@@ -320,110 +300,37 @@ class PaimonSink:
 
     # --- writer side (in tasks) -------------------------------------------------------------
 
-    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
-        """Write `batches` as Paimon data files; one committable per commit message (none if
-        there are no rows). Nothing is visible until the driver commits."""
-        batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return ()
+    def _stage(self, rows: pa.Table, context: WriteContext) -> list[_Committable]:
+        """Write `rows` as Paimon data files; one committable per commit message."""
         table = self._table()
         messages = self._write_messages(
-            batches, _data_prefix(context), context.checkpoint_id, fit=True
+            rows.to_batches(), _data_prefix(context), context.checkpoint_id
         )
-        return tuple(
-            msgspec.msgpack.encode(
-                _Committable(
-                    _MESSAGE_VERSION,
-                    table.table_schema.id,
-                    sum(f.row_count for f in m.new_files),
-                    self._serialized(m),
-                    str(table.table_path),
-                )
+        return [
+            _Committable(
+                _MESSAGE_VERSION,
+                table.table_schema.id,
+                sum(f.row_count for f in m.new_files),
+                self._serialized(m),
+                str(table.table_path),
+                version=COMMITTABLE_VERSION,
             )
             for m in messages
-        )
-
-    def write_merged(
-        self, parts: Sequence[tuple[WriteContext, Sequence[pa.RecordBatch]]]
-    ) -> list[tuple[bytes, ...]]:
-        """Write the rows of every part (the units of one task and epoch) as one Paimon commit
-        message (one data file, more only when the rows exceed the table's target file size),
-        its files named after the first part; per part, its committable naming its rows of the
-        message (none for a part without rows; `regional.sinks.base.MergingWriter`). The
-        commit commits the message whole, or a rewrite of it without the rows of parts it does
-        not hold.
-
-        A partitioned table's rows go to one message per partition, so there each part is
-        written on its own, as `write` does (its committables are whole messages)."""
-        if not parts:
-            return []
-        table = self._table()
-        if table.partition_keys:
-            return [self.write(batches, context) for context, batches in parts]
-        schema = self._arrow_schema()
-        fitted = [
-            [self._fit(b, schema).replace_schema_metadata(None) for b in batches if b.num_rows]
-            for _, batches in parts
         ]
-        merged, places = merged_table([[b for t in f for b in t.to_batches()] for f in fitted])
-        if merged is None:
-            return [() for _ in parts]
-        first = parts[0][0]
-        messages = self._write_messages(
-            merged.to_batches(), _data_prefix(first), first.checkpoint_id, fit=False
-        )
-        if len(messages) != 1 or sum(f.row_count for f in messages[0].new_files) != len(merged):
-            for m in messages:  # one bucket of an unpartitioned append table: never so
-                for path in self._data_files([m]):
-                    table.file_io.delete_quietly(path)
-            raise SinkError(
-                f"Paimon table {self.table_name!r}: the merged rows of {len(parts)} units "
-                f"({len(merged)} rows) were written as {len(messages)} commit messages, not as "
-                "one; only unpartitioned append tables with bucket = -1 are supported"
-            )
-        message = self._serialized(messages[0])
-        return [
-            ()
-            if p is None
-            else (
-                msgspec.msgpack.encode(
-                    _Committable(
-                        _MESSAGE_VERSION,
-                        table.table_schema.id,
-                        p.rows,
-                        message,
-                        str(table.table_path),
-                        p.first_row,
-                        p.file_rows,
-                    )
-                ),
-            )
-            for p in places
-        ]
-
-    def _arrow_schema(self) -> pa.Schema:
-        """The table's columns as Arrow (what its writers take)."""
-        write = self._table().new_stream_write_builder().new_write()
-        try:
-            schema: pa.Schema = write.table_pyarrow_schema
-        finally:
-            write.close()
-        return schema
 
     def _write_messages(
-        self, batches: Sequence[pa.RecordBatch], prefix: str, identifier: int, *, fit: bool
+        self, batches: Sequence[pa.RecordBatch], prefix: str, identifier: int
     ) -> list[Any]:
-        """Write `batches` (fitted to the table's columns first when `fit`) with one pypaimon
-        writer whose data file names start with `prefix`; its non-empty commit messages. A
-        failed write deletes the files it wrote."""
+        """Write `batches` (fitted to the table's columns) with one pypaimon writer whose data
+        file names start with `prefix`; its non-empty commit messages. A failed write deletes
+        the files it wrote."""
         from pypaimon.common.options.core_options import CoreOptions
 
         write = self._table().new_stream_write_builder().new_write()
         write.file_store_write.options.set(CoreOptions.DATA_FILE_PREFIX, prefix)
         try:
-            schema = write.table_pyarrow_schema
             for b in batches:
-                write.write_arrow(self._fit(b, schema) if fit else pa.Table.from_batches([b]))
+                write.write_arrow(pa.Table.from_batches([b]))
             messages = write.prepare_commit(identifier)
         except BaseException:
             write.abort()  # delete this attempt's files
@@ -446,40 +353,27 @@ class PaimonSink:
 
     # --- committer side (on the driver): regional.sinks.base.TableCommitter -------------------
 
-    def commit(
+    def _publish(
         self,
         commit_user: str,
         identifier: int,
-        committables: Iterable[bytes],
-        *,
-        fallback: Mapping[int, int] | None = None,
+        plan: Sequence[Planned[_Committable]],
+        latest: int | None,
+        fallback: str,
     ) -> None:
-        """Commit `committables` as one snapshot of `commit_user` with `identifier`, recording
-        the checkpoint and the fallback units (unit -> owner checkpoint) in its properties."""
-        latest = self.latest_committed(commit_user)
-        if latest is not None and identifier <= latest:
-            raise CommitError(
-                f"Paimon table {self.table_name!r}: commit {identifier} of user {commit_user!r} "
-                f"is not after its latest commit {latest}; commits must be in checkpoint order"
-            )
-        planned = [(self._message(c), keep) for c, keep in self._plan(self._items(committables))]
-        if missing := self._missing(self._data_files(m for m, _ in planned)):
-            raise CommitError(
-                f"Paimon table {self.table_name!r}: cannot commit checkpoint {identifier}: data "
-                f"file(s) {', '.join(missing[:5])} are missing (were they deleted?); nothing was "
-                "committed; restore from a newer checkpoint or restore the files"
-            )
+        """Commit the messages of `plan` (a merged one cut out first: `_rewrite`) as one
+        snapshot of `commit_user` with `identifier`, recording the checkpoint and the fallback
+        units in its properties."""
         messages = [
-            rewritten
-            for m, keep in planned
-            for rewritten in ([m] if keep is None else self._rewrite(m, keep, identifier))
+            m
+            for x in plan
+            for m in (
+                [self._message(x.item)]
+                if x.keep is None
+                else self._rewrite(self._message(x.item), x.keep, identifier)
+            )
         ]
-        properties = {
-            CHECKPOINT_PROPERTY: str(identifier),
-            FALLBACK_PROPERTY: json.dumps(
-                {str(u): o for u, o in sorted((fallback or {}).items())}, separators=(",", ":")
-            ),
-        }
+        properties = {CHECKPOINT_PROPERTY: str(identifier), FALLBACK_PROPERTY: fallback}
         builder = self._table().new_stream_write_builder()
         builder.commit_user = commit_user
         commit = builder.new_commit()
@@ -487,25 +381,6 @@ class PaimonSink:
             commit.commit(messages, identifier, snapshot_properties=properties)
         finally:
             commit.close()
-        file_io = self._table().file_io
-        for path in self._data_files(m for m, keep in planned if keep is not None):
-            file_io.delete_quietly(path)  # merged files rewritten without other units' rows
-
-    def _plan(
-        self, items: Sequence[_Committable]
-    ) -> list[tuple[_Committable, tuple[tuple[int, int], ...] | None]]:
-        """The commit messages a commit of `items` commits, in order: a whole message each, and
-        one per merged message (its first part): whole (None) when the commit holds every part
-        of it, else with the ranges of its rows to keep (`regional.sinks.merging.kept_ranges`),
-        for `_rewrite`."""
-
-        def describe(c: _Committable) -> str:
-            name = self._data_files([self._message(c)])[0].rsplit("/", 1)[-1]
-            return f"Paimon table {self.table_name!r}: {name}"
-
-        return commit_plan(
-            items, part=lambda c: c.part, file=lambda c: c.message, describe=describe
-        )
 
     def _rewrite(self, message: Any, keep: Sequence[tuple[int, int]], identifier: int) -> list[Any]:
         """The commit messages of a rewrite of merged `message`'s data files keeping the rows in
@@ -534,7 +409,8 @@ class PaimonSink:
                 tables.append(pq.read_table(f))
         rows = take_ranges(pa.concat_tables(tables, promote_options="default"), keep)
         stem = kept_stem(message.new_files[0].file_name.rsplit(".", 1)[0], keep)
-        rewritten = self._write_messages(rows.to_batches(), f"{stem}-", identifier, fit=True)
+        fitted = self._fit(rows.to_batches()).to_batches()
+        rewritten = self._write_messages(fitted, f"{stem}-", identifier)
         out = []
         for m in rewritten:
             self._data_files([m])  # their paths
@@ -580,50 +456,6 @@ class PaimonSink:
             self._seen_snapshots = max([latest.id, *(s.id for s in snapshots)])
         return self._latest.get(commit_user)
 
-    def _missing(self, paths: Sequence[str]) -> list[str]:
-        file_io = self._table().file_io
-        return [p for p in paths if not file_io.exists(p)]
-
-    def data_files(self, committables: Iterable[bytes]) -> list[str]:
-        """Paths of the data files behind `committables` (a merged message's once)."""
-        return self._data_files(self._messages(committables))
-
-    def missing_files(self, committables: Iterable[bytes]) -> list[str]:
-        """The data files behind `committables` that are gone."""
-        return self._missing(self.data_files(committables))
-
-    def _own(self, committables: Iterable[bytes]) -> list[bytes]:
-        """The committables of this table (other sinks' and tables' are skipped)."""
-        table_path = str(self._table().table_path)
-        own = []
-        for raw in committables:
-            try:
-                c = msgspec.msgpack.decode(raw, type=_Committable)
-            except msgspec.DecodeError:  # another sink's format
-                continue
-            if c.table_path == table_path:
-                own.append(raw)
-        return own
-
-    def discard(self, committables: Iterable[bytes]) -> None:
-        """Delete the files of a declined or aborted attempt (already gone is fine). A merged
-        message's files are deleted once all of its parts were discarded through this sink
-        object (the other units' rows in them may still commit).
-
-        Committables of other sinks (the runtime may hand a unit's committables to every sink)
-        are skipped.
-        """
-        table = self._table()
-        gone = []
-        for raw in self._own(committables):
-            c = msgspec.msgpack.decode(raw, type=_Committable)
-            key = hashlib.blake2b(c.message, digest_size=16).hexdigest()
-            if (part := c.part) is not None and not self._discarded.add(key, part):
-                continue
-            gone.append(raw)
-        for path in self.data_files(gone):
-            table.file_io.delete_quietly(path)
-
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
         """Delete the data files job `job_id`'s writers left in lost attempts: named by the job
         (`data-rg~<job>~...`), in a bucket directory of the table, and referenced neither by any
@@ -635,7 +467,7 @@ class PaimonSink:
 
         table = self._table()
         prefix = _job_prefix(job_id)
-        kept = {p.rsplit("/", 1)[-1] for p in self.data_files(self._own(keep))}
+        kept = {p.rsplit("/", 1)[-1] for c in self.own(keep) for p in self._paths(c)}
         lists, manifests = ManifestListManager(table), ManifestFileManager(table)
         names = {  # manifests are immutable and shared by snapshots: each is read once
             meta.file_name
@@ -664,25 +496,6 @@ class PaimonSink:
             elif info.type == pafs.FileType.File and "/bucket-" in path:
                 out.append(path)
         return out
-
-    def rows_of(self, committables: Iterable[bytes]) -> int:
-        """How many rows `committables` hold (for progress displays)."""
-        return sum(msgspec.msgpack.decode(c, type=_Committable).rows for c in committables)
-
-    def marker_retention(self) -> SinkRetention:
-        """How long the table keeps snapshots (`regional.sinks.base.TableRetention`): its
-        `snapshot.time-retained` if set on the table (pypaimon never expires snapshots; Java,
-        Spark and Flink writers and procedures do, by this option, default 1 h, keeping at
-        least `snapshot.num-retained.min`), else None."""
-        options = self._table().table_schema.options
-        text = options.get(_TIME_RETAINED)
-        return SinkRetention(
-            "",
-            "paimon",
-            f"{self.warehouse} {self.table_name}",
-            _TIME_RETAINED,
-            _paimon_duration_ms(text) if text else None,
-        )
 
     # --- reading ----------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from regional.sinks.merging import (
     merged_table,
     take_ranges,
 )
+from regional.sinks.table import COMMITTABLE_VERSION, check_version, part_of
 
 __all__ = [
     "COMMITS",
@@ -78,11 +79,12 @@ _LEGACY_DATA = "data"  # tables written before staging: committed files stayed i
 
 
 class StagedFile(msgspec.Struct, frozen=True, array_like=True):
-    """A committable: the staged `file` (relative to the area's directory), its rows, and (since
-    the exchange's segments are verified) its size and checksum (hex; -1 and "" in committables
-    of older versions). A part of a merged file (`regional.sinks.merging`) names the whole
-    file's size and checksum, and where its `rows` are: from `first_row` of the file's
-    `file_rows` (-1: the committable is the whole file)."""
+    """A committable (`regional.sinks.table.TableCommittable`): the staged `file` (relative to
+    the area's directory), its rows, and (since the exchange's segments are verified) its size
+    and checksum (hex; -1 and "" in committables of older versions). A part of a merged file
+    (`regional.sinks.merging`) names the whole file's size and checksum, and where its `rows`
+    are: from `first_row` of the file's `file_rows` (-1: the committable is the whole file).
+    Then its `version` (1 in committables written before it existed)."""
 
     file: str
     rows: int
@@ -90,11 +92,12 @@ class StagedFile(msgspec.Struct, frozen=True, array_like=True):
     checksum: str = ""
     first_row: int = 0
     file_rows: int = -1
+    version: int = 1
 
     @property
     def part(self) -> FilePart | None:
         """Its part of a merged file, or None when it is a whole file."""
-        return None if self.file_rows < 0 else FilePart(self.first_row, self.rows, self.file_rows)
+        return part_of(self)
 
 
 class _Output(NamedTuple):
@@ -195,7 +198,8 @@ class StagingArea:
     def stage(self, job_id: str, stem: str, table: pa.Table) -> bytes:
         """Write `table` as `_staging/<job_id>/<stem>.staged`; its committable."""
         name, size, checksum = self._write_staged(job_id, stem, table)
-        return msgspec.msgpack.encode(StagedFile(name, table.num_rows, size, checksum))
+        staged = StagedFile(name, table.num_rows, size, checksum, version=COMMITTABLE_VERSION)
+        return msgspec.msgpack.encode(staged)
 
     def stage_parts(
         self, job_id: str, stem: str, parts: Sequence[Sequence[pa.RecordBatch]]
@@ -220,7 +224,15 @@ class StagingArea:
             if p is None
             else (
                 msgspec.msgpack.encode(
-                    StagedFile(name, p.rows, size, checksum, p.first_row, p.file_rows)
+                    StagedFile(
+                        name,
+                        p.rows,
+                        size,
+                        checksum,
+                        p.first_row,
+                        p.file_rows,
+                        COMMITTABLE_VERSION,
+                    )
                 ),
             )
             for p in places
@@ -292,6 +304,7 @@ class StagingArea:
                     f"{self.describe}: a committable does not decode ({exc}); the checkpoint "
                     "holding it is damaged"
                 ) from None
+            check_version(item, self.describe)
             self._check_staged(item.file)
             items.append(item)
         if self.order is not None:
@@ -520,13 +533,17 @@ class StagingArea:
     def clean_staged(self, job_id: str, keep: Iterable[bytes]) -> list[str]:
         """Delete the staged files of job `job_id` that no committable in `keep` names (they
         are from lost attempts or lost runs); returns them (relative to the directory). Called
-        when a driver starts, before any task of its run; other jobs' files are never touched."""
+        when a driver starts, before any task of its run; other jobs' files are never touched.
+        A committable of a newer version is a `CommitError` (what it names is not known), and
+        nothing is deleted."""
         if name_problem(job_id) is not None:
             return []
         kept: set[str] = set()
         for c in keep:
-            with contextlib.suppress(CommitError):
-                kept.update(i.file for i in self.files([c]))
+            with contextlib.suppress(*DECODE_FAILURES):  # not this area's: names none of it
+                kept.add(
+                    check_version(msgspec.msgpack.decode(c, type=StagedFile), self.describe).file
+                )
         fs, base = self.location()
         deleted = []
         for info in self.listing(f"{base}/{STAGING}/{job_id}"):
