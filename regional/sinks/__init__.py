@@ -6,7 +6,7 @@ that `regional.sinks` works without their packages.
 
 Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
 `SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
-driver) and the optional capabilities `TableRollback`, `TableStaging` and `TableRetention`; and
+driver) and the optional capabilities `TableRollback`, `TableRollbackUsers`, `TableStaging` and `TableRetention`; and
 the template a table format's sink is written on, `TableSink`, with its versioned committables
 (`TableCommittable`, `COMMITTABLE_VERSION`; `regional.sinks.table`)."""
 
@@ -22,6 +22,7 @@ from regional.sinks.base import (
     TableCommitter,
     TableRetention,
     TableRollback,
+    TableRollbackUsers,
     TableStaging,
     WriteContext,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "TableCommitter",
     "TableRetention",
     "TableRollback",
+    "TableRollbackUsers",
     "TableSink",
     "TableStaging",
     "WriteContext",
