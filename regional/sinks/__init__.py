@@ -7,8 +7,8 @@ that `regional.sinks` works without their packages.
 Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
 `SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
 driver) and the optional capabilities `TableRollback`, `TableRollbackUsers`, `TableStaging` and
-`TableRetention`; and the template a table format's sink is written on, `TableSink`, with its versioned committables
-(`TableCommittable`, `COMMITTABLE_VERSION`; `regional.sinks.table`)."""
+`TableRetention`; and the template a table format's sink is written on, `TableSink`, with its
+versioned committables (`TableCommittable`, `COMMITTABLE_VERSION`; `regional.sinks.table`)."""
 
 from __future__ import annotations
 
