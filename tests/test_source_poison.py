@@ -257,3 +257,25 @@ def test_lines_arrow_cannot_hold_beside_the_others_are_poison(tmp_path, bad, why
     assert str(poison.error).startswith(
         f"line {lines - 1} of 'mixed.jsonl' in the file source at {tmp_path} is {why}"
     ), str(poison.error)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "nested more than 64 levels deep, the limit"),
+        (
+            b'{"s": "\\udfff"}',
+            "a string holds a lone UTF-16 surrogate (\\udfff), which UTF-8 cannot encode",
+        ),
+    ],
+)
+def test_a_kafka_json_value_is_screened_like_a_json_line(value, why):
+    from regional.sources.kafka import KafkaSourceError, decode_value
+
+    with pytest.raises(KafkaSourceError) as raised:
+        decode_value(value, "json", "events", 2, 10)
+    assert str(raised.value) == (
+        f"record at offset 10 of topic 'events' partition 2 does not decode as json "
+        f"(ValueError: {why}); fix the producer or pass a decoder that accepts it "
+        "(value=... / key=...)"
+    )
