@@ -87,7 +87,7 @@ def _copy(r: dict) -> dict:
     return {"file": r["file"], "n": r["n"]}
 
 
-def _job(tmp_path: Path, on_error: str) -> tuple[JobDriver, Pipeline]:
+def _job(tmp_path: Path, on_error: str, *, operator: bool = True) -> tuple[JobDriver, Pipeline]:
     data = tmp_path / "in"
     data.mkdir(exist_ok=True)
     _lines(data / "clicks-00.jsonl")
@@ -95,7 +95,9 @@ def _job(tmp_path: Path, on_error: str) -> tuple[JobDriver, Pipeline]:
     dead = ParquetSink(str(tmp_path / "dead")) if on_error == "dead-letter" else None
     p = Pipeline("files", records_per_epoch=4, on_error=on_error, dead_letter=dead)
     src = p.source(FileSource(str(data), format="jsonl"), parallelism=2, name="src")
-    src.map(_copy, name="copy").sink(ParquetSink(str(tmp_path / "out")), name="out")
+    (src.map(_copy, name="copy") if operator else src).sink(
+        ParquetSink(str(tmp_path / "out")), name="out"
+    )
     root = str(tmp_path / "ckpt")
     policy = load_policy(
         env={}, overrides={"checkpointing": {"timeout": "30 s", "tolerable-failed-checkpoints": 0}}
@@ -104,8 +106,9 @@ def _job(tmp_path: Path, on_error: str) -> tuple[JobDriver, Pipeline]:
     return JobDriver(p, InProcess(env), storage=JobStorage(root, "files"), policy=policy), p
 
 
-def test_a_poison_line_is_one_dead_letter_row_and_the_unit_keeps_going(tmp_path):
-    driver, _ = _job(tmp_path, "dead-letter")
+@pytest.mark.parametrize("operator", [True, False], ids=["with-operator", "source-to-sink"])
+def test_a_poison_line_is_one_dead_letter_row_and_the_unit_keeps_going(tmp_path, operator):
+    driver, _ = _job(tmp_path, "dead-letter", operator=operator)
     summary = driver.run()
     assert summary.finished and {c.kind for c in summary.checkpoints} == {"global"}
     out = read_table(str(tmp_path / "out")).to_pylist()

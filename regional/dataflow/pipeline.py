@@ -564,15 +564,20 @@ class Pipeline:
         if isinstance(what.get("operator"), Operator):
             what["operator"] = dataclasses.replace(what["operator"], name=vid)
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
-        if role == "operator" and self.dead_letter is not None:
+        if self.dead_letter is not None:
             self._place_dead_letters()
         return Stream(self, vid)
 
     def _place_dead_letters(self) -> None:
-        """One dead-letter sink vertex per independent part of the graph, after the user's
-        vertices, fed by every operator of its part over forward edges. Subtask i of every
-        vertex of a part is already in region i of that part, so the sink merges no regions
-        (a vertex shared by two parts would merge theirs)."""
+        """One dead-letter sink vertex per independent part of the graph that can produce dead
+        letters, after the user's vertices: fed by every operator of its part over forward
+        edges, or, in a part without operators (a source straight into a sink), by its
+        sources (whose poison records and bad event times it takes). Parts with operators are
+        numbered first, so their sinks keep the ids they had before source-only parts had
+        one. Subtask i of every vertex of a part is already in region i of that part, so the
+        sink merges no regions (a vertex shared by two parts would merge theirs)."""
+        from regional.dataflow.exchange import ExchangeReader
+
         for vid in [v for v, spec in self.vertices.items() if spec.dead_letter]:
             del self.vertices[vid]
         part = {vid: vid for vid in self.vertices}
@@ -586,16 +591,20 @@ class Pipeline:
             for i in spec.inputs:
                 part[find(i)] = find(spec.id)
         operators: dict[str, list[VertexSpec]] = {}
+        sources: dict[str, list[VertexSpec]] = {}
         for spec in self.vertices.values():
             if spec.kind == "operator":
                 operators.setdefault(find(spec.id), []).append(spec)
-        for n, ops in enumerate(operators.values()):
+            elif spec.kind == "source" and not isinstance(spec.source, ExchangeReader):
+                sources.setdefault(find(spec.id), []).append(spec)
+        feeds = [*operators.values(), *(s for p, s in sources.items() if p not in operators)]
+        for n, inputs in enumerate(feeds):
             vid = DEAD_LETTERS if n == 0 else f"{DEAD_LETTERS}-{n + 1}"
             self.vertices[vid] = VertexSpec(
                 vid,
                 "sink",
-                ops[0].parallelism,
-                tuple(o.id for o in ops),
+                inputs[0].parallelism,
+                tuple(o.id for o in inputs),
                 sink=self.dead_letter,
                 dead_letter=True,
             )
