@@ -377,7 +377,7 @@ class KeyedStream:
         allowed_lateness: Any = 0,
         on_late: str = "drop",
         emit: Callable[[Any, Window, Any], Any] | None = None,
-        event_time: Callable[[Any], Any] | None = None,
+        event_time: Callable[[Any], Any] | str | None = None,
         name: str | None = None,
     ) -> Stream:
         """Event-time windows of the key (`regional.dataflow.windows`: `Tumbling`, `Sliding`,
@@ -386,7 +386,9 @@ class KeyedStream:
         ``{key, window_start, window_end, value}``), once the watermark passes the window's end
         plus `allowed_lateness`. Late records are dropped and counted, or with
         ``on_late="dead-letter"`` also written to the pipeline's dead-letter sink. The event
-        time of a record is `event_time(record)`, by default the source's `event_time`."""
+        time of a record is `event_time` (a field name or a function of a record), by default
+        the source's `event_time`; a record without a usable one is a dead letter with
+        ``on_error="dead-letter"``, else its unit declines naming the window and the record."""
         stream = self._stream
         pipeline = stream.pipeline
         what = f"window {name or '(unnamed)'!r}"
@@ -403,12 +405,13 @@ class KeyedStream:
                 "dead-letter sink; build the pipeline with on_error='dead-letter', "
                 "dead_letter=<a sink>"
             )
-        time_of = pipeline._event_time_of(stream.vertex_id, event_time, what)
+        time = pipeline._event_time_of(stream.vertex_id, event_time, what)
         scope = pipeline._key_scope(stream.vertex_id, self._key, name)
         spec = WindowSpec(
             assigner,
             aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
-            time_of=time_of,
+            time_of=time.fn,
+            time_field=time.field,
             allowed_lateness=allowed_lateness,
             on_late=on_late,
             emit=emit,
@@ -470,15 +473,19 @@ class Pipeline:
         *,
         parallelism: int = 1,
         name: str | None = None,
-        event_time: Callable[[Any], Any] | None = None,
+        event_time: Callable[[Any], Any] | str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
     ) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits.
 
-        With `event_time` (a function of a record giving a datetime or ms since the epoch),
-        each split keeps a watermark, the largest event time read minus `max_out_of_orderness`
-        (`"5 s"`, a timedelta or seconds), in its split state (`regional.dataflow.event_time`).
+        With `event_time` (the name of the field holding a record's time, e.g. `"ts"`, or a
+        function of a record; giving a datetime, naive = UTC, or an int of ms since the
+        epoch, within the supported event times of `regional.dataflow.event_time`), each
+        split keeps a watermark, the largest event time read minus `max_out_of_orderness`
+        (`"5 s"`, a timedelta or seconds), in its split state. A record without a usable
+        event time is a dead letter with `on_error="dead-letter"`, else its unit declines
+        with an `EventTimeError` naming the source, the function and the record.
         `idle_timeout` (off by default) lets a split that delivered nothing for that long stop
         holding its subtask's watermark back: processing time, so outside the determinism
         rule (docs/event-time.md)."""
@@ -504,10 +511,11 @@ class Pipeline:
         )
 
     def _event_time_of(
-        self, vertex_id: str, given: Callable[[Any], Any] | None, what: str
-    ) -> Callable[[Any], Any]:
-        """`given`, else the event-time function of the sources `vertex_id` reads (through
-        exchanges); `GraphError` when no source upstream reads with event time."""
+        self, vertex_id: str, given: Callable[[Any], Any] | str | None, what: str
+    ) -> EventTime:
+        """`given` (a field name or a function of a record), else the event time of the
+        sources `vertex_id` reads (through exchanges); `GraphError` when no source upstream
+        reads with event time."""
         found: list[EventTime] = []
         todo = [vertex_id]
         while todo:
@@ -520,18 +528,21 @@ class Pipeline:
         if not found:
             raise GraphError(
                 f"{what}: no source upstream reads with event time, so no watermark would "
-                "ever close it; give the source event_time=<function of a record>, e.g. "
-                "p.source(src, event_time=lambda r: r['ts'], max_out_of_orderness='5 s')"
+                "ever close it; give the source event_time=<a field name or a function of a "
+                "record>, e.g. p.source(src, event_time='ts', max_out_of_orderness='5 s')"
             )
         if given is not None:
-            return given
-        fns = {id(e.fn): e.fn for e in found}
-        if len(fns) > 1:
+            try:
+                return EventTime(given)
+            except TypeError as exc:
+                raise GraphError(f"{what}: {exc}") from None
+        distinct = {e.identity: e for e in found}
+        if len(distinct) > 1:
             raise GraphError(
                 f"{what}: the sources upstream have different event_time functions; give "
-                "the window its own: window(..., event_time=lambda r: r['ts'])"
+                "the window its own: window(..., event_time='ts')"
             )
-        return next(iter(fns.values()))
+        return next(iter(distinct.values()))
 
     def _add(
         self,
