@@ -149,6 +149,8 @@ def test_the_dead_letter_sink_merges_no_regions():
     assert {v: (s.inputs, s.parallelism) for v, s in specs.items()} == {
         "dead-letters": (("fa", "ma"), 3),
         "dead-letters-2": (("fb",), 2),
+        # a source straight into a sink has poison records and bad event times to set aside
+        "dead-letters-3": (("c",), 2),
     }
     assert {str(s) for s in plan.subtasks_of_unit(1)} == {
         "a#1",

@@ -184,7 +184,7 @@ def test_wrapped_positions_round_trip_and_plain_ones_pass_through() -> None:
 
 
 def test_bad_times_and_spans_are_named() -> None:
-    with pytest.raises(TypeError, match=r"the record's ts is '12:00' \(str\); the event_time"):
+    with pytest.raises(TypeError, match=r"the record's ts is '12:00' \(str\); it must be a"):
         to_millis("12:00", "the record's ts")
     with pytest.raises(ValueError, match=r"max_out_of_orderness='soon'; give a duration"):
         EventTime(lambda r: r, "soon")

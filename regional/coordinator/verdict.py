@@ -95,8 +95,9 @@ def evaluate(
             Rule.FAILURE_RATIO,
             f"{prefix} (rule 3c): {len(failed)} of {num_units} units failed "
             f"({float(ratio):.4g} > max-failure-ratio {float(max_failure_ratio):g}): "
-            f"{_causes(failed)}; fix the failing units or raise "
-            "checkpointing.region.max-failure-ratio",
+            f"{_causes(failed)}; fix what the causes name (a unit failing on a record or in "
+            "user code fails the same way on every retry), or, for failures that pass on "
+            "their own, raise checkpointing.region.max-failure-ratio",
         )
     if (found := unusable(units)) is not None:
         unit, why = found

@@ -25,13 +25,25 @@ A watermark W (ms since the Unix epoch) says "records with an event time below W
 2000
 >>> subtask_watermark({}, now_ms=0, ended=True) == MAX_WATERMARK
 True
+
+**Supported event times** (DESIGN §4 rule 15): from `EARLIEST_EVENT_TIME` (0002-01-01) up to
+`LATEST_EVENT_TIME` (9998-12-31T23:59:59.999), UTC; every span (window size and slide,
+session gap, lateness, out-of-orderness, idle timeout) is at most `MAX_SPAN_MS` (365 days).
+Then every watermark, window bound and timer of a record is a `datetime` (years 1 to 9999:
+what Python, Spark and Parquet readers hold), an Arrow `timestamp("ms")`, and far from the
+int64 ends that mean -inf and +inf. A record outside them, or whose event time is no
+datetime or int, cannot be placed: with `on_error="dead-letter"` it is a dead letter, else
+its unit declines with an `EventTimeError` naming the source, the function and the record.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import pyarrow as pa
 
 from metadata.watermarks import (
     MAX_WATERMARK,
@@ -40,15 +52,23 @@ from metadata.watermarks import (
     reader_watermark,
     released_writers,
 )
+from regional.errors import RegionalError
 from regional.policy import parse_duration
+from regional.sources.base import Batch
 
 __all__ = [
+    "EARLIEST_EVENT_TIME",
+    "LATEST_EVENT_TIME",
+    "MAX_SPAN_MS",
     "MAX_WATERMARK",
     "MIN_WATERMARK",
     "EventTime",
+    "EventTimeError",
     "SplitWatermark",
+    "Stamped",
     "advance_split",
     "reader_watermark",
+    "record_time",
     "released_writers",
     "span_ms",
     "subtask_watermark",
@@ -56,28 +76,55 @@ __all__ = [
 ]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_DAY_MS = 86_400_000
+#: The earliest supported event time: 0002-01-01T00:00:00Z, in ms since the Unix epoch.
+EARLIEST_EVENT_TIME = (dt.date(2, 1, 1) - _EPOCH.date()).days * _DAY_MS
+#: The latest supported event time: 9998-12-31T23:59:59.999Z.
+LATEST_EVENT_TIME = (dt.date(9999, 1, 1) - _EPOCH.date()).days * _DAY_MS - 1
+#: The longest span (window size, slide, gap, lateness, out-of-orderness, idle timeout): 365
+#: days, so a window or watermark of a supported event time stays within years 1 to 9999.
+MAX_SPAN_MS = 365 * _DAY_MS
+_RANGE = "0002-01-01T00:00:00.000Z to 9998-12-31T23:59:59.999Z"
+
+
+class EventTimeError(RegionalError):
+    """A record's event time cannot be used: the `event_time` function raised, returned
+    something that is no datetime or int, or a time outside the supported range. The message
+    names the source (or window), the function, where the record was read, the record and the
+    fix. With `on_error="dead-letter"` the record is a dead letter instead."""
 
 
 def to_millis(value: Any, what: str = "an event time") -> int:
     """Milliseconds since the Unix epoch of `value`: a `datetime` (naive means UTC), a `date`,
-    or an int of milliseconds. `TypeError` naming `what` for anything else.
+    or an int of milliseconds, within the supported event times. `TypeError` naming `what`
+    for any other type (bool and float too: round a float with int()), `ValueError` for a
+    time outside the range.
 
     >>> to_millis(dt.datetime(2026, 1, 1, 0, 0, 1)), to_millis(1500)
     (1767225601000, 1500)
+    >>> to_millis(2**63 - 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: an event time is 9223372036854775807 ms, outside the supported event times \
+(0002-01-01T00:00:00.000Z to 9998-12-31T23:59:59.999Z)
     """
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
         delta = value - _EPOCH
-        return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-    if isinstance(value, dt.date):
-        return (value - _EPOCH.date()).days * 86_400_000
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise TypeError(
-        f"{what} is {value!r} ({type(value).__name__}); the event_time function must return a "
-        "datetime (naive = UTC) or an int of milliseconds since the Unix epoch"
-    )
+        ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    elif isinstance(value, dt.date):
+        ms = (value - _EPOCH.date()).days * _DAY_MS
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ms = value
+    else:
+        raise TypeError(
+            f"{what} is {value!r:.100} ({type(value).__name__}); it must be a datetime "
+            "(naive = UTC) or an int of milliseconds since the Unix epoch"
+        )
+    if not EARLIEST_EVENT_TIME <= ms <= LATEST_EVENT_TIME:
+        raise ValueError(f"{what} is {ms} ms, outside the supported event times ({_RANGE})")
+    return ms
 
 
 def span_ms(value: Any, what: str, *, allow_zero: bool = True) -> int:
@@ -91,30 +138,45 @@ def span_ms(value: Any, what: str, *, allow_zero: bool = True) -> int:
         seconds = parse_duration(value)
     except ValueError:
         seconds = float("nan")
-    ms = round(seconds * 1000) if seconds == seconds else -1
-    if ms < 0 or (ms == 0 and not allow_zero):
-        least = "0 or more" if allow_zero else "more than 0"
+    ms = round(seconds * 1000) if seconds == seconds and abs(seconds) < 1e300 else -1
+    if ms < 0 or ms > MAX_SPAN_MS or (ms == 0 and not allow_zero):
+        least = "0" if allow_zero else "more than 0"
         raise ValueError(
-            f'{what}={value!r}; give a duration of {least}: "500 ms", "5 s", "1 min", a '
-            "datetime.timedelta or a number of seconds"
+            f'{what}={value!r}; give a duration of {least} to 365 days: "500 ms", "5 s", '
+            '"1 min", "30 d", a datetime.timedelta or a number of seconds'
         )
     return ms
 
 
+class Stamped(NamedTuple):
+    """Records read from one split with their event times (`EventTime.stamp`): the `batches`
+    of the records that have one, their `stamps` (ms, in record order), and the `rejected`
+    ones as (index among the records read, record, why)."""
+
+    batches: list[Batch]
+    stamps: list[int]
+    rejected: list[tuple[int, Any, EventTimeError]]
+
+
 class EventTime:
-    """How a source's records carry event time: `fn(record)` -> a timestamp (`to_millis`), and
-    the allowed out-of-orderness (ms) subtracted from the largest one seen. `idle_timeout_ms`
-    (None: off) releases a split that delivered nothing for that long (processing time)."""
+    """How a source's records carry event time: a field name (`"ts"`: `record["ts"]`) or a
+    function of a record, giving a timestamp (`to_millis`); the allowed out-of-orderness (ms)
+    subtracted from the largest one seen. `idle_timeout_ms` (None: off) releases a split that
+    delivered nothing for that long (processing time)."""
 
     def __init__(
         self,
-        fn: Callable[[Any], Any],
+        fn: Callable[[Any], Any] | str,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
     ) -> None:
-        if not callable(fn):
+        self.field = fn if isinstance(fn, str) else None
+        if isinstance(fn, str):
+            fn = operator.itemgetter(fn)
+        elif not callable(fn):
             raise TypeError(
-                f"event_time={fn!r} is not callable; give a function of a record, e.g. "
+                f"event_time={fn!r} is neither a field name nor a function; give the field "
+                "holding the time, e.g. event_time='ts', or a function of a record, e.g. "
                 "lambda r: r['ts']"
             )
         self.fn = fn
@@ -125,9 +187,88 @@ class EventTime:
             else span_ms(idle_timeout, "idle_timeout", allow_zero=False)
         )
 
-    def of(self, record: Any) -> int:
-        """The event time of `record` (ms)."""
-        return to_millis(self.fn(record), f"the event time of {record!r:.200}")
+    @property
+    def identity(self) -> object:
+        """What tells two sources' event times apart: the field name, or the function."""
+        return ("field", self.field) if self.field is not None else self.fn
+
+    def of(self, record: Any, owner: str = "the source", where: str = "") -> int:
+        """The event time of `record` (ms); `EventTimeError` naming `owner` (e.g. "source
+        'clicks'"), the function, `where` the record was read, the record and the fix."""
+        return record_time(self.fn, record, owner=owner, where=where, field=self.field)
+
+    def stamp(self, batches: Sequence[Batch], *, source: str, split: str, position: str) -> Stamped:
+        """The event times of the records of `batches`, read from `split` of source vertex
+        `source` from `position`; the records without a usable one are taken out."""
+        kept: list[Batch] = []
+        stamps: list[int] = []
+        rejected: list[tuple[int, Any, EventTimeError]] = []
+        index = 0
+        for batch in batches:
+            rows = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
+            keep = []
+            for record in rows:
+                where = f"split {split!r}, record {index} read from position {position or 0}"
+                try:
+                    stamps.append(self.of(record, f"source {source!r}", where))
+                    keep.append(True)
+                except EventTimeError as exc:
+                    rejected.append((index, record, exc))
+                    keep.append(False)
+                index += 1
+            if all(keep):
+                kept.append(batch)
+            elif any(keep):
+                kept.append(
+                    batch.filter(pa.array(keep))
+                    if isinstance(batch, pa.RecordBatch)
+                    else [r for r, k in zip(rows, keep, strict=True) if k]
+                )
+        return Stamped(kept, stamps, rejected)
+
+
+def record_time(
+    fn: Callable[[Any], Any],
+    record: Any,
+    *,
+    owner: str,
+    where: str = "",
+    field: str | None = None,
+) -> int:
+    """`to_millis(fn(record))`; `EventTimeError` (from the cause) naming `owner`, the function
+    (or `field`), `where`, the record (cut to 200 characters) and the fix.
+
+    >>> record_time(lambda r: r["ts"], {"n": 1}, owner="source 'clicks'", where="split 'a'")
+    Traceback (most recent call last):
+    ...
+    regional.dataflow.event_time.EventTimeError: the event_time function <lambda> of source \
+'clicks' raised KeyError: 'ts' on record {'n': 1} (split 'a'); fix the function or the record, \
+or run the pipeline with on_error='dead-letter' to set such records aside
+    """
+    what = (
+        f"the event_time field {field!r} of {owner}"
+        if field is not None
+        else f"the event_time function {getattr(fn, '__qualname__', repr(fn))} of {owner}"
+    )
+    at = f"record {record!r:.200}" + (f" ({where})" if where else "")
+    fix = "or run the pipeline with on_error='dead-letter' to set such records aside"
+    try:
+        value = fn(record)
+    except Exception as exc:
+        if field is not None and isinstance(exc, KeyError | IndexError | TypeError):
+            raise EventTimeError(
+                f"{what} is missing from {at}; give every record that field, {fix}"
+            ) from exc
+        raise EventTimeError(
+            f"{what} raised {type(exc).__name__}: {exc} on {at}; fix the function or the "
+            f"record, {fix}"
+        ) from exc
+    try:
+        return to_millis(value, f"the event time of {at}")
+    except (TypeError, ValueError) as exc:
+        raise EventTimeError(
+            f"{exc}, given by {what}; fix the function or the record, {fix}"
+        ) from None
 
 
 def advance_split(

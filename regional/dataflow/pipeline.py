@@ -249,7 +249,7 @@ class KeyedStream:
         allowed_lateness: Any = 0,
         on_late: str = "drop",
         emit: Callable[[Any, Window, Any], Any] | None = None,
-        event_time: Callable[[Any], Any] | None = None,
+        event_time: Callable[[Any], Any] | str | None = None,
         name: str | None = None,
     ) -> Stream:
         """Event-time windows of the key (`regional.dataflow.windows`: `Tumbling`, `Sliding`,
@@ -258,7 +258,9 @@ class KeyedStream:
         ``{key, window_start, window_end, value}``), once the watermark passes the window's end
         plus `allowed_lateness`. Late records are dropped and counted, or with
         ``on_late="dead-letter"`` also written to the pipeline's dead-letter sink. The event
-        time of a record is `event_time(record)`, by default the source's `event_time`."""
+        time of a record is `event_time` (a field name or a function of a record), by default
+        the source's `event_time`; a record without a usable one is a dead letter with
+        ``on_error="dead-letter"``, else its unit declines naming the window and the record."""
         stream = self._stream
         pipeline = stream.pipeline
         what = f"window {name or '(unnamed)'!r}"
@@ -275,12 +277,13 @@ class KeyedStream:
                 "dead-letter sink; build the pipeline with on_error='dead-letter', "
                 "dead_letter=<a sink>"
             )
-        time_of = pipeline._event_time_of(stream.vertex_id, event_time, what)
+        time = pipeline._event_time_of(stream.vertex_id, event_time, what)
         scope = pipeline._key_scope(stream.vertex_id, self._key, name)
         spec = WindowSpec(
             assigner,
             aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
-            time_of=time_of,
+            time_of=time.fn,
+            time_field=time.field,
             allowed_lateness=allowed_lateness,
             on_late=on_late,
             emit=emit,
@@ -342,15 +345,19 @@ class Pipeline:
         *,
         parallelism: int = 1,
         name: str | None = None,
-        event_time: Callable[[Any], Any] | None = None,
+        event_time: Callable[[Any], Any] | str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
     ) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits.
 
-        With `event_time` (a function of a record giving a datetime or ms since the epoch),
-        each split keeps a watermark, the largest event time read minus `max_out_of_orderness`
-        (`"5 s"`, a timedelta or seconds), in its split state (`regional.dataflow.event_time`).
+        With `event_time` (the name of the field holding a record's time, e.g. `"ts"`, or a
+        function of a record; giving a datetime, naive = UTC, or an int of ms since the
+        epoch, within the supported event times of `regional.dataflow.event_time`), each
+        split keeps a watermark, the largest event time read minus `max_out_of_orderness`
+        (`"5 s"`, a timedelta or seconds), in its split state. A record without a usable
+        event time is a dead letter with `on_error="dead-letter"`, else its unit declines
+        with an `EventTimeError` naming the source, the function and the record.
         `idle_timeout` (off by default) lets a split that delivered nothing for that long stop
         holding its subtask's watermark back: processing time, so outside the determinism
         rule (docs/event-time.md)."""
@@ -376,10 +383,11 @@ class Pipeline:
         )
 
     def _event_time_of(
-        self, vertex_id: str, given: Callable[[Any], Any] | None, what: str
-    ) -> Callable[[Any], Any]:
-        """`given`, else the event-time function of the sources `vertex_id` reads (through
-        exchanges); `GraphError` when no source upstream reads with event time."""
+        self, vertex_id: str, given: Callable[[Any], Any] | str | None, what: str
+    ) -> EventTime:
+        """`given` (a field name or a function of a record), else the event time of the
+        sources `vertex_id` reads (through exchanges); `GraphError` when no source upstream
+        reads with event time."""
         found: list[EventTime] = []
         todo = [vertex_id]
         while todo:
@@ -392,18 +400,21 @@ class Pipeline:
         if not found:
             raise GraphError(
                 f"{what}: no source upstream reads with event time, so no watermark would "
-                "ever close it; give the source event_time=<function of a record>, e.g. "
-                "p.source(src, event_time=lambda r: r['ts'], max_out_of_orderness='5 s')"
+                "ever close it; give the source event_time=<a field name or a function of a "
+                "record>, e.g. p.source(src, event_time='ts', max_out_of_orderness='5 s')"
             )
         if given is not None:
-            return given
-        fns = {id(e.fn): e.fn for e in found}
-        if len(fns) > 1:
+            try:
+                return EventTime(given)
+            except TypeError as exc:
+                raise GraphError(f"{what}: {exc}") from None
+        distinct = {e.identity: e for e in found}
+        if len(distinct) > 1:
             raise GraphError(
                 f"{what}: the sources upstream have different event_time functions; give "
-                "the window its own: window(..., event_time=lambda r: r['ts'])"
+                "the window its own: window(..., event_time='ts')"
             )
-        return next(iter(fns.values()))
+        return next(iter(distinct.values()))
 
     def _add(
         self,
@@ -436,15 +447,20 @@ class Pipeline:
         if isinstance(what.get("operator"), Operator):
             what["operator"].name = vid
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
-        if role == "operator" and self.dead_letter is not None:
+        if self.dead_letter is not None:
             self._place_dead_letters()
         return Stream(self, vid)
 
     def _place_dead_letters(self) -> None:
-        """One dead-letter sink vertex per independent part of the graph, after the user's
-        vertices, fed by every operator of its part over forward edges. Subtask i of every
-        vertex of a part is already in region i of that part, so the sink merges no regions
-        (a vertex shared by two parts would merge theirs)."""
+        """One dead-letter sink vertex per independent part of the graph that can produce dead
+        letters, after the user's vertices: fed by every operator of its part over forward
+        edges, or, in a part without operators (a source straight into a sink), by its
+        sources (whose poison records and bad event times it takes). Parts with operators are
+        numbered first, so their sinks keep the ids they had before source-only parts had
+        one. Subtask i of every vertex of a part is already in region i of that part, so the
+        sink merges no regions (a vertex shared by two parts would merge theirs)."""
+        from regional.dataflow.exchange import ExchangeReader
+
         for vid in [v for v, spec in self.vertices.items() if spec.dead_letter]:
             del self.vertices[vid]
         part = {vid: vid for vid in self.vertices}
@@ -458,16 +474,20 @@ class Pipeline:
             for i in spec.inputs:
                 part[find(i)] = find(spec.id)
         operators: dict[str, list[VertexSpec]] = {}
+        sources: dict[str, list[VertexSpec]] = {}
         for spec in self.vertices.values():
             if spec.kind == "operator":
                 operators.setdefault(find(spec.id), []).append(spec)
-        for n, ops in enumerate(operators.values()):
+            elif spec.kind == "source" and not isinstance(spec.source, ExchangeReader):
+                sources.setdefault(find(spec.id), []).append(spec)
+        feeds = [*operators.values(), *(s for p, s in sources.items() if p not in operators)]
+        for n, inputs in enumerate(feeds):
             vid = DEAD_LETTERS if n == 0 else f"{DEAD_LETTERS}-{n + 1}"
             self.vertices[vid] = VertexSpec(
                 vid,
                 "sink",
-                ops[0].parallelism,
-                tuple(o.id for o in ops),
+                inputs[0].parallelism,
+                tuple(o.id for o in inputs),
                 sink=self.dead_letter,
                 dead_letter=True,
             )

@@ -28,7 +28,7 @@ import msgspec
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.event_time import span_ms, to_millis
+from regional.dataflow.event_time import EventTimeError, record_time, span_ms
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.windows import (
     Aggregate,
@@ -87,6 +87,7 @@ class WindowSpec:
         aggregate: Aggregate,
         *,
         time_of: Callable[[Any], Any],
+        time_field: str | None = None,
         allowed_lateness: Any = 0,
         on_late: str = "drop",
         emit: Callable[[Any, Window, Any], Any] | None = None,
@@ -94,12 +95,16 @@ class WindowSpec:
         self.assigner = assigner
         self.aggregate = aggregate
         self.time_of = time_of
+        self.time_field = time_field
         self.lateness = span_ms(allowed_lateness, "allowed_lateness")
         self.on_late = on_late
         self.emit = emit or default_emit
 
-    def ts(self, record: Any) -> int:
-        return to_millis(self.time_of(record), f"the event time of {record!r:.200}")
+    def ts(self, record: Any, operator: str = "", where: str = "") -> int:
+        """The event time of `record`; `EventTimeError` naming window `operator` and `where`
+        the record is (`regional.dataflow.event_time.record_time`)."""
+        owner = f"window {operator!r}"
+        return record_time(self.time_of, record, owner=owner, where=where, field=self.time_field)
 
 
 def _late_reason(op: str, ts: int, origin: int, lateness: int) -> LateRecord:
@@ -145,7 +150,13 @@ def run_windows(
         # never behind what already fired (equal to the origin under `hold`, see above)
         origin = max(origin, time.start_of(scope))
         for i, record in enumerate(rows):
-            ts = spec.ts(record)
+            try:
+                ts = spec.ts(record, operator, f"split {split!r}, record {base + i} this epoch")
+            except EventTimeError as exc:
+                if dead is None:
+                    raise
+                dead.add(operator, split, base + i, record, exc)
+                continue
             windows = spec.assigner.assign(ts)
             late = ts + lateness < origin if session else is_late(windows, origin, lateness)
             if late:

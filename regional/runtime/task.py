@@ -268,8 +268,20 @@ def _process(
                     position = result.position
                     finished = result.finished
                 if et is not None and epoch_time is not None:
-                    stamps = (et.of(r) for _, b in chunks[first:] for r in _rows(b))
-                    mark = advance_split(mark, stamps, et.bound_ms, epoch_time.now_ms)
+                    stamped = et.stamp(
+                        [b for _, b in chunks[first:]],
+                        source=vertex_id,
+                        split=split,
+                        position=start_positions[split],
+                    )
+                    # a record without a usable event time never reaches a window: it is a
+                    # dead letter, or its unit declines naming it (DESIGN §4 rule 15)
+                    for at, record, error in stamped.rejected:
+                        if dead is None:
+                            raise error
+                        dead.add(vertex_id, split, at, record, error)
+                    chunks[first:] = [(split, b) for b in stamped.batches]
+                    mark = advance_split(mark, stamped.stamps, et.bound_ms, epoch_time.now_ms)
                 if epoch_time is not None and not isinstance(spec.source, ExchangeReader):
                     origin = mark_of(marks_before[split])
                     chunk_origins += [origin] * (len(chunks) - first)
@@ -443,10 +455,6 @@ def _process(
 def mark_of(mark: SplitWatermark | None) -> int:
     """A split's watermark (-inf before its first record)."""
     return MIN_WATERMARK if mark is None else mark.watermark
-
-
-def _rows(batch: Any) -> list[Any]:
-    return batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:

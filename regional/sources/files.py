@@ -22,7 +22,6 @@ looking for new files.
 
 from __future__ import annotations
 
-import json
 import posixpath
 from typing import Any, Literal
 
@@ -33,6 +32,7 @@ from pyarrow import fs as pafs
 
 from metadata.errors import MetadataError, RegionalError
 from metadata.layout import name_problem
+from regional.sources import json_text
 from regional.sources.base import PoisonRecord, ReadResult
 
 __all__ = ["FileSource", "FileSourceError"]
@@ -58,8 +58,58 @@ class FileSourceError(RegionalError):
     `Pipeline(on_error="dead-letter")` the record becomes a dead letter instead."""
 
 
+#: A UTF-8 byte order mark, which some writers put at the start of a text file.
+_BOM = b"\xef\xbb\xbf"
+
+
+def _numbered_lines(data: bytes) -> list[tuple[int, bytes]]:
+    """The non-empty lines of `data` with their line numbers (from 1): the file's rows."""
+    return [(n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+
+
+def _json_kind(value: Any) -> str:
+    """What a decoded JSON value is, for an error: "null", "a JSON int", ..."""
+    return "null" if value is None else f"a JSON {type(value).__name__}"
+
+
+def _arrow_rows(rows: list[dict[str, Any]]) -> tuple[pa.Table, dict[int, str]]:
+    """`rows` as one Arrow table, and the rows (by index) that cannot be in it, with why: a
+    row Arrow cannot hold (an int beyond 64 bits) or whose types disagree with the rows before
+    it (`a` a number there, a string here). Usually one conversion; row by row only when that
+    fails."""
+    try:
+        return pa.Table.from_pylist(rows), {}
+    except (pa.ArrowException, OverflowError, ValueError, TypeError):
+        pass
+    schema: pa.Schema | None = None
+    unfit: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        try:
+            own = pa.RecordBatch.from_pylist([row]).schema
+            schema = (
+                own
+                if schema is None
+                else pa.unify_schemas([schema, own], promote_options="permissive")
+            )
+        except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+            unfit[i] = f"{type(exc).__name__}: {exc}"
+    batches = []
+    for i, row in enumerate(rows):
+        if i in unfit:
+            continue
+        try:
+            batches.append(pa.RecordBatch.from_pylist([row], schema=schema))
+        except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+            unfit[i] = f"{type(exc).__name__}: {exc}"
+    return (pa.Table.from_batches(batches, schema) if schema else pa.table({})), unfit
+
+
 class FileSource:
-    """Files `*.parquet` or `*.jsonl` directly under `path` (a local path or pyarrow.fs URI)."""
+    """Files `*.parquet` or `*.jsonl` directly under `path` (a local path or pyarrow.fs URI).
+
+    A JSON-lines line longer than `max_line_bytes` or nested deeper than `max_depth` levels
+    is a poison record (so is one that is not UTF-8 or not a JSON object): it never reaches a
+    parser, whose recursion a deep line could overflow."""
 
     def __init__(
         self,
@@ -68,13 +118,25 @@ class FileSource:
         format: Literal["parquet", "jsonl"] = "parquet",
         bounded: bool = True,
         batch_size: int = 65_536,
+        max_line_bytes: int = json_text.DEFAULT_BOUNDS.max_bytes,
+        max_depth: int = json_text.DEFAULT_BOUNDS.max_depth,
     ) -> None:
         if format not in _SUFFIX:
             raise ValueError(f"FileSource format {format!r} is unknown; use 'parquet' or 'jsonl'")
+        for what, value, most in (
+            ("max_line_bytes", max_line_bytes, 1 << 30),
+            ("max_depth", max_depth, 1000),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(
+                    f"FileSource {what}={value!r} is out of range; give a whole number from 1 "
+                    f"to {most:,}"
+                )
         self.path = path
         self.format = format
         self._bounded = bounded
         self.batch_size = batch_size
+        self._bounds = json_text.JsonBounds(max_line_bytes, max_depth)
 
     @property
     def bounded(self) -> bool:
@@ -104,40 +166,114 @@ class FileSource:
         self, split_id: str, start: int, count: int
     ) -> tuple[pa.Table, int, int, tuple[PoisonRecord, ...]]:
         """Rows `start .. start+count` of a JSON-lines file (a row per non-empty line), the
-        position after them, the file's rows, and the lines that are not JSON objects."""
+        position after them, the file's rows, and the lines that cannot be rows (poison).
+
+        Every line is screened before any parser sees it (`regional.sources.json_text`: its
+        size, nesting depth and UTF-8, and that it is an object); pyarrow's reader then reads
+        the lines that passed, so the column types are inferred over the whole file. If it
+        refuses them, or makes another number of rows (two objects on one line), the range is
+        read line by line instead, each line that does not decode a poison record."""
         fs, path = self._path(split_id)
         with fs.open_input_stream(path) as f:
             data = f.read()
+        lines = _numbered_lines(data.removeprefix(_BOM))
+        screened = [self._line_problem(line) for _, line in lines]
+        good = [line for (_, line), why in zip(lines, screened, strict=True) if why is None]
+        end = min(start + count, len(lines))
+        poison = tuple(
+            self._poison(split_id, i - start, lines[i][0], lines[i][1], why)
+            for i in range(start, end)
+            if (why := screened[i]) is not None
+        )
+        table = self._read_json(good)
+        if table is None:
+            rest = self._jsonl_lenient(split_id, lines[start:end], screened[start:end], start)
+            return rest[0], end, len(lines), rest[1]
+        before = sum(1 for why in screened[:start] if why is None)
+        taken = sum(1 for why in screened[start:end] if why is None)
+        return table.slice(before, taken), end, len(lines), poison
+
+    def _line_problem(self, line: bytes) -> str | None:
+        """Why `line` cannot be a row before parsing it (too long, too deep, not UTF-8, not
+        an object), or None."""
+        if (why := json_text.problem(line, self._bounds)) is not None:
+            return why
+        if line.lstrip().startswith(b"{"):
+            return None
+        try:  # say what it is instead (rare: only for lines that are no object)
+            value = json_text.decode(line, self._bounds)
+        except ValueError as exc:
+            return f"not a JSON object ({exc})"
+        return f"not a JSON object ({_json_kind(value)})"
+
+    def _read_json(self, lines: list[bytes]) -> pa.Table | None:
+        """The screened `lines` read by pyarrow's JSON reader (one row each), or None when it
+        refuses them or does not make one row per line."""
+        if not lines:
+            return pa.table({})
+        options = pajson.ReadOptions(block_size=max(1 << 20, self._bounds.max_bytes + 1))
         try:
-            table = pajson.read_json(pa.BufferReader(data))
-        except pa.ArrowInvalid:  # some line is not JSON: read line by line, keep the others
-            return self._jsonl_lenient(split_id, data, start, count)
-        part = table.slice(start, count)
-        return part, start + part.num_rows, table.num_rows, ()
+            table = pajson.read_json(pa.BufferReader(b"\n".join(lines)), read_options=options)
+        except pa.ArrowInvalid:
+            return None
+        return table if table.num_rows == len(lines) else None
 
     def _jsonl_lenient(
-        self, split_id: str, data: bytes, start: int, count: int
-    ) -> tuple[pa.Table, int, int, tuple[PoisonRecord, ...]]:
-        lines = [(n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
-        good: list[Any] = []
+        self,
+        split_id: str,
+        lines: list[tuple[int, bytes]],
+        screened: list[str | None],
+        start: int,
+    ) -> tuple[pa.Table, tuple[PoisonRecord, ...]]:
+        """`lines` (the read's range from row `start`, with the problems screening found)
+        decoded one by one, and the poison among them: each line that is not a JSON object or
+        cannot be an Arrow row beside the others (a number beyond 64 bits, a type the rows
+        before it disagree with)."""
+        rows: list[Any] = []
+        ordinals: list[int] = []
         poison: list[PoisonRecord] = []
-        for i, (n, line) in enumerate(lines[start : start + count]):
-            text = line.decode("utf-8", "backslashreplace")
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"a JSON {type(row).__name__}, not an object")
-            except ValueError as exc:
-                where = f"line {n} of {split_id!r} in the file source at {self.path}"
-                error = FileSourceError(
-                    f"{where} is not a JSON object ({exc}); fix or remove the line, or run "
-                    "the pipeline with on_error='dead-letter' to set such lines aside"
-                )
-                poison.append(PoisonRecord(i, {"file": split_id, "line": n, "text": text}, error))
-                continue
-            good.append(row)
-        end = min(start + count, len(lines))
-        return pa.Table.from_pylist(good), end, len(lines), tuple(poison)
+        for i, ((n, line), why) in enumerate(zip(lines, screened, strict=True)):
+            if why is None:
+                try:
+                    row = json_text.decode(line, self._bounds)
+                    if not isinstance(row, dict):
+                        raise ValueError(_json_kind(row))
+                except ValueError as exc:  # JSONDecodeError too
+                    why = f"not a JSON object ({exc})"
+                else:
+                    rows.append(row)
+                    ordinals.append(i)
+                    continue
+            poison.append(self._poison(split_id, i, n, line, why))
+        table, unfit = _arrow_rows(rows)
+        for at, why in unfit.items():
+            n, line = lines[ordinals[at]]
+            why = f"not an Arrow row beside the others ({why})"
+            poison.append(self._poison(split_id, ordinals[at], n, line, why))
+        poison.sort(key=lambda p: p.ordinal)
+        return table, tuple(poison)
+
+    def _poison(self, split_id: str, ordinal: int, n: int, line: bytes, why: str) -> PoisonRecord:
+        """The poison record of line `n` of `split_id` (`ordinal`: its index in the read,
+        `why`: what is wrong with it). Its text is the line with undecodable bytes escaped
+        (``\\xff``), cut to `max_line_bytes` (then `bytes` says how long the line is)."""
+        where = f"line {n} of {split_id!r} in the file source at {self.path}"
+        fix = "fix or remove the line"
+        if why.endswith(("bytes", "the limit")):
+            fix += " (or raise the limit: FileSource(..., max_line_bytes=..., max_depth=...))"
+        error = FileSourceError(
+            f"{where} is {why}; {fix}, or run the pipeline with on_error='dead-letter' to set "
+            "such lines aside"
+        )
+        keep = self._bounds.max_bytes
+        record: dict[str, Any] = {
+            "file": split_id,
+            "line": n,
+            "text": line[:keep].decode("utf-8", "backslashreplace"),
+        }
+        if len(line) > keep:
+            record["bytes"] = len(line)
+        return PoisonRecord(ordinal, record, error)
 
     def _parquet_rows(
         self, split_id: str, start: int, count: int

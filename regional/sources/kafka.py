@@ -28,9 +28,9 @@ partition): the unit's epoch never waits for its deadline.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from metadata.errors import MetadataError, RegionalError
+from regional.sources import json_text
 from regional.sources.base import PoisonRecord, ReadResult
 
 if TYPE_CHECKING:
@@ -124,8 +125,8 @@ def decode_value(
     try:
         if decoder == "utf-8":
             return data.decode("utf-8")
-        if decoder == "json":
-            return json.loads(data)
+        if decoder == "json":  # nesting bounded before parsing; a broker bounds the size
+            return json_text.decode(data, _JSON_BOUNDS)
         return decoder(data)
     except Exception as exc:
         how = decoder if isinstance(decoder, str) else getattr(decoder, "__name__", "decoder")
@@ -134,6 +135,11 @@ def decode_value(
             f"decode as {how} ({type(exc).__name__}: {exc}); fix the producer or pass a "
             "decoder that accepts it (value=... / key=...)"
         ) from None
+
+
+#: What a JSON value may be: nested 64 levels at most (`regional.sources.json_text`); its size
+#: is the broker's to bound (`message.max.bytes`).
+_JSON_BOUNDS = json_text.JsonBounds(max_bytes=sys.maxsize)
 
 
 def _text(data: bytes | None) -> str | None:
