@@ -459,6 +459,16 @@ class ExchangeReader(_Bound):
         since = [best[w].checkpoint_id for w in holders if w in best]
         return WatermarkView(wm, holders, min(since, default=None), tuple(sorted(released)))
 
+    def watermarks(
+        self, split_id: str, start: bytes, end: bytes, *, exclude_after: int | None = None
+    ) -> tuple[int, int]:
+        """The reader subtask's watermark at cursors `start` and `end` of its split, one epoch
+        apart (the one after never below the one before): `regional.sources.base.TimedSource`."""
+        marks = self.marks()
+        before = self.watermark(split_id, start, marks, exclude_after=exclude_after).watermark
+        after = self.watermark(split_id, end, marks, exclude_after=exclude_after).watermark
+        return before, max(before, after)
+
     def reached(
         self, layout: int, partition: int, cursor: Cursor
     ) -> Callable[[WatermarkMark], bool]:

@@ -48,20 +48,14 @@ import msgspec
 import pyarrow as pa
 
 from metadata.layout import state_file_path
-from metadata.model import SplitState, StateHandle, SubtaskState
+from metadata.model import StateHandle, SubtaskState
 from metadata.storage import JobStorage
-from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
-from regional.dataflow.dead_letters import DeadLetters
-from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
-from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.dataflow.failures import failure_line, failure_trace
-from regional.dataflow.pipeline import Chunk, Pipeline
-from regional.dataflow.state import KEY_SCOPE
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.unit_epoch import run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
-from regional.sources.base import num_records
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
@@ -181,280 +175,101 @@ def _process(
     reads: _RestoreReads | None = None,
     merging: frozenset[str] = frozenset(),
 ) -> _Snapshot:
-    """Restore, read, transform, write sinks, and serialise state locally (sync phase): to the
-    task's `spool` when given (merged uploads), else to a local file of the unit's own. State
-    files several of the task's units restore from are read once (`reads`). The sink vertices
-    in `merging` do not stage now: their rows wait in the snapshot (`sink_parts`) for the
-    task's one merged file per sink."""
+    """Run the unit's epoch on the record path (`regional.dataflow.unit_epoch`), stage its sink
+    rows, and serialise its state locally (sync phase): to the task's `spool` when given
+    (merged uploads), else to a local file of the unit's own. State files several of the
+    task's units restore from are read once (`reads`). The sink vertices in `merging` do not
+    stage now: their rows wait in the snapshot (`sink_parts`) for the task's one merged file
+    per sink."""
     pipeline: Pipeline = env.pipeline
     faults = env.faults
     if faults is not None:
         faults.before_unit(work)
     started = time.perf_counter()
-    restore_s = encode_s = 0.0
-    restore = {s.vertex_id: s for s in work.restore}  # a unit has one subtask per vertex
-    order = [v for v in pipeline.topological_order() if v in restore]
-    outputs: dict[str, list[Chunk]] = {}
-    # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
-    # watermarks by scope; None when the pipeline has no event time (nothing changes then)
-    epoch_time = EpochTime(int(time.time() * 1000)) if pipeline.timed else None
-    origins: dict[str, list[int]] = {}
-    unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
-    unit_end: list[int] = []
-    states: list[SubtaskState] = []
-    blobs: dict[tuple[str, int], bytes] = {}
-    records_in = records_out = dead_lettered = 0
-    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = []
-    start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
-    live_splits: set[str] = set()  # splits the unit's sources read so far still hold
-    dead = (
-        DeadLetters(work.checkpoint_id, start_positions)
-        if pipeline.on_error == "dead-letter"
-        and any(pipeline.vertices[v].dead_letter for v in order)
-        else None
+
+    def state_of(subtask: SubtaskState) -> tuple[bytes, str]:
+        data = b"".join(
+            storage.read_segment(h, whole_files=reads.cache_for(h))
+            if reads is not None
+            else storage.read_segment(h)
+            for h in subtask.handles
+        )
+        return data, ", ".join(storage.describe(h.path) for h in subtask.handles)
+
+    epoch = run_unit_epoch(
+        pipeline,
+        {s.vertex_id: s for s in work.restore},  # a unit has one subtask per vertex
+        checkpoint_id=work.checkpoint_id,
+        new_splits=work.new_splits,
+        ended=work.ended,
+        state_of=state_of,
+        now_ms=int(time.time() * 1000),
+        idle_timeout_ms=env.idle_timeout_ms,
+        exclude_after=env.exclude_after,
+        after_sources=None if faults is None else lambda: faults.after_sources(work),
     )
-    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
-    for vertex_id in order:
-        spec = pipeline.vertices[vertex_id]
-        old = restore[vertex_id]
-        index = old.index
+    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = []
+    # the coordinator expects the subtasks (and we write the segments) in layout order
+    ordered: list[SubtaskState] = []
+    for old in work.restore:
         committables: tuple[bytes, ...] = ()
-        split_states: tuple[SplitState, ...] = ()
-        blob: bytes | None = None
-        if spec.source is not None:
-            positions = {s.split_id: s.position for s in old.split_states}
-            if isinstance(spec.source, ExchangeReader):  # reads its own partition, always
-                positions.setdefault(spec.source.split_of(index), b"")
-            for v, i, split in work.new_splits:
-                if v == vertex_id and i == index:
-                    positions.setdefault(split, b"")
-            chunks: list[Chunk] = []
-            budget = pipeline.records_per_epoch
-            kept = []
-            et = spec.event_time
-            marks_before: dict[str, SplitWatermark | None] = {}
-            marks_after: dict[str, SplitWatermark | None] = {}
-            marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
-            chunk_origins: list[int] = []
-            left = len(positions)
-            for split, wrapped in positions.items():
-                position, mark = unwrap_position(wrapped)
-                start_positions[split] = position.decode("utf-8", "backslashreplace")
-                marks_before[split] = mark
-                first = len(chunks)
-                finished = False
-                # a fair share of what is left, so one split with a backlog never starves the
-                # others (what a split leaves unused goes to the next)
-                share = -(-budget // left) if budget > 0 else 0
-                left -= 1
-                if share > 0:
-                    if epoch_time is not None and isinstance(spec.source, ExchangeReader):
-                        result, read_origins = spec.source.read_timed(split, position, share)
-                    else:
-                        result, read_origins = spec.source.read(split, position, share), None
-                    # records the source could not decode (a source of its own may return a
-                    # ReadResult made before `poison` existed: a plain 3-tuple)
-                    for poison in getattr(result, "poison", ()):
-                        if dead is None:
-                            raise poison.error
-                        dead.add(vertex_id, split, poison.ordinal, poison.record, poison.error)
-                    for b in result.batches:
-                        chunks.append((split, b))
-                        n = num_records(b)
-                        budget -= n
-                        records_in += n
-                    if read_origins is not None:
-                        chunk_origins += read_origins
-                    position = result.position
-                    finished = result.finished
-                if et is not None and epoch_time is not None:
-                    stamped = et.stamp(
-                        [b for _, b in chunks[first:]],
-                        source=vertex_id,
-                        split=split,
-                        position=start_positions[split],
-                    )
-                    # a record without a usable event time never reaches a window: it is a
-                    # dead letter, or its unit declines naming it (DESIGN §4 rule 15)
-                    for at, record, error in stamped.rejected:
-                        if dead is None:
-                            raise error
-                        dead.add(vertex_id, split, at, record, error)
-                    chunks[first:] = [(split, b) for b in stamped.batches]
-                    mark = advance_split(mark, stamped.stamps, et.bound_ms, epoch_time.now_ms)
-                if epoch_time is not None and not isinstance(spec.source, ExchangeReader):
-                    origin = mark_of(marks_before[split])
-                    chunk_origins += [origin] * (len(chunks) - first)
-                    epoch_time.start[split] = origin
-                    epoch_time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
-                if finished:
-                    marks_done[split] = mark
-                    continue
-                marks_after[split] = mark
-                if et is not None and mark is not None:
-                    position = wrap_position(position, mark)
-                kept.append(SplitState(split, position))
-            split_states = tuple(kept)
-            live_splits.update(s.split_id for s in kept)
-            outputs[vertex_id] = chunks
-            if epoch_time is not None:
-                ended = vertex_id in work.ended
-                idle = et.idle_timeout_ms if et is not None else None
-                idle = env.idle_timeout_ms if idle is None else idle
-                now = epoch_time.now_ms
-                if isinstance(spec.source, ExchangeReader):
-                    split = spec.source.split_of(index)
-                    if ended:
-                        before = after = MAX_WATERMARK
-                    else:
-                        marks = spec.source.marks()
-                        hold = env.exclude_after
-                        before = spec.source.watermark(
-                            split, positions[split], marks, exclude_after=hold
-                        ).watermark
-                        after = max(
-                            before,
-                            spec.source.watermark(
-                                split,
-                                next(k.position for k in kept if k.split_id == split),
-                                marks,
-                                exclude_after=hold,
-                            ).watermark,
-                        )
-                    epoch_time.start[split], epoch_time.end[split] = before, after
-                    epoch_time.key_split = split
-                else:
-                    before = subtask_watermark(marks_before, now_ms=now, idle_timeout_ms=idle)
-                    after = subtask_watermark(
-                        # no split left: the ones that finished now bound it this epoch (a
-                        # subtask reading one file per epoch advances with its files)
-                        marks_after or marks_done,
-                        now_ms=now,
-                        ended=ended,
-                        idle_timeout_ms=idle,
-                    )
-                unit_start.append(before)
-                unit_end.append(after)
-                origins[vertex_id] = chunk_origins
-                epoch_time.start[KEY_SCOPE] = min(unit_start)
-                epoch_time.end[KEY_SCOPE] = min(unit_end)
-        else:
-            if faults is not None:  # after the sources read, like user code failing on data
-                faults.after_sources(work)
-            inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
-            if epoch_time is not None:
-                input_origins = [o for i in spec.inputs for o in origins.get(i, ())]
-            if spec.operator is not None:
-                operator = spec.operator
-                op_state = None
-                if operator.stateful:
-                    restore_started = time.perf_counter()
-                    op_state = operator.restore(
-                        b"".join(
-                            storage.read_segment(h, whole_files=reads.cache_for(h))
-                            if reads is not None
-                            else storage.read_segment(h)
-                            for h in old.handles
-                        ),
-                        codec=pipeline.state_codec,
-                        source=", ".join(storage.describe(h.path) for h in old.handles),
-                    )
-                    restore_s += time.perf_counter() - restore_started
-                outputs[vertex_id], out_origins = operator.run(
-                    inputs,
-                    input_origins if epoch_time is not None else None,
-                    op_state,
-                    dead,
-                    epoch_time,
-                )
-                if out_origins is not None:
-                    origins[vertex_id] = out_origins
-                encode_started = time.perf_counter()
-                blob = operator.snapshot(op_state, live_splits)
-                encode_s += time.perf_counter() - encode_started
-            else:  # a sink, or the dead letters of this chain's operators
-                if spec.dead_letter:
-                    assert dead is not None
-                    batches = [dead.batch((*spec.inputs, *sources))]
-                    dead_lettered += batches[0].num_rows
-                else:
-                    batches = [
-                        d if isinstance(d, pa.RecordBatch) else pa.RecordBatch.from_pylist(d)
-                        for _, d in inputs
-                    ]
-                    if not isinstance(spec.sink, ExchangeWriter):  # records leaving the job
-                        records_out += sum(b.num_rows for b in batches)
-                watermarks = None
-                if epoch_time is not None and isinstance(spec.sink, ExchangeWriter):
-                    held = spec.sink.committed_watermark(old.committables)
-                    before = MIN_WATERMARK if held is None else held
-                    watermarks = (before, max(before, epoch_time.end.get(KEY_SCOPE, before)))
-                context = WriteContext(
-                    job_id=env.job_id,
-                    run_id=env.run_id or "",
-                    checkpoint_id=work.checkpoint_id,
-                    attempt=work.attempt,
-                    unit_id=work.unit_id,
-                    vertex_id=vertex_id,
-                    index=index,
-                    watermarks=watermarks,
-                )
-                if vertex_id in merging:  # staged with the task's other units, at its end
-                    sink_parts.append((vertex_id, context, batches))
-                else:
-                    committables = pipeline.sink_of(vertex_id).write(batches, context)
-        states.append(
+        batches = epoch.sink_batches.get(old.vertex_id)
+        if batches is not None:
+            context = WriteContext(
+                job_id=env.job_id,
+                run_id=env.run_id or "",
+                checkpoint_id=work.checkpoint_id,
+                attempt=work.attempt,
+                unit_id=work.unit_id,
+                vertex_id=old.vertex_id,
+                index=old.index,
+                watermarks=epoch.sink_watermarks.get(old.vertex_id),
+            )
+            if old.vertex_id in merging:  # staged with the task's other units, at its end
+                sink_parts.append((old.vertex_id, context, batches))
+            else:
+                committables = pipeline.sink_of(old.vertex_id).write(batches, context)
+        ordered.append(
             SubtaskState(
-                vertex_id,
-                index,
+                old.vertex_id,
+                old.index,
                 work.unit_id,
-                split_states=split_states,
+                split_states=epoch.split_states.get(old.vertex_id, ()),
                 committables=committables,
                 attempt=work.attempt,
             )
         )
-        if blob is not None:
-            blobs[vertex_id, index] = blob
-    if faults is not None:  # a unit made of sources only
-        faults.after_sources(work)
-    # the coordinator expects the subtasks (and we write the segments) in layout order
-    by_key = {(s.vertex_id, s.index): s for s in states}
-    ordered = [by_key[s.vertex_id, s.index] for s in work.restore]
-    seg_keys = [(s.vertex_id, s.index) for s in ordered if (s.vertex_id, s.index) in blobs]
+    seg_keys = [(s.vertex_id, s.index) for s in ordered if s.vertex_id in epoch.snapshots]
+    blobs = [epoch.snapshots[vertex_id] for vertex_id, _ in seg_keys]
     local = None
     serialise_started = time.monotonic()
     processed = time.perf_counter()
     spool_offset = 0
-    if seg_keys and spool is not None:
-        spool_offset = spool.append([blobs[key] for key in seg_keys])
-    elif seg_keys:
+    if blobs and spool is not None:
+        spool_offset = spool.append(blobs)
+    elif blobs:
         fd, local = tempfile.mkstemp(prefix=f"regional-u{work.unit_id}-", suffix=".state")
         with os.fdopen(fd, "wb") as f:
-            for key in seg_keys:
-                f.write(blobs[key])
+            for blob in blobs:
+                f.write(blob)
     return _Snapshot(
         work,
         local,
         seg_keys,
-        [len(blobs[k]) for k in seg_keys],
+        [len(blob) for blob in blobs],
         ordered,
-        records_in,
-        records_out,
-        epoch_time.late if epoch_time is not None else 0,
-        epoch_time.end.get(KEY_SCOPE) if epoch_time is not None else None,
+        epoch.records_in,
+        epoch.records_out,
+        epoch.late,
+        epoch.watermark,
         time.monotonic() - serialise_started,
-        dead_lettered,
-        restore_s,
-        processed - started - restore_s - encode_s,
-        encode_s,
+        epoch.dead_lettered,
+        epoch.restore_s,
+        processed - started - epoch.restore_s - epoch.encode_s,
+        epoch.encode_s,
         spool_offset,
         sink_parts,
     )
-
-
-def mark_of(mark: SplitWatermark | None) -> int:
-    """A split's watermark (-inf before its first record)."""
-    return MIN_WATERMARK if mark is None else mark.watermark
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:

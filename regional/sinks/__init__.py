@@ -6,9 +6,10 @@ that `regional.sinks` works without their packages.
 
 Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
 `SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
-driver) and the optional capabilities `TableRollback`, `TableRollbackUsers`, `TableStaging` and
-`TableRetention`; and the template a table format's sink is written on, `TableSink`, with its
-versioned committables (`TableCommittable`, `COMMITTABLE_VERSION`; `regional.sinks.table`)."""
+driver) and the optional capabilities `TableRollback`, `TableRollbackUsers`, `TableStaging`,
+`TableRetention` and `WatermarkSink`; and the template a table format's sink is written on,
+`TableSink`, with its versioned committables (`TableCommittable`, `COMMITTABLE_VERSION`;
+`regional.sinks.table`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from regional.sinks.base import (
     TableRollback,
     TableRollbackUsers,
     TableStaging,
+    WatermarkSink,
     WriteContext,
 )
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
@@ -56,6 +58,7 @@ __all__ = [
     "TableRollbackUsers",
     "TableSink",
     "TableStaging",
+    "WatermarkSink",
     "WriteContext",
     "committed_files",
     "read_table",

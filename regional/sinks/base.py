@@ -60,6 +60,7 @@ __all__ = [
     "TableRollback",
     "TableRollbackUsers",
     "TableStaging",
+    "WatermarkSink",
     "WriteContext",
 ]
 
@@ -115,6 +116,17 @@ class MergingWriter(Protocol):
         """Stage the rows of every part (one sink subtask of one unit each, all of one task
         and epoch) as one file; per part, in order, its committables (none without rows)."""
         ...
+
+
+@runtime_checkable
+class WatermarkSink(Protocol):
+    """A writer that commits its subtask's watermark with its rows, for a reader downstream (the
+    keyed exchange's writer, DESIGN §4 rule 15): the task hands it the watermarks before and
+    after the epoch (`WriteContext.watermarks`), the one before being what its restored
+    committables commit (`committed_watermark`; None: none yet). Its rows stay inside the job
+    (they are not counted as output)."""
+
+    def committed_watermark(self, committables: Iterable[bytes]) -> int | None: ...
 
 
 @runtime_checkable

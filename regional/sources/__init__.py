@@ -3,14 +3,15 @@
 `regional.sources` works without confluent-kafka).
 
 Also the source contract, to write a source of your own (`regional.sources.base`): `Source`,
-what a read returns (`ReadResult`, its `Batch` of records, a `PoisonRecord` for bad input)."""
+what a read returns (`ReadResult`, its `Batch` of records, a `PoisonRecord` for bad input), and
+the capability of a source whose records carry origin watermarks (`TimedSource`)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from regional.sources.base import Batch, PoisonRecord, ReadResult, Source
+from regional.sources.base import Batch, PoisonRecord, ReadResult, Source, TimedSource
 from regional.sources.files import FileSource
 from regional.sources.generator import GeneratorSource
 from regional.sources.log import LogSource
@@ -27,6 +28,7 @@ __all__ = [
     "PoisonRecord",
     "ReadResult",
     "Source",
+    "TimedSource",
 ]
 
 

@@ -11,7 +11,15 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["Batch", "PoisonRecord", "ReadResult", "Source", "endless_splits", "num_records"]
+__all__ = [
+    "Batch",
+    "PoisonRecord",
+    "ReadResult",
+    "Source",
+    "TimedSource",
+    "endless_splits",
+    "num_records",
+]
 
 #: Records read or passed on together: an Arrow record batch, or a list of Python records (a
 #: source that makes Python objects hands them on as they are; the engine converts them to
@@ -62,6 +70,24 @@ class Source(Protocol):
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         """Up to `max_records` records of `split_id` from `position` (called in tasks)."""
         ...
+
+
+@runtime_checkable
+class TimedSource(Protocol):
+    """A source whose records carry their origin watermark and that tells its subtask's
+    watermark itself (the keyed exchange's reader, DESIGN §4 rule 15): subtask `index` always
+    reads split `split_of(index)`; `read_timed` is `read` plus each batch's origin watermark;
+    `watermarks` is the subtask's watermark at an epoch's start and end positions."""
+
+    def split_of(self, index: int) -> str: ...
+
+    def read_timed(
+        self, split_id: str, position: bytes, max_records: int
+    ) -> tuple[ReadResult, list[int]]: ...
+
+    def watermarks(
+        self, split_id: str, start: bytes, end: bytes, *, exclude_after: int | None = None
+    ) -> tuple[int, int]: ...
 
 
 def endless_splits(source: object) -> bool:

@@ -1,0 +1,321 @@
+"""One unit's epoch on the record path (DESIGN §6): read the unit's sources from their
+positions, run its operators, and hand each sink its rows.
+
+Everything a unit does between restoring its state and snapshotting it, called with plain
+arguments: no storage, no Spark, no wall clock (`now_ms` is given). `regional.runtime.task`
+keeps what surrounds it: timeouts, reading the restored state, staging sink files, the
+snapshot's upload and the answer.
+
+* **Sources** (`read_source`): each split of a source subtask gets a fair share of what is left
+  of the epoch's record budget, so a split with a backlog never starves the others; records the
+  source could not decode and records without a usable event time are dead letters (or the
+  unit declines naming them); a split's watermark advances with its records and lives in its
+  position (DESIGN §4 rule 15).
+* **Operators** (`regional.dataflow.operators.Operator`): restored from their state bytes, run
+  over the epoch's input of their subtask, snapshotted.
+* **Sinks**: the rows of each sink subtask as Arrow batches (the dead-letter sink: the dead
+  letters of its part of the graph).
+
+Capabilities, not types, decide the special cases: a `TimedSource` (the keyed exchange's
+reader) stamps each batch with its origin watermark and tells its subtask's watermark itself;
+a `WatermarkSink` (the exchange's writer) commits the subtask's watermark with its rows, which
+stay inside the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from metadata.model import SplitState, SubtaskState
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
+from regional.dataflow.operators import Chunk
+from regional.dataflow.pipeline import Pipeline, VertexSpec
+from regional.dataflow.state import KEY_SCOPE
+from regional.sinks.base import WatermarkSink
+from regional.sources.base import TimedSource, num_records
+
+__all__ = ["SourceEpoch", "UnitEpoch", "mark_of", "read_source", "run_unit_epoch"]
+
+
+def mark_of(mark: SplitWatermark | None) -> int:
+    """A split's watermark (-inf before its first record)."""
+    return MIN_WATERMARK if mark is None else mark.watermark
+
+
+@dataclasses.dataclass
+class SourceEpoch:
+    """What reading one source subtask for an epoch gave: its chunks (and with event time
+    their origin watermarks), the split states to keep, the records read, and the subtask's
+    watermark before and after the epoch (event time only)."""
+
+    chunks: list[Chunk]
+    origins: list[int] | None
+    split_states: tuple[SplitState, ...]
+    records_in: int
+    watermarks: tuple[int, int] | None
+
+
+def read_source(
+    spec: VertexSpec,
+    index: int,
+    positions: dict[str, bytes],
+    *,
+    budget: int,
+    time: EpochTime | None,
+    dead: DeadLetters | None,
+    start_positions: dict[str, str],
+    ended: bool,
+    idle_timeout_ms: int | None,
+    exclude_after: int | None,
+) -> SourceEpoch:
+    """Read source subtask `index` of `spec` from `positions` (split -> wrapped position) for
+    one epoch of at most `budget` records; `start_positions` gets each split's position as
+    text (dead letters name it). With `time`, the epoch's watermarks by scope are filled in."""
+    source = spec.source
+    assert source is not None
+    timed = source if isinstance(source, TimedSource) else None
+    et = spec.event_time
+    chunks: list[Chunk] = []
+    origins: list[int] = []
+    kept: list[SplitState] = []
+    records_in = 0
+    marks_before: dict[str, SplitWatermark | None] = {}
+    marks_after: dict[str, SplitWatermark | None] = {}
+    marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
+    left = len(positions)
+    for split, wrapped in positions.items():
+        position, mark = unwrap_position(wrapped)
+        start_positions[split] = position.decode("utf-8", "backslashreplace")
+        marks_before[split] = mark
+        first = len(chunks)
+        finished = False
+        # a fair share of what is left (what a split leaves unused goes to the next)
+        share = -(-budget // left) if budget > 0 else 0
+        left -= 1
+        if share > 0:
+            if time is not None and timed is not None:
+                result, read_origins = timed.read_timed(split, position, share)
+                origins += read_origins
+            else:
+                result = source.read(split, position, share)
+            # records the source could not decode (a source of its own may return a
+            # ReadResult made before `poison` existed: a plain 3-tuple)
+            for poison in getattr(result, "poison", ()):
+                if dead is None:
+                    raise poison.error
+                dead.add(spec.id, split, poison.ordinal, poison.record, poison.error)
+            for b in result.batches:
+                chunks.append((split, b))
+                n = num_records(b)
+                budget -= n
+                records_in += n
+            position = result.position
+            finished = result.finished
+        if et is not None and time is not None:
+            stamped = et.stamp(
+                [b for _, b in chunks[first:]],
+                source=spec.id,
+                split=split,
+                position=start_positions[split],
+            )
+            # a record without a usable event time never reaches a window: it is a dead
+            # letter, or its unit declines naming it (DESIGN §4 rule 15)
+            for at, record, error in stamped.rejected:
+                if dead is None:
+                    raise error
+                dead.add(spec.id, split, at, record, error)
+            chunks[first:] = [(split, b) for b in stamped.batches]
+            mark = advance_split(mark, stamped.stamps, et.bound_ms, time.now_ms)
+        if time is not None and timed is None:
+            origin = mark_of(marks_before[split])
+            origins += [origin] * (len(chunks) - first)
+            time.start[split] = origin
+            time.end[split] = MAX_WATERMARK if finished else mark_of(mark)
+        if finished:
+            marks_done[split] = mark
+            continue
+        marks_after[split] = mark
+        if et is not None and mark is not None:
+            position = wrap_position(position, mark)
+        kept.append(SplitState(split, position))
+    if time is None:
+        return SourceEpoch(chunks, None, tuple(kept), records_in, None)
+    idle = et.idle_timeout_ms if et is not None else None
+    idle = idle_timeout_ms if idle is None else idle
+    if timed is not None:
+        split = timed.split_of(index)
+        if ended:
+            before = after = MAX_WATERMARK
+        else:
+            end = next(k.position for k in kept if k.split_id == split)
+            before, after = timed.watermarks(
+                split, positions[split], end, exclude_after=exclude_after
+            )
+        time.start[split], time.end[split] = before, after
+        time.key_split = split
+    else:
+        before = subtask_watermark(marks_before, now_ms=time.now_ms, idle_timeout_ms=idle)
+        after = subtask_watermark(
+            # no split left: the ones that finished now bound it this epoch (a subtask
+            # reading one file per epoch advances with its files)
+            marks_after or marks_done,
+            now_ms=time.now_ms,
+            ended=ended,
+            idle_timeout_ms=idle,
+        )
+    return SourceEpoch(chunks, origins, tuple(kept), records_in, (before, after))
+
+
+@dataclasses.dataclass
+class UnitEpoch:
+    """What one unit's epoch produced, by vertex id: the source subtasks' split states, the
+    stateful operators' snapshots, each sink subtask's batches and (for a `WatermarkSink`)
+    the watermarks it commits; the counts and the seconds spent restoring and encoding."""
+
+    split_states: dict[str, tuple[SplitState, ...]] = dataclasses.field(default_factory=dict)
+    snapshots: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    sink_batches: dict[str, list[pa.RecordBatch]] = dataclasses.field(default_factory=dict)
+    sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    records_in: int = 0
+    records_out: int = 0
+    dead_lettered: int = 0
+    late: int = 0
+    watermark: int | None = None  # the unit's subtask watermark after the epoch
+    restore_s: float = 0.0
+    encode_s: float = 0.0
+
+
+def run_unit_epoch(
+    pipeline: Pipeline,
+    restore: Mapping[str, SubtaskState],
+    *,
+    checkpoint_id: int,
+    new_splits: Iterable[tuple[str, int, str]],
+    ended: Collection[str],
+    state_of: Callable[[SubtaskState], tuple[bytes, str]],
+    now_ms: int,
+    idle_timeout_ms: int | None = None,
+    exclude_after: int | None = None,
+    after_sources: Callable[[], None] | None = None,
+) -> UnitEpoch:
+    """Run one epoch of the unit whose subtasks (one per vertex, as restored) are `restore`:
+    `new_splits` are (vertex, index, split) the enumerator assigned now, `ended` the source
+    vertices whose input has ended, `state_of` an operator subtask's restored state bytes and
+    a description of where they are (for errors); `after_sources` is called once the sources
+    have read (injected faults). Raises what a source or user function raised (the unit
+    declines) unless dead letters take it."""
+    result = UnitEpoch()
+    order = [v for v in pipeline.topological_order() if v in restore]
+    # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
+    # watermarks by scope; None when the pipeline has no event time (nothing changes then)
+    time_ = EpochTime(now_ms) if pipeline.timed else None
+    outputs: dict[str, list[Chunk]] = {}
+    origins: dict[str, list[int]] = {}
+    unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
+    unit_end: list[int] = []
+    start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
+    live_splits: set[str] = set()  # splits the unit's sources still hold
+    dead = (
+        DeadLetters(checkpoint_id, start_positions)
+        if pipeline.on_error == "dead-letter"
+        and any(pipeline.vertices[v].dead_letter for v in order)
+        else None
+    )
+    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
+    new = list(new_splits)
+    sources_done = False
+    for vertex_id in order:
+        spec = pipeline.vertices[vertex_id]
+        old = restore[vertex_id]
+        if spec.source is not None:
+            positions = {s.split_id: s.position for s in old.split_states}
+            if isinstance(spec.source, TimedSource):  # reads its own split, always
+                positions.setdefault(spec.source.split_of(old.index), b"")
+            for v, i, split in new:
+                if v == vertex_id and i == old.index:
+                    positions.setdefault(split, b"")
+            read = read_source(
+                spec,
+                old.index,
+                positions,
+                budget=pipeline.records_per_epoch,
+                time=time_,
+                dead=dead,
+                start_positions=start_positions,
+                ended=vertex_id in ended,
+                idle_timeout_ms=idle_timeout_ms,
+                exclude_after=exclude_after,
+            )
+            result.split_states[vertex_id] = read.split_states
+            result.records_in += read.records_in
+            live_splits.update(s.split_id for s in read.split_states)
+            outputs[vertex_id] = read.chunks
+            if time_ is not None and read.watermarks is not None and read.origins is not None:
+                origins[vertex_id] = read.origins
+                unit_start.append(read.watermarks[0])
+                unit_end.append(read.watermarks[1])
+                time_.start[KEY_SCOPE] = min(unit_start)
+                time_.end[KEY_SCOPE] = min(unit_end)
+            continue
+        if not sources_done:
+            sources_done = True
+            if after_sources is not None:  # like user code failing on data
+                after_sources()
+        inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
+        input_origins = (
+            [o for i in spec.inputs for o in origins.get(i, ())] if time_ is not None else None
+        )
+        if spec.operator is not None:
+            operator = spec.operator
+            state = None
+            if operator.stateful:
+                started = time.perf_counter()
+                data, where = state_of(old)
+                state = operator.restore(data, codec=pipeline.state_codec, source=where)
+                result.restore_s += time.perf_counter() - started
+            outputs[vertex_id], out_origins = operator.run(
+                inputs, input_origins, state, dead, time_
+            )
+            if out_origins is not None:
+                origins[vertex_id] = out_origins
+            started = time.perf_counter()
+            blob = operator.snapshot(state, live_splits)
+            result.encode_s += time.perf_counter() - started
+            if blob is not None:
+                result.snapshots[vertex_id] = blob
+            continue
+        # a sink, or the dead letters of this part of the graph
+        if spec.dead_letter:
+            assert dead is not None
+            batches = [dead.batch((*spec.inputs, *sources))]
+            result.dead_lettered += batches[0].num_rows
+        else:
+            batches = [_batch(d) for _, d in inputs]
+            if not isinstance(spec.sink, WatermarkSink):  # records leaving the job
+                result.records_out += sum(b.num_rows for b in batches)
+        if time_ is not None and isinstance(spec.sink, WatermarkSink):
+            held = spec.sink.committed_watermark(old.committables)
+            before = MIN_WATERMARK if held is None else held
+            result.sink_watermarks[vertex_id] = (
+                before,
+                max(before, time_.end.get(KEY_SCOPE, before)),
+            )
+        result.sink_batches[vertex_id] = batches
+    if not sources_done and after_sources is not None:  # a unit made of sources only
+        after_sources()
+    if time_ is not None:
+        result.late = time_.late
+        result.watermark = time_.end.get(KEY_SCOPE)
+    return result
+
+
+def _batch(data: Any) -> pa.RecordBatch:
+    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
