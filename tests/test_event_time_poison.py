@@ -178,6 +178,6 @@ def test_event_time_may_name_a_field_and_sources_sharing_it_agree():
     a = p.source(GeneratorSource(1, _record), name="a", event_time="ts")
     b = p.source(GeneratorSource(1, _record), name="b", event_time="ts")
     a.union(b).key_by(lambda r: r["n"]).window(Tumbling("1 s"), aggregate=count(), name="w")
-    assert p.vertices["w"].operator.fn.time_field == "ts"  # type: ignore[union-attr]
+    assert p.vertices["w"].operator.spec.time_field == "ts"  # type: ignore[union-attr]
     with pytest.raises(EventTimeError, match="the event_time field 'ts' of window 'w' is missing"):
-        p.vertices["w"].operator.fn.ts({"n": 1}, "w")  # type: ignore[union-attr]
+        p.vertices["w"].operator.spec.ts({"n": 1}, "w")  # type: ignore[union-attr]
