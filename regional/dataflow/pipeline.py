@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -55,9 +55,10 @@ from regional.sinks.base import Sink
 from regional.sources.base import Source
 
 if TYPE_CHECKING:
+    from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
     from regional.graph.regions import RegionPlan
 
-__all__ = ["Chunk", "KeyedOnlyError", "Operator", "Pipeline", "Stream", "VertexSpec"]
+__all__ = ["Chunk", "Exchange", "KeyedOnlyError", "Operator", "Pipeline", "Stream", "VertexSpec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,16 @@ class VertexSpec:
     dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
     exchange_from: str | None = None  # an exchange reader: its writer vertex (a durable edge)
     event_time: EventTime | None = None  # a source read with event time (watermarks)
+
+
+class Exchange(NamedTuple):
+    """A durable keyed exchange of the pipeline (`Stream.exchange`): its writer vertex (a sink
+    ending the upstream stage) and reader vertex (a source starting the downstream one)."""
+
+    writer_spec: VertexSpec
+    reader_spec: VertexSpec
+    writer: ExchangeWriter
+    reader: ExchangeReader
 
 
 class KeyedOnlyError(GraphError, AttributeError):
@@ -538,13 +549,19 @@ class Pipeline:
                     side.bind(exchange_path(job_path, side.reader), filesystem)
 
     @property
-    def exchanges(self) -> dict[str, tuple[VertexSpec, VertexSpec]]:
-        """Reader vertex id -> (writer spec, reader spec) of every keyed exchange."""
-        return {
-            v.id: (self.vertices[v.exchange_from], v)
-            for v in self.vertices.values()
-            if v.exchange_from is not None
-        }
+    def exchanges(self) -> dict[str, Exchange]:
+        """Reader vertex id -> every keyed exchange, with its writer and reader vertices."""
+        from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
+
+        found = {}
+        for v in self.vertices.values():
+            if v.exchange_from is None:
+                continue
+            writer_spec = self.vertices[v.exchange_from]
+            writer, reader = writer_spec.sink, v.source
+            assert isinstance(writer, ExchangeWriter) and isinstance(reader, ExchangeReader)
+            found[v.id] = Exchange(writer_spec, v, writer, reader)
+        return found
 
     @property
     def sources(self) -> dict[str, VertexSpec]:

@@ -392,9 +392,8 @@ class DecisionHandlers:
             return None
 
         def copy(target: JobStorage) -> None:
-            for reader_id, (writer_spec, _) in exchanges.items():
-                writer = writer_spec.sink
-                assert isinstance(writer, ExchangeWriter)
+            for reader_id, exchange in exchanges.items():
+                writer, writer_spec = exchange.writer, exchange.writer_spec
                 view = reader_view(md, reader_id)
                 if view.layout is None:
                     continue

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from regional.coordinator import CheckpointCoordinator, JobLayout, TriggerCheckpoint
 from regional.coordinator.messages import UnitWork
 from regional.coordinator.split_enumerator import SplitEnumerator
-from regional.dataflow.exchange import ExchangeReader
 from regional.dataflow.pipeline import Pipeline
 from regional.sources.base import endless_splits
 
@@ -164,9 +163,9 @@ def drained_exchanges(
     finished = coordinator.finished_sources
     if coordinator.latest_completed_id is None:
         return done
-    for reader_id, (writer, reader) in sorted(pipeline.exchanges.items()):
-        source = reader.source
-        if reader_id in finished or not isinstance(source, ExchangeReader) or not source.bounded:
+    for reader_id, exchange in sorted(pipeline.exchanges.items()):
+        writer, reader, source = exchange.writer_spec, exchange.reader_spec, exchange.reader
+        if reader_id in finished or not source.bounded:
             continue
         if queued.get(writer.id) or not all(
             s.id in finished for s in pipeline._ancestors(writer.id)

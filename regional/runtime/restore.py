@@ -36,7 +36,7 @@ from metadata.storage import JobStorage
 from regional.coordinator.commit import CommitCoordinator
 from regional.coordinator.layout import JobLayout
 from regional.coordinator.split_enumerator import SplitEnumerator
-from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path, repartition
+from regional.dataflow.exchange import exchange_path, repartition
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import CommitError, RestoreError
@@ -361,14 +361,13 @@ def _move_exchanges(
     moved = source.job_path != target.job_path or type(source.filesystem) is not type(
         target.filesystem
     )
-    for reader_id, (writer_spec, reader_spec) in pipeline.exchanges.items():
+    for reader_id, exchange in pipeline.exchanges.items():
+        writer_spec, reader_spec, writer, _ = exchange
         view = reader_view(metadata, reader_id)
         if view.layout is None:
             continue  # the exchange is new in this pipeline: nothing to carry over
         if view.layout == reader_spec.parallelism and not moved:
             continue
-        writer = writer_spec.sink
-        assert isinstance(writer, ExchangeWriter)
         origin = writer.bound_to(exchange_path(source.job_path, reader_id), source.filesystem)
         if moved and not origin.exists():
             raise RestoreError(
@@ -500,9 +499,8 @@ def verify_exchanges(pipeline: Pipeline, restored: CheckpointMetadata) -> None:
     after the restored readers' cursors exist with their recorded sizes
     (`ExchangeReader.committed`); `RestoreError` naming the first that does not (a deleted or
     truncated segment would otherwise be data lost or a reader that never gets past it)."""
-    for reader_id, (_, reader_spec) in pipeline.exchanges.items():
-        reader = reader_spec.source
-        assert isinstance(reader, ExchangeReader)
+    for reader_id, exchange in pipeline.exchanges.items():
+        reader = exchange.reader
         view = reader_view(restored, reader_id)
         if view.layout != reader.partitions:
             continue  # repartitioned by this restore: its records were just written
@@ -519,10 +517,8 @@ def reset_exchanges(pipeline: Pipeline) -> tuple[str, ...]:
     """A fresh start: no checkpoint holds a cursor into the exchanges' old segments (an earlier
     run's), so they are deleted before the first epoch; a note per exchange that had some."""
     notes = []
-    for reader_id, (writer_spec, _) in pipeline.exchanges.items():
-        writer = writer_spec.sink
-        assert isinstance(writer, ExchangeWriter)
-        if gone := writer.reset():
+    for reader_id, exchange in pipeline.exchanges.items():
+        if gone := exchange.writer.reset():
             notes.append(f"exchange {reader_id!r}: deleted {gone} segment(s) of an earlier run")
             log.warning("%s", notes[-1])
     return tuple(notes)
