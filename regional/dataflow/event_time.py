@@ -207,13 +207,17 @@ class EventTime:
         for batch in batches:
             rows = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
             keep = []
+            owner = f"source {source!r}"
             for record in rows:
-                where = f"split {split!r}, record {index} read from position {position or 0}"
                 try:
-                    stamps.append(self.of(record, f"source {source!r}", where))
+                    stamps.append(self.of(record, owner))
                     keep.append(True)
-                except EventTimeError as exc:
-                    rejected.append((index, record, exc))
+                except EventTimeError:  # again, naming where it was read (only now: slow)
+                    where = f"split {split!r}, record {index} read from position {position or 0}"
+                    try:
+                        self.of(record, owner, where)
+                    except EventTimeError as exc:
+                        rejected.append((index, record, exc))
                     keep.append(False)
                 index += 1
             if all(keep):
@@ -245,6 +249,17 @@ def record_time(
 'clicks' raised KeyError: 'ts' on record {'n': 1} (split 'a'); fix the function or the record, \
 or run the pipeline with on_error='dead-letter' to set such records aside
     """
+    try:
+        value = fn(record)
+    except Exception as exc:
+        error: Exception | None = exc
+    else:
+        if type(value) is int and EARLIEST_EVENT_TIME <= value <= LATEST_EVENT_TIME:
+            return value  # the hot path: no message is built unless one is needed
+        try:
+            return to_millis(value)
+        except (TypeError, ValueError):
+            error = None  # named below, with the record
     what = (
         f"the event_time field {field!r} of {owner}"
         if field is not None
@@ -252,17 +267,15 @@ or run the pipeline with on_error='dead-letter' to set such records aside
     )
     at = f"record {record!r:.200}" + (f" ({where})" if where else "")
     fix = "or run the pipeline with on_error='dead-letter' to set such records aside"
-    try:
-        value = fn(record)
-    except Exception as exc:
-        if field is not None and isinstance(exc, KeyError | IndexError | TypeError):
+    if error is not None:
+        if field is not None and isinstance(error, KeyError | IndexError | TypeError):
             raise EventTimeError(
                 f"{what} is missing from {at}; give every record that field, {fix}"
-            ) from exc
+            ) from error
         raise EventTimeError(
-            f"{what} raised {type(exc).__name__}: {exc} on {at}; fix the function or the "
+            f"{what} raised {type(error).__name__}: {error} on {at}; fix the function or the "
             f"record, {fix}"
-        ) from exc
+        ) from error
     try:
         return to_millis(value, f"the event time of {at}")
     except (TypeError, ValueError) as exc:

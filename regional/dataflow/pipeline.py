@@ -264,7 +264,8 @@ class KeyedStream:
         name: str | None = None,
     ) -> Stream:
         """Event-time windows of the key (`regional.dataflow.windows`: `Tumbling`, `Sliding`,
-        `Session`), aggregated with `aggregate` (`count()`, `sum_of(field)`, an `Aggregate`)
+        `Session`), aggregated with `aggregate` (`count()`, `sum_of(field)`, `min_of(field)`,
+        `max_of(field)`, `mean_of(field)`, an `Aggregate`)
         or `reduce(a, b)`; one row per (key, window), ``emit(key, window, value)`` (default
         ``{key, window_start, window_end, value}``), once the watermark passes the window's end
         plus `allowed_lateness`. Late records are dropped and counted, or with

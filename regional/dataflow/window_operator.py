@@ -151,11 +151,14 @@ def run_windows(
         origin = max(origin, time.start_of(scope))
         for i, record in enumerate(rows):
             try:
-                ts = spec.ts(record, operator, f"split {split!r}, record {base + i} this epoch")
-            except EventTimeError as exc:
-                if dead is None:
-                    raise
-                dead.add(operator, split, base + i, record, exc)
+                ts = spec.ts(record, operator)
+            except EventTimeError:  # again, naming where the record is (only now: slow)
+                try:
+                    spec.ts(record, operator, f"split {split!r}, record {base + i} this epoch")
+                except EventTimeError as exc:
+                    if dead is None:
+                        raise
+                    dead.add(operator, split, base + i, record, exc)
                 continue
             windows = spec.assigner.assign(ts)
             late = ts + lateness < origin if session else is_late(windows, origin, lateness)

@@ -37,7 +37,10 @@ __all__ = [
     "closed",
     "count",
     "is_late",
+    "max_of",
+    "mean_of",
     "merge_sessions",
+    "min_of",
     "reduce_with",
     "sum_of",
 ]
@@ -181,6 +184,66 @@ def count() -> Aggregate:
 def sum_of(field: str) -> Aggregate:
     """The sum of `record[field]`."""
     return Aggregate(lambda: 0, lambda acc, r: acc + r[field], lambda a, b: a + b, _identity)
+
+
+def min_of(field: str) -> Aggregate:
+    """The smallest `record[field]`; None values are skipped (as SQL's ``min``), None when
+    every value was.
+
+    >>> a = min_of("v"); a.result(a.add(a.add(a.add(a.init(), {"v": 3}), {"v": None}), {"v": 1}))
+    1
+    """
+
+    def add(acc: Any, record: Any) -> Any:
+        v = record[field]
+        return acc if v is None else v if acc is None or v < acc else acc
+
+    def merge(a: Any, b: Any) -> Any:
+        return a if b is None else b if a is None or b < a else a
+
+    return Aggregate(_none, add, merge, _identity)
+
+
+def max_of(field: str) -> Aggregate:
+    """The largest `record[field]`; None values are skipped, None when every value was.
+
+    >>> a = max_of("v"); a.result(a.add(a.add(a.init(), {"v": 3}), {"v": 5}))
+    5
+    """
+
+    def add(acc: Any, record: Any) -> Any:
+        v = record[field]
+        return acc if v is None else v if acc is None or v > acc else acc
+
+    def merge(a: Any, b: Any) -> Any:
+        return a if b is None else b if a is None or b > a else a
+
+    return Aggregate(_none, add, merge, _identity)
+
+
+def mean_of(field: str) -> Aggregate:
+    """The mean of `record[field]` (a float); None values are skipped, None when every value
+    was. The accumulator is ``[sum, count]``.
+
+    >>> a = mean_of("v"); a.result(a.add(a.add(a.add(a.init(), {"v": 1}), {"v": 2}), {"v": None}))
+    1.5
+    """
+
+    def add(acc: list[Any], record: Any) -> list[Any]:
+        v = record[field]
+        return acc if v is None else [acc[0] + v, acc[1] + 1]
+
+    def merge(a: list[Any], b: list[Any]) -> list[Any]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def result(acc: list[Any]) -> float | None:
+        return acc[0] / acc[1] if acc[1] else None
+
+    return Aggregate(lambda: [0, 0], add, merge, result)
+
+
+def _none() -> None:
+    return None
 
 
 def reduce_with(fn: Callable[[Any, Any], Any]) -> Aggregate:
