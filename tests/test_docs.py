@@ -192,3 +192,46 @@ def test_code_blocks_fit_the_column(site: Path, tmp_path: Path, page: str) -> No
     wide = re.search(r'data-wide-code-blocks="(\d+)"', dom)
     assert wide is not None, "the probe did not run"
     assert wide.group(1) == "0"
+
+
+#: The API pipelines are written with: each name's module, and the names.
+PIPELINE_API = {
+    "regional.dataflow.pipeline": ("Pipeline", "Stream", "KeyedStream"),
+    "regional.dataflow.state": ("KeyedContext", "ValueState", "MapState"),
+    "regional.dataflow.timers": ("TimerService",),
+}
+
+
+def _pipeline_api() -> list[tuple[str, str, object]]:
+    import importlib
+    import inspect
+
+    import regional.dataflow.windows as windows
+
+    names = [(m, n) for m, ns in PIPELINE_API.items() for n in ns]
+    names += [("regional.dataflow.windows", n) for n in windows.__all__]
+    out = []
+    for module, name in names:
+        obj = getattr(importlib.import_module(module), name)
+        out.append((module, name, obj))
+        if inspect.isclass(obj) and name != "WindowAssigner":
+            out += [
+                (module, f"{name}.{attr}", member)
+                for attr, member in vars(obj).items()
+                if not attr.startswith("_") and inspect.isfunction(member)
+            ]
+    return out
+
+
+def test_every_public_name_of_the_pipeline_api_has_a_docstring_and_a_page() -> None:
+    import inspect
+
+    api = (ROOT / "docs" / "reference" / "api.md").read_text()
+    undocumented = [f"{m}.{n}" for m, n, obj in _pipeline_api() if not inspect.getdoc(obj)]
+    assert undocumented == []
+    without_page = [
+        f"{m}.{n}"
+        for m, n, _ in _pipeline_api()
+        if f"::: {m}.{n.split('.')[0]}\n" not in api and f"::: {m}\n" not in api
+    ]
+    assert without_page == []

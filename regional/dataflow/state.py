@@ -145,6 +145,7 @@ class ValueState:
             self._state.ttl_seen = True
 
     def clear(self) -> None:
+        """Remove the value: `value()` reads the default again."""
         self._slot.pop(self._name, None)
         self._slot.pop((self._name, TTL), None)
 

@@ -73,9 +73,11 @@ class TimerService:
             del self._slot[TIMERS]
 
     def event_times(self) -> list[int]:
+        """The key's pending event-time timers (ms), earliest first."""
         return list(self._slot.get(TIMERS, {}).get("e", ()))
 
     def processing_times(self) -> list[int]:
+        """The key's pending processing-time timers (ms), earliest first."""
         return list(self._slot.get(TIMERS, {}).get("p", ()))
 
 

@@ -63,6 +63,7 @@ class Tumbling:
         self.offset = span_ms(offset, "Tumbling(offset)") % self.size
 
     def assign(self, ts: int) -> list[Window]:
+        """The one window holding event time `ts` (ms)."""
         start = ts - (ts - self.offset) % self.size
         return [Window(start, start + self.size)]
 
@@ -87,6 +88,7 @@ class Sliding:
         self.offset = span_ms(offset, "Sliding(offset)") % self.slide
 
     def assign(self, ts: int) -> list[Window]:
+        """Every window holding event time `ts` (ms), the earliest first."""
         last = ts - (ts - self.offset) % self.slide
         out = []
         start = last
@@ -112,6 +114,7 @@ class Session:
         self.gap = span_ms(gap, "Session(gap)", allow_zero=False)
 
     def assign(self, ts: int) -> list[Window]:
+        """The session of one record at `ts` (ms), before merging with the key's others."""
         return [Window(ts, ts + self.gap)]
 
     def __repr__(self) -> str:
