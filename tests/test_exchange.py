@@ -216,8 +216,10 @@ def test_exchange_api_errors_name_the_problem(tmp_path: Path) -> None:
         GraphError, match=r"exchange after 'src': partitions=0; give a whole number"
     ):
         src.key_by(lambda r: r["k"], partitions=0)
-    with pytest.raises(GraphError, match=r"exchange after 'src': the key 'k' is not callable"):
-        src.exchange("k", partitions=2)  # type: ignore[arg-type]
+    with pytest.raises(
+        GraphError, match=r"exchange after 'src': the key 3 is neither a field name nor callable"
+    ):
+        src.exchange(3, partitions=2)  # type: ignore[arg-type]
     keyed = src.exchange(lambda r: r["k"], partitions=2, name="x")
     with pytest.raises(
         GraphError, match=r"process 'agg' after exchange 'x' is keyed by another function"

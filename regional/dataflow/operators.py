@@ -38,6 +38,7 @@ from regional.dataflow.window_operator import WindowSpec, run_windows
 from regional.sources.base import Batch
 
 __all__ = [
+    "ApplyInArrow",
     "Chunk",
     "Filter",
     "FlatMap",
@@ -380,3 +381,141 @@ class WindowOp(Operator):
             dead_letters,
             records_of,
         )
+
+
+class ApplyInArrow(Operator):
+    """A keyed function over Arrow tables: `fn(ctx, table)` is called once per key (per split
+    and key on a forward chain) and epoch with that key's records of the epoch as one
+    `pyarrow.Table`, in arrival order, and `ctx` its `KeyedContext` (state, and timers with
+    `on_timer`). It returns a Table, a RecordBatch, an iterable of records or None. Keys come
+    in the order of their first record. With dead letters, a key whose call raises has all
+    its records of the epoch dead-lettered. A key that is a field name (`key_by("user")`)
+    groups by that column without turning rows into Python records; any other key function
+    is called on every record."""
+
+    kind = "apply_in_arrow"
+    stateful = True
+
+    def __init__(
+        self,
+        fn: Callable[[KeyedContext, pa.Table], Any],
+        key: Callable[[Any], Any],
+        *,
+        on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
+        name: str = "",
+        scope: str = "split",
+    ) -> None:
+        super().__init__(name=name, scope=scope)
+        self.fn = fn
+        self.key = key
+        self.on_timer = on_timer
+
+    @property
+    def timed(self) -> bool:
+        return self.on_timer is not None
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.fn, self.key, self.on_timer)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        assert state is not None
+        out: list[Chunk] = []
+        out_origins: list[int] | None = [] if origins is not None else None
+        for scope, split, batches, origin in self._by_scope(chunks, origins):
+            table = _table(batches)
+            keys = self._keys(table)
+            groups: dict[Any, list[int]] = {}
+            for i, k in enumerate(keys):
+                group = groups.get(k)
+                if group is None:
+                    groups[k] = [i]
+                else:
+                    group.append(i)
+            watermark = time.start_of(scope) if time is not None else 0
+            for k, rows in groups.items():
+                part = table.take(pa.array(rows, pa.int64())) if len(rows) < len(keys) else table
+                ctx = state.context(scope, k)
+                if time is not None and self.on_timer is not None:
+                    bind(ctx, state, scope, watermark)
+                try:
+                    produced = _chunks_of(self.name, split, self.fn(ctx, part))
+                except Exception as exc:
+                    if dead_letters is None or isinstance(exc, _WrongResult):
+                        raise
+                    for i, record in zip(rows, part.to_pylist(), strict=True):
+                        dead_letters.add(self.name, split, i, record, exc)
+                    continue
+                out += produced
+                if out_origins is not None:
+                    out_origins += [origin] * len(produced)
+        if self.on_timer is not None and time is not None and out_origins is not None:
+            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
+            out += fired
+            out_origins += fired_origins
+        return out, out_origins
+
+    def _by_scope(
+        self, chunks: Sequence[Chunk], origins: Sequence[int] | None
+    ) -> list[tuple[str, str, list[pa.RecordBatch], int]]:
+        """The input as (scope, split of the output, batches, origin watermark) per state
+        scope: per split on a forward chain, one for the subtask after an exchange (whose
+        origin is the lowest of its chunks': never later than any of its records')."""
+        grouped: dict[str, tuple[str, list[pa.RecordBatch], int]] = {}
+        for n, (split, data) in enumerate(chunks):
+            scope = split if self.scope == "split" else KEY_SCOPE
+            batch = data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
+            origin = origins[n] if origins is not None else 0
+            if scope in grouped:
+                first_split, batches, low = grouped[scope]
+                batches.append(batch)
+                grouped[scope] = (first_split, batches, min(low, origin))
+            else:
+                grouped[scope] = (split, [batch], origin)
+        return [(scope, *rest) for scope, rest in grouped.items()]
+
+    def _keys(self, table: pa.Table) -> list[Any]:
+        """The key of every row: the key column of a `FieldKey`, else the key function of
+        every record."""
+        field = getattr(self.key, "field", None)
+        if isinstance(field, str) and field in table.column_names:
+            return table.column(field).to_pylist()
+        return [self.key(r) for r in table.to_pylist()]
+
+
+def _table(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table of a scope's batches (their schemas unified when the records differ)."""
+    try:
+        return pa.Table.from_batches(batches)
+    except pa.ArrowInvalid:
+        tables = [pa.Table.from_batches([b]) for b in batches]
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+class _WrongResult(TypeError):
+    """An `apply_in_arrow` function returned something else than rows (a bug in the function,
+    never dead-lettered)."""
+
+
+def _chunks_of(name: str, split: str, result: Any) -> list[Chunk]:
+    """The output chunks of one `apply_in_arrow` call."""
+    if result is None:
+        return []
+    if isinstance(result, pa.Table):
+        return [(split, b) for b in result.to_batches() if b.num_rows]
+    if isinstance(result, pa.RecordBatch):
+        return [(split, result)] if result.num_rows else []
+    if isinstance(result, str | bytes | dict) or not isinstance(result, Iterable):
+        raise _WrongResult(
+            f"operator {name!r}: the apply_in_arrow function returned "
+            f"{type(result).__module__}.{type(result).__qualname__}; return a pyarrow.Table, "
+            "a pyarrow.RecordBatch, an iterable of records or None"
+        )
+    rows = list(result)
+    return [(split, rows)] if rows else []

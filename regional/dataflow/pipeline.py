@@ -35,7 +35,9 @@ import pyarrow as pa
 
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
+from regional.dataflow.keys import KeyLike, key_function
 from regional.dataflow.operators import (
+    ApplyInArrow,
     Chunk,
     Filter,
     FlatMap,
@@ -94,7 +96,7 @@ class KeyedOnlyError(GraphError, AttributeError):
 
 
 #: The methods only a `KeyedStream` has, and what a `Stream` has but a `KeyedStream` not.
-_KEYED_ONLY = ("process", "window")
+_KEYED_ONLY = ("process", "window", "apply_in_arrow")
 _UNKEYED_ONLY = ("map", "flat_map", "filter", "map_batches", "key_by", "exchange", "union", "sink")
 
 
@@ -143,14 +145,17 @@ class Stream:
 
     def key_by(
         self,
-        key: Callable[[Any], Any],
+        key: KeyLike,
         *,
         partitions: int | None = None,
         name: str | None = None,
     ) -> KeyedStream:
-        """Key the records for a stateful `process`. Without `partitions`, state is per
-        (input split, key) on this forward chain; with `partitions=N`, a durable keyed exchange
-        (`exchange`, named `name`) ends the stage first and state is per key, globally."""
+        """Key the records (by a function of a record, or a field name: ``key_by("user")``)
+        for a stateful `process`, `window` or `apply_in_arrow`. Without `partitions`, state is
+        per (input split, key) on this forward chain; with `partitions=N`, a durable keyed
+        exchange (`exchange`, named `name`) ends the stage first and state is per key,
+        globally."""
+        key = key_function(key, f"key_by after {self.vertex_id!r}")
         if partitions is None:
             if name is not None:
                 raise GraphError(
@@ -160,9 +165,7 @@ class Stream:
             return KeyedStream(self, key)
         return self.exchange(key, partitions=partitions, name=name).key_by(key)
 
-    def exchange(
-        self, key: Callable[[Any], Any], *, partitions: int, name: str | None = None
-    ) -> Stream:
+    def exchange(self, key: KeyLike, *, partitions: int, name: str | None = None) -> Stream:
         """End the stage with a durable keyed exchange (`regional.dataflow.exchange`): the returned
         stream runs in `partitions` subtasks, subtask q getting every record whose key hashes
         to q (`regional.dataflow.partitioning.partition_of`). The exchange's reader vertex is `name`
@@ -174,11 +177,7 @@ class Stream:
                 f"exchange after {self.vertex_id!r}: partitions={partitions!r}; give a whole "
                 "number of downstream subtasks, at least 1"
             )
-        if not callable(key):
-            raise GraphError(
-                f"exchange after {self.vertex_id!r}: the key {key!r} is not callable; give a "
-                "function of a record, e.g. lambda r: r['customer']"
-            )
+        key = key_function(key, f"exchange after {self.vertex_id!r}")
         pipeline = self.pipeline
         reader = name or f"exchange-{len(pipeline.vertices)}"
         writer = f"{reader}-writer"
@@ -228,7 +227,7 @@ class KeyedStream:
             if name in _UNKEYED_ONLY:
                 raise KeyedOnlyError(
                     f"{name}(...) after key_by on {self._stream.vertex_id!r}: a keyed stream "
-                    "only takes process(...) or window(...); call "
+                    "only takes process(...), window(...) or apply_in_arrow(...); call "
                     f"{name}(...) before key_by, or on the stream process or window returns"
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -250,6 +249,26 @@ class KeyedStream:
             stream.pipeline._event_time_of(stream.vertex_id, None, name or "process")
         op = Process(fn, self._key, scope=scope, on_timer=on_timer)
         return stream.pipeline._add("process", name, (stream.vertex_id,), operator=op)
+
+    def apply_in_arrow(
+        self,
+        fn: Callable[[KeyedContext, pa.Table], Any],
+        *,
+        on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A stateful operator over Arrow tables, in the shape of PySpark's
+        ``applyInPandasWithState``: `fn(ctx, table)` runs once per key and epoch with the
+        key's records of the epoch as a `pyarrow.Table` (``table.to_pandas()`` for pandas)
+        and returns a Table, a RecordBatch, records or None; `ctx` is the key's state as in
+        `process` (with `on_timer`, its timers). Key by a field name (``key_by("user")``) so
+        the records are grouped as columns (`regional.dataflow.operators.ApplyInArrow`)."""
+        stream = self._stream
+        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
+        if on_timer is not None:
+            stream.pipeline._event_time_of(stream.vertex_id, None, name or "apply_in_arrow")
+        op = ApplyInArrow(fn, self._key, scope=scope, on_timer=on_timer)
+        return stream.pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
 
     def window(
         self,
@@ -529,7 +548,7 @@ class Pipeline:
             return "split"
         writers = [self.vertices[s.exchange_from].sink for s in readers]  # type: ignore[index]
         if len(readers) == len(sources) and all(
-            isinstance(w, ExchangeWriter) and w.key is key for w in writers
+            isinstance(w, ExchangeWriter) and w.key == key for w in writers
         ):
             return "key"
         raise GraphError(
