@@ -113,6 +113,8 @@ class ValueState:
     """One value per (split, key): `value()`, `update(v)`, `clear()`. With `ttl` (ms), a value
     not updated for that long reads as the default."""
 
+    __slots__ = ("_default", "_name", "_slot", "_state", "_ttl")
+
     def __init__(
         self,
         state: OperatorState,
@@ -138,7 +140,9 @@ class ValueState:
 
     def update(self, value: Any) -> None:
         """Keep `value`; `StateTypeError` if the state's encoding cannot keep it."""
-        _check(self._state, value, self._name)
+        t = type(value)  # `_check`, inlined: this runs for every record of a stateful function
+        if t not in _FAST and not (t is int and _INT_MIN <= value <= _INT_MAX):
+            self._state.check(value, self._name)
         self._slot[self._name] = value
         if self._ttl is not None:
             self._slot[self._name, TTL] = [self._state.clock(), self._ttl]

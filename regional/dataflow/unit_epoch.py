@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -43,6 +43,29 @@ from regional.sinks.base import WatermarkSink
 from regional.sources.base import TimedSource, num_records
 
 __all__ = ["SourceEpoch", "UnitEpoch", "mark_of", "read_source", "run_unit_epoch"]
+
+
+#: Protocol checks cost tens of microseconds: made once per class, not per unit and vertex.
+_TIMED: dict[type, bool] = {}
+_MARKING: dict[type, bool] = {}
+
+
+def timed_source(source: object) -> TimedSource | None:
+    """`source` if it is a `TimedSource`, else None."""
+    cls = type(source)
+    timed = _TIMED.get(cls)
+    if timed is None:
+        timed = _TIMED[cls] = issubclass(cls, TimedSource)
+    return cast(TimedSource, source) if timed else None
+
+
+def watermark_sink(sink: object) -> WatermarkSink | None:
+    """`sink` if it is a `WatermarkSink`, else None."""
+    cls = type(sink)
+    marking = _MARKING.get(cls)
+    if marking is None:
+        marking = _MARKING[cls] = issubclass(cls, WatermarkSink)
+    return cast(WatermarkSink, sink) if marking else None
 
 
 def mark_of(mark: SplitWatermark | None) -> int:
@@ -81,7 +104,7 @@ def read_source(
     text (dead letters name it). With `time`, the epoch's watermarks by scope are filled in."""
     source = spec.source
     assert source is not None
-    timed = source if isinstance(source, TimedSource) else None
+    timed = timed_source(source)
     et = spec.event_time
     chunks: list[Chunk] = []
     origins: list[int] = []
@@ -237,8 +260,9 @@ def run_unit_epoch(
         old = restore[vertex_id]
         if spec.source is not None:
             positions = {s.split_id: s.position for s in old.split_states}
-            if isinstance(spec.source, TimedSource):  # reads its own split, always
-                positions.setdefault(spec.source.split_of(old.index), b"")
+            timed = timed_source(spec.source)
+            if timed is not None:  # reads its own split, always
+                positions.setdefault(timed.split_of(old.index), b"")
             for v, i, split in new:
                 if v == vertex_id and i == old.index:
                     positions.setdefault(split, b"")
@@ -299,10 +323,11 @@ def run_unit_epoch(
             result.dead_lettered += batches[0].num_rows
         else:
             batches = [_batch(d) for _, d in inputs]
-            if not isinstance(spec.sink, WatermarkSink):  # records leaving the job
+            if watermark_sink(spec.sink) is None:  # records leaving the job
                 result.records_out += sum(b.num_rows for b in batches)
-        if time_ is not None and isinstance(spec.sink, WatermarkSink):
-            held = spec.sink.committed_watermark(old.committables)
+        marks = watermark_sink(spec.sink) if time_ is not None else None
+        if time_ is not None and marks is not None:
+            held = marks.committed_watermark(old.committables)
             before = MIN_WATERMARK if held is None else held
             result.sink_watermarks[vertex_id] = (
                 before,
