@@ -42,6 +42,8 @@ def test_run_shows_progress_and_summary(spark, tmp_path, capsys):
     assert main(["run", str(file), "--checkpoint-dir", root]) == 0
     out = capsys.readouterr().out
     assert "restored from checkpoint" in out
+    # said when it happens (issue 36): before the checkpoint lines of the run, not after
+    assert out.index("restored from checkpoint") < out.index("checkpoint  ")
     assert read_table(root + "-table").num_rows == 40
 
 

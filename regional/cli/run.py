@@ -312,6 +312,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
     )
     stop = _on_stop_signals(runtime.request_stop, say) if args.stop_with_savepoint else {}
     try:
+        # restore first, so that what it did is said when it happens, before the checkpoints
+        runtime.start()
+        if runtime.restored_from is not None:
+            where = f" ({runtime.restored_location})" if runtime.restored_location else ""
+            say(f"restored from checkpoint {runtime.restored_from}{where}")
+        for note in runtime.restore_notes:
+            say(f"restore: {note}")
         with view:
             summary = runtime.run(
                 max_checkpoints=args.max_checkpoints,
@@ -320,11 +327,6 @@ def run_pipeline(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in stop.items():
             signal.signal(signum, handler)
-    if summary.restored_from is not None:
-        where = f" ({summary.restored_location})" if summary.restored_location else ""
-        say(f"restored from checkpoint {summary.restored_from}{where}")
-    for note in summary.restore_notes:
-        say(f"restore: {note}")
     if summary.savepoint is not None:
         say(f"savepoint: {summary.savepoint}")
     say(run_summary_line(summary))
