@@ -106,7 +106,9 @@ class CheckpointEvent(
     explanation. `records_dead_lettered` counts the records user functions failed on that went
     to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. With event
     time, `records_late` counts the records windows judged late in it, and `watermark_ms` is the
-    lowest watermark of a unit fresh in it, held by unit `watermark_unit`. Metrics:
+    job's watermark after it: the lowest over every unit of its watermark as of the latest
+    checkpoint it was fresh in (a unit that fell back keeps its owner's), held by unit
+    `watermark_unit`. Metrics:
     `oldest_ref_checkpoint_id` (the oldest owner this checkpoint's fallback state refers to;
     None when nothing fell back), `unit_lag` (unit -> checkpoint ids its state is behind:
     since the checkpoint that wrote it, aborted attempts included; units at 0 left out), and

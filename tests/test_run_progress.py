@@ -138,3 +138,24 @@ def test_the_live_view_counts_the_running_epoch():
             "checkpoint 4 running: units answered 2/4, pending 2, falling back 0  records/s 200"
         )
     assert "checkpoint    2  regional  fresh   3  fallback 1" in out.getvalue()
+
+
+def test_a_job_watermark_lower_than_the_last_one_shown_says_why() -> None:
+    def event(cid: int, watermark: int) -> CheckpointEvent:
+        return CheckpointEvent(
+            job_id="j", checkpoint_id=cid, kind=Outcome.GLOBAL, trigger_time_ms=0, time_ms=1,
+            fresh_units=2, watermark_ms=watermark, watermark_unit=1,
+        )  # fmt: skip
+
+    out = io.StringIO()
+    view = PlainProgress(out)
+    view(event(1, 60_000))
+    view(event(2, 120_000))
+    view(event(3, 90_000))
+    lines = out.getvalue().splitlines()
+    assert "back from" not in lines[0] + lines[1]
+    assert lines[2].endswith(
+        "watermark 1970-01-01T00:01:30.000Z (unit 1) back from 1970-01-01T00:02:00.000Z: a "
+        "unit's watermark is the lowest of its splits', and a split it was just given holds it "
+        "until its records arrive"
+    )

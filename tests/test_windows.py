@@ -140,3 +140,20 @@ def test_timers_without_a_callback_say_how_to_get_them(tmp_path: Path) -> None:
         "give one: "
         "keyed.process(fn, on_timer=lambda ctx, ts: ...)"
     )
+
+
+@pytest.mark.parametrize("unit", [0, 1])
+def test_the_job_watermark_never_goes_back_while_a_unit_falls_back(
+    tmp_path: Path, unit: int
+) -> None:
+    """The event's watermark is the lowest over every unit, a fallen-back unit counted with its
+    owner's: it does not jump ahead while a unit that is behind falls back and come back down
+    when the unit is fresh again (issue 36)."""
+    events: list[Any] = []
+    faults = Faults(units={(3, unit): "fail", (4, unit): "fail"})
+    _driver(tmp_path, job.pipeline("tumbling", str(tmp_path / "t")), faults,
+            progress=events.append).run()  # fmt: skip
+    assert [e.kind for e in events][1:5] == ["global", "regional", "regional", "global"]
+    # checkpoints 2..6: no new split yet (a new split can lower a unit's own watermark)
+    marks = [e.watermark_ms for e in events[1:6]]
+    assert marks == sorted(marks)

@@ -44,10 +44,11 @@ from regional.coordinator.messages import Ack, Answer
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
 
 
-def checkpoint_line(r: CheckpointEvent) -> str:
+def checkpoint_line(r: CheckpointEvent, previous_watermark: int | None = None) -> str:
     """One line per checkpoint outcome, then the abort's explanation, why each unit fell
     back or failed and the units stuck (one line per unit, at most 5 of each, named by what
-    they read; the tracebacks are in the event log)."""
+    they read; the tracebacks are in the event log). A job watermark lower than the
+    `previous_watermark` shown says why it may be."""
     fallback = ",".join(map(str, r.fallback_units)) or "-"
     line = (
         f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
@@ -56,6 +57,12 @@ def checkpoint_line(r: CheckpointEvent) -> str:
     )
     if r.watermark_ms is not None:  # event time: the lowest unit watermark, and late records
         line += f"  watermark {format_watermark(r.watermark_ms)} (unit {r.watermark_unit})"
+        if previous_watermark is not None and r.watermark_ms < previous_watermark:
+            line += (
+                f" back from {format_watermark(previous_watermark)}: a unit's watermark is the "
+                "lowest of its splits', and a split it was just given holds it until its "
+                "records arrive"
+            )
         if r.records_late:
             line += f"  late {r.records_late}"
     if r.kind == Outcome.ABORTED:
@@ -99,9 +106,11 @@ class PlainProgress(_Quiet):
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
+        self._watermark: int | None = None  # the last one shown
 
     def __call__(self, event: CheckpointEvent) -> None:
-        print(checkpoint_line(event), file=self.out, flush=True)
+        print(checkpoint_line(event, self._watermark), file=self.out, flush=True)
+        self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
 
 
 class JsonProgress(_Quiet):
@@ -129,6 +138,7 @@ class LiveProgress:
         self._started = 0.0
         self._commit_lag = 0
         self._rate: float | None = None  # records/s of the last outcome
+        self._watermark: int | None = None  # the last job watermark shown
         self._live = Live(
             console=console, get_renderable=self.render, refresh_per_second=4, transient=True
         )
@@ -161,7 +171,8 @@ class LiveProgress:
             self._answers[answer.unit] = answer
 
     def __call__(self, event: CheckpointEvent) -> None:
-        self.console.print(Text(checkpoint_line(event)))
+        self.console.print(Text(checkpoint_line(event, self._watermark)))
+        self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
         self._commit_lag = event.commit_lag
         self._rate = event.records_in / event.seconds if event.seconds > 0 else None
         self.checkpoint_id = None

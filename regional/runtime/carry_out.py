@@ -77,7 +77,7 @@ class EpochOutcome:
     tracebacks: dict[int, str] = dataclasses.field(default_factory=dict)
     records_dead_lettered: int = 0  # committed with this checkpoint (0 when aborted)
     records_late: int = 0  # judged late by the fresh units' windows (0 when aborted)
-    watermark: int | None = None  # the lowest watermark of a fresh unit (event time)
+    watermark: int | None = None  # the job's: the lowest unit watermark (event time)
     watermark_unit: int | None = None  # the unit holding it
     warnings: tuple[str, ...] = ()  # what went wrong without failing it (a failed compaction)
 
@@ -140,6 +140,9 @@ class DecisionHandlers:
         self.records_dead_lettered = 0
         #: records judged late by completed checkpoints since the driver started (event time)
         self.records_late = 0
+        #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
+        #: that fell back keeps the one its owner checkpoint holds)
+        self.unit_watermarks: dict[int, int] = {}
         #: checkpoint id -> what its answers said beyond the coordinator's view (until the
         #: checkpoint's outcome)
         self._answered: dict[int, _Answered] = {}
@@ -192,9 +195,14 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)
             late = sum(n for u, n in seen.late.items() if u not in fell_back)
             self.records_late += late
-            fresh = [(w, u) for u, w in seen.watermarks.items() if u not in fell_back]
-            if fresh:
-                low, holder = min(fresh)
+            self.unit_watermarks.update(
+                (u, w) for u, w in seen.watermarks.items() if u not in fell_back
+            )
+        if self.unit_watermarks and outcome is not Outcome.ABORTED:
+            # the job's watermark: the lowest over every unit, fallen-back ones included with
+            # the watermark of their owner's state (over the fresh units alone it would jump
+            # up while a unit that is behind falls back, and down when it is fresh again)
+            low, holder = min((w, u) for u, w in self.unit_watermarks.items())
         return EpochOutcome(
             outcome,
             fallback_units,
