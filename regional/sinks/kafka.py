@@ -242,7 +242,6 @@ class KafkaSink:
         self._markers: dict[str, Consumer] = {}
         self._latest: dict[str, int | None] = {}
         self._swept: set[str] = set()  # commit users whose stale start records were deleted
-        self._refused: list[Any] = []  # delivery reports of records Kafka refused
 
     def __getstate__(self) -> dict[str, Any]:
         """Ship the configuration to tasks, never the driver's Kafka clients."""
@@ -365,6 +364,12 @@ class KafkaSink:
                 f"committed up to {latest}; commits must be in checkpoint order"
             )
         items = sorted(self.area.files(committables), key=lambda i: (i.file, i.first_row))
+        if missing := self.area.missing_files(msgspec.msgpack.encode(i) for i in items):
+            raise CommitError(
+                f"Kafka sink, {self._where(identifier)}: staged file(s) {', '.join(missing[:5])} "
+                "are missing (were they deleted?); nothing was committed; restore from a newer "
+                "checkpoint or restore the files"
+            )
         producer = self._producer(commit_user, identifier)
         partitions = self._partitions(producer, identifier)
         start = self._read_start(commit_user, identifier)
@@ -383,7 +388,6 @@ class KafkaSink:
                     continue
                 self._produce(producer, commit_user, identifier, seq, record, partitions)
                 produced += 1
-            self._delivered(producer, identifier)
             from confluent_kafka import TopicPartition
 
             marker = [TopicPartition(self.topic, MARKER_PARTITION, identifier)]
@@ -458,43 +462,22 @@ class KafkaSink:
             )
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
         headers = [*headers, (COMMIT_HEADER, record_id(user, identifier, seq))]
+        kafka = self._kafka()
         while True:
             try:
                 producer.produce(self.topic, value, key, headers=headers, **kwargs)
                 return
             except BufferError:  # the local queue is full: let deliveries make room
                 producer.poll(0.05)
-
-    def _on_delivery(self, error: Any, message: Any) -> None:
-        if error is not None:
-            self._refused.append((error, message))
-
-    def _delivered(self, producer: Producer, identifier: int) -> None:
-        """Wait until every record is delivered; a record Kafka refused for good (too large,
-        not allowed) is a `CommitError` naming it, a passing failure a `KafkaSinkError`."""
-        self._refused.clear()
-        left = producer.flush(self.timeout)
-        refused, self._refused = self._refused, []
-        if refused:
-            error = refused[0][0]
-            what = (
-                f"Kafka refused {len(refused)} record(s), the first with {error.str()} "
-                f"(partition {refused[0][1].partition()})"
-            )
-            if error.retriable():
-                raise KafkaSinkError(
-                    f"Kafka sink, {self._where(identifier)}: {what}; the commit is retried at "
-                    "the next epoch"
-                )
-            raise CommitError(
-                f"Kafka sink, {self._where(identifier)}: {what}; fix the records or the "
-                "topic's settings (e.g. max.message.bytes); nothing was committed"
-            )
-        if left:
-            raise KafkaSinkError(
-                f"Kafka sink, {self._where(identifier)}: {left} record(s) not delivered within "
-                f"{self.timeout} s; the commit is retried at the next epoch"
-            )
+            except kafka.KafkaException as exc:
+                if exc.args[0].code() != kafka.KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                raise CommitError(
+                    f"Kafka sink, {self._where(identifier)}: record {seq} is larger than "
+                    f"message.max.bytes ({exc.args[0].str()}); make the record smaller, or "
+                    "raise message.max.bytes (config=) and the topic's max.message.bytes "
+                    "(nothing was committed)"
+                ) from None
 
     # --- Kafka clients ----------------------------------------------------------------------
 
@@ -532,8 +515,6 @@ class KafkaSink:
                 "transactional.id": transactional_id(user),
                 "allow.auto.create.topics": "false",
                 "linger.ms": "5",
-                "delivery.report.only.error": True,  # a refused record only
-                "on_delivery": self._on_delivery,
             },
             logger=log,
         )
@@ -602,7 +583,9 @@ class KafkaSink:
             raise self._unreachable("listing the topic", exc, identifier) from None
         found = meta.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
-            why = "" if found is None or found.error is None else f" ({found.error.str()})"
+            error = None if found is None else found.error
+            unknown = error is None or error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+            why = "" if unknown else f" ({error.str()})"
             raise CommitError(
                 f"Kafka sink: topic {self.topic!r} does not exist at Kafka {self.bootstrap}"
                 f"{why}, so checkpoint {identifier} cannot be committed: create the topic (the "
