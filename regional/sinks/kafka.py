@@ -584,8 +584,8 @@ class KafkaSink:
         found = meta.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
             error = None if found is None else found.error
-            unknown = error is None or error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
-            why = "" if unknown else f" ({error.str()})"
+            known = error is not None and error.code() != kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+            why = f" ({error.str()})" if known and error is not None else ""
             raise CommitError(
                 f"Kafka sink: topic {self.topic!r} does not exist at Kafka {self.bootstrap}"
                 f"{why}, so checkpoint {identifier} cannot be committed: create the topic (the "
