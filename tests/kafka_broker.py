@@ -9,7 +9,10 @@ advertised address after bootstrap) always go through the proxy.
 Tansu quirks worked around here (tansu 0.6.0): its ListOffsets answers the base offset of the
 partition's last record batch + 1, so `produce` sends one record per batch, one request at a
 time, which keeps end offsets right; it has no CreatePartitions, so "new partitions" come as
-new topics matched by a `pattern` source.
+new topics matched by a `pattern` source. Transactions work (commit, abort, zombie fencing,
+`send_offsets_to_transaction`, `read_committed` reads), except that initialising a
+transactional id again does not abort the transaction its previous producer left open: that
+transaction's records become visible (the Kafka sink copes, `regional.sinks.kafka`).
 """
 
 from __future__ import annotations
