@@ -17,6 +17,7 @@ Run: `.venv/bin/python -m benchmarks.bench_kafka_sink [--quick] [--rows N] [--bo
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -122,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = args.bootstrap
     if bootstrap is None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from kafka_broker import TansuBroker
-
-        broker = TansuBroker()
+        broker = importlib.import_module("kafka_broker").TansuBroker()
         broker.start()
         bootstrap = broker.bootstrap
     try:

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from regional.dataflow.pipeline import Pipeline
@@ -85,8 +86,9 @@ def produce(n: int = 400, users: int = 7) -> None:
     print(f"sent {n} clicks to {TOPIC} at {BOOTSTRAP}")
 
 
-def counts_by_user(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, list[int]]:
-    """Per user, the counts a `read_committed` consumer of the output sees, in order."""
+def read_values(bootstrap: str, topic: str, timeout: float = 30.0) -> Iterator[dict[str, Any]]:
+    """The JSON values of every record of `topic` as a `read_committed` consumer sees them,
+    partition by partition in offset order, to the partitions' current end."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
@@ -101,48 +103,29 @@ def counts_by_user(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[st
     try:
         partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_, seen = set(partitions), {}
+        open_ = set(partitions)
         while open_:
             m = consumer.poll(timeout)
             if m is None:
                 raise TimeoutError(f"{topic}: partitions {sorted(open_)} did not end")
-            if m.error() is not None:
-                if m.error().code() != KafkaError._PARTITION_EOF:
-                    raise RuntimeError(str(m.error()))
+            error = m.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"{topic}: {error.str()}")
                 open_.discard(m.partition())
-                continue
-            record = json.loads(m.value())
-            seen.setdefault(record["user"], []).append(record["count"])
+            elif (value := m.value()) is not None:
+                yield json.loads(value)
     finally:
         consumer.close()
-    return seen
 
 
 def check(bootstrap: str, topic: str, output: str) -> list[str]:
     """What differs from exactly-once: per user, the output must hold 1..n once each, in order,
     with n the user's clicks in the input. Empty: exactly-once."""
-    clicks: Counter[str] = Counter()
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "kafka-to-kafka-input",
-         "enable.partition.eof": True, "enable.auto.commit": False}
-    )  # fmt: skip
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_ = set(partitions)
-        while open_:
-            m = consumer.poll(30)
-            if m is None:
-                raise TimeoutError(f"{topic}: partitions {sorted(open_)} did not end")
-            if m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF:
-                open_.discard(m.partition())
-            elif m.error() is None:
-                clicks[json.loads(m.value())["user"]] += 1
-    finally:
-        consumer.close()
-    got = counts_by_user(bootstrap, output)
+    clicks = Counter(str(click["user"]) for click in read_values(bootstrap, topic))
+    got: dict[str, list[int]] = {}
+    for record in read_values(bootstrap, output):
+        got.setdefault(str(record["user"]), []).append(int(record["count"]))
     return [
         f"{u}: {clicks[u]} clicks in, counts out {got.get(u, [])}"
         for u in sorted(clicks.keys() | got.keys())
