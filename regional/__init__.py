@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from regional.runtime.spark import SparkRuntime
     from regional.sinks.delta import DeltaSink
     from regional.sinks.iceberg import IcebergSink
+    from regional.sinks.kafka import KafkaSink
     from regional.sinks.paimon import PaimonSink
     from regional.sinks.parquet import ParquetSink, read_table
     from regional.sources.files import FileSource
@@ -58,6 +59,7 @@ _LAZY = {
     "PaimonSink": "regional.sinks.paimon",
     "DeltaSink": "regional.sinks.delta",
     "IcebergSink": "regional.sinks.iceberg",
+    "KafkaSink": "regional.sinks.kafka",
     "read_table": "regional.sinks.parquet",
     "SparkRuntime": "regional.runtime.spark",
     "Faults": "regional.runtime.faults",
@@ -82,6 +84,7 @@ __all__ = [
     "IcebergSink",
     "JobFailedError",
     "JobGraph",
+    "KafkaSink",
     "KafkaSource",
     "LogSource",
     "MetadataError",

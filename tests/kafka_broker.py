@@ -9,7 +9,10 @@ advertised address after bootstrap) always go through the proxy.
 Tansu quirks worked around here (tansu 0.6.0): its ListOffsets answers the base offset of the
 partition's last record batch + 1, so `produce` sends one record per batch, one request at a
 time, which keeps end offsets right; it has no CreatePartitions, so "new partitions" come as
-new topics matched by a `pattern` source.
+new topics matched by a `pattern` source. Transactions work (commit, abort, zombie fencing,
+`send_offsets_to_transaction`, `read_committed` reads), except that initialising a
+transactional id again does not abort the transaction its previous producer left open: that
+transaction's records become visible (the Kafka sink copes, `regional.sinks.kafka`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 
-__all__ = ["TansuBroker", "free_port"]
+__all__ = ["TansuBroker", "free_port", "read_topic"]
 
 
 def free_port() -> int:
@@ -145,3 +148,42 @@ class TansuBroker:
             producer.poll(0)
         left = producer.flush(60)
         assert left == 0 and not failed, (left, failed[:3])
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout: float = 30.0
+) -> list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    """Every record of `topic` as an independent consumer with `isolation` sees it, from the
+    start of each partition to its end: (partition, key, value, headers), partition by
+    partition in offset order."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{os.getpid()}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "log_level": 0,
+        }
+    )
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=timeout).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        open_ = set(partitions)
+        got: dict[int, list] = {p: [] for p in partitions}
+        deadline = time.monotonic() + timeout
+        while open_:
+            assert time.monotonic() < deadline, f"{topic}: no end of partitions {open_}"
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                open_.discard(m.partition())
+                continue
+            got[m.partition()].append((m.partition(), m.key(), m.value(), m.headers() or []))
+    finally:
+        consumer.close()
+    return [r for p in partitions for r in got[p]]

@@ -68,10 +68,13 @@ def test_public_names_resolve_to_their_classes(name: str) -> None:
 def test_sinks_package_exports_its_sinks() -> None:
     import regional.sinks
 
-    assert set(regional.sinks.__all__) >= {"ParquetSink", "PaimonSink", "DeltaSink", "IcebergSink"}
+    assert set(regional.sinks.__all__) >= {
+        "ParquetSink", "PaimonSink", "DeltaSink", "IcebergSink", "KafkaSink"
+    }  # fmt: skip
     assert regional.sinks.PaimonSink is regional.PaimonSink
     assert regional.sinks.DeltaSink is regional.DeltaSink
     assert regional.sinks.IcebergSink is regional.IcebergSink
+    assert regional.sinks.KafkaSink is regional.KafkaSink
 
 
 def test_version_on_the_package_and_the_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,9 @@
 """Sinks committed exactly-once through the commit coordinator: `ParquetSink` (a Parquet table),
 `PaimonSink` (an Apache Paimon append table; the extra ``regional-checkpoints[paimon]``),
-`DeltaSink` (a Delta Lake table; ``regional-checkpoints[delta]``) and `IcebergSink` (an Apache
-Iceberg table; ``regional-checkpoints[iceberg]``). The optional ones are imported on first use, so
-that `regional.sinks` works without their packages.
+`DeltaSink` (a Delta Lake table; ``regional-checkpoints[delta]``), `IcebergSink` (an Apache
+Iceberg table; ``regional-checkpoints[iceberg]``) and `KafkaSink` (a Kafka topic, exactly-once
+for ``read_committed`` consumers; ``regional-checkpoints[kafka]``). The optional ones are
+imported on first use, so that `regional.sinks` works without their packages.
 
 Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
 `SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
@@ -34,18 +35,21 @@ from regional.sinks.table import COMMITTABLE_VERSION, TableCommittable, TableSin
 if TYPE_CHECKING:
     from regional.sinks.delta import DeltaSink
     from regional.sinks.iceberg import IcebergSink
+    from regional.sinks.kafka import KafkaSink
     from regional.sinks.paimon import PaimonSink
 
 _LAZY = {
     "PaimonSink": "regional.sinks.paimon",
     "DeltaSink": "regional.sinks.delta",
     "IcebergSink": "regional.sinks.iceberg",
+    "KafkaSink": "regional.sinks.kafka",
 }
 
 __all__ = [
     "COMMITTABLE_VERSION",
     "DeltaSink",
     "IcebergSink",
+    "KafkaSink",
     "MergingWriter",
     "PaimonSink",
     "ParquetSink",
