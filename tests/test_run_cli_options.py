@@ -51,8 +51,15 @@ class FakeRuntime:
         self.options = options
         FakeRuntime.made.append(self)
 
+    restored_from = None
+    restored_location = None
+    restore_notes = ()
+
     def request_stop(self) -> None:
         return None
+
+    def start(self) -> bool:
+        return True
 
     def run(self, *, max_checkpoints, stop_with_savepoint) -> RunSummary:
         self.options["progress"](EVENT)
