@@ -42,6 +42,7 @@ __all__ = [
     "Chunk",
     "Filter",
     "FlatMap",
+    "KeyedTimers",
     "Map",
     "MapBatches",
     "Operator",
@@ -224,7 +225,39 @@ class FlatMap(RecordOperator):
         return [o for r in records for o in (fn(r) or ())]
 
 
-class Process(RecordOperator):
+class KeyedTimers:
+    """What the keyed stateful operators with a user function share (`Process`,
+    `ApplyInArrow`): the key, the timer callback, and the due timers fired at the end of an
+    epoch (`regional.dataflow.timers`)."""
+
+    fn: Callable[..., Any]
+    key: Callable[[Any], Any]
+    on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None
+    scope: str
+
+    @property
+    def timed(self) -> bool:
+        return self.on_timer is not None
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.fn, self.key, self.on_timer)
+
+    def fire_due(
+        self,
+        state: OperatorState | None,
+        time: EpochTime | None,
+        out: list[Chunk],
+        out_origins: list[int] | None,
+    ) -> None:
+        """Add the outputs of the timers the epoch's watermark made due to `out`."""
+        if self.on_timer is not None and time is not None and out_origins is not None:
+            assert state is not None
+            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
+            out += fired
+            out_origins += fired_origins
+
+
+class Process(KeyedTimers, RecordOperator):
     """A keyed stateful function `fn(ctx, record) -> iterable of outputs` (`ctx`: the record's
     `KeyedContext`); with `on_timer`, `ctx.timers` sets the key's timers and
     `on_timer(ctx, ts)` runs when one is due (`regional.dataflow.timers`)."""
@@ -244,13 +277,6 @@ class Process(RecordOperator):
         super().__init__(fn, name=name, scope=scope)
         self.key = key
         self.on_timer = on_timer
-
-    @property
-    def timed(self) -> bool:
-        return self.on_timer is not None
-
-    def user_functions(self) -> tuple[Any, ...]:
-        return (self.fn, self.key, self.on_timer)
 
     def outputs(
         self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
@@ -296,11 +322,7 @@ class Process(RecordOperator):
         time: EpochTime | None,
     ) -> tuple[list[Chunk], list[int] | None]:
         out, out_origins = super().run(chunks, origins, state, dead_letters, time)
-        if self.on_timer is not None and time is not None and out_origins is not None:
-            assert state is not None
-            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
-            out += fired
-            out_origins += fired_origins
+        self.fire_due(state, time, out, out_origins)
         return out, out_origins
 
 
@@ -408,7 +430,7 @@ class WindowOp(Operator):
         )
 
 
-class ApplyInArrow(Operator):
+class ApplyInArrow(KeyedTimers, Operator):
     """A keyed function over Arrow tables: `fn(ctx, table)` is called once per key (per split
     and key on a forward chain) and epoch with that key's records of the epoch as one
     `pyarrow.Table`, in arrival order, and `ctx` its `KeyedContext` (state, and timers with
@@ -434,13 +456,6 @@ class ApplyInArrow(Operator):
         self.fn = fn
         self.key = key
         self.on_timer = on_timer
-
-    @property
-    def timed(self) -> bool:
-        return self.on_timer is not None
-
-    def user_functions(self) -> tuple[Any, ...]:
-        return (self.fn, self.key, self.on_timer)
 
     def run(
         self,
@@ -480,10 +495,7 @@ class ApplyInArrow(Operator):
                 out += produced
                 if out_origins is not None:
                     out_origins += [origin] * len(produced)
-        if self.on_timer is not None and time is not None and out_origins is not None:
-            fired, fired_origins = fire_timers(state, time, self.scope, self.on_timer)
-            out += fired
-            out_origins += fired_origins
+        self.fire_due(state, time, out, out_origins)
         return out, out_origins
 
     def _by_scope(
