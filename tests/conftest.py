@@ -6,6 +6,7 @@ Servers are started by the tests themselves on 127.0.0.1 and stopped at the end.
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from collections.abc import Iterator
@@ -94,3 +95,22 @@ def spark_cluster(tmp_path_factory):  # -> cluster.StandaloneCluster
 
     with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def no_policy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own REGIONAL_ variables must not leak into a test of bad input
+    (`pytestmark = pytest.mark.usefixtures("no_policy_env")`)."""
+    for name in list(os.environ):
+        if name.startswith("REGIONAL_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if `regional run` gets as far as starting Spark."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Spark was started for input known to be bad before it starts")
+
+    monkeypatch.setattr("regional.runtime.session.spark_session", refuse)

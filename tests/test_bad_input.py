@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from cli_refusals import one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,8 @@ from regional.graph.files import parse_graph
 from regional.policy import CheckpointingPolicy, Policy, RegionPolicy, RestorePolicy, load_policy
 from regional.sinks.base import WriteContext
 from regional.sinks.parquet import ParquetSink, committed_files, read_table
+
+pytestmark = pytest.mark.usefixtures("no_policy_env")
 
 REPO = Path(__file__).resolve().parent.parent
 DEEP = 100_000
@@ -44,30 +47,6 @@ DURATION = (
 )
 
 
-@pytest.fixture(autouse=True)
-def no_policy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The user's own REGIONAL_ variables must not leak into these tests."""
-    for name in list(os.environ):
-        if name.startswith("REGIONAL_"):
-            monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if `regional run` gets as far as starting Spark."""
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("Spark was started for input known to be bad before it starts")
-
-    monkeypatch.setattr("regional.runtime.session.spark_session", refuse)
-
-
-def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI in-process; it must exit with 2 and print exactly one line on stderr."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    return err.rstrip("\n")
 
 
 def write(path: Path, data: bytes | str) -> Path:

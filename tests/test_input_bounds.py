@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_refusals import one_line
 
 from metadata.model import CheckpointMetadata
 from metadata.storage import JobStorage
@@ -25,6 +26,8 @@ from regional.errors import GraphError
 from regional.graph.files import MAX_GRAPH_FILE_BYTES
 from regional.policy import MAX_POLICY_FILE_BYTES
 from regional.sources.generator import GeneratorSource
+
+pytestmark = pytest.mark.usefixtures("no_policy_env")
 
 DEV_ZERO = Path("/dev/zero")
 needs_dev_zero = pytest.mark.skipif(not DEV_ZERO.exists(), reason="no /dev/zero here")
@@ -41,30 +44,6 @@ PIPELINE = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def no_policy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The user's own REGIONAL_ variables must not leak into these tests."""
-    for name in list(os.environ):
-        if name.startswith("REGIONAL_"):
-            monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if `regional run` gets as far as starting Spark."""
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("Spark was started for input known to be bad before it starts")
-
-    monkeypatch.setattr("regional.runtime.session.spark_session", refuse)
-
-
-def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI in-process; it must exit with 2 and print exactly one line on stderr."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    return err.rstrip("\n")
 
 
 def sparse(path: Path, size: int) -> Path:
