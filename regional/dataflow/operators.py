@@ -24,8 +24,8 @@ when it is large) and its test: the pipeline builder adds it, the runtime runs i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
@@ -54,11 +54,37 @@ __all__ = [
 
 #: Data flowing between operators: the split the records came from, and the records.
 Chunk = tuple[str, Batch]
+_Data = TypeVar("_Data")
 
 
 def records_of(data: Batch) -> list[Any]:
     """The records of a chunk's data (an Arrow batch, or a list of records)."""
     return data.to_pylist() if isinstance(data, pa.RecordBatch) else data
+
+
+def _numbered(
+    chunks: Sequence[Chunk],
+    origins: Sequence[int] | None,
+    convert: Callable[[Batch], _Data],
+    size: Callable[[_Data], int],
+) -> Iterator[tuple[str, _Data, int, int]]:
+    """Per chunk: its split, its data as `convert` makes it, how many of the split's records
+    came before it this epoch (a dead letter names a record by that) and its origin
+    watermark (0 without event time)."""
+    seen: dict[str, int] = {}
+    for n, (split, data) in enumerate(chunks):
+        converted = convert(data)
+        base = seen.get(split, 0)
+        seen[split] = base + size(converted)
+        yield split, converted, base, origins[n] if origins is not None else 0
+
+
+def _batch_of(data: Batch) -> pa.RecordBatch:
+    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
+
+
+def _rows_in(batch: pa.RecordBatch) -> int:
+    return int(batch.num_rows)
 
 
 class Operator:
@@ -153,11 +179,7 @@ class RecordOperator(Operator):
     ) -> tuple[list[Chunk], list[int] | None]:
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        seen: dict[str, int] = {}  # split -> its records before this chunk (dead letters)
-        for n, (split, data) in enumerate(chunks):
-            records = records_of(data)
-            base = seen.get(split, 0)
-            seen[split] = base + len(records)
+        for split, records, base, origin in _numbered(chunks, origins, records_of, len):
             if dead_letters is None:
                 produced = self.outputs_of(records, split, state, time)
             else:
@@ -170,7 +192,7 @@ class RecordOperator(Operator):
             if produced:
                 out.append((split, produced))
                 if out_origins is not None:
-                    out_origins.append(origins[n])  # type: ignore[index]
+                    out_origins.append(origin)
         return out, out_origins
 
 
@@ -353,11 +375,7 @@ class MapBatches(Operator):
     ) -> tuple[list[Chunk], list[int] | None]:
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        seen: dict[str, int] = {}
-        for n, (split, data) in enumerate(chunks):
-            batch = data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
-            base = seen.get(split, 0)
-            seen[split] = base + batch.num_rows
+        for split, batch, base, origin in _numbered(chunks, origins, _batch_of, _rows_in):
             try:
                 result = self.fn(batch)
             except Exception as exc:
@@ -369,7 +387,7 @@ class MapBatches(Operator):
             produced = self._chunks(split, result)
             out += produced
             if out_origins is not None:
-                out_origins += [origins[n]] * len(produced)  # type: ignore[index]
+                out_origins += [origin] * len(produced)
         return out, out_origins
 
     def _chunks(self, split: str, result: Any) -> list[Chunk]:
