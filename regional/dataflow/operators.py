@@ -7,7 +7,9 @@ interface (`Operator`):
   (`None` for a stateless operator);
 * `run(chunks, origins, state, dead_letters, time)`: the epoch's input, each chunk with its
   origin watermark under event time (`regional.dataflow.epoch_time`), to output chunks (and
-  theirs); windows and timers fire at the end of `run`, against `time.end`;
+  theirs); windows and timers fire at the end of `run`, against `time.end`. The runtime calls
+  `run_inputs` with the input of each input vertex apart; an operator with two inputs it
+  tells apart (a join) overrides that, every other one gets them one after the other;
 * `snapshot(state, live_splits)`: the state's bytes for the checkpoint.
 
 Record-wise operators (`Map`, `Filter`, `FlatMap`, the keyed `Process`) share the per-record
@@ -130,6 +132,24 @@ class Operator:
         function raises on goes there and processing goes on; without, the error
         propagates (the unit declines)."""
         raise NotImplementedError
+
+    def run_inputs(
+        self,
+        inputs: Sequence[tuple[Sequence[Chunk], Sequence[int] | None]],
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        """One epoch of one subtask, given its input per input vertex (in the order the
+        vertex lists them): (chunks, their origin watermarks or None). An operator that tells
+        its inputs apart (a join: left and right) overrides this; every other one sees their
+        chunks one after the other, through `run`."""
+        if len(inputs) == 1:
+            chunks, origins = inputs[0]
+        else:
+            chunks = [c for side, _ in inputs for c in side]
+            origins = None if time is None else [o for _, os in inputs for o in os or ()]
+        return self.run(chunks, origins, state, dead_letters, time)
 
     def snapshot(self, state: OperatorState | None, live_splits: Collection[str]) -> bytes | None:
         """The state's bytes for the checkpoint (None: stateless). Split-scoped keyed state of

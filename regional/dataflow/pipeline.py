@@ -558,6 +558,77 @@ class Pipeline:
             "with the exchange's own key function: stream.key_by(key, partitions=N).process(fn)"
         )
 
+    def _co_partition(
+        self,
+        left: KeyedStream,
+        right: KeyedStream,
+        *,
+        partitions: int | None,
+        name: str,
+    ) -> tuple[str, str]:
+        """The reader vertices of two keyed streams partitioned alike, for an operator with
+        both as inputs (a join): subtask q of each holds exactly the keys that hash to q
+        (`regional.dataflow.partitioning.partition_of`), so subtask q of the operator sees
+        every record of its keys on both sides, and each side's regions upstream fall back on
+        their own. A side already read from a keyed exchange by its own key with the same
+        partition count is used as it is; any other gets an exchange,
+        ``<name>-left`` / ``<name>-right``. `GraphError` when the partition counts disagree
+        or none is known."""
+        from regional.dataflow.exchange import ExchangeWriter
+
+        what = f"{name!r}"
+        if left._stream.vertex_id == right._stream.vertex_id:
+            raise GraphError(
+                f"{what} joins stream {left._stream.vertex_id!r} with itself; key each side "
+                "from the stream before the exchange (two exchanges of one stream are allowed)"
+            )
+        if partitions is not None and (
+            isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
+        ):
+            raise GraphError(
+                f"{what}: partitions={partitions!r}; give a whole number of subtasks, at least 1"
+            )
+
+        def partitioned(side: KeyedStream) -> int | None:
+            spec = self.vertices[side._stream.vertex_id]
+            if spec.exchange_from is None:
+                return None
+            writer = self.vertices[spec.exchange_from].sink
+            if isinstance(writer, ExchangeWriter) and writer.key == side._key:
+                return spec.parallelism
+            return None
+
+        known = {
+            role: n
+            for role, n in (("left", partitioned(left)), ("right", partitioned(right)))
+            if n is not None
+        }
+        counts = set(known.values()) | ({partitions} if partitions is not None else set())
+        if len(counts) > 1:
+            given = ", ".join(
+                [f"the {role} side is read from an exchange of {n}" for role, n in known.items()]
+                + ([f"partitions={partitions}"] if partitions is not None else [])
+            )
+            raise GraphError(
+                f"{what}: both sides must be partitioned alike, but {given}; key both sides "
+                "with the same partitions=N (or key a side without partitions and give the "
+                "join partitions=N: it adds the exchange)"
+            )
+        if not counts:
+            raise GraphError(
+                f"{what}: neither side is partitioned by its key; give partitions=N, the "
+                "number of subtasks the join runs in (each side gets a keyed exchange)"
+            )
+        count = counts.pop()
+        ids = []
+        for role, side in (("left", left), ("right", right)):
+            if role in known:
+                ids.append(side._stream.vertex_id)
+            else:
+                stream = side._stream.exchange(side._key, partitions=count, name=f"{name}-{role}")
+                ids.append(stream.vertex_id)
+        return ids[0], ids[1]
+
     def bind(self, job_path: str, filesystem: Any = None) -> None:
         """Point every exchange at its directory in job root `job_path` (the driver does this
         before any task runs; `filesystem` is the job storage's)."""

@@ -293,10 +293,6 @@ def run_unit_epoch(
             sources_done = True
             if after_sources is not None:  # like user code failing on data
                 after_sources()
-        inputs = [c for i in spec.inputs for c in outputs.get(i, ())]
-        input_origins = (
-            [o for i in spec.inputs for o in origins.get(i, ())] if time_ is not None else None
-        )
         if spec.operator is not None:
             operator = spec.operator
             state = None
@@ -305,8 +301,14 @@ def run_unit_epoch(
                 data, where = state_of(old)
                 state = operator.restore(data, codec=pipeline.state_codec, source=where)
                 result.restore_s += time.perf_counter() - started
-            outputs[vertex_id], out_origins = operator.run(
-                inputs, input_origins, state, dead, time_
+            outputs[vertex_id], out_origins = operator.run_inputs(
+                [
+                    (outputs.get(i, []), None if time_ is None else origins.get(i, []))
+                    for i in spec.inputs
+                ],
+                state,
+                dead,
+                time_,
             )
             if out_origins is not None:
                 origins[vertex_id] = out_origins
@@ -322,7 +324,7 @@ def run_unit_epoch(
             batches = [dead.batch((*spec.inputs, *sources))]
             result.dead_lettered += batches[0].num_rows
         else:
-            batches = [_batch(d) for _, d in inputs]
+            batches = [_batch(d) for i in spec.inputs for _, d in outputs.get(i, ())]
             if watermark_sink(spec.sink) is None:  # records leaving the job
                 result.records_out += sum(b.num_rows for b in batches)
         marks = watermark_sink(spec.sink) if time_ is not None else None
