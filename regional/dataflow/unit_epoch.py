@@ -13,8 +13,9 @@ snapshot's upload and the answer.
   position (DESIGN §4 rule 15).
 * **Operators** (`regional.dataflow.operators.Operator`): restored from their state bytes, run
   over the epoch's input of their subtask, snapshotted.
-* **Sinks**: the rows of each sink subtask as Arrow batches (the dead-letter sink: the dead
-  letters of its part of the graph).
+* **Sinks**: the rows of each sink subtask as the operators left them, Arrow batches or lists
+  of records, which the task converts for all its units at once (the dead-letter sink: the
+  dead letters of its part of the graph).
 
 Capabilities, not types, decide the special cases: a `TimedSource` (the keyed exchange's
 reader) stamps each batch with its origin watermark and tells its subtask's watermark itself;
@@ -27,9 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, cast
-
-import pyarrow as pa
+from typing import cast
 
 from metadata.model import SplitState, SubtaskState
 from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
@@ -40,7 +39,7 @@ from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline, VertexSpec
 from regional.dataflow.state import KEY_SCOPE
 from regional.sinks.base import WatermarkSink
-from regional.sources.base import TimedSource, num_records
+from regional.sources.base import Batch, TimedSource, num_records
 
 __all__ = ["SourceEpoch", "UnitEpoch", "mark_of", "read_source", "run_unit_epoch"]
 
@@ -200,12 +199,13 @@ def read_source(
 @dataclasses.dataclass
 class UnitEpoch:
     """What one unit's epoch produced, by vertex id: the source subtasks' split states, the
-    stateful operators' snapshots, each sink subtask's batches and (for a `WatermarkSink`)
+    stateful operators' snapshots, each sink subtask's rows (chunks: Arrow batches or lists of
+    records, converted by the task: `regional.sinks.rows`) and (for a `WatermarkSink`)
     the watermarks it commits; the counts and the seconds spent restoring and encoding."""
 
     split_states: dict[str, tuple[SplitState, ...]] = dataclasses.field(default_factory=dict)
     snapshots: dict[str, bytes] = dataclasses.field(default_factory=dict)
-    sink_batches: dict[str, list[pa.RecordBatch]] = dataclasses.field(default_factory=dict)
+    sink_batches: dict[str, list[Batch]] = dataclasses.field(default_factory=dict)
     sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     records_in: int = 0
     records_out: int = 0
@@ -324,9 +324,11 @@ def run_unit_epoch(
             batches = [dead.batch((*spec.inputs, *sources))]
             result.dead_lettered += batches[0].num_rows
         else:
-            batches = [_batch(d) for i in spec.inputs for _, d in outputs.get(i, ())]
+            # as the operators left them: the task turns them into Arrow batches, once for
+            # all its units (`regional.sinks.rows`)
+            batches = [d for i in spec.inputs for _, d in outputs.get(i, ())]
             if watermark_sink(spec.sink) is None:  # records leaving the job
-                result.records_out += sum(b.num_rows for b in batches)
+                result.records_out += sum(num_records(b) for b in batches)
         marks = watermark_sink(spec.sink) if time_ is not None else None
         if time_ is not None and marks is not None:
             held = marks.committed_watermark(old.committables)
@@ -342,7 +344,3 @@ def run_unit_epoch(
         result.late = time_.late
         result.watermark = time_.end.get(KEY_SCOPE)
     return result
-
-
-def _batch(data: Any) -> pa.RecordBatch:
-    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)

@@ -45,7 +45,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import msgspec
-import pyarrow as pa
 
 from metadata.layout import state_file_path
 from metadata.model import StateHandle, SubtaskState
@@ -56,6 +55,8 @@ from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.unit_epoch import run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
+from regional.sinks.rows import batches_of, parts_batches
+from regional.sources.base import Batch
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
@@ -129,9 +130,7 @@ class _Snapshot(msgspec.Struct):
     encode_s: float = 0.0  # encoding operator state (to_bytes)
     spool_offset: int = 0  # where its segments start in the task's spool file (merged uploads)
     #: what the unit's merging sinks stage after the task's last unit: (vertex, context, rows)
-    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = msgspec.field(
-        default_factory=list
-    )
+    sink_parts: list[tuple[str, WriteContext, list[Batch]]] = msgspec.field(default_factory=list)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -208,7 +207,7 @@ def _process(
         exclude_after=env.exclude_after,
         after_sources=None if faults is None else lambda: faults.after_sources(work),
     )
-    sink_parts: list[tuple[str, WriteContext, list[pa.RecordBatch]]] = []
+    sink_parts: list[tuple[str, WriteContext, list[Batch]]] = []
     # the coordinator expects the subtasks (and we write the segments) in layout order
     ordered: list[SubtaskState] = []
     for old in work.restore:
@@ -228,7 +227,9 @@ def _process(
             if old.vertex_id in merging:  # staged with the task's other units, at its end
                 sink_parts.append((old.vertex_id, context, batches))
             else:
-                committables = pipeline.sink_of(old.vertex_id).write(batches, context)
+                committables = pipeline.sink_of(old.vertex_id).write(
+                    batches_of(batches, old.vertex_id), context
+                )
         ordered.append(
             SubtaskState(
                 old.vertex_id,
@@ -508,35 +509,60 @@ def run_units(
 _Committables = dict[tuple[str, int], tuple[bytes, ...]]
 
 
-def _stage_merged(
-    pipeline: Pipeline, snaps: Sequence[_Snapshot]
-) -> tuple[list[_Committables], float]:
+class _Staged(msgspec.Struct):
+    """What staging the task's merged sink files gave: per unit (in the order staged), its
+    committables by sink subtask, or the error converting its rows raised (that unit fails
+    alone); and the seconds it took."""
+
+    committables: list[_Committables]
+    failed: dict[int, Exception]
+    seconds: float
+
+
+def _stage_merged(pipeline: Pipeline, snaps: Sequence[_Snapshot]) -> _Staged:
     """Stage the rows every unit of `snaps` left for the merging sinks: one file per sink
-    (`MergingWriter.write_merged`), every unit's rows a part of it. Per unit (in `snaps`
-    order), its committables by sink subtask, and the seconds it took. If a sink fails, what
-    the others staged is deleted before the error propagates."""
+    (`MergingWriter.write_merged`), every unit's rows a part of it, their lists of records
+    turned into Arrow batches together (`regional.sinks.rows.parts_batches`). A unit whose
+    rows do not convert is left out of every file. If a sink fails, what the others staged is
+    deleted before the error propagates."""
     started = time.perf_counter()
-    by_vertex: dict[str, list[tuple[int, WriteContext, list[pa.RecordBatch]]]] = {}
+    by_vertex: dict[str, list[tuple[int, WriteContext, list[Batch]]]] = {}
     for at, snap in enumerate(snaps):
         for vertex_id, context, batches in snap.sink_parts:
             by_vertex.setdefault(vertex_id, []).append((at, context, batches))
     out: list[_Committables] = [{} for _ in snaps]
+    failed: dict[int, Exception] = {}
+    converted = {
+        vertex_id: parts_batches([b for _, _, b in parts], vertex_id)
+        for vertex_id, parts in by_vertex.items()
+    }
+    for vertex_id, parts in by_vertex.items():
+        for (at, _, _), result in zip(parts, converted[vertex_id], strict=True):
+            if isinstance(result, Exception):
+                failed.setdefault(at, result)
     try:
         for vertex_id, parts in by_vertex.items():
             sink = pipeline.sink_of(vertex_id)
             assert isinstance(sink, MergingWriter)
-            written = sink.write_merged([(c, b) for _, c, b in parts])
-            for (at, context, _), committables in zip(parts, written, strict=True):
+            kept = [
+                (at, context, result)
+                for (at, context, _), result in zip(parts, converted[vertex_id], strict=True)
+                if at not in failed and not isinstance(result, Exception)
+            ]
+            if not kept:
+                continue
+            written = sink.write_merged([(c, b) for _, c, b in kept])
+            for (at, context, _), committables in zip(kept, written, strict=True):
                 out[at][vertex_id, context.index] = committables
     except BaseException:
         for mine in out:
             _give_back(pipeline, mine)
         raise
-    return out, time.perf_counter() - started
+    return _Staged(out, failed, time.perf_counter() - started)
 
 
 def _staged_answers(
-    future: Future[tuple[list[_Committables], float]],
+    future: Future[_Staged],
     left: float,
     staging: Sequence[tuple[int, _Snapshot]],
     answers: Mapping[int, Answer],
@@ -544,11 +570,12 @@ def _staged_answers(
 ) -> dict[int, Answer]:
     """The answers of the units in `staging` (by position) once their merged sink files are
     staged: an ack gains its committables (and its share of the staging seconds in
-    `process_s`); a unit that declined meanwhile gives its parts back (`discard`: the file
-    goes once no unit in it commits). If staging failed or ran past `left` seconds, every
-    unit with rows in it declines."""
+    `process_s`); a unit whose rows did not convert declines with that error; a unit that
+    declined meanwhile gives its parts back (`discard`: the file goes once no unit in it
+    commits). If staging failed or ran past `left` seconds, every unit with rows in it
+    declines."""
     try:
-        committables, seconds = future.result(timeout=max(left, 0.001))
+        staged = future.result(timeout=max(left, 0.001))
     except TimeoutError:
         reason, trace = "timeout: staging the sink files did not finish in time", None
         # what it stages after all is nobody's: deleted when it ends (the task waits for it)
@@ -556,14 +583,17 @@ def _staged_answers(
     except Exception as exc:
         reason, trace = failure_line(exc, "staging sink files failed: "), failure_trace(exc)
     else:
-        share = seconds / len(staging)
+        share = staged.seconds / len(staging)
         out: dict[int, Answer] = {}
-        for (at, _), mine in zip(staging, committables, strict=True):
+        for n, ((at, snap), mine) in enumerate(zip(staging, staged.committables, strict=True)):
             answer = answers[at]
-            if isinstance(answer, Ack):
+            error = staged.failed.get(n)
+            if isinstance(answer, Ack) and error is None:
                 out[at] = _with_committables(answer, mine, share)
                 continue
             _give_back(pipeline, mine)
+            if isinstance(answer, Ack) and error is not None:
+                out[at] = _decline(snap.work, failure_line(error), failure_trace(error))
         return out
     declines: dict[int, Answer] = {}
     for at, snap in staging:
@@ -572,11 +602,11 @@ def _staged_answers(
     return declines
 
 
-def _discard_late(done: Future[tuple[list[_Committables], float]], pipeline: Pipeline) -> None:
+def _discard_late(done: Future[_Staged], pipeline: Pipeline) -> None:
     """Delete what a staging that ran out of time staged once it ends (best effort)."""
     if done.cancelled() or done.exception() is not None:
         return
-    for mine in done.result()[0]:
+    for mine in done.result().committables:
         _give_back(pipeline, mine)
 
 
