@@ -322,6 +322,78 @@ class KeyedStream:
         op = WindowOp(spec, self._key, scope=scope)
         return pipeline._add("window", name, (stream.vertex_id,), operator=op)
 
+    def interval_join(
+        self,
+        other: KeyedStream,
+        *,
+        between: tuple[Any, Any],
+        how: str = "inner",
+        emit: Callable[[Any, Any], Any] | None = None,
+        partitions: int | None = None,
+        on_late: str = "drop",
+        event_time: Callable[[Any], Any] | str | None = None,
+        other_event_time: Callable[[Any], Any] | str | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Join this keyed stream (left) with `other` (right) on their keys where the right
+        record's event time is within `between` = (lower, upper) of the left one's:
+        ``l.ts + lower <= r.ts <= l.ts + upper`` (`"-5 min"`, `"15 min"`, timedeltas or
+        seconds). ``how`` is ``"inner"``, ``"left"``, ``"right"`` or ``"outer"``: a row
+        without a match is emitted once, with None for the other side, when the watermark
+        shows none can come. ``emit(left, right)`` makes the output row (default
+        ``{"left": l, "right": r}``). Both sides are read through keyed exchanges of
+        `partitions` subtasks (added where a side is not keyed with ``partitions=N``
+        already). A record behind its watermark is late: never joined, counted, and with
+        ``on_late="dead-letter"`` a dead letter. Event times are the sources' unless given
+        (`event_time`, `other_event_time`: a field name or a function of a record). The rule
+        under faults: DESIGN §4 rule 17 (`regional.dataflow.joins`)."""
+        from regional.dataflow.joins import HOW, IntervalJoin, IntervalJoinSpec, join_bound_ms
+
+        pipeline = self._stream.pipeline
+        vid = name or f"interval_join-{len(pipeline.vertices)}"
+        what = f"interval join {vid!r}"
+        if not isinstance(other, KeyedStream):
+            raise GraphError(
+                f"{what}: join with a keyed stream, e.g. other.key_by('id'); got "
+                f"{type(other).__name__}"
+            )
+        if how not in HOW:
+            raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
+        if on_late not in ON_LATE:
+            raise GraphError(f"{what}: on_late={on_late!r}; use 'drop' or 'dead-letter'")
+        if on_late == "dead-letter" and pipeline.dead_letter is None:
+            raise GraphError(
+                f"{what}: on_late='dead-letter' writes late records to the pipeline's "
+                "dead-letter sink; build the pipeline with on_error='dead-letter', "
+                "dead_letter=<a sink>"
+            )
+        if not isinstance(between, tuple | list) or len(between) != 2:
+            raise GraphError(
+                f"{what}: between={between!r}; give (lower, upper), e.g. ('0 s', '15 min')"
+            )
+        lower = join_bound_ms(between[0], f"{what}: lower bound")
+        upper = join_bound_ms(between[1], f"{what}: upper bound")
+        if lower > upper:
+            raise GraphError(
+                f"{what}: between={tuple(between)!r} has its lower bound above its upper one; "
+                "give (lower, upper) with lower <= upper"
+            )
+        times = (
+            pipeline._event_time_of(self._stream.vertex_id, event_time, f"{what} (left side)"),
+            pipeline._event_time_of(
+                other._stream.vertex_id, other_event_time, f"{what} (right side)"
+            ),
+        )
+        left, right = pipeline._co_partition(self, other, partitions=partitions, name=vid)
+        op = IntervalJoin(
+            IntervalJoinSpec(between=(lower, upper), how=how, emit=emit),
+            (self._key, other._key),
+            (times[0].fn, times[1].fn),
+            fields=(times[0].field, times[1].field),
+            on_late=on_late,
+        )
+        return pipeline._add(op.kind, vid, (left, right), operator=op)
+
 
 class Pipeline:
     """A job: add sources with `source(...)`, chain operators on the streams, end in sinks.

@@ -1,0 +1,308 @@
+"""The stream-stream interval join (DESIGN §4 rule 17): two keyed streams, a pair (l, r) of
+equal key joined when ``l.ts + lower <= r.ts <= l.ts + upper``.
+
+Both inputs reach subtask q through durable keyed exchanges partitioned alike
+(`Pipeline._co_partition`), so each side's upstream regions fall back on their own and the join
+is one more stage of regions. Per key, the rows of each side wait in keyed state (so they
+fall back, restore and move on rescale with their key) until no record still to come can match
+them:
+
+* a record is **late** when its event time is below its chunk's *origin* watermark (the one
+  windows judge by, `regional.dataflow.epoch_time`): it is never joined; it is counted, and with
+  ``on_late="dead-letter"`` written to the dead-letter sink with the reason;
+* every match is emitted exactly once, in the epoch the later of its two records arrives: new
+  left rows against the waiting and the new right rows, waiting left rows against the new
+  right rows;
+* at the end of the epoch, with W the subtask's watermark (the lower of the two sides'), a
+  left row leaves when ``l.ts + upper < W`` and a right row when ``r.ts - lower < W``. *Why
+  nothing matchable leaves:* a record still to come that is not late has ``ts >= origin``, and
+  its origin is at least W (a writer's watermark only grows, and W is the lowest writer mark
+  the reader has passed). A right row r' matching l needs ``r'.ts <= l.ts + upper < W``: late.
+  A left row l' matching r needs ``l'.ts <= r.ts - lower < W``: late;
+* outer joins (``how="left"``, ``"right"``, ``"outer"``): a row that leaves without a match is
+  emitted once, then, with None for the other side; at the end of the input (W = +inf) every
+  row leaves.
+
+The rows are those of a batch join over the records that were not late, whichever units fell
+back when: a record's lateness depends only on its own origin watermark, and a row leaves only
+once nothing that is not late could still match it.
+
+>>> j = IntervalJoinSpec(between=(0, 10), how="left")
+>>> slot = {}
+>>> pairs = j.match(slot, left=[(5, {"id": 1})], right=[(12, {"p": "a"}), (30, {"p": "b"})])
+>>> pairs
+[({'id': 1}, {'p': 'a'})]
+>>> j.leave(slot, watermark=16)  # l.ts + upper = 15 < 16: it leaves (it had a match)
+[]
+>>> j.leave(slot, watermark=10**9)  # the right rows leave: a left join emits none of them
+[]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from metadata.watermarks import MIN_WATERMARK, format_watermark
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.event_time import EventTimeError, record_time
+from regional.dataflow.operators import Chunk, Operator, records_of
+from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
+from regional.errors import GraphError
+from regional.policy import parse_duration
+
+__all__ = ["HOW", "IntervalJoin", "IntervalJoinSpec", "default_emit", "join_bound_ms"]
+
+#: The kinds of interval join: which unmatched rows are emitted (with None for the other side).
+HOW = ("inner", "left", "right", "outer")
+_LEFT, _RIGHT = "l", "r"  # slot entries: [[ts, matched, record], ...] in arrival order
+_ENCODE = msgspec.msgpack.Encoder()
+_MAX_BOUND_MS = 365 * 24 * 3600 * 1000
+
+
+def default_emit(left: Any, right: Any) -> dict[str, Any]:
+    """The default joined row: ``{"left": left, "right": right}`` (None for a missing side)."""
+    return {"left": left, "right": right}
+
+
+def join_bound_ms(value: Any, what: str) -> int:
+    """Milliseconds of one bound of `between`: ``"5 min"``, ``"-30 s"``, a timedelta or a
+    number of seconds, negative allowed, at most 365 days either way; `GraphError` naming
+    `what` otherwise.
+
+    >>> join_bound_ms("-30 s", "lower"), join_bound_ms("15 min", "upper"), join_bound_ms(2, "x")
+    (-30000, 900000, 2000)
+    """
+    negative = isinstance(value, str) and value.strip().startswith("-")
+    try:
+        seconds = parse_duration(value.strip()[1:] if negative else value)
+    except ValueError:
+        seconds = float("nan")
+    ms = round(seconds * 1000) if seconds == seconds and abs(seconds) < 1e300 else None
+    if ms is None or abs(ms) > _MAX_BOUND_MS:
+        raise GraphError(
+            f'{what}={value!r}; give a duration of at most 365 days either way: "-5 min", '
+            '"0 s", "15 min", a datetime.timedelta or a number of seconds'
+        )
+    return -ms if negative else ms
+
+
+class IntervalJoinSpec:
+    """The join's bounds (ms), its kind and its output row; the pure part of the operator:
+    matching (`match`) and leaving the state (`leave`), on one key's slot."""
+
+    def __init__(
+        self,
+        *,
+        between: tuple[int, int],
+        how: str = "inner",
+        emit: Callable[[Any, Any], Any] | None = None,
+    ) -> None:
+        self.lower, self.upper = between
+        self.how = how
+        self.emit = emit or default_emit
+
+    def match(
+        self,
+        slot: dict[str, Any],
+        *,
+        left: Sequence[tuple[int, Any]],
+        right: Sequence[tuple[int, Any]],
+    ) -> list[tuple[Any, Any]]:
+        """Add a key's new rows of the epoch (event time, record) to its `slot` and return
+        the new pairs (left record, right record): new left rows against every right row, the
+        rows already waiting on the left against the new right rows."""
+        lower, upper = self.lower, self.upper
+        waiting_left: list[list[Any]] = slot.setdefault(_LEFT, [])
+        waiting_right: list[list[Any]] = slot.setdefault(_RIGHT, [])
+        old_left = len(waiting_left)
+        new_right = [[ts, False, r] for ts, r in right]
+        pairs: list[tuple[Any, Any]] = []
+        for entry in waiting_left[:old_left]:
+            low, high = entry[0] + lower, entry[0] + upper
+            for other in new_right:
+                if low <= other[0] <= high:
+                    pairs.append((entry[2], other[2]))
+                    entry[1] = other[1] = True
+        waiting_right += new_right
+        for ts, record in left:
+            entry = [ts, False, record]
+            low, high = ts + lower, ts + upper
+            for other in waiting_right:
+                if low <= other[0] <= high:
+                    pairs.append((record, other[2]))
+                    entry[1] = other[1] = True
+            waiting_left.append(entry)
+        return pairs
+
+    def leave(self, slot: dict[str, Any], *, watermark: int) -> list[tuple[Any, Any]]:
+        """Drop the rows of `slot` no record still to come can match (module docstring), and
+        return the unmatched ones an outer join emits: (left, None) or (None, right)."""
+        out: list[tuple[Any, Any]] = []
+        for side, bound, emits in (
+            (_LEFT, self.upper, self.how in ("left", "outer")),
+            (_RIGHT, -self.lower, self.how in ("right", "outer")),
+        ):
+            rows = slot.get(side)
+            if not rows:
+                slot.pop(side, None)
+                continue
+            kept = []
+            for entry in rows:
+                if entry[0] + bound < watermark:
+                    if emits and not entry[1]:
+                        out.append((entry[2], None) if side == _LEFT else (None, entry[2]))
+                else:
+                    kept.append(entry)
+            if kept:
+                slot[side] = kept
+            else:
+                del slot[side]
+        return out
+
+
+def _late(op: str, side: str, ts: int, origin: int) -> LateRecord:
+    return LateRecord(
+        f"interval join {op!r}: the {side} record's event time {format_watermark(ts)} is "
+        f"behind its watermark {format_watermark(origin)}, so rows it would match may have "
+        "left the join's state; raise max_out_of_orderness of the source to keep such records"
+    )
+
+
+class IntervalJoin(Operator):
+    """The interval join operator (`KeyedStream.interval_join` adds it): input 0 is the left
+    side, input 1 the right, both read from keyed exchanges partitioned alike, so its state
+    is per key (``scope="key"``)."""
+
+    kind = "interval_join"
+    stateful = True
+
+    def __init__(
+        self,
+        spec: IntervalJoinSpec,
+        keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
+        times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
+        *,
+        fields: tuple[str | None, str | None] = (None, None),
+        on_late: str = "drop",
+        name: str = "",
+    ) -> None:
+        super().__init__(name=name, scope="key")
+        self.spec = spec
+        self.keys = keys
+        self.times = times
+        self.fields = fields
+        self.on_late = on_late
+
+    @property
+    def timed(self) -> bool:
+        return True
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (*self.keys, *self.times, self.spec.emit)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        raise TypeError(f"interval join {self.name!r} has two inputs: run it with run_inputs")
+
+    def run_inputs(
+        self,
+        inputs: Sequence[tuple[Sequence[Chunk], Sequence[int] | None]],
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        assert state is not None and time is not None and len(inputs) == 2
+        # the highest watermark this subtask cleaned at (the `exclude` policy can move the
+        # reader's back; a row that left never comes back), as windows keep theirs
+        floor = state.lists.setdefault(FIRED_WATERMARK, [MIN_WATERMARK])
+        if time.start_of(KEY_SCOPE) < floor[0]:
+            time.start[KEY_SCOPE] = floor[0]
+        start = time.start_of(KEY_SCOPE)
+        new: dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]] = {}
+        slots = state.keyed.setdefault(KEY_SCOPE, {})
+        for side, (chunks, origins) in enumerate(inputs):
+            self._arrived(side, chunks, origins, start, new, slots, state, dead_letters, time)
+        pairs: list[tuple[Any, Any]] = []
+        for key, (left, right) in new.items():
+            pairs += self.spec.match(slots[key], left=left, right=right)
+        watermark = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
+        leaving: list[tuple[bytes, list[tuple[Any, Any]]]] = []
+        for key in list(slots):
+            slot = slots[key]
+            unmatched = self.spec.leave(slot, watermark=watermark)
+            if unmatched:
+                leaving.append((_ENCODE.encode(key), unmatched))
+            if not slot:
+                del slots[key]
+        if not slots:
+            del state.keyed[KEY_SCOPE]
+        floor[0] = watermark
+        leaving.sort(key=lambda item: item[0])  # a deterministic order, key by key
+        pairs += [p for _, unmatched in leaving for p in unmatched]
+        if not pairs:
+            return [], []
+        emit = self.spec.emit
+        return [(time.key_split, [emit(left, right) for left, right in pairs])], [start]
+
+    def _arrived(
+        self,
+        side: int,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        start: int,
+        new: dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]],
+        slots: dict[Any, dict[Any, Any]],
+        state: OperatorState,
+        dead: DeadLetters | None,
+        time: EpochTime,
+    ) -> None:
+        """Sort one side's records of the epoch into `new` by key, with their event times;
+        late records and records without a usable event time are set aside."""
+        name = ("left", "right")[side]
+        key_of, time_of, field = self.keys[side], self.times[side], self.fields[side]
+        owner = f"interval join {self.name!r} ({name} side)"
+        seen: dict[str, int] = {}
+        for n, (split, data) in enumerate(chunks):
+            origin = max(origins[n] if origins is not None else MIN_WATERMARK, start)
+            rows = records_of(data)
+            base = seen.get(split, 0)
+            seen[split] = base + len(rows)
+            for i, record in enumerate(rows):
+                try:
+                    ts = record_time(time_of, record, owner=owner, field=field)
+                except EventTimeError:  # again, naming where the record is (only now: slow)
+                    where = f"split {split!r}, record {base + i} this epoch"
+                    try:
+                        record_time(time_of, record, owner=owner, where=where, field=field)
+                    except EventTimeError as exc:
+                        if dead is None:
+                            raise
+                        dead.add(self.name, split, base + i, record, exc)
+                    continue
+                if ts < origin:
+                    time.late += 1
+                    if dead is not None and self.on_late == "dead-letter":
+                        dead.add(
+                            self.name, split, base + i, record, _late(self.name, name, ts, origin)
+                        )
+                    continue
+                key = key_of(record)
+                if key not in slots:
+                    state.codec.check(key, what="a join key", operator=self.name)
+                    slots[key] = {}
+                state.check(record, f"the {name} rows")
+                entry = new.get(key)
+                if entry is None:
+                    entry = new[key] = ([], [])
+                entry[side].append((ts, record))
