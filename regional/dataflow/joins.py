@@ -55,7 +55,15 @@ from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 from regional.errors import GraphError
 from regional.policy import parse_duration
 
-__all__ = ["HOW", "IntervalJoin", "IntervalJoinSpec", "default_emit", "join_bound_ms"]
+__all__ = [
+    "HOW",
+    "IntervalJoin",
+    "IntervalJoinSpec",
+    "KeyedJoin",
+    "NewRows",
+    "default_emit",
+    "join_bound_ms",
+]
 
 #: The kinds of interval join: which unmatched rows are emitted (with None for the other side).
 HOW = ("inner", "left", "right", "outer")
@@ -165,25 +173,33 @@ class IntervalJoinSpec:
         return out
 
 
-def _late(op: str, side: str, ts: int, origin: int) -> LateRecord:
+def _late(what: str, side: str, ts: int, origin: int) -> LateRecord:
     return LateRecord(
-        f"interval join {op!r}: the {side} record's event time {format_watermark(ts)} is "
-        f"behind its watermark {format_watermark(origin)}, so rows it would match may have "
-        "left the join's state; raise max_out_of_orderness of the source to keep such records"
+        f"{what}: the {side} record's event time {format_watermark(ts)} is behind its "
+        f"watermark {format_watermark(origin)}, so rows it would match may have left the "
+        "join's state; raise max_out_of_orderness of the source to keep such records"
     )
 
 
-class IntervalJoin(Operator):
-    """The interval join operator (`KeyedStream.interval_join` adds it): input 0 is the left
-    side, input 1 the right, both read from keyed exchanges partitioned alike, so its state
-    is per key (``scope="key"``)."""
+#: One key's new records of the epoch, per input: (event time, record) in arrival order.
+NewRows = dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]]
 
-    kind = "interval_join"
+
+class KeyedJoin(Operator):
+    """What the joins of two keyed streams share (`IntervalJoin`,
+    `regional.dataflow.temporal_join.TemporalJoin`): input 0 and input 1 read from keyed
+    exchanges partitioned alike (state per key, ``scope="key"``); each record's event time,
+    lateness against its origin watermark (counted, dead-lettered with ``on_late``), and the
+    watermark the state is cleaned at, which never goes back (kept as windows keep theirs, so
+    a rescale gives every new subtask the lowest). A join implements `join`."""
+
     stateful = True
+    #: what the two inputs are called in errors and dead letters
+    sides: tuple[str, str] = ("left", "right")
+    what = "join"
 
     def __init__(
         self,
-        spec: IntervalJoinSpec,
         keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
         times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
         *,
@@ -192,7 +208,6 @@ class IntervalJoin(Operator):
         name: str = "",
     ) -> None:
         super().__init__(name=name, scope="key")
-        self.spec = spec
         self.keys = keys
         self.times = times
         self.fields = fields
@@ -203,7 +218,13 @@ class IntervalJoin(Operator):
         return True
 
     def user_functions(self) -> tuple[Any, ...]:
-        return (*self.keys, *self.times, self.spec.emit)
+        return (*self.keys, *self.times)
+
+    def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
+        """The epoch's output rows: add the new rows to their keys' slots, emit what they
+        make, and drop (and emit, for outer joins) what the `watermark` lets leave; a slot
+        left empty is deleted. Rows in a deterministic order."""
+        raise NotImplementedError
 
     def run(
         self,
@@ -213,7 +234,7 @@ class IntervalJoin(Operator):
         dead_letters: DeadLetters | None,
         time: EpochTime | None,
     ) -> tuple[list[Chunk], list[int] | None]:
-        raise TypeError(f"interval join {self.name!r} has two inputs: run it with run_inputs")
+        raise TypeError(f"{self.what} {self.name!r} has two inputs: run it with run_inputs")
 
     def run_inputs(
         self,
@@ -229,31 +250,18 @@ class IntervalJoin(Operator):
         if time.start_of(KEY_SCOPE) < floor[0]:
             time.start[KEY_SCOPE] = floor[0]
         start = time.start_of(KEY_SCOPE)
-        new: dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]] = {}
+        new: NewRows = {}
         slots = state.keyed.setdefault(KEY_SCOPE, {})
         for side, (chunks, origins) in enumerate(inputs):
             self._arrived(side, chunks, origins, start, new, slots, state, dead_letters, time)
-        pairs: list[tuple[Any, Any]] = []
-        for key, (left, right) in new.items():
-            pairs += self.spec.match(slots[key], left=left, right=right)
         watermark = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
-        leaving: list[tuple[bytes, list[tuple[Any, Any]]]] = []
-        for key in list(slots):
-            slot = slots[key]
-            unmatched = self.spec.leave(slot, watermark=watermark)
-            if unmatched:
-                leaving.append((_ENCODE.encode(key), unmatched))
-            if not slot:
-                del slots[key]
+        rows = self.join(slots, new, watermark)
         if not slots:
             del state.keyed[KEY_SCOPE]
         floor[0] = watermark
-        leaving.sort(key=lambda item: item[0])  # a deterministic order, key by key
-        pairs += [p for _, unmatched in leaving for p in unmatched]
-        if not pairs:
+        if not rows:
             return [], []
-        emit = self.spec.emit
-        return [(time.key_split, [emit(left, right) for left, right in pairs])], [start]
+        return [(time.key_split, rows)], [start]
 
     def _arrived(
         self,
@@ -261,7 +269,7 @@ class IntervalJoin(Operator):
         chunks: Sequence[Chunk],
         origins: Sequence[int] | None,
         start: int,
-        new: dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]],
+        new: NewRows,
         slots: dict[Any, dict[Any, Any]],
         state: OperatorState,
         dead: DeadLetters | None,
@@ -269,9 +277,10 @@ class IntervalJoin(Operator):
     ) -> None:
         """Sort one side's records of the epoch into `new` by key, with their event times;
         late records and records without a usable event time are set aside."""
-        name = ("left", "right")[side]
+        name = self.sides[side]
         key_of, time_of, field = self.keys[side], self.times[side], self.fields[side]
-        owner = f"interval join {self.name!r} ({name} side)"
+        what = f"{self.what} {self.name!r}"
+        owner = f"{what} ({name} side)"
         seen: dict[str, int] = {}
         for n, (split, data) in enumerate(chunks):
             origin = max(origins[n] if origins is not None else MIN_WATERMARK, start)
@@ -293,9 +302,7 @@ class IntervalJoin(Operator):
                 if ts < origin:
                     time.late += 1
                     if dead is not None and self.on_late == "dead-letter":
-                        dead.add(
-                            self.name, split, base + i, record, _late(self.name, name, ts, origin)
-                        )
+                        dead.add(self.name, split, base + i, record, _late(what, name, ts, origin))
                     continue
                 key = key_of(record)
                 if key not in slots:
@@ -306,3 +313,44 @@ class IntervalJoin(Operator):
                 if entry is None:
                     entry = new[key] = ([], [])
                 entry[side].append((ts, record))
+
+
+class IntervalJoin(KeyedJoin):
+    """The interval join operator (`KeyedStream.interval_join` adds it): input 0 is the left
+    side, input 1 the right."""
+
+    kind = "interval_join"
+    what = "interval join"
+
+    def __init__(
+        self,
+        spec: IntervalJoinSpec,
+        keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
+        times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
+        *,
+        fields: tuple[str | None, str | None] = (None, None),
+        on_late: str = "drop",
+        name: str = "",
+    ) -> None:
+        super().__init__(keys, times, fields=fields, on_late=on_late, name=name)
+        self.spec = spec
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (*super().user_functions(), self.spec.emit)
+
+    def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
+        pairs: list[tuple[Any, Any]] = []
+        for key, (left, right) in new.items():
+            pairs += self.spec.match(slots[key], left=left, right=right)
+        leaving: list[tuple[bytes, list[tuple[Any, Any]]]] = []
+        for key in list(slots):
+            slot = slots[key]
+            unmatched = self.spec.leave(slot, watermark=watermark)
+            if unmatched:
+                leaving.append((_ENCODE.encode(key), unmatched))
+            if not slot:
+                del slots[key]
+        leaving.sort(key=lambda item: item[0])  # a deterministic order, key by key
+        pairs += [p for _, unmatched in leaving for p in unmatched]
+        emit = self.spec.emit
+        return [emit(left, right) for left, right in pairs]

@@ -300,14 +300,7 @@ class KeyedStream:
                 f"{what}: give aggregate=<count(), sum_of('field') or an Aggregate> or "
                 "reduce=<a function of two records>, one of them"
             )
-        if on_late not in ON_LATE:
-            raise GraphError(f"{what}: on_late={on_late!r}; use 'drop' or 'dead-letter'")
-        if on_late == "dead-letter" and pipeline.dead_letter is None:
-            raise GraphError(
-                f"{what}: on_late='dead-letter' writes late records to the pipeline's "
-                "dead-letter sink; build the pipeline with on_error='dead-letter', "
-                "dead_letter=<a sink>"
-            )
+        pipeline._late_policy(what, on_late)
         time = pipeline._event_time_of(stream.vertex_id, event_time, what)
         scope = pipeline._key_scope(stream.vertex_id, self._key, name)
         spec = WindowSpec(
@@ -359,14 +352,7 @@ class KeyedStream:
             )
         if how not in HOW:
             raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
-        if on_late not in ON_LATE:
-            raise GraphError(f"{what}: on_late={on_late!r}; use 'drop' or 'dead-letter'")
-        if on_late == "dead-letter" and pipeline.dead_letter is None:
-            raise GraphError(
-                f"{what}: on_late='dead-letter' writes late records to the pipeline's "
-                "dead-letter sink; build the pipeline with on_error='dead-letter', "
-                "dead_letter=<a sink>"
-            )
+        pipeline._late_policy(what, on_late)
         if not isinstance(between, tuple | list) or len(between) != 2:
             raise GraphError(
                 f"{what}: between={between!r}; give (lower, upper), e.g. ('0 s', '15 min')"
@@ -393,6 +379,69 @@ class KeyedStream:
             on_late=on_late,
         )
         return pipeline._add(op.kind, vid, (left, right), operator=op)
+
+    def temporal_join(
+        self,
+        table: KeyedStream,
+        *,
+        how: str = "inner",
+        emit: Callable[[Any, Any], Any] | None = None,
+        is_delete: Callable[[Any], Any] | str | None = None,
+        partitions: int | None = None,
+        on_late: str = "drop",
+        event_time: Callable[[Any], Any] | str | None = None,
+        table_event_time: Callable[[Any], Any] | str | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Join every record of this keyed stream with the version of its key that was valid
+        at its event time in `table`, a versioned table built from a keyed changelog stream:
+        each change is an upsert of its key at its event time, or a delete where `is_delete`
+        (a field name or a function of a change) says so. ``how="inner"`` drops a record
+        without a valid version, ``"left"`` emits it with None. ``emit(record, version)``
+        makes the output row (default ``{"record": r, "version": v}``). A record is emitted
+        once the watermark passes its time (no change still to come can be valid at it);
+        the table keeps only the versions a record still to come can need. Both inputs are
+        read through keyed exchanges of `partitions` subtasks; late records are never
+        joined (``on_late``, as in `window`). DESIGN §4 rule 18
+        (`regional.dataflow.temporal_join`)."""
+        from regional.dataflow.temporal_join import (
+            HOW,
+            TemporalJoin,
+            TemporalJoinSpec,
+            delete_test,
+        )
+
+        pipeline = self._stream.pipeline
+        vid = name or f"temporal_join-{len(pipeline.vertices)}"
+        what = f"temporal join {vid!r}"
+        if not isinstance(table, KeyedStream):
+            raise GraphError(
+                f"{what}: join with a keyed changelog stream, e.g. changes.key_by('user'); got "
+                f"{type(table).__name__}"
+            )
+        if how not in HOW:
+            raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
+        pipeline._late_policy(what, on_late)
+        if is_delete is not None and not (isinstance(is_delete, str) or callable(is_delete)):
+            raise GraphError(
+                f"{what}: is_delete={is_delete!r}; give a field name that is true for deletes "
+                "or a function of a change"
+            )
+        times = (
+            pipeline._event_time_of(self._stream.vertex_id, event_time, f"{what} (stream)"),
+            pipeline._event_time_of(
+                table._stream.vertex_id, table_event_time, f"{what} (changelog)"
+            ),
+        )
+        stream_id, table_id = pipeline._co_partition(self, table, partitions=partitions, name=vid)
+        op = TemporalJoin(
+            TemporalJoinSpec(how=how, emit=emit, is_delete=delete_test(is_delete)),
+            (self._key, table._key),
+            (times[0].fn, times[1].fn),
+            fields=(times[0].field, times[1].field),
+            on_late=on_late,
+        )
+        return pipeline._add(op.kind, vid, (stream_id, table_id), operator=op)
 
 
 class Pipeline:
@@ -476,6 +525,17 @@ class Pipeline:
             except (TypeError, ValueError) as exc:
                 raise GraphError(f"source {name or '(unnamed)'!r}: {exc}") from None
         return self._add("source", name, (), source=source, parallelism=parallelism, event_time=et)
+
+    def _late_policy(self, what: str, on_late: str) -> None:
+        """`GraphError` unless `on_late` is "drop", or "dead-letter" with a dead-letter sink."""
+        if on_late not in ON_LATE:
+            raise GraphError(f"{what}: on_late={on_late!r}; use 'drop' or 'dead-letter'")
+        if on_late == "dead-letter" and self.dead_letter is None:
+            raise GraphError(
+                f"{what}: on_late='dead-letter' writes late records to the pipeline's "
+                "dead-letter sink; build the pipeline with on_error='dead-letter', "
+                "dead_letter=<a sink>"
+            )
 
     @property
     def timed(self) -> bool:
