@@ -443,6 +443,43 @@ class KeyedStream:
         )
         return pipeline._add(op.kind, vid, (stream_id, table_id), operator=op)
 
+    def drop_duplicates(
+        self,
+        *,
+        within: Any,
+        event_time: Callable[[Any], Any] | str | None = None,
+        on_late: str = "drop",
+        name: str | None = None,
+    ) -> Stream:
+        """Drop the records of a key that come within `within` (`"10 min"`, a timedelta or
+        seconds) of event time after the key's last record let through, like Spark's
+        ``dropDuplicatesWithinWatermark``; a key's state leaves once the watermark passes
+        ``its time + within``. Late records are never let through (``on_late``, as in
+        `window`). Per (split, key) on a forward chain, per key after a keyed exchange.
+        DESIGN §4 rule 19 (`regional.dataflow.dedup`)."""
+        from regional.dataflow.dedup import Dedup, DropDuplicates
+        from regional.dataflow.event_time import span_ms
+
+        stream = self._stream
+        pipeline = stream.pipeline
+        what = f"drop_duplicates {name or '(unnamed)'!r}"
+        pipeline._late_policy(what, on_late)
+        try:
+            within_ms = span_ms(within, "within")
+        except ValueError as exc:
+            raise GraphError(f"{what}: {exc}") from None
+        time = pipeline._event_time_of(stream.vertex_id, event_time, what)
+        scope = pipeline._key_scope(stream.vertex_id, self._key, name)
+        op = DropDuplicates(
+            Dedup(within_ms=within_ms),
+            self._key,
+            time.fn,
+            field=time.field,
+            on_late=on_late,
+            scope=scope,
+        )
+        return pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
+
 
 class Pipeline:
     """A job: add sources with `source(...)`, chain operators on the streams, end in sinks.
