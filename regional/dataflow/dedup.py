@@ -21,8 +21,8 @@ fallback can change which that is.
 
 >>> d = Dedup(within_ms=10)
 >>> slot = {}
->>> [d.through(slot, ts) for ts in (100, 105, 110, 111, 125)]
-[True, False, False, True, True]
+>>> tuple(d.through(slot, ts) for ts in (100, 105, 110, 111, 125))
+(True, False, False, True, True)
 >>> d.expired(slot, watermark=136)
 True
 """
