@@ -262,13 +262,34 @@ def test_faults_on_each_side_and_a_crash_give_the_fault_free_rows(
 
 def test_a_failing_orders_partition_leaves_the_payments_side_committing(tmp_path: Path) -> None:
     """Orders unit 1 fails checkpoints 2-6: meanwhile every payments unit commits fresh state
-    every checkpoint (their exchange segments commit), and the result is still exact."""
+    every checkpoint (their exchange segments commit), the join keeps committing rows of the
+    data it has, and the result is still exact."""
     faults = Faults(units={(c, 1): "fail" for c in range(2, 7)})
-    summary = _driver(tmp_path, "inner", faults).run()
+    driver = _driver(tmp_path, "inner", faults)
+    committed: dict[int, int] = {}
+
+    def progress(event: Any) -> None:
+        committed[event.checkpoint_id] = read_table(str(tmp_path / "table")).num_rows
+
+    driver.progress = progress
+    summary = driver.run()
     assert summary.finished
     for event in summary.checkpoints[1:6]:
         assert event.kind == "regional" and event.fallback_units == (1,), event
+    assert committed[6] > committed[2] > 0  # joined rows committed while unit 1 fails
     assert _rows(tmp_path) == _batch_join("inner", _late(tmp_path))
+
+
+def test_a_rescaled_join_gives_the_fault_free_rows(tmp_path: Path) -> None:
+    """3 join subtasks for three checkpoints, then 2, then 4: the rows, and the late records,
+    equal the fault-free run at 3 (waiting rows move with their key)."""
+    assert _driver(tmp_path / "clean", "outer").run().finished
+    for partitions in (3, 2):
+        assert not _driver(tmp_path, "outer", partitions=partitions).run(max_checkpoints=3).finished
+    summary = _driver(tmp_path, "outer", partitions=4).run()
+    assert summary.finished and summary.restored_from is not None
+    assert _rows(tmp_path) == _rows(tmp_path / "clean")
+    assert _late(tmp_path) == _late(tmp_path / "clean")
 
 
 def test_errors_name_the_join_and_the_fix() -> None:

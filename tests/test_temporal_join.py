@@ -214,6 +214,18 @@ def test_faults_on_both_sides_and_a_crash_give_the_fault_free_rows(
     assert _late(tmp_path) == _late(tmp_path / "clean")
 
 
+def test_a_rescaled_join_gives_the_fault_free_rows(tmp_path: Path) -> None:
+    """3 join subtasks for three checkpoints, then 4, then 2: versions and waiting records
+    move with their key; the rows equal the fault-free run's."""
+    assert _driver(tmp_path / "clean").run().finished
+    for partitions in (3, 4):
+        assert not _driver(tmp_path, partitions=partitions).run(max_checkpoints=3).finished
+    summary = _driver(tmp_path, partitions=2).run()
+    assert summary.finished and summary.restored_from is not None
+    assert _rows(tmp_path) == _rows(tmp_path / "clean")
+    assert _late(tmp_path) == _late(tmp_path / "clean")
+
+
 def test_errors_name_the_join_and_the_fix() -> None:
     p = Pipeline("bad")
     a = p.source(GeneratorSource(1, click, records_per_split=3), name="a", event_time="ts")
