@@ -26,10 +26,13 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
-from regional.sources.base import Batch
+#: Rows as operators hand them on: an Arrow record batch, or a list of records (dicts); the
+#: same as `regional.sources.base.Batch`, which this layer does not import.
+Batch: TypeAlias = pa.RecordBatch | list[Any]
 
 __all__ = ["SinkRowsError", "batches_of", "parts_batches"]
 
