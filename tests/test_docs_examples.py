@@ -56,7 +56,7 @@ def test_every_python_block_of_the_page_runs(
 ) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "docs_example", "spark": spark}
+    namespace: dict[str, Any] = {"__name__": "__main__", "spark": spark}  # shipped by value
     for line, code, not_run in blocks(page):
         where = f"{page.relative_to(ROOT)}:{line}"
         if not_run is not None:
