@@ -331,8 +331,9 @@ def lag_table(
 
     One notion of lag (`LAG_HELP`): checkpoint ids since the unit's owner. Columns
     (`LAG_SCHEMA`): `unit_id`; `reads` (the splits in its state, for its name:
-    `metadata.unit_names`); `status` (fresh | fallback | stuck: in the stuck list of the
-    newest event, `events` in checkpoint order); `owner_checkpoint_id`; `checkpoints_behind`
+    `metadata.unit_names`; once they finished, the ones it read last, marked
+    ``(finished)``); `status` (fresh | fallback | stuck: in the stuck list of the newest
+    event, `events` in checkpoint order); `owner_checkpoint_id`; `checkpoints_behind`
     (newest id minus owner id, so aborted attempts count too); `time_behind_ms` (newest
     trigger time minus the owner's; null when the owner's metadata is gone); `stuck_since`;
     `reason` (why it fell back in the newest one).
@@ -356,16 +357,20 @@ def lag_table(
         if last is not None and last.checkpoint_id >= newest.checkpoint_id
         else {}
     )
+    finished = _finished_reads(ordered, events, [u for u in owners if not reads.get(u)])
     rows = []
     for unit in sorted(owners):
         owner = owners[unit]
         owner_md = by_id.get(owner)
         st = stuck.get(unit)
         splits = sorted(reads.get(unit, ())) or (list(st.splits) if st is not None else [])
+        text = ", ".join(splits) or None
+        if text is None and finished.get(unit):
+            text = f"{', '.join(finished[unit])} (finished)"
         rows.append(
             {
                 "unit_id": unit,
-                "reads": ", ".join(splits) or None,
+                "reads": text,
                 "status": "fresh"
                 if owner == newest.checkpoint_id
                 else "stuck"
@@ -381,6 +386,36 @@ def lag_table(
             }
         )
     return _table(rows, LAG_SCHEMA)
+
+
+def _finished_reads(
+    ordered: Sequence[CheckpointMetadata],
+    events: Sequence[CheckpointEvent],
+    units: Sequence[int],
+) -> dict[int, list[str]]:
+    """For `units` whose state holds no split in the newest checkpoint (their splits finished:
+    a final checkpoint holds none), the splits they read last: from the newest older
+    checkpoint that still held some, else from the newest event that named them."""
+    out: dict[int, list[str]] = {}
+    todo = set(units)
+    for md in reversed(ordered[:-1]):
+        if not todo:
+            break
+        found: dict[int, set[str]] = defaultdict(set)
+        for sub in md.subtasks:
+            if sub.unit_id in todo:
+                found[sub.unit_id].update(split.split_id for split in sub.split_states)
+        for unit, splits in found.items():
+            if splits:
+                out[unit] = sorted(splits)
+                todo.discard(unit)
+    for event in reversed(events):
+        if not todo:
+            break
+        for unit in [u for u in todo if event.unit_reads.get(u)]:
+            out[unit] = sorted(event.unit_reads[unit])
+            todo.discard(unit)
+    return out
 
 
 def summary_table(checkpoints: Sequence[CheckpointMetadata], *, num_damaged: int = 0) -> pa.Table:

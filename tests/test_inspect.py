@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -518,3 +519,36 @@ def test_lag_has_one_notion_of_lag_and_shows_stuck_units_from_the_event_log(job,
     [row, _fresh] = json.loads(out)
     assert (row["status"], row["checkpoints_behind"]) == ("stuck", 1)
     assert row["stuck_since"] is not None
+
+
+def test_lag_after_the_job_finished_names_the_splits_each_unit_read_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A final checkpoint holds no split (they all finished): `lag` names the ones each unit
+    read last, from the checkpoints and events before it, instead of nothing."""
+    import orders_job
+
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("lag", records_per_epoch=4)
+    p.source(
+        GeneratorSource(2, lambda s, n: {"n": n}, records_per_split=6), parallelism=2, name="src"
+    ).sink(ParquetSink(str(tmp_path / "t")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "lag", p, unit_timeout=30)
+    assert (
+        JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "lag"))
+        .run()
+        .finished
+    )
+    capsys.readouterr()
+    assert main(["inspect", root, "lag", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["unit_id"], r["reads"]) for r in rows] == [
+        (0, "g0 (finished)"),
+        (1, "g1 (finished)"),
+    ]

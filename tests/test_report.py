@@ -331,6 +331,7 @@ def test_cli_refuses_a_file_it_cannot_write(tmp_path: Path, capsys) -> None:
 
 # -- in a browser ------------------------------------------------------------------------------
 
+
 def png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
@@ -412,3 +413,60 @@ def test_stuck_units_dead_letters_and_records_per_second_are_on_the_page() -> No
     assert '<th class="n">records/s</th>' in page and '<td class="n">3,000</td>' in page
     assert '<th class="n">dead letters</th>' in page
     assert page.index('id="stuck"') < page.index('id="timeline"')  # loud: first
+
+
+def test_the_page_keeps_history_stuck_episodes_driver_restarts_and_dead_letters() -> None:
+    """Issue 36: a unit stuck at checkpoints 3-4 that recovers at 5 leaves an episode; a driver
+    that crashed after 5 (attempt 6 left no outcome) and restored shows as a restart; the
+    attempts that set records aside are listed; the watermark lag is in human units."""
+    from metadata.events import StuckUnit
+
+    def stuck(cid: int) -> tuple[StuckUnit, ...]:
+        return (
+            StuckUnit(
+                unit_id=3, splits=("events:3",), since_ms=T0 + 2_000, owner_checkpoint_id=2,
+                fallbacks=cid - 1, cause="declined: ValueError: bad record",
+            ),
+        )  # fmt: skip
+
+    def event(cid: int, kind: Outcome, counts: tuple[int, int], **kw: object) -> CheckpointEvent:
+        return CheckpointEvent(
+            job_id="j", checkpoint_id=cid, kind=kind, trigger_time_ms=T0 + cid * 1_000,
+            time_ms=T0 + cid * 1_000 + 100, fresh_units=4,
+            global_checkpoint_count=counts[0], regional_checkpoint_count=counts[1], **kw,
+        )  # fmt: skip
+
+    events = [
+        event(1, Outcome.GLOBAL, (1, 0)),
+        event(2, Outcome.REGIONAL, (1, 1), fallback_units=(3,)),
+        event(3, Outcome.REGIONAL, (1, 2), fallback_units=(3,), stuck=stuck(3)),
+        event(4, Outcome.REGIONAL, (1, 3), fallback_units=(3,), stuck=stuck(4),
+              records_dead_lettered=4, records_late=2),
+        event(5, Outcome.GLOBAL, (2, 3), watermark_ms=T0 - 149_748_400, watermark_unit=1),
+        # the driver crashed in attempt 6; a new one restored checkpoint 5
+        event(7, Outcome.GLOBAL, (1, 0), records_late=1),
+    ]  # fmt: skip
+    report = build_report([], events, job_id="j")
+    assert report.episodes.select(
+        ["unit_id", "first_checkpoint_id", "last_checkpoint_id", "ended"]
+    ).to_pylist() == [
+        {"unit_id": 3, "first_checkpoint_id": 3, "last_checkpoint_id": 4,
+         "ended": "recovered at checkpoint 5"},
+    ]  # fmt: skip
+    assert report.restarts.select(
+        ["first_checkpoint_id", "restored_from", "discarded"]
+    ).to_pylist() == [{"first_checkpoint_id": 7, "restored_from": 5, "discarded": [6]}]
+    assert report.dead_letters.to_pylist() == [
+        {"checkpoint_id": 4, "kind": "regional", "records_dead_lettered": 4, "records_late": 2},
+        {"checkpoint_id": 7, "kind": "global", "records_dead_lettered": 0, "records_late": 1},
+    ]
+    assert report.stuck.num_rows == 0  # nobody is stuck now: the history still says who was
+    page = render_html(report)
+    assert '<h2 id="episodes">Stuck episodes (1)</h2>' in page
+    assert "<td>unit 3 (events:3)</td><td>3-4</td>" in page
+    assert "<td>recovered at checkpoint 5</td>" in page
+    assert '<h2 id="restarts">Driver restarts (1)</h2>' in page
+    assert "<td>checkpoint 5</td><td>6</td>" in page
+    assert '<h2 id="dead-letters">Dead letters (4; late records 3)</h2>' in page
+    assert "<td>1 d 17 h</td>" in page  # the watermark's lag, in human units
+    assert page.index('id="episodes"') < page.index('id="timeline"')

@@ -36,6 +36,8 @@ from metadata.watermarks import watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
+from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
+from regional.report.dead_letters import dead_letter_view
 from regional.report.html import render_html
 from regional.report.summary import ReportError, build_report
 
@@ -55,6 +57,8 @@ _VIEWS: dict[str, str] = {
     "report": "one self-contained HTML page: timeline, unit x checkpoint grid, lag, bytes, aborts",
     "exchange": "per keyed-exchange partition: the newest checkpoint's cursor and what is unread",
     "watermarks": "per event-time split and exchange partition: the watermark and what holds it",
+    "dead-letters": "the committed dead letters by operator and reason (late, bad event time, "
+    "undecodable, user function error), with samples and where each was read",
 }
 
 
@@ -99,6 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 required=True,
                 help="where to write the page ('-': standard output)",
             )
+        elif name == "dead-letters":
+            view.add_argument(
+                "--samples",
+                metavar="N",
+                type=_samples,
+                default=1,
+                help="sample records per operator and reason, 1 to 100 (default 1)",
+            )
         elif name == "validate":
             view.add_argument(
                 "--no-checksums",
@@ -123,6 +135,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _exchange(storage, args)
     if args.view == "watermarks":
         return _watermarks(storage, args)
+    if args.view == "dead-letters":
+        return _dead_letters(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -245,6 +259,76 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     if not args.json and table.num_rows == 0:
         print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
     return 0
+
+
+def _samples(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 to 100")
+    return n
+
+
+def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The committed rows of the job's dead-letter sinks, as the newest checkpoint records
+    them, counted by operator and reason (`regional.report.dead_letters`)."""
+    newest = _newest(storage, "no dead-letter sink recorded yet")
+    if newest is None:
+        return 0
+    # one table per location: two dead-letter vertices (two parts of the graph) may share one
+    found = {
+        (s.kind, s.location): s
+        for s in newest.sinks
+        if s.vertex_id == DEAD_LETTERS or s.vertex_id.startswith(f"{DEAD_LETTERS}-")
+    }
+    sinks = list(found.values())
+    if not sinks:
+        print(
+            f"checkpoint {newest.checkpoint_id} records no dead-letter sink: the pipeline runs "
+            "without on_error='dead-letter' (or its dead-letter sink records no location)"
+        )
+        return 0
+    tables = []
+    for sink in sinks:
+        rows = _committed_rows(sink.kind, sink.location)
+        if rows is None:
+            print(
+                f"dead-letter sink {sink.vertex_id!r} is a {sink.kind} table at "
+                f"{sink.location}; read it with a {sink.kind} reader (columns: "
+                f"{', '.join(DEAD_LETTER_SCHEMA.names)})"
+            )
+            continue
+        tables.append(rows)
+    if not tables:
+        return 0
+    rows = pa.concat_tables(tables, promote_options="default")
+    print_table(dead_letter_view(rows, samples=args.samples), as_json=args.json)
+    if not args.json:
+        where = ", ".join(f"{s.location}" for s in sinks)
+        print(
+            f"{rows.num_rows} dead letter(s) committed in {where}; a record late for several "
+            "window operators, joins or drop_duplicates is counted once per operator that "
+            "judged it"
+        )
+    return 0
+
+
+def _committed_rows(kind: str, location: str) -> pa.Table | None:
+    """The committed rows of a dead-letter table this command can read (Parquet, Delta), None
+    for the other formats."""
+    if kind == "parquet":
+        from regional.sinks.parquet import read_table
+
+        return read_table(location)
+    if kind == "delta":
+        try:
+            from deltalake import DeltaTable
+        except ImportError:
+            return None
+        return DeltaTable(location).to_pyarrow_table()
+    return None
 
 
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:

@@ -78,6 +78,29 @@ def _ms(n: int) -> str:
     return f"{n} ms" if n < 10_000 else f"{n / 1000:.1f} s"
 
 
+def human_span(ms: int) -> str:
+    """A duration for people: the two largest units, rounded down.
+
+    >>> [human_span(n) for n in (850, 4_200, 95_000, 149_748_400, 3_600_000)]
+    ['850 ms', '4.2 s', '1 min 35 s', '1 d 17 h', '1 h']
+    """
+    if ms < 1_000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    parts = []
+    rest = ms // 1000
+    for size, unit in ((86_400, "d"), (3_600, "h"), (60, "min"), (1, "s")):
+        if rest >= size:
+            parts.append(f"{rest // size} {unit}")
+            rest %= size
+        elif parts:
+            break
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int]) -> str:
     """A table of already escaped cells; columns in `numeric` right-aligned."""
     head = "".join(
@@ -127,6 +150,81 @@ def _stuck_section(report: Report) -> str:
         "(the other units keep committing) and they are retried every epoch; the job fails "
         "once one stays stuck longer than max-stuck-time (docs/stuck-units.md).</p>" + table
     )
+
+
+def _history_section(report: Report) -> str:
+    """What happened before now: every stuck episode (also the ones that recovered), every
+    driver restart, and the attempts that set records aside."""
+    out = []
+    episodes = report.episodes.to_pylist()
+    if episodes:
+        out.append(
+            f'<h2 id="episodes">Stuck episodes ({len(episodes)})</h2><p class="muted">Every '
+            "time a unit was stuck (over max-unit-fallbacks), also the ones that recovered.</p>"
+            + _table(
+                ["unit (what it reads)", "checkpoints", "stuck since (UTC)", "cause", "ended"],
+                (
+                    [
+                        _e(r["name"]),
+                        f"{r['first_checkpoint_id']}"
+                        if r["first_checkpoint_id"] == r["last_checkpoint_id"]
+                        else f"{r['first_checkpoint_id']}-{r['last_checkpoint_id']}",
+                        _when(r["since"]),
+                        _e(r["cause"]),
+                        _e(r["ended"]),
+                    ]
+                    for r in episodes
+                ),
+                set(),
+            )
+        )
+    restarts = report.restarts.to_pylist()
+    if restarts:
+        out.append(
+            f'<h2 id="restarts">Driver restarts ({len(restarts)})</h2><p class="muted">A new '
+            "driver restored the newest completed checkpoint; the attempts the old one had "
+            "started after it left no outcome and were discarded (their staged output "
+            "deleted, never committed).</p>"
+            + _table(
+                ["at (UTC)", "first checkpoint", "restored from", "discarded attempts"],
+                (
+                    [
+                        _when(r["trigger_time"]),
+                        str(r["first_checkpoint_id"]),
+                        "its initial state"
+                        if r["restored_from"] is None
+                        else f"checkpoint {r['restored_from']}",
+                        ", ".join(map(str, r["discarded"])) or "-",
+                    ]
+                    for r in restarts
+                ),
+                {1},
+            )
+        )
+    dead = report.dead_letters.to_pylist()
+    if dead:
+        total = sum(r["records_dead_lettered"] for r in dead)
+        late = sum(r["records_late"] for r in dead)
+        out.append(
+            f'<h2 id="dead-letters">Dead letters ({total:,}; late records {late:,})</h2>'
+            '<p class="muted">Per checkpoint attempt, the records set aside: dead letters '
+            "(regional inspect ROOT dead-letters: by operator and reason, with samples) and "
+            "late records.</p>"
+            + _table(
+                ["checkpoint", "outcome", "dead letters", "late"],
+                (
+                    [
+                        str(r["checkpoint_id"]),
+                        _e(r["kind"]),
+                        _count(r["records_dead_lettered"]),
+                        _count(r["records_late"]),
+                    ]
+                    for r in dead[-CHART_CHECKPOINTS:]
+                ),
+                {0, 2, 3},
+            )
+        )
+    return "".join(out)
 
 
 def _legend() -> str:
@@ -286,7 +384,7 @@ def _watermark_section(report: Report) -> str:
     def cells(r: dict[str, object]) -> str:
         unit = "-" if r["watermark_unit"] is None else str(r["watermark_unit"])
         lag = r["lag_ms"]
-        behind = "-" if not isinstance(lag, int) else f"{lag / 1000:.1f} s"
+        behind = "-" if not isinstance(lag, int) else human_span(lag)
         mark = r["watermark_ms"]
         assert isinstance(mark, int)
         return (
@@ -459,6 +557,7 @@ def render_html(report: Report) -> str:
         + "</div>"
         + "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
         + _stuck_section(report)
+        + _history_section(report)
         + _timeline_section(report)
         + _grid_section(report)
         + _lag_section(report)

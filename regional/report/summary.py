@@ -48,8 +48,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import pyarrow as pa
 
@@ -102,6 +104,37 @@ STUCK_SCHEMA = pa.schema(
         pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
         pa.field("fallbacks", pa.int64(), nullable=False),
         pa.field("cause", pa.string(), nullable=False),
+    ]
+)
+#: Every stuck episode of the job: a unit stuck after one or more checkpoint attempts in a row.
+EPISODE_SCHEMA = pa.schema(
+    [
+        pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("first_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("last_checkpoint_id", pa.int64(), nullable=False),
+        pa.field("since", _TS, nullable=False),
+        pa.field("cause", pa.string(), nullable=False),
+        # "recovered at checkpoint N", "still stuck", or "until a driver restart"
+        pa.field("ended", pa.string(), nullable=False),
+    ]
+)
+#: Every driver restart the event log shows: the outcome counters start again from zero.
+RESTART_SCHEMA = pa.schema(
+    [
+        pa.field("first_checkpoint_id", pa.int64(), nullable=False),  # the new driver's first
+        pa.field("restored_from", pa.int64()),  # newest completed one before (None: none)
+        pa.field("discarded", pa.list_(pa.int64()), nullable=False),  # ids with no outcome
+        pa.field("trigger_time", _TS, nullable=False),
+    ]
+)
+#: Per checkpoint attempt that set records aside: dead letters and late records.
+DEAD_LETTER_HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("records_dead_lettered", pa.int64(), nullable=False),
+        pa.field("records_late", pa.int64(), nullable=False),
     ]
 )
 GRID_SCHEMA = pa.schema(
@@ -186,6 +219,12 @@ class Report:
     stuck: pa.Table = dataclasses.field(default_factory=STUCK_SCHEMA.empty_table)
     unit_names: dict[int, str] = dataclasses.field(default_factory=dict)
     watermarks: pa.Table = dataclasses.field(default_factory=WATERMARK_SCHEMA.empty_table)
+    #: history: every stuck episode, driver restart and attempt that set records aside
+    episodes: pa.Table = dataclasses.field(default_factory=EPISODE_SCHEMA.empty_table)
+    restarts: pa.Table = dataclasses.field(default_factory=RESTART_SCHEMA.empty_table)
+    dead_letters: pa.Table = dataclasses.field(
+        default_factory=DEAD_LETTER_HISTORY_SCHEMA.empty_table
+    )
 
 
 def _watermarks(events: Iterable[CheckpointEvent]) -> pa.Table:
@@ -351,6 +390,86 @@ def _stuck(events: Sequence[CheckpointEvent]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=STUCK_SCHEMA)
 
 
+def _outcomes(e: CheckpointEvent) -> int:
+    """How many outcomes the driver that wrote `e` had carried out by then (its counters)."""
+    return (
+        e.regional_checkpoint_count
+        + e.global_checkpoint_count
+        + e.savepoint_count
+        + sum(e.aborted_by_rule.values())
+    )
+
+
+def _restarts(events: Sequence[CheckpointEvent]) -> pa.Table:
+    """The driver restarts in the event log (oldest first): an event whose driver had carried
+    out no more outcomes than the event before it was written by a new driver (the counters
+    start at zero after a restore). It restored the newest checkpoint completed before, and
+    the attempts between the two left no outcome (discarded)."""
+    rows = []
+    completed: int | None = None
+    for prev, e in itertools.pairwise(events):
+        if prev.kind is not Outcome.ABORTED:
+            completed = prev.checkpoint_id
+        if _outcomes(e) <= _outcomes(prev):
+            rows.append(
+                {
+                    "first_checkpoint_id": e.checkpoint_id,
+                    "restored_from": completed,
+                    "discarded": list(range(prev.checkpoint_id + 1, e.checkpoint_id)),
+                    "trigger_time": e.trigger_time_ms,
+                }
+            )
+    return pa.Table.from_pylist(rows, schema=RESTART_SCHEMA)
+
+
+def _episodes(events: Sequence[CheckpointEvent], restarts: pa.Table) -> pa.Table:
+    """Every stuck episode (`EPISODE_SCHEMA`): per unit, the attempts in a row after which it
+    was stuck, and how the episode ended."""
+    restarted = set(restarts.column("first_checkpoint_id").to_pylist())
+    open_: dict[int, dict[str, object]] = {}
+    rows: list[dict[str, object]] = []
+    for e in events:
+        stuck = {s.unit_id: s for s in e.stuck}
+        for unit in [u for u in open_ if u not in stuck]:
+            episode = open_.pop(unit)
+            episode["ended"] = (
+                "until a driver restart"
+                if e.checkpoint_id in restarted
+                else f"recovered at checkpoint {e.checkpoint_id}"
+            )
+            rows.append(episode)
+        for unit, st in stuck.items():
+            if unit not in open_:
+                open_[unit] = {
+                    "unit_id": unit,
+                    "name": st.name,
+                    "first_checkpoint_id": e.checkpoint_id,
+                    "since": st.since_ms,
+                }
+            open_[unit]["last_checkpoint_id"] = e.checkpoint_id
+            open_[unit]["cause"] = st.cause
+    for episode in open_.values():
+        episode["ended"] = "still stuck"
+        rows.append(episode)
+    rows.sort(key=lambda r: (cast(int, r["first_checkpoint_id"]), cast(int, r["unit_id"])))
+    return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)
+
+
+def _dead_letter_history(events: Sequence[CheckpointEvent]) -> pa.Table:
+    """The attempts that set records aside (dead letters or late records), oldest first."""
+    rows = [
+        {
+            "checkpoint_id": e.checkpoint_id,
+            "kind": str(e.kind),
+            "records_dead_lettered": e.records_dead_lettered,
+            "records_late": e.records_late,
+        }
+        for e in events
+        if e.records_dead_lettered or e.records_late
+    ]
+    return pa.Table.from_pylist(rows, schema=DEAD_LETTER_HISTORY_SCHEMA)
+
+
 def _unit_names(events: Sequence[CheckpointEvent]) -> dict[int, str]:
     """unit -> `unit 3 (events:3)`, from what the events recorded each unit reads (newest
     wins); units no event named are left out."""
@@ -396,6 +515,7 @@ def build_report(
         for u, (status, owner, cause) in sorted(cells.get(cid, {}).items())
         if u in in_grid
     ]
+    restarts = _restarts(events)
     return Report(
         job_id=job_id,
         num_units=max(num_units, max(counts, default=-1) + 1),
@@ -414,4 +534,7 @@ def build_report(
         stuck=_stuck(events),
         unit_names=_unit_names(events),
         watermarks=_watermarks(events),
+        episodes=_episodes(events, restarts),
+        restarts=restarts,
+        dead_letters=_dead_letter_history(events),
     )

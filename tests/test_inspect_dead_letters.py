@@ -1,0 +1,91 @@
+"""`regional inspect ROOT dead-letters`: the committed dead letters of a job by operator and
+reason, with samples and where each was read (`regional.report.dead_letters`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orders_job
+import pytest
+import windows_job as job
+
+from metadata.storage import JobStorage
+from regional.cli import main
+from regional.runtime.driver import JobDriver
+from regional.runtime.task import TaskEnv
+from regional.sinks.parquet import ParquetSink
+
+
+def _run(tmp_path: Path) -> str:
+    """The windows job after an exchange, with the poison check upstream: late clicks and
+    poison clicks become dead letters."""
+    p = job.pipeline(
+        "tumbling",
+        str(tmp_path / "table"),
+        partitions=2,
+        parallelism=job.SPLITS,
+        on_late="dead-letter",
+        dead_letter=ParquetSink(str(tmp_path / "dead")),
+        checked=True,
+    )
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "clicks", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "clicks"))
+    assert driver.run().finished
+    return root
+
+
+def test_dead_letters_are_counted_by_operator_and_reason_with_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path)
+    assert main(["inspect", root, "dead-letters", "--samples", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    groups = {(r["operator"], r["reason"], r["error_type"], r["records"]) for r in rows}
+    # the three poison clicks of each of the 4 splits, and every 23rd click (40 s behind) of
+    # each split that its window judged late; each table holds them once though two
+    # dead-letter vertices (one per part of the graph) share it
+    late = [(s, n) for s in range(job.SPLITS) for n in range(22, job.PER_SPLIT, 23)]
+    assert groups == {
+        ("check", "user function error", "ValueError", 3 * job.SPLITS),
+        ("win", "late", "LateRecord", len(late)),
+    }
+    assert len(rows) == 4  # two samples per group
+    poison = [r for r in rows if r["operator"] == "check"]
+    assert [(r["split"], r["position"], json.loads(r["sample"])["n"]) for r in poison] == [
+        ("g0", "(start) #13", 13),
+        ("g1", "(start) #13", 13),
+    ]
+    assert poison[0]["error"] == "click 13 of split 0 is poison"
+    assert poison[0]["checkpoints"] == "1-7"
+    assert main(["inspect", root, "dead-letters"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1] == (
+        f"{3 * job.SPLITS + len(late)} dead letter(s) committed in {tmp_path / 'dead'}; a record "
+        "late for several window operators, joins or drop_duplicates is counted once per "
+        "operator that judged it"
+    )
+
+
+def test_a_job_without_dead_letters_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = job.pipeline("tumbling", str(tmp_path / "table"), partitions=2)
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "clicks", p, unit_timeout=30)
+    JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "clicks")).run(
+        max_checkpoints=2
+    )
+    assert main(["inspect", root, "dead-letters"]) == 0
+    assert capsys.readouterr().out == (
+        "checkpoint 2 records no dead-letter sink: the pipeline runs without "
+        "on_error='dead-letter' (or its dead-letter sink records no location)\n"
+    )
+
+
+def test_samples_out_of_range_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", "/nonexistent", "dead-letters", "--samples", "0"])
+    assert info.value.code == 2
+    assert "'0': give a whole number from 1 to 100" in capsys.readouterr().err
