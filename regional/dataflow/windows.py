@@ -169,6 +169,9 @@ class Aggregate(NamedTuple):
     add: Callable[[Any, Any], Any]
     merge: Callable[[Any, Any], Any]
     result: Callable[[Any], Any]
+    #: a built-in the window operator may compute over Arrow columns instead of record by
+    #: record, with the same accumulators: "count" (None for any other aggregate)
+    columnar: str | None = None
 
 
 def _identity(x: Any) -> Any:
@@ -181,7 +184,9 @@ def count() -> Aggregate:
     >>> a = count(); a.result(a.add(a.add(a.init(), "x"), "y"))
     2
     """
-    return Aggregate(lambda: 0, lambda acc, _r: acc + 1, lambda a, b: a + b, _identity)
+    return Aggregate(
+        lambda: 0, lambda acc, _r: acc + 1, lambda a, b: a + b, _identity, columnar="count"
+    )
 
 
 def sum_of(field: str) -> Aggregate:
