@@ -82,3 +82,28 @@ def test_arrow_batches_keyed_and_timed_by_fields_take_the_columnar_path(monkeypa
     rows, _, _, _ = _run([([[{"k": "a", "ts": 5}, {"k": "a", "ts": 7}]], 0)], columnar=True)
     assert counted == [True]
     assert [r["value"] for r in rows] == [2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-62_000_000_000_000, 253_000_000_000_000), min_size=1, max_size=20),
+    st.sampled_from(["int", "s", "ms", "us", "ns"]),
+)
+def test_a_field_event_time_read_as_a_column_equals_reading_it_record_by_record(
+    values: list[int], unit: str
+) -> None:
+    from regional.dataflow.event_time import EventTime
+
+    if unit == "int":
+        column = pa.array(values, pa.int64())
+    else:
+        scale = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
+        raw = [int(v * scale) if unit != "s" else v // 1000 for v in values]
+        if unit == "ns" and any(abs(r) >= 2**63 for r in raw):
+            return
+        column = pa.array(raw, pa.timestamp(unit, "UTC"))
+    batch = pa.RecordBatch.from_arrays([column], ["ts"])
+    by_column = EventTime("ts").stamp([batch], source="s", split="p", position="")
+    by_record = EventTime(lambda r: r["ts"]).stamp([batch], source="s", split="p", position="")
+    assert by_column.stamps == by_record.stamps
+    assert [b.num_rows for b in by_column.batches] == [b.num_rows for b in by_record.batches]

@@ -43,6 +43,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 from metadata.watermarks import (
@@ -67,6 +68,7 @@ __all__ = [
     "SplitWatermark",
     "Stamped",
     "advance_split",
+    "column_millis",
     "reader_watermark",
     "record_time",
     "released_writers",
@@ -205,6 +207,16 @@ class EventTime:
         rejected: list[tuple[int, Any, EventTimeError]] = []
         index = 0
         for batch in batches:
+            if (
+                self.field is not None
+                and isinstance(batch, pa.RecordBatch)
+                and self.field in batch.schema.names
+                and (ms := column_millis(batch.column(self.field))) is not None
+            ):  # a column of good event times: no record needs reading one by one
+                stamps += ms.tolist()
+                kept.append(batch)
+                index += batch.num_rows
+                continue
             rows = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
             keep = []
             owner = f"source {source!r}"
@@ -229,6 +241,31 @@ class EventTime:
                     else [r for r, k in zip(rows, keep, strict=True) if k]
                 )
         return Stamped(kept, stamps, rejected)
+
+
+def column_millis(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """A column's event times in ms (int64), when every one is an int of ms or an Arrow
+    timestamp within the supported event times, as `to_millis` gives them (timestamps rounded
+    down to the ms); None otherwise (then the records are read one by one, and the bad ones
+    named).
+
+    >>> column_millis(pa.array([1500, 2500])).tolist(), column_millis(pa.array([1, None]))
+    ([1500, 2500], None)
+    """
+    if column.null_count:
+        return None
+    kind = column.type
+    if pa.types.is_integer(kind):
+        ms = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+    elif pa.types.is_timestamp(kind):
+        raw = np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+        per_ms = {"ms": 1, "us": 1000, "ns": 1_000_000}.get(kind.unit)
+        ms = raw * 1000 if per_ms is None else raw // per_ms  # "s", else rounded down
+    else:
+        return None
+    if len(ms) and (ms.min() < EARLIEST_EVENT_TIME or ms.max() > LATEST_EVENT_TIME):
+        return None
+    return ms
 
 
 def record_time(

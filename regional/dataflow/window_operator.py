@@ -30,13 +30,7 @@ import pyarrow as pa
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.event_time import (
-    EARLIEST_EVENT_TIME,
-    LATEST_EVENT_TIME,
-    EventTimeError,
-    record_time,
-    span_ms,
-)
+from regional.dataflow.event_time import EventTimeError, column_millis, record_time, span_ms
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.windows import (
     Aggregate,
@@ -229,25 +223,6 @@ def _columnar_count(spec: WindowSpec, key_fn: Callable[[Any], Any]) -> tuple[str
     return key_field, spec.time_field
 
 
-def _event_ms(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
-    """The column's event times in ms as int64, when every one is an int of ms or a timestamp
-    within the supported event times (what `record_time` would give); None otherwise."""
-    if column.null_count:
-        return None
-    kind = column.type
-    if pa.types.is_integer(kind):
-        ms = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
-    elif pa.types.is_timestamp(kind):
-        per_ms = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}[kind.unit]
-        raw = np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
-        ms = raw * -per_ms if per_ms < 0 else raw // per_ms
-    else:
-        return None
-    if len(ms) and (ms.min() < EARLIEST_EVENT_TIME or ms.max() > LATEST_EVENT_TIME):
-        return None
-    return ms
-
-
 def _count_batch(
     spec: WindowSpec,
     operator: str,
@@ -269,7 +244,7 @@ def _count_batch(
     names = batch.schema.names
     if key_column not in names or time_column not in names:
         return False
-    ms = _event_ms(batch.column(time_column))
+    ms = column_millis(batch.column(time_column))
     if ms is None:
         return False
     assigner = spec.assigner
