@@ -35,7 +35,7 @@ from typing import Any
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.event_time import EventTimeError, record_time
+from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
@@ -121,7 +121,13 @@ class DropDuplicates(Operator):
         floor = state.lists.setdefault(FIRED_WATERMARK, [MIN_WATERMARK]) if keyed else None
         if floor is not None and time.start_of(KEY_SCOPE) < floor[0]:
             time.start[KEY_SCOPE] = floor[0]
-        owner = f"drop_duplicates {self.name!r}"
+        judge = Lateness(
+            f"drop_duplicates {self.name!r}",
+            self.time_of,
+            self.field,
+            self.on_late,
+            lambda ts, origin: _late(self.name, ts, origin),
+        )
         out: list[Chunk] = []
         out_origins: list[int] = []
         seen: dict[str, int] = {}
@@ -133,27 +139,10 @@ class DropDuplicates(Operator):
             base = seen.get(split, 0)
             seen[split] = base + len(rows)
             kept = []
-            for i, record in enumerate(rows):
-                try:
-                    ts = record_time(self.time_of, record, owner=owner, field=self.field)
-                except EventTimeError:
-                    where = f"split {split!r}, record {base + i} this epoch"
-                    try:
-                        record_time(
-                            self.time_of, record, owner=owner, where=where, field=self.field
-                        )
-                    except EventTimeError as exc:
-                        if dead_letters is None:
-                            raise
-                        dead_letters.add(self.name, split, base + i, record, exc)
-                    continue
-                if ts < origin:
-                    time.late += 1
-                    if dead_letters is not None and self.on_late == "dead-letter":
-                        dead_letters.add(
-                            self.name, split, base + i, record, _late(self.name, ts, origin)
-                        )
-                    continue
+            for _, record, ts in judge.on_time(
+                rows, split=split, base=base, origin=origin, dead=dead_letters, time=time,
+                operator=self.name,
+            ):  # fmt: skip
                 key = self.key(record)
                 slot = slots.get(key)
                 if slot is None:

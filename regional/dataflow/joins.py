@@ -48,7 +48,7 @@ import msgspec
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.event_time import EventTimeError, record_time
+from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
@@ -278,32 +278,25 @@ class KeyedJoin(Operator):
         """Sort one side's records of the epoch into `new` by key, with their event times;
         late records and records without a usable event time are set aside."""
         name = self.sides[side]
-        key_of, time_of, field = self.keys[side], self.times[side], self.fields[side]
+        key_of = self.keys[side]
         what = f"{self.what} {self.name!r}"
-        owner = f"{what} ({name} side)"
+        judge = Lateness(
+            f"{what} ({name} side)",
+            self.times[side],
+            self.fields[side],
+            self.on_late,
+            lambda ts, origin: _late(what, name, ts, origin),
+        )
         seen: dict[str, int] = {}
         for n, (split, data) in enumerate(chunks):
             origin = max(origins[n] if origins is not None else MIN_WATERMARK, start)
             rows = records_of(data)
             base = seen.get(split, 0)
             seen[split] = base + len(rows)
-            for i, record in enumerate(rows):
-                try:
-                    ts = record_time(time_of, record, owner=owner, field=field)
-                except EventTimeError:  # again, naming where the record is (only now: slow)
-                    where = f"split {split!r}, record {base + i} this epoch"
-                    try:
-                        record_time(time_of, record, owner=owner, where=where, field=field)
-                    except EventTimeError as exc:
-                        if dead is None:
-                            raise
-                        dead.add(self.name, split, base + i, record, exc)
-                    continue
-                if ts < origin:
-                    time.late += 1
-                    if dead is not None and self.on_late == "dead-letter":
-                        dead.add(self.name, split, base + i, record, _late(what, name, ts, origin))
-                    continue
+            for _, record, ts in judge.on_time(
+                rows, split=split, base=base, origin=origin, dead=dead, time=time,
+                operator=self.name,
+            ):  # fmt: skip
                 key = key_of(record)
                 if key not in slots:
                     state.codec.check(key, what="a join key", operator=self.name)
