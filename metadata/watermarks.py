@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -275,14 +275,19 @@ def _fell_back(md: CheckpointMetadata, vertex: str, index: int) -> tuple[int, in
     return -1, None
 
 
-def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
+def watermarks_table(
+    storage: JobStorage, md: CheckpointMetadata, earlier: Sequence[CheckpointMetadata] = ()
+) -> pa.Table:
     """The watermarks of checkpoint `md` (`WATERMARKS_SCHEMA`): one row per source split read
     with event time (its watermark, in its split state) and one per partition of every keyed
     exchange (its reader's watermark at its cursor: the minimum over the writer subtasks of
     the highest mark the cursor reached, DESIGN §4 rule 15). `held_by` names what holds it: a
     unit that fell back (and since when), or the writer subtasks at the minimum. Lists
     `exchange/` (segments and marks); reads only the footer of a merged segment a cursor is
-    inside (`metadata.exchange.writers_read`)."""
+    inside (`metadata.exchange.writers_read`). A source subtask whose splits all finished
+    (a final checkpoint holds none) gets a row per split it read last with event time, from
+    the newest of the `earlier` checkpoints that held it: watermark +inf, and `held_by`
+    saying so with the split's last watermark."""
     rows: list[dict[str, object]] = []
     cid = md.checkpoint_id
 
@@ -315,6 +320,28 @@ def watermarks_table(storage: JobStorage, md: CheckpointMetadata) -> pa.Table:
                 else ""
             )
             row("split", s.vertex_id, s.index, s.unit_id, split.split_id, mark.watermark, behind)
+    idle = {
+        (s.vertex_id, s.index): s.unit_id
+        for s in md.subtasks
+        if s.vertex_id not in readers and not s.split_states
+    }
+    for old in sorted(earlier, key=lambda c: -c.checkpoint_id):
+        if not idle:
+            break
+        for s in old.subtasks:
+            unit = idle.get((s.vertex_id, s.index))
+            marked = [
+                (split.split_id, mark)
+                for split in s.split_states
+                if (mark := unwrap_position(split.position)[1]) is not None
+            ]
+            if unit is None or not marked:
+                continue
+            del idle[s.vertex_id, s.index]
+            for split_id, mark in marked:
+                row("split", s.vertex_id, s.index, unit, split_id, MAX_WATERMARK,
+                    f"finished: its last watermark was {format_watermark(mark.watermark)} "
+                    f"(checkpoint {old.checkpoint_id})")  # fmt: skip
     if not readers:
         return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
     segments: dict[tuple[str, int, int], list[SegmentName]] = {}

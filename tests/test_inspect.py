@@ -552,3 +552,36 @@ def test_lag_after_the_job_finished_names_the_splits_each_unit_read_last(
         (0, "g0 (finished)"),
         (1, "g1 (finished)"),
     ]
+
+
+def test_watermarks_after_the_job_finished_show_each_finished_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A final checkpoint holds no split: `watermarks` shows each split a source subtask read
+    last, at +inf, with its last watermark and the checkpoint that held it."""
+    import orders_job
+
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("wm", records_per_epoch=4)
+    p.source(
+        GeneratorSource(2, lambda s, n: {"n": n, "ts": 1000 * n + s}, records_per_split=6),
+        parallelism=2,
+        name="src",
+        event_time="ts",
+    ).sink(ParquetSink(str(tmp_path / "t")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "wm", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "wm"))
+    assert driver.run().finished
+    capsys.readouterr()
+    assert main(["inspect", root, "watermarks", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["split"], r["watermark"], r["held_by"]) for r in rows] == [
+        ("g0", "+inf", "finished: its last watermark was 1970-01-01T00:00:03.000Z (checkpoint 1)"),
+        ("g1", "+inf", "finished: its last watermark was 1970-01-01T00:00:03.001Z (checkpoint 1)"),
+    ]

@@ -254,7 +254,8 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     newest = _newest(storage, "no watermark to show")
     if newest is None:
         return 0
-    table = watermarks_table(storage, newest)
+    earlier = [c for c in CompletedCheckpointStore.load(storage).all() if c is not newest]
+    table = watermarks_table(storage, newest, earlier)
     print_table(table, as_json=args.json)
     if not args.json and table.num_rows == 0:
         print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
