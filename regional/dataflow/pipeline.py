@@ -97,7 +97,17 @@ class KeyedOnlyError(GraphError, AttributeError):
 
 #: The methods only a `KeyedStream` has, and what a `Stream` has but a `KeyedStream` not.
 _KEYED_ONLY = ("process", "window", "apply_in_arrow")
-_UNKEYED_ONLY = ("map", "flat_map", "filter", "map_batches", "key_by", "exchange", "union", "sink")
+_UNKEYED_ONLY = (
+    "map",
+    "flat_map",
+    "filter",
+    "map_batches",
+    "key_by",
+    "exchange",
+    "union",
+    "sink",
+    "lookup_join",
+)
 
 
 class Stream:
@@ -208,6 +218,51 @@ class Stream:
     def sink(self, sink: Sink, *, name: str | None = None) -> None:
         """Write the records to `sink` (e.g. `regional.sinks.parquet.ParquetSink`)."""
         self.pipeline._add("sink", name, (self.vertex_id,), sink=sink)
+
+    def lookup_join(
+        self,
+        table: Any,
+        *,
+        key: str,
+        on: KeyLike,
+        how: str = "inner",
+        emit: Callable[[Any, Any], Any] | None = None,
+        refresh: Any = "1 min",
+        name: str | None = None,
+    ) -> Stream:
+        """Enrich each record with the row of `table` (`regional.dataflow.lookup.ParquetTable`
+        or `DeltaTable`) whose column `key` equals the record's `on` (a field name or a
+        function of a record), reading the table at its latest committed version, again every
+        `refresh` (processing time). ``how="inner"`` drops a record without a row, ``"left"``
+        emits it with None; ``emit(record, row)`` makes the output (default ``{"record": r,
+        "row": row}``). Outside the determinism rule: a replayed epoch may meet a newer
+        version (DESIGN §4 rule 20; `temporal_join` is exact)."""
+        from regional.dataflow.event_time import span_ms
+        from regional.dataflow.lookup import LookupJoin
+
+        what = f"lookup join {name or '(unnamed)'!r}"
+        if how not in ("inner", "left"):
+            raise GraphError(f"{what}: how={how!r}; use 'inner' or 'left'")
+        if not (
+            callable(getattr(table, "read", None)) and callable(getattr(table, "describe", None))
+        ):
+            raise GraphError(
+                f"{what}: table={table!r} is not a lookup table; give ParquetTable(path) or "
+                "DeltaTable(path) from regional.dataflow.lookup"
+            )
+        try:
+            refresh_ms = span_ms(refresh, "refresh", allow_zero=False)
+        except ValueError as exc:
+            raise GraphError(f"{what}: {exc}") from None
+        op = LookupJoin(
+            table,
+            key=key,
+            on=key_function(on, what),
+            how=how,
+            emit=emit,
+            refresh_s=refresh_ms / 1000,
+        )
+        return self._then(op, name)
 
 
 def _identity(record: Any) -> Any:
