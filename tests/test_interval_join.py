@@ -329,3 +329,17 @@ def test_negative_lower_bounds_join_records_before_the_left_one() -> None:
         ("l", "c"),
     ]
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(slot)) == slot
+
+
+def test_a_join_on_a_stream_that_is_not_keyed_says_to_key_it_first() -> None:
+    from regional.dataflow.pipeline import KeyedOnlyError
+
+    p = Pipeline("unkeyed")
+    a = p.source(GeneratorSource(1, order, records_per_split=3), name="a", event_time="ts")
+    b = p.source(GeneratorSource(1, payment, records_per_split=3), name="b", event_time="ts")
+    with pytest.raises(KeyedOnlyError) as info:
+        a.interval_join(b.key_by("k"), between=(0, 5))  # type: ignore[attr-defined]
+    assert str(info.value) == (
+        "interval_join(...) after 'a': interval_join works on keyed records; key the stream "
+        "first, e.g. .key_by(lambda r: r['user']).interval_join(...)"
+    )

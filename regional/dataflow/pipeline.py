@@ -96,7 +96,14 @@ class KeyedOnlyError(GraphError, AttributeError):
 
 
 #: The methods only a `KeyedStream` has, and what a `Stream` has but a `KeyedStream` not.
-_KEYED_ONLY = ("process", "window", "apply_in_arrow")
+_KEYED_ONLY = (
+    "process",
+    "window",
+    "apply_in_arrow",
+    "interval_join",
+    "temporal_join",
+    "drop_duplicates",
+)
 _UNKEYED_ONLY = (
     "map",
     "flat_map",
@@ -282,7 +289,8 @@ class KeyedStream:
             if name in _UNKEYED_ONLY:
                 raise KeyedOnlyError(
                     f"{name}(...) after key_by on {self._stream.vertex_id!r}: a keyed stream "
-                    "only takes process(...), window(...) or apply_in_arrow(...); call "
+                    "only takes process(...), window(...), apply_in_arrow(...), the joins or "
+                    "drop_duplicates(...); call "
                     f"{name}(...) before key_by, or on the stream process or window returns"
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -667,7 +675,7 @@ class Pipeline:
         if len(distinct) > 1:
             raise GraphError(
                 f"{what}: the sources upstream have different event_time functions; give "
-                "the window its own: window(..., event_time='ts')"
+                "it its own: event_time='ts' (a field name or a function of a record)"
             )
         return next(iter(distinct.values()))
 
