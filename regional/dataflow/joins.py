@@ -200,6 +200,7 @@ class KeyedJoin(Operator):
 
     def __init__(
         self,
+        spec: Any,
         keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
         times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
         *,
@@ -208,6 +209,7 @@ class KeyedJoin(Operator):
         name: str = "",
     ) -> None:
         super().__init__(name=name, scope="key")
+        self.spec = spec  # the join's own definition (bounds, kind, output row)
         self.keys = keys
         self.times = times
         self.fields = fields
@@ -218,7 +220,7 @@ class KeyedJoin(Operator):
         return True
 
     def user_functions(self) -> tuple[Any, ...]:
-        return (*self.keys, *self.times)
+        return (*self.keys, *self.times, self.spec.emit)
 
     def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
         """The epoch's output rows: add the new rows to their keys' slots, emit what they
@@ -310,26 +312,11 @@ class KeyedJoin(Operator):
 
 class IntervalJoin(KeyedJoin):
     """The interval join operator (`KeyedStream.interval_join` adds it): input 0 is the left
-    side, input 1 the right."""
+    side, input 1 the right; `spec` is an `IntervalJoinSpec`."""
 
     kind = "interval_join"
     what = "interval join"
-
-    def __init__(
-        self,
-        spec: IntervalJoinSpec,
-        keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
-        times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
-        *,
-        fields: tuple[str | None, str | None] = (None, None),
-        on_late: str = "drop",
-        name: str = "",
-    ) -> None:
-        super().__init__(keys, times, fields=fields, on_late=on_late, name=name)
-        self.spec = spec
-
-    def user_functions(self) -> tuple[Any, ...]:
-        return (*super().user_functions(), self.spec.emit)
+    spec: IntervalJoinSpec
 
     def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
         pairs: list[tuple[Any, Any]] = []

@@ -427,21 +427,16 @@ class KeyedStream:
                 f"{what}: between={tuple(between)!r} has its lower bound above its upper one; "
                 "give (lower, upper) with lower <= upper"
             )
-        times = (
-            pipeline._event_time_of(self._stream.vertex_id, event_time, f"{what} (left side)"),
-            pipeline._event_time_of(
-                other._stream.vertex_id, other_event_time, f"{what} (right side)"
+        spec = IntervalJoinSpec(between=(lower, upper), how=how, emit=emit)
+        return self._add_join(
+            other,
+            lambda keys, times, fields: IntervalJoin(
+                spec, keys, times, fields=fields, on_late=on_late
             ),
+            vid=vid,
+            sides=((event_time, f"{what} (left side)"), (other_event_time, f"{what} (right side)")),
+            partitions=partitions,
         )
-        left, right = pipeline._co_partition(self, other, partitions=partitions, name=vid)
-        op = IntervalJoin(
-            IntervalJoinSpec(between=(lower, upper), how=how, emit=emit),
-            (self._key, other._key),
-            (times[0].fn, times[1].fn),
-            fields=(times[0].field, times[1].field),
-            on_late=on_late,
-        )
-        return pipeline._add(op.kind, vid, (left, right), operator=op)
 
     def temporal_join(
         self,
@@ -490,21 +485,42 @@ class KeyedStream:
                 f"{what}: is_delete={is_delete!r}; give a field name that is true for deletes "
                 "or a function of a change"
             )
-        times = (
-            pipeline._event_time_of(self._stream.vertex_id, event_time, f"{what} (stream)"),
-            pipeline._event_time_of(
-                table._stream.vertex_id, table_event_time, f"{what} (changelog)"
+        spec = TemporalJoinSpec(how=how, emit=emit, is_delete=delete_test(is_delete))
+        return self._add_join(
+            table,
+            lambda keys, times, fields: TemporalJoin(
+                spec, keys, times, fields=fields, on_late=on_late
             ),
+            vid=vid,
+            sides=((event_time, f"{what} (stream)"), (table_event_time, f"{what} (changelog)")),
+            partitions=partitions,
         )
-        stream_id, table_id = pipeline._co_partition(self, table, partitions=partitions, name=vid)
-        op = TemporalJoin(
-            TemporalJoinSpec(how=how, emit=emit, is_delete=delete_test(is_delete)),
-            (self._key, table._key),
+
+    def _add_join(
+        self,
+        other: KeyedStream,
+        make: Callable[..., Operator],
+        *,
+        vid: str,
+        sides: tuple[tuple[Any, str], tuple[Any, str]],
+        partitions: int | None,
+    ) -> Stream:
+        """Add a join of this keyed stream with `other`: each side's event time (given, else
+        its sources'; `sides` pairs it with the side's name in errors), both sides partitioned
+        alike (`Pipeline._co_partition`), and the operator `make(keys, time functions,
+        time fields)` on the two reader vertices."""
+        pipeline = self._stream.pipeline
+        times = [
+            pipeline._event_time_of(side._stream.vertex_id, given, what)
+            for side, (given, what) in zip((self, other), sides, strict=True)
+        ]
+        ids = pipeline._co_partition(self, other, partitions=partitions, name=vid)
+        op = make(
+            (self._key, other._key),
             (times[0].fn, times[1].fn),
-            fields=(times[0].field, times[1].field),
-            on_late=on_late,
+            (times[0].field, times[1].field),
         )
-        return pipeline._add(op.kind, vid, (stream_id, table_id), operator=op)
+        return pipeline._add(op.kind, vid, ids, operator=op)
 
     def drop_duplicates(
         self,

@@ -170,27 +170,15 @@ class TemporalJoinSpec:
 
 class TemporalJoin(KeyedJoin):
     """The temporal join operator (`KeyedStream.temporal_join` adds it): input 0 is the stream,
-    input 1 the changelog of the versioned table."""
+    input 1 the changelog of the versioned table; `spec` is a `TemporalJoinSpec`."""
 
     kind = "temporal_join"
     what = "temporal join"
     sides = ("stream", "changelog")
-
-    def __init__(
-        self,
-        spec: TemporalJoinSpec,
-        keys: tuple[Callable[[Any], Any], Callable[[Any], Any]],
-        times: tuple[Callable[[Any], Any], Callable[[Any], Any]],
-        *,
-        fields: tuple[str | None, str | None] = (None, None),
-        on_late: str = "drop",
-        name: str = "",
-    ) -> None:
-        super().__init__(keys, times, fields=fields, on_late=on_late, name=name)
-        self.spec = spec
+    spec: TemporalJoinSpec
 
     def user_functions(self) -> tuple[Any, ...]:
-        return (*super().user_functions(), self.spec.emit, self.spec.is_delete)
+        return (*super().user_functions(), self.spec.is_delete)
 
     def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
         for key, (stream, table) in new.items():
