@@ -100,6 +100,20 @@ def test_clicks_are_enriched_from_a_table_our_sink_committed(tmp_path: Path, fmt
     assert _tiers(tmp_path / "out") == want
 
 
+@pytest.mark.spark
+def test_on_spark_each_python_worker_reads_the_iceberg_table(spark: Any, tmp_path: Path) -> None:
+    """The table reader goes to the executors with the pipeline; each Python worker opens the
+    catalog itself and reads the current snapshot."""
+    from regional.runtime.spark import SparkRuntime
+
+    warehouse = str(tmp_path / "w")
+    write_profiles(IcebergSink(warehouse, "db.profiles", schema=PROFILES), tmp_path, range(4))
+    p = clicks_pipeline(IcebergTable(warehouse, "db.profiles"), tmp_path / "out")
+    assert SparkRuntime(p, spark, root=str(tmp_path / "ckpt")).run().finished
+    want = [(s, n, TIERS[n % 6 % 3] if n % 6 < 4 else None) for s in range(2) for n in range(20)]
+    assert _tiers(tmp_path / "out") == want
+
+
 def test_a_new_version_between_epochs_is_met_once_the_refresh_interval_passed(
     tmp_path: Path,
 ) -> None:
