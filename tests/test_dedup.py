@@ -65,6 +65,47 @@ def test_a_record_goes_through_unless_it_is_late_or_within_of_its_keys_last(
     assert KEY_SCOPE not in OperatorState.from_bytes(blob, operator="d", source="t").keyed
 
 
+_split_epoch = st.tuples(
+    st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 2), st.integers(0, 60)), max_size=10),
+    st.tuples(st.integers(0, 25), st.integers(0, 25)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(epochs=st.lists(_split_epoch, min_size=1, max_size=6), within=st.integers(0, 20))
+def test_on_a_forward_chain_each_split_keeps_its_own_keys(epochs: list[Any], within: int) -> None:
+    """Without an exchange the state is per (split, key): the same definition, applied to each
+    split's records in its order against its own watermark, whatever the epoch cuts."""
+    op = DropDuplicates(Dedup(within_ms=within), lambda r: r["k"], lambda r: r["ts"], name="d")
+    blob = OperatorState(operator="d").to_bytes()
+    watermark = {"a": MIN_WATERMARK, "b": MIN_WATERMARK}
+    last: dict[tuple[str, int], int] = {}
+    got: list[int] = []
+    want: list[int] = []
+    n = 0
+    for rows, steps in [*epochs, ([], None)]:
+        end = {
+            split: MAX_WATERMARK if steps is None else max(w, 0) + step
+            for (split, w), step in zip(watermark.items(), steps or (0, 0), strict=True)
+        }
+        chunks: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+        for split, k, ts in rows:
+            chunks[split].append({"k": k, "ts": ts, "n": n})
+            first = last.get((split, k))
+            if ts >= watermark[split] and (first is None or ts > first + within):
+                last[split, k] = ts
+                want.append(n)
+            n += 1
+        state = OperatorState.from_bytes(blob, operator="d", source="test")
+        time = EpochTime(0, start=dict(watermark), end=end)
+        out, _ = op.run(list(chunks.items()), list(watermark.values()), state, None, time)
+        got += [r["n"] for _, rs in out for r in rs]
+        blob = state.to_bytes()
+        watermark = end
+    assert sorted(got) == sorted(want)
+    assert not OperatorState.from_bytes(blob, operator="d", source="t").keyed
+
+
 SPLITS, PER_SPLIT, PER_EPOCH = 3, 40, 7
 
 
@@ -92,8 +133,8 @@ def dedup_pipeline(table: str, *, partitions: int = 2) -> Pipeline:
     return p
 
 
-def _driver(tmp_path: Path, faults: Faults | None = None) -> JobDriver:
-    p = dedup_pipeline(str(tmp_path / "table"))
+def _driver(tmp_path: Path, faults: Faults | None = None, *, partitions: int = 2) -> JobDriver:
+    p = dedup_pipeline(str(tmp_path / "table"), partitions=partitions)
     root = str(tmp_path / "ckpt")
     faults = faults or Faults()
     env = TaskEnv(root, "dedup", p, unit_timeout=30, faults=faults.unit_faults())
@@ -117,6 +158,20 @@ def test_faults_and_a_crash_keep_every_event_once(tmp_path: Path, step: str) -> 
     with pytest.raises(DriverCrash):
         _driver(tmp_path, faults).run()
     assert _driver(tmp_path).run().finished
+    events = {delivery(s, n)["event"] for s in range(SPLITS) for n in range(PER_SPLIT)}
+    assert _events(tmp_path) == Counter(events)
+
+
+def test_a_rescale_after_the_exchange_moves_each_keys_kept_time(tmp_path: Path) -> None:
+    """2 dedup subtasks for three checkpoints, then 3, then 1: every event kept once, as in the
+    fault-free run (a key's kept time moves with the key, so a redelivery after the rescale is
+    still dropped)."""
+    assert _driver(tmp_path / "clean").run().finished
+    for partitions in (2, 3):
+        assert not _driver(tmp_path, partitions=partitions).run(max_checkpoints=3).finished
+    summary = _driver(tmp_path, partitions=1).run()
+    assert summary.finished and summary.restored_from is not None
+    assert _events(tmp_path) == _events(tmp_path / "clean")
     events = {delivery(s, n)["event"] for s in range(SPLITS) for n in range(PER_SPLIT)}
     assert _events(tmp_path) == Counter(events)
 

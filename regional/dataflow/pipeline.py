@@ -234,16 +234,22 @@ class Stream:
         on: KeyLike,
         how: str = "inner",
         emit: Callable[[Any, Any], Any] | None = None,
+        columns: Iterable[str] | None = None,
         refresh: Any = "1 min",
+        clock: Callable[[], float] | None = None,
         name: str | None = None,
     ) -> Stream:
-        """Enrich each record with the row of `table` (`regional.dataflow.lookup.ParquetTable`
-        or `DeltaTable`) whose column `key` equals the record's `on` (a field name or a
-        function of a record), reading the table at its latest committed version, again every
-        `refresh` (processing time). ``how="inner"`` drops a record without a row, ``"left"``
-        emits it with None; ``emit(record, row)`` makes the output (default ``{"record": r,
-        "row": row}``). Outside the determinism rule: a replayed epoch may meet a newer
-        version (DESIGN §4 rule 20; `temporal_join` is exact)."""
+        """Enrich each record with the row of `table` (`ParquetTable`, `DeltaTable` or
+        `IcebergTable` of `regional.dataflow.lookup`) whose column `key` equals the record's
+        `on` (a field name or a function of a record), reading the table at its latest
+        committed version (only `key` and `columns`, when given), again once `refresh` passed
+        (processing time: `clock()` in seconds, `time.monotonic` by default). ``how="inner"``
+        drops a record without a row, ``"left"`` emits it with None; ``emit(record, row)``
+        makes the output (default ``{"record": r, "row": row}``). Outside the determinism
+        rule: a replayed epoch may meet a newer version (DESIGN §4 rule 20; `temporal_join`
+        is exact)."""
+        import time
+
         from regional.dataflow.event_time import span_ms
         from regional.dataflow.lookup import LookupJoin
 
@@ -254,8 +260,13 @@ class Stream:
             callable(getattr(table, "read", None)) and callable(getattr(table, "describe", None))
         ):
             raise GraphError(
-                f"{what}: table={table!r} is not a lookup table; give ParquetTable(path) or "
-                "DeltaTable(path) from regional.dataflow.lookup"
+                f"{what}: table={table!r} is not a lookup table; give ParquetTable(path), "
+                "DeltaTable(path) or IcebergTable(warehouse, table) from regional.dataflow.lookup"
+            )
+        wanted = None if columns is None or isinstance(columns, str) else tuple(columns)
+        if columns is not None and (wanted is None or not all(isinstance(c, str) for c in wanted)):
+            raise GraphError(
+                f"{what}: columns={columns!r}; give a list of the table's column names"
             )
         try:
             refresh_ms = span_ms(refresh, "refresh", allow_zero=False)
@@ -267,7 +278,9 @@ class Stream:
             on=key_function(on, what),
             how=how,
             emit=emit,
+            columns=wanted,
             refresh_s=refresh_ms / 1000,
+            now=clock or time.monotonic,
         )
         return self._then(op, name)
 

@@ -88,6 +88,7 @@ __all__ = [
     "FALLBACK_PROPERTY",
     "JOB_PROPERTY",
     "IcebergSink",
+    "catalog_of",
     "job_of",
 ]
 
@@ -177,6 +178,28 @@ def _added_files(io: Any, snapshot: Any) -> set[str]:
     }
 
 
+def catalog_of(
+    warehouse: str, table: str, catalog_properties: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The properties of the catalog of `table`: `catalog_properties` with `warehouse` added
+    (unless given), or by default a SQLite `SqlCatalog` on ``<warehouse>/catalog.db`` (a local
+    warehouse only: `SinkError` otherwise).
+
+    >>> catalog_of("/w", "db.t", None)["uri"], catalog_of("s3://b/w", "db.t", {"type": "rest"})
+    ('sqlite:////w/catalog.db', {'warehouse': 's3://b/w', 'type': 'rest'})
+    """
+    if catalog_properties is not None:
+        return {"warehouse": warehouse, **catalog_properties}
+    if "://" in warehouse and not warehouse.startswith("file://"):
+        raise SinkError(
+            f"Iceberg table {table!r}: the default SQLite catalog needs a local warehouse "
+            f"directory, not {warehouse}; pass catalog_properties= for a catalog that serves "
+            "object stores (e.g. a REST catalog)"
+        )
+    local = os.path.abspath(warehouse.removeprefix("file://"))
+    return {"type": "sql", "uri": f"sqlite:///{local}/catalog.db", "warehouse": f"file://{local}"}
+
+
 class IcebergSink(TableSink[_Committable]):
     """The unpartitioned Iceberg table `table` ("namespace.table").
 
@@ -216,22 +239,9 @@ class IcebergSink(TableSink[_Committable]):
         self.warehouse = warehouse
         self.table_name = table
         self.catalog_name = catalog_name
+        self.catalog_properties = catalog_of(warehouse, table, catalog_properties)
         if catalog_properties is None:
-            if "://" in warehouse and not warehouse.startswith("file://"):
-                raise SinkError(
-                    f"Iceberg table {table!r}: the default SQLite catalog needs a local "
-                    f"warehouse directory, not {warehouse}; pass catalog_properties= for a "
-                    "catalog that serves object stores (e.g. a REST catalog)"
-                )
-            local = os.path.abspath(warehouse.removeprefix("file://"))
-            os.makedirs(local, exist_ok=True)
-            self.catalog_properties = {
-                "type": "sql",
-                "uri": f"sqlite:///{local}/catalog.db",
-                "warehouse": f"file://{local}",
-            }
-        else:
-            self.catalog_properties = {"warehouse": warehouse, **catalog_properties}
+            os.makedirs(self.catalog_properties["warehouse"].removeprefix("file://"), exist_ok=True)
         self._metadata_location: str | None = None  # what tasks read the table from
         require("pyiceberg.catalog", "Iceberg", "iceberg")
         if schema is not None:

@@ -69,17 +69,26 @@ from regional.sinks.staging import (
     published_in_directory,
 )
 
-__all__ = ["COMMIT_GROUP", "ParquetSink", "committed_files", "read_table"]
+__all__ = [
+    "COMMIT_GROUP",
+    "ParquetSink",
+    "committed_files",
+    "read_committed",
+    "read_table",
+]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
 
 
-def _committed(path: str) -> tuple[list[str], StagingArea]:
-    """The table's committed data files (relative), in commit order, and its staging area. A
-    committed file that is gone is a `CommitError` naming the commit and the file."""
+def _committed(path: str) -> tuple[list[str], StagingArea, dict[str, int]]:
+    """The table's committed data files (relative), in commit order, its staging area and each
+    commit user's latest commit identifier (from the same read of the records). A committed
+    file that is gone is a `CommitError` naming the commit and the file."""
     area = StagingArea.at(path, f"table {path}")
     fs, base = area.location()
-    listed = [(r, f) for r in area.records() for f in r.files]
+    records = area.records()
+    latest = {r.commit_user: r.identifier for r in records}  # sorted by user, identifier
+    listed = [(r, f) for r in records for f in r.files]
     infos = fs.get_file_info([f"{base}/{f}" for _, f in listed]) if listed else []
     lost = [(r, f) for (r, f), i in zip(listed, infos, strict=True) if not i.is_file]
     if lost:
@@ -91,7 +100,7 @@ def _committed(path: str) -> tuple[list[str], StagingArea]:
             f"table {path}: {shown}{more}; restore the data files from a backup (the commit "
             "records say which rows the table holds, so without them it cannot be read whole)"
         )
-    return [f for _, f in listed], area
+    return [f for _, f in listed], area, latest
 
 
 def committed_files(path: str) -> list[str]:
@@ -102,14 +111,24 @@ def committed_files(path: str) -> list[str]:
 
 def read_table(path: str) -> pa.Table:
     """Every committed row of the Parquet table at `path`, in commit order."""
-    committed, area = _committed(path)
+    return read_committed(path)[0]
+
+
+def read_committed(
+    path: str, *, columns: Sequence[str] | None = None
+) -> tuple[pa.Table, dict[str, int]]:
+    """The committed rows of the Parquet table at `path` (only `columns` when given, read from
+    the files' column chunks alone) and its version: each commit user's latest committed
+    identifier, from the same read of the commit records as the rows."""
+    committed, area, latest = _committed(path)
     fs, base = area.location()
     if not committed:
-        return pa.table({})
+        return pa.table({}), latest
+    names = None if columns is None else list(columns)
     return pa.concat_tables(
-        [pq.read_table(f"{base}/{f}", filesystem=fs) for f in committed],
+        [pq.read_table(f"{base}/{f}", filesystem=fs, columns=names) for f in committed],
         promote_options="default",
-    )
+    ), latest
 
 
 def _stem(c: WriteContext) -> str:
