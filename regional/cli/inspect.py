@@ -38,6 +38,7 @@ from metadata.watermarks import watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
+from regional.coordinator.split_enumerator import last_assigned
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from regional.dataflow.state_codec import StateCodec, StateDecodeError
 from regional.report.dead_letters import dead_letter_view
@@ -166,10 +167,12 @@ def inspect_command(args: argparse.Namespace) -> int:
             args, lambda: recorded_num_retained(reversed(store.all()))
         )
     events = read_events(storage)[0] if args.view in ("show", "diff", "lag") else []
+    newest = store.latest()
     inspector = Inspector(
         store,
         num_retained=None if num_retained is None else num_retained.value,
         events=events,
+        last_assigned=_units_last_assigned(newest) if args.view == "lag" and newest else None,
     )
     table: pa.Table
     if args.view == "show":
@@ -184,6 +187,27 @@ def inspect_command(args: argparse.Namespace) -> int:
     if num_retained is not None and not args.json:
         print(retention.note(num_retained))
     return 0
+
+
+def _last_assigned(checkpoint: CheckpointMetadata) -> dict[tuple[str, int], tuple[str, ...]]:
+    """Per source subtask (vertex, index), the splits it was given last, from the split
+    enumerators' snapshots in `checkpoint` (a finished split leaves the subtask's state, not
+    the enumerator's): what a subtask whose splits all finished read last."""
+    return {
+        (vertex_id, index): splits
+        for vertex_id, data in checkpoint.coordinators.items()
+        for index, splits in (last_assigned(data) or {}).items()
+    }
+
+
+def _units_last_assigned(checkpoint: CheckpointMetadata) -> dict[int, list[str]]:
+    """`_last_assigned` per unit (a unit may hold several source subtasks), for `lag`."""
+    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
+    out: dict[int, list[str]] = {}
+    for key, splits in _last_assigned(checkpoint).items():
+        if (unit := units.get(key)) is not None:
+            out.setdefault(unit, []).extend(splits)
+    return out
 
 
 def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
@@ -269,7 +293,10 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     if newest is None:
         return 0
     earlier = [c for c in CompletedCheckpointStore.load(storage).all() if c is not newest]
-    table = watermarks_table(storage, newest, earlier)
+    # splits that finished before every earlier checkpoint: only a job reading with event time
+    # (its events record a watermark) shows them
+    timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
+    table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
     print_table(table, as_json=args.json)
     if not args.json and table.num_rows == 0:
         print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
