@@ -129,9 +129,10 @@ LAG_SCHEMA = pa.schema(
 LAG_HELP = (
     "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state "
     "(its owner), aborted attempts included: the unit committed nothing in any of them; the "
-    "same number as the events' unit_lag and the regional_unit_lag metric. time_behind_ms: the "
-    "newest checkpoint's trigger time minus its owner's. status: fresh, fallback, or stuck "
-    "(over max-unit-fallbacks; stuck_since: when, on the driver's clock, from the event log)."
+    "same number as the events' unit_lag and the regional_unit_lag metric. time_behind: the "
+    "newest checkpoint's trigger time minus its owner's (time_behind_ms with --json). status: "
+    "fresh, fallback, or stuck (over max-unit-fallbacks; stuck_since: when, on the driver's "
+    "clock, from the event log)."
 )
 SUMMARY_SCHEMA = pa.schema(
     [

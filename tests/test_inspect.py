@@ -676,3 +676,24 @@ def test_watermarks_after_the_job_finished_name_splits_that_left_every_retained_
     capsys.readouterr()
     assert main(["inspect", root, "watermarks", "--json"]) == 0
     assert {r["kind"] for r in json.loads(capsys.readouterr().out)} == {"exchange"}
+
+
+def test_lag_text_shows_time_behind_in_human_units_and_json_keeps_ms(job, capsys) -> None:
+    """The report writes lag as `1 d 17 h`, not `149748.4 s`; `inspect lag` prints the same
+    function's text (10 s behind: `10.0 s`), and `--json` keeps the milliseconds."""
+    root = job[0]
+    code, out, _ = run(capsys, root, "lag")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "unit_id", "reads", "status", "owner_checkpoint_id", "checkpoints_behind",
+        "time_behind", "stuck_since", "reason",
+    ]  # fmt: skip
+    assert [line.split()[:6] for line in lines[2:4]] == [
+        ["0", "part-0", "fallback", "4", "1", "10.0"],
+        ["1", "part-1", "fresh", "5", "0", "0"],
+    ]
+    assert lines[2].split()[6] == "s" and lines[3].split()[6] == "ms"
+    code, out, _ = run(capsys, root, "lag", "--json")
+    assert code == 0
+    assert [r["time_behind_ms"] for r in json.loads(out)] == [10_000, 0]

@@ -42,7 +42,7 @@ from regional.coordinator.split_enumerator import last_assigned
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from regional.dataflow.state_codec import StateCodec, StateDecodeError
 from regional.report.dead_letters import dead_letter_view
-from regional.report.html import render_html
+from regional.report.html import human_span, render_html
 from regional.report.state import state_view, stateful_subtasks
 from regional.report.summary import ReportError, build_report
 
@@ -181,12 +181,22 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = inspector.diff(args.a, args.b)
     else:
         table = getattr(inspector, args.view)()
+    if args.view == "lag" and not args.json:
+        table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
     if args.view == "lag" and not args.json:
         print(LAG_HELP)
     if num_retained is not None and not args.json:
         print(retention.note(num_retained))
     return 0
+
+
+def _time_behind_for_people(lag: pa.Table) -> pa.Table:
+    """The lag view with `time_behind_ms` as `time_behind` in people's units (`human_span`,
+    as the report shows lag: ``1 d 17 h``, ``4.2 s``); `--json` keeps the milliseconds."""
+    i = lag.schema.get_field_index("time_behind_ms")
+    spans = [None if ms is None else human_span(ms) for ms in lag.column(i).to_pylist()]
+    return lag.set_column(i, pa.field("time_behind", pa.string()), pa.array(spans, pa.string()))
 
 
 def _last_assigned(checkpoint: CheckpointMetadata) -> dict[tuple[str, int], tuple[str, ...]]:
