@@ -105,7 +105,13 @@ def policy_reference() -> str:
 
 # --- inspector views ---------------------------------------------------------------------------
 
-_VIEW_MODULES = ("metadata.inspect", "metadata.events", "metadata.exchange", "cleaner.views")
+_VIEW_MODULES = (
+    "metadata.inspect",
+    "metadata.events",
+    "metadata.exchange",
+    "cleaner.views",
+    "regional.report.state",
+)
 
 
 def _producers(module: Any, name: str) -> list[Callable[..., Any]]:

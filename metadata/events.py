@@ -47,6 +47,7 @@ __all__ = [
     "EVENTS_SCHEMA",
     "MAX_EVENT_FILE_BYTES",
     "CheckpointEvent",
+    "DriverStart",
     "Outcome",
     "StuckUnit",
     "decode_event",
@@ -93,6 +94,19 @@ class StuckUnit(msgspec.Struct, frozen=True, kw_only=True):
         return unit_name(self.unit_id, self.splits)
 
 
+class DriverStart(msgspec.Struct, frozen=True, kw_only=True):
+    """How the driver that wrote an event started, in the first event it writes: the
+    checkpoint it restored (`restored_from`; None: the initial state), where it read it
+    (`location`: a `chk-<id>` directory or a savepoint), and what the restore changed or threw
+    away (`notes`: sink commits rolled back, staged files of lost attempts deleted, rescaled
+    vertices, dropped state). The attempts after `restored_from` and before the event's
+    checkpoint were discarded: their work is done again."""
+
+    restored_from: Int64 | None = None
+    location: str = ""
+    notes: tuple[str, ...] = ()
+
+
 class CheckpointEvent(
     msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint", tag_field="event"
 ):
@@ -120,6 +134,8 @@ class CheckpointEvent(
     (`unit_label`). Both were added later: older events decode with them empty. `warnings`
     (added later too) says what went wrong without failing the checkpoint, e.g. a compaction
     of fallback segments that failed (`checkpointing.file-merging.min-live-share`).
+    `started` (added later, None in older events and in every event but a driver's first)
+    says how the driver that wrote it started (`DriverStart`): the report's driver restarts.
     """
 
     job_id: str
@@ -148,6 +164,7 @@ class CheckpointEvent(
     watermark_ms: Int64 | None = None
     watermark_unit: Count | None = None
     warnings: tuple[str, ...] = ()
+    started: DriverStart | None = None
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""

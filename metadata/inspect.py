@@ -129,9 +129,10 @@ LAG_SCHEMA = pa.schema(
 LAG_HELP = (
     "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state "
     "(its owner), aborted attempts included: the unit committed nothing in any of them; the "
-    "same number as the events' unit_lag and the regional_unit_lag metric. time_behind_ms: the "
-    "newest checkpoint's trigger time minus its owner's. status: fresh, fallback, or stuck "
-    "(over max-unit-fallbacks; stuck_since: when, on the driver's clock, from the event log)."
+    "same number as the events' unit_lag and the regional_unit_lag metric. time_behind: the "
+    "newest checkpoint's trigger time minus its owner's (time_behind_ms with --json). status: "
+    "fresh, fallback, or stuck (over max-unit-fallbacks; stuck_since: when, on the driver's "
+    "clock, from the event log)."
 )
 SUMMARY_SCHEMA = pa.schema(
     [
@@ -325,18 +326,23 @@ def refs_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
 
 
 def lag_table(
-    checkpoints: Sequence[CheckpointMetadata], events: Sequence[CheckpointEvent] = ()
+    checkpoints: Sequence[CheckpointMetadata],
+    events: Sequence[CheckpointEvent] = (),
+    last_assigned: Mapping[int, Sequence[str]] | None = None,
 ) -> pa.Table:
     """Per unit of the newest checkpoint: how far its state is behind (empty without one).
 
     One notion of lag (`LAG_HELP`): checkpoint ids since the unit's owner. Columns
     (`LAG_SCHEMA`): `unit_id`; `reads` (the splits in its state, for its name:
     `metadata.unit_names`; once they finished, the ones it read last, marked
-    ``(finished)``); `status` (fresh | fallback | stuck: in the stuck list of the newest
-    event, `events` in checkpoint order); `owner_checkpoint_id`; `checkpoints_behind`
-    (newest id minus owner id, so aborted attempts count too); `time_behind_ms` (newest
-    trigger time minus the owner's; null when the owner's metadata is gone); `stuck_since`;
-    `reason` (why it fell back in the newest one).
+    ``(finished)``: from an older checkpoint or an event that still names them, else from
+    `last_assigned`, unit -> the splits its source's enumerator gave it last, which the
+    caller decodes from the newest checkpoint's coordinator snapshots); `status` (fresh |
+    fallback | stuck: in the stuck list of the newest event, `events` in checkpoint order);
+    `owner_checkpoint_id`; `checkpoints_behind` (newest id minus owner id, so aborted
+    attempts count too); `time_behind_ms` (newest trigger time minus the owner's; null when
+    the owner's metadata is gone); `stuck_since`; `reason` (why it fell back in the newest
+    one).
     """
     ordered = sorted(checkpoints, key=lambda c: c.checkpoint_id)
     if not ordered:
@@ -357,7 +363,9 @@ def lag_table(
         if last is not None and last.checkpoint_id >= newest.checkpoint_id
         else {}
     )
-    finished = _finished_reads(ordered, events, [u for u in owners if not reads.get(u)])
+    finished = _finished_reads(
+        ordered, events, [u for u in owners if not reads.get(u)], last_assigned or {}
+    )
     rows = []
     for unit in sorted(owners):
         owner = owners[unit]
@@ -392,10 +400,12 @@ def _finished_reads(
     ordered: Sequence[CheckpointMetadata],
     events: Sequence[CheckpointEvent],
     units: Sequence[int],
+    last_assigned: Mapping[int, Sequence[str]],
 ) -> dict[int, list[str]]:
     """For `units` whose state holds no split in the newest checkpoint (their splits finished:
     a final checkpoint holds none), the splits they read last: from the newest older
-    checkpoint that still held some, else from the newest event that named them."""
+    checkpoint that still held some, else from the newest event that named them, else from
+    `last_assigned` (the splits the enumerator gave them last)."""
     out: dict[int, list[str]] = {}
     todo = set(units)
     for md in reversed(ordered[:-1]):
@@ -415,6 +425,9 @@ def _finished_reads(
         for unit in [u for u in todo if event.unit_reads.get(u)]:
             out[unit] = sorted(event.unit_reads[unit])
             todo.discard(unit)
+    for unit in todo:
+        if last_assigned.get(unit):
+            out[unit] = sorted(last_assigned[unit])
     return out
 
 
@@ -512,7 +525,9 @@ class Inspector:
     `num_retained` decides the `retained` column; by default the `num-retained` recorded in the
     job's newest checkpoint that records one, else `DEFAULT_NUM_RETAINED`. `num_retained_in_force`
     says which value applies and where it came from. `events` (the job's event log) let `show`
-    and `diff` say why a checkpoint id that holds nothing was aborted.
+    and `diff` say why a checkpoint id that holds nothing was aborted; `last_assigned` (unit ->
+    the splits its source's enumerator gave it last) lets `lag` name what a unit whose splits
+    finished read.
     """
 
     def __init__(
@@ -521,6 +536,7 @@ class Inspector:
         *,
         num_retained: int | None = None,
         events: Iterable[CheckpointEvent] = (),
+        last_assigned: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         if num_retained is None:
             in_force = recorded_num_retained(reversed(store.all()))
@@ -533,6 +549,7 @@ class Inspector:
             in_force = NumRetained(num_retained, "option", "given")
         self.store = store
         self.events = list(events)
+        self.last_assigned = dict(last_assigned or {})
         self.aborted = {e.checkpoint_id: e for e in self.events if e.kind == Outcome.ABORTED}
         self.num_retained_in_force = in_force
         self.num_retained = in_force.value
@@ -567,7 +584,7 @@ class Inspector:
 
     def lag(self) -> pa.Table:
         """See `lag_table`."""
-        return lag_table(self.store.all(), self.events)
+        return lag_table(self.store.all(), self.events, self.last_assigned)
 
     def summary(self) -> pa.Table:
         """See `summary_table` (damaged = the store's skipped checkpoints)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -276,7 +276,10 @@ def _fell_back(md: CheckpointMetadata, vertex: str, index: int) -> tuple[int, in
 
 
 def watermarks_table(
-    storage: JobStorage, md: CheckpointMetadata, earlier: Sequence[CheckpointMetadata] = ()
+    storage: JobStorage,
+    md: CheckpointMetadata,
+    earlier: Sequence[CheckpointMetadata] = (),
+    last_assigned: Mapping[tuple[str, int], Sequence[str]] | None = None,
 ) -> pa.Table:
     """The watermarks of checkpoint `md` (`WATERMARKS_SCHEMA`): one row per source split read
     with event time (its watermark, in its split state) and one per partition of every keyed
@@ -287,7 +290,10 @@ def watermarks_table(
     inside (`metadata.exchange.writers_read`). A source subtask whose splits all finished
     (a final checkpoint holds none) gets a row per split it read last with event time, from
     the newest of the `earlier` checkpoints that held it: watermark +inf, and `held_by`
-    saying so with the split's last watermark."""
+    saying so with the split's last watermark. One whose splits left every earlier checkpoint
+    gets a row per split in `last_assigned` ((source vertex, subtask index) -> the splits its
+    enumerator gave it last; the caller passes it for a job that reads with event time), at
+    +inf, `held_by` saying its last watermark is no longer recorded."""
     rows: list[dict[str, object]] = []
     cid = md.checkpoint_id
 
@@ -342,6 +348,12 @@ def watermarks_table(
                 row("split", s.vertex_id, s.index, unit, split_id, MAX_WATERMARK,
                     f"finished: its last watermark was {format_watermark(mark.watermark)} "
                     f"(checkpoint {old.checkpoint_id})")  # fmt: skip
+    oldest = min((c.checkpoint_id for c in earlier), default=cid)
+    for (vertex, index), unit in idle.items():
+        for split_id in (last_assigned or {}).get((vertex, index), ()):
+            row("split", vertex, index, unit, split_id, MAX_WATERMARK,
+                f"finished before checkpoint {oldest}, the oldest kept: its last watermark is "
+                "no longer recorded")  # fmt: skip
     if not readers:
         return pa.Table.from_pylist(rows, schema=WATERMARKS_SCHEMA)
     segments: dict[tuple[str, int, int], list[SegmentName]] = {}

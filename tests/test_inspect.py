@@ -585,3 +585,115 @@ def test_watermarks_after_the_job_finished_show_each_finished_split(
         ("g0", "+inf", "finished: its last watermark was 1970-01-01T00:00:03.000Z (checkpoint 1)"),
         ("g1", "+inf", "finished: its last watermark was 1970-01-01T00:00:03.001Z (checkpoint 1)"),
     ]
+
+
+@pytest.mark.parametrize("num_retained", [1, 100])
+def test_lag_after_the_job_finished_names_splits_that_left_every_retained_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], num_retained: int
+) -> None:
+    """Files finish well before the job (the exchange is still read): with one checkpoint
+    retained none holds a split any more, and `lag` names what each source unit read last
+    from the split enumerators' snapshots, as it does from the checkpoints when all are
+    kept."""
+    import orders_job
+
+    from regional.policy import CheckpointingPolicy, Policy
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+
+    orders_job.write_orders(str(tmp_path / "orders"))
+    p = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "orders", p, unit_timeout=30)
+    policy = Policy(checkpointing=CheckpointingPolicy(num_retained=num_retained))
+    storage = JobStorage(root, "orders")
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=storage, policy=policy)
+    assert driver.run().finished
+    kept = CompletedCheckpointStore.load(storage).all()
+    holding = [c.checkpoint_id for c in kept if any(s.split_states for s in c.subtasks_of("files"))]
+    assert bool(holding) == (num_retained == 100)  # else only the enumerators know the files
+    capsys.readouterr()
+    assert main(["inspect", root, "lag", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["unit_id"], r["reads"]) for r in rows] == [
+        (0, "orders-03.jsonl (finished)"),
+        (1, "orders-04.jsonl (finished)"),
+        (2, "orders-05.jsonl (finished)"),
+        (3, "n4-p0"),
+        (4, "n4-p1"),
+        (5, "n4-p2"),
+        (6, "n4-p3"),
+    ]
+
+
+def test_watermarks_after_the_job_finished_name_splits_that_left_every_retained_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With one checkpoint retained, no checkpoint holds a split's last watermark: each split
+    a source subtask read last (from the enumerators' snapshots) still gets its row at +inf,
+    saying its last watermark is no longer recorded; a job without event time gets none."""
+    import orders_job
+
+    from regional.dataflow.pipeline import Pipeline
+    from regional.policy import CheckpointingPolicy, Policy
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.generator import GeneratorSource
+
+    policy = Policy(checkpointing=CheckpointingPolicy(num_retained=1))
+    p = Pipeline("wm", records_per_epoch=4)
+    p.source(
+        GeneratorSource(2, lambda s, n: {"n": n, "ts": 1000 * n + s}, records_per_split=6),
+        parallelism=2,
+        name="src",
+        event_time="ts",
+    ).sink(ParquetSink(str(tmp_path / "t")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "wm", p, unit_timeout=30)
+    storage = JobStorage(root, "wm")
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=storage, policy=policy)
+    assert driver.run().finished
+    newest = CompletedCheckpointStore.load(storage).latest()
+    assert [c.checkpoint_id for c in CompletedCheckpointStore.load(storage).all()] == [3]
+    capsys.readouterr()
+    assert main(["inspect", root, "watermarks", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    gone = "finished before checkpoint 3, the oldest kept: its last watermark is no longer recorded"
+    assert [(r["subtask"], r["unit"], r["split"], r["watermark"], r["held_by"]) for r in rows] == [
+        (0, 0, "g0", "+inf", gone),
+        (1, 1, "g1", "+inf", gone),
+    ]
+    assert newest is not None and all(not s.split_states for s in newest.subtasks)
+
+    orders_job.write_orders(str(tmp_path / "orders"))
+    untimed = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
+    root = str(tmp_path / "ckpt-orders")
+    env = TaskEnv(root, "orders", untimed, unit_timeout=30)
+    storage = JobStorage(root, "orders")
+    driver = JobDriver(untimed, orders_job.InProcessDispatcher(env), storage=storage, policy=policy)
+    assert driver.run().finished
+    capsys.readouterr()
+    assert main(["inspect", root, "watermarks", "--json"]) == 0
+    assert {r["kind"] for r in json.loads(capsys.readouterr().out)} == {"exchange"}
+
+
+def test_lag_text_shows_time_behind_in_human_units_and_json_keeps_ms(job, capsys) -> None:
+    """The report writes lag as `1 d 17 h`, not `149748.4 s`; `inspect lag` prints the same
+    function's text (10 s behind: `10.0 s`), and `--json` keeps the milliseconds."""
+    root = job[0]
+    code, out, _ = run(capsys, root, "lag")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "unit_id", "reads", "status", "owner_checkpoint_id", "checkpoints_behind",
+        "time_behind", "stuck_since", "reason",
+    ]  # fmt: skip
+    assert [line.split()[:6] for line in lines[2:4]] == [
+        ["0", "part-0", "fallback", "4", "1", "10.0"],
+        ["1", "part-1", "fresh", "5", "0", "0"],
+    ]
+    assert lines[2].split()[6] == "s" and lines[3].split()[6] == "ms"
+    code, out, _ = run(capsys, root, "lag", "--json")
+    assert code == 0
+    assert [r["time_behind_ms"] for r in json.loads(out)] == [10_000, 0]

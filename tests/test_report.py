@@ -470,3 +470,121 @@ def test_the_page_keeps_history_stuck_episodes_driver_restarts_and_dead_letters(
     assert '<h2 id="dead-letters">Dead letters (4; late records 3)</h2>' in page
     assert "<td>1 d 17 h</td>" in page  # the watermark's lag, in human units
     assert page.index('id="episodes"') < page.index('id="timeline"')
+
+
+class Sections(HTMLParser):
+    """Per `<h2 id=...>` of a page: the rows (cell texts) of the table that follows it."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.rows: dict[str, list[list[str]]] = {}
+        self.order: list[str] = []
+        self._section: str | None = None
+        self._row: list[str] | None = None
+        self._cell: str | None = None
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "h2" and a.get("id"):
+            self._section = a["id"]
+            self.order.append(str(self._section))
+            self.rows[str(self._section)] = []
+        elif tag == "tr" and self._section is not None:
+            self._row = []
+        elif tag == "td" and self._row is not None:
+            self._cell = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append(self._cell.strip())
+            self._cell = None
+        elif tag == "tr" and self._row and self._section is not None:
+            self.rows[self._section].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._section = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell += data
+
+
+def test_a_real_job_leaves_its_stuck_episode_and_driver_restart_on_the_page(
+    tmp_path: Path, capsys
+) -> None:
+    """Issue 36, in a browser: unit 4 fails checkpoints 2-4 (stuck at 3 with
+    max-unit-fallbacks 2) and recovers at 5; the driver crashes at 6 after its metadata is
+    written, and a new one restores checkpoint 6 (not 5: nothing was discarded) and finishes.
+    The page shows both once the job is done and nobody is stuck."""
+    import orders_job
+
+    from regional.policy import CheckpointingPolicy, RegionPolicy
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.faults import DriverCrash, Faults
+    from regional.runtime.task import TaskEnv
+
+    orders_job.write_orders(str(tmp_path / "orders"))
+    p = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
+    root = str(tmp_path / "ckpt")
+    policy = Policy(checkpointing=CheckpointingPolicy(region=RegionPolicy(max_unit_fallbacks=2)))
+    faults = Faults(units={(c, 4): "fail" for c in (2, 3, 4)}, crash_at=(6, "after-metadata"))
+    env = TaskEnv(root, "orders", p, unit_timeout=30, faults=faults.unit_faults())
+    first = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "orders"),
+        faults=faults, policy=policy,
+    )  # fmt: skip
+    with pytest.raises(DriverCrash):
+        first.run()
+    env = TaskEnv(root, "orders", p, unit_timeout=30)
+    second = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "orders"), policy=policy
+    )
+    assert second.run().finished and second.restored_from == 6
+    assert orders_job.rows(str(tmp_path / "table")) == orders_job.expected_rows()
+
+    out_file = tmp_path / "report.html"
+    assert main(["inspect", root, "report", "--html", str(out_file)]) == 0
+    dom, _ = chromium(out_file, tmp_path, (1200, 900))
+    page = Sections(dom)
+    assert page.order[:2] == ["episodes", "restarts"]  # the history first
+    [episode] = page.rows["episodes"]
+    assert [episode[0], episode[1], episode[3], episode[4]] == [
+        "unit 4 (n4-p1)",
+        "3-4",
+        "declined: InjectedFault: unit 4 fails checkpoint 4 (injected fault)",
+        "recovered at checkpoint 5",
+    ]
+    [restart] = page.rows["restarts"]
+    assert restart[1:] == ["7", "checkpoint 6", "-", "-"]
+
+
+def test_driver_restarts_are_what_the_new_driver_recorded() -> None:
+    """A driver records its start in its first event: the job's first start is no restart; a
+    later one names the checkpoint restored, the attempts after it that were thrown away (5
+    completed but was rolled back, 6 left no outcome) and what the restore changed."""
+    from metadata.events import DriverStart
+
+    def event(cid: int, started: DriverStart | None = None) -> CheckpointEvent:
+        return CheckpointEvent(
+            job_id="j", checkpoint_id=cid, kind=Outcome.GLOBAL, trigger_time_ms=T0 + cid * 1_000,
+            time_ms=T0 + cid * 1_000 + 100, fresh_units=2, global_checkpoint_count=cid,
+            started=started,
+        )  # fmt: skip
+
+    note = (
+        "sink 'out' holds commits of commit user 'u' up to 5, newer than the restored checkpoint 4"
+    )
+    events = [
+        event(1, DriverStart()),
+        *(event(c) for c in range(2, 6)),
+        event(7, DriverStart(restored_from=4, location="chk-4", notes=(note,))),
+    ]
+    report = build_report([], events, job_id="j")
+    assert report.restarts.select(
+        ["first_checkpoint_id", "restored_from", "discarded", "notes"]
+    ).to_pylist() == [
+        {"first_checkpoint_id": 7, "restored_from": 4, "discarded": [5, 6], "notes": [note]}
+    ]
+    page = render_html(report)
+    assert "<td>checkpoint 4</td><td>5-6</td><td>sink &#x27;out&#x27; holds commits" in page

@@ -102,6 +102,7 @@ def test_json_lines_are_the_events_and_nothing_else():
         "stuck": [],
         "unit_reads": {},
         "warnings": [],
+        "started": None,
     }
 
 

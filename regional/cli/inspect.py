@@ -3,7 +3,8 @@
 Views (each a `pyarrow.Table` from `metadata.inspect` / `metadata.validate` /
 `cleaner.views` / `metadata.events`, rendered here): `checkpoints`, `show ID`, `refs`, `lag`,
 `validate`, `summary`, `diff A B`, `retention` (what a clean would do), `events` (the job's
-event log), `report --html FILE` (all of it as one HTML page, `regional.report.summary`; `-`:
+event log), `state` (each stateful operator's state size, `regional.report.state`), `report
+--html FILE` (all of it as one HTML page, `regional.report.summary`; `-`:
 stdout). `--job` may be left out when ROOT holds one job. `checkpoints` and `retention`
 depend on `num-retained`: the one the job recorded in its latest checkpoint unless
 `--num-retained N` or `--policy FILE` says otherwise (`regional.cli.retention`); the text output
@@ -24,10 +25,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from cleaner.run import scan
+from metadata.errors import StorageError
 from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
 from metadata.inspect import LAG_HELP, Inspector
-from metadata.model import CheckpointMetadata
+from metadata.model import CheckpointMetadata, SubtaskState
 from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
@@ -36,9 +38,12 @@ from metadata.watermarks import watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table
+from regional.coordinator.split_enumerator import last_assigned
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
+from regional.dataflow.state_codec import StateCodec, StateDecodeError
 from regional.report.dead_letters import dead_letter_view
-from regional.report.html import render_html
+from regional.report.html import human_span, render_html
+from regional.report.state import state_view, stateful_subtasks
 from regional.report.summary import ReportError, build_report
 
 __all__ = ["register"]
@@ -59,6 +64,8 @@ _VIEWS: dict[str, str] = {
     "watermarks": "per event-time split and exchange partition: the watermark and what holds it",
     "dead-letters": "the committed dead letters by operator and reason (late, bad event time, "
     "undecodable, user function error), with samples and where each was read",
+    "state": "per stateful operator of the newest checkpoint: the checkpoints owning its state, "
+    "its bytes and keys (--verbose: per subtask)",
 }
 
 
@@ -111,6 +118,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 default=1,
                 help="sample records per operator and reason, 1 to 100 (default 1)",
             )
+        elif name == "state":
+            view.add_argument(
+                "--no-keys",
+                action="store_true",
+                help="bytes from the metadata only, without reading the state files",
+            )
         elif name == "validate":
             view.add_argument(
                 "--no-checksums",
@@ -137,6 +150,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         return _watermarks(storage, args)
     if args.view == "dead-letters":
         return _dead_letters(storage, args)
+    if args.view == "state":
+        return _state(storage, args)
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
@@ -152,10 +167,12 @@ def inspect_command(args: argparse.Namespace) -> int:
             args, lambda: recorded_num_retained(reversed(store.all()))
         )
     events = read_events(storage)[0] if args.view in ("show", "diff", "lag") else []
+    newest = store.latest()
     inspector = Inspector(
         store,
         num_retained=None if num_retained is None else num_retained.value,
         events=events,
+        last_assigned=_units_last_assigned(newest) if args.view == "lag" and newest else None,
     )
     table: pa.Table
     if args.view == "show":
@@ -164,12 +181,43 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = inspector.diff(args.a, args.b)
     else:
         table = getattr(inspector, args.view)()
+    if args.view == "lag" and not args.json:
+        table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
     if args.view == "lag" and not args.json:
         print(LAG_HELP)
     if num_retained is not None and not args.json:
         print(retention.note(num_retained))
     return 0
+
+
+def _time_behind_for_people(lag: pa.Table) -> pa.Table:
+    """The lag view with `time_behind_ms` as `time_behind` in people's units (`human_span`,
+    as the report shows lag: ``1 d 17 h``, ``4.2 s``); `--json` keeps the milliseconds."""
+    i = lag.schema.get_field_index("time_behind_ms")
+    spans = [None if ms is None else human_span(ms) for ms in lag.column(i).to_pylist()]
+    return lag.set_column(i, pa.field("time_behind", pa.string()), pa.array(spans, pa.string()))
+
+
+def _last_assigned(checkpoint: CheckpointMetadata) -> dict[tuple[str, int], tuple[str, ...]]:
+    """Per source subtask (vertex, index), the splits it was given last, from the split
+    enumerators' snapshots in `checkpoint` (a finished split leaves the subtask's state, not
+    the enumerator's): what a subtask whose splits all finished read last."""
+    return {
+        (vertex_id, index): splits
+        for vertex_id, data in checkpoint.coordinators.items()
+        for index, splits in (last_assigned(data) or {}).items()
+    }
+
+
+def _units_last_assigned(checkpoint: CheckpointMetadata) -> dict[int, list[str]]:
+    """`_last_assigned` per unit (a unit may hold several source subtasks), for `lag`."""
+    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
+    out: dict[int, list[str]] = {}
+    for key, splits in _last_assigned(checkpoint).items():
+        if (unit := units.get(key)) is not None:
+            out.setdefault(unit, []).extend(splits)
+    return out
 
 
 def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
@@ -255,7 +303,10 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     if newest is None:
         return 0
     earlier = [c for c in CompletedCheckpointStore.load(storage).all() if c is not newest]
-    table = watermarks_table(storage, newest, earlier)
+    # splits that finished before every earlier checkpoint: only a job reading with event time
+    # (its events record a watermark) shows them
+    timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
+    table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
     print_table(table, as_json=args.json)
     if not args.json and table.num_rows == 0:
         print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
@@ -330,6 +381,67 @@ def _committed_rows(kind: str, location: str) -> pa.Table | None:
             return None
         return DeltaTable(location).to_pyarrow_table()
     return None
+
+
+def _state(storage: JobStorage, args: argparse.Namespace) -> int:
+    """The state size of every stateful operator in the newest checkpoint
+    (`regional.report.state`); keys counted from its state segments unless `--no-keys`."""
+    newest = _newest(storage, "no state to show")
+    if newest is None:
+        return 0
+    keys = None if args.no_keys else _key_counts(storage, newest)
+    table = state_view(newest, keys, verbose=args.verbose)
+    print_table(table, as_json=args.json)
+    if args.json:
+        return 0
+    size, n = sum(table["state_bytes"].to_pylist()), len(set(table["operator"].to_pylist()))
+    line = f"checkpoint {newest.checkpoint_id}: {n} stateful operator(s), {size} byte(s) of state"
+    if keys is None:
+        line += "; keys not counted (--no-keys)"
+    else:
+        line += (
+            "; keys: one per key and input split on a forward chain, one per key after a keyed "
+            "exchange"
+        )
+        if any(k is None for k in keys.values()):
+            line += "; '-': not counted (pickled state, or a segment that could not be read)"
+    print(line)
+    return 0
+
+
+def _key_counts(
+    storage: JobStorage, checkpoint: CheckpointMetadata
+) -> dict[tuple[str, int], int | None]:
+    """The keys of each stateful subtask of `checkpoint`, counted from its state segments
+    (each physical file read once); a segment that cannot be read or decoded is a warning on
+    stderr and no count."""
+    codec = StateCodec()  # key_count needs no declared types and no secret
+    by_file: dict[str, list[SubtaskState]] = {}
+    for s in stateful_subtasks(checkpoint):
+        by_file.setdefault(s.handles[0].path, []).append(s)
+    counts: dict[tuple[str, int], int | None] = {}
+    for subtasks in by_file.values():
+        whole: dict[str, bytes] = {}  # this file's bytes, read once for its segments
+        for s in subtasks:
+            where = ", ".join(storage.describe(h.path) for h in s.handles)
+            try:
+                data = b"".join(
+                    storage.read_segment(
+                        h, checkpoint_id=checkpoint.checkpoint_id, whole_files=whole
+                    )
+                    for h in s.handles
+                )
+                counts[s.vertex_id, s.index] = codec.key_count(
+                    data, operator=s.vertex_id, source=where
+                )
+            except (StorageError, StateDecodeError) as exc:
+                print(
+                    f"warning: keys of operator {s.vertex_id!r} subtask {s.index} not counted: "
+                    f"{exc}; run `regional inspect ROOT validate` to check the checkpoint",
+                    file=sys.stderr,
+                )
+                counts[s.vertex_id, s.index] = None
+    return counts
 
 
 def _validate(storage: JobStorage, args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ from metadata.format import DECODE_FAILURES
 from metadata.model import SubtaskState
 from regional.coordinator.operator_coordinator import RegionalCompletion, SubtaskOwners
 
-__all__ = ["SplitEnumerator"]
+__all__ = ["SplitEnumerator", "last_assigned"]
 
 
 class _State(msgspec.Struct, array_like=True):
@@ -45,6 +45,36 @@ class _State(msgspec.Struct, array_like=True):
     unassigned: list[str]
     owner: dict[str, int]  # split -> subtask index
     assigned_in: dict[str, int]  # split -> epoch of its assignment
+
+
+def last_assigned(data: bytes) -> dict[int, tuple[str, ...]] | None:
+    """Per subtask index, the splits a snapshot records it was given last (those of the latest
+    epoch it was given any, in assignment order): what a source subtask read last once its
+    splits finished, since a finished split leaves the subtask's state (DESIGN §4 rule 4) but
+    not the enumerator's. None when `data` is not a split enumerator's snapshot (a commit
+    coordinator's, or damaged).
+
+    >>> e = SplitEnumerator("src", ["a", "b", "c"])
+    >>> e.assign(0), e.assign(1)
+    ('a', 'b')
+    >>> _ = e.snapshot(1)
+    >>> e.assign(0)
+    'c'
+    >>> last_assigned(e.snapshot(2))
+    {0: ('c',), 1: ('b',)}
+    """
+    try:
+        state = msgspec.msgpack.decode(data, type=_State)
+    except DECODE_FAILURES:
+        return None
+    latest: dict[int, int] = {}
+    for split, index in state.owner.items():
+        latest[index] = max(latest.get(index, 0), state.assigned_in.get(split, 0))
+    out: dict[int, list[str]] = {}
+    for split, index in state.owner.items():  # in assignment order
+        if state.assigned_in.get(split, 0) == latest[index]:
+            out.setdefault(index, []).append(split)
+    return {index: tuple(splits) for index, splits in sorted(out.items())}
 
 
 class SplitEnumerator:

@@ -424,6 +424,35 @@ class StateCodec:
             "damaged or was not written by regional: restore another checkpoint"
         )
 
+    def key_count(self, data: bytes, *, operator: str, source: str) -> int | None:
+        """How many keys the keyed state of a snapshot holds (one per key and input split on a
+        forward chain, one per key after a keyed exchange), read from the layout alone: the
+        length of each split's map, without decoding a key or a value, so no declared Struct
+        class is needed and no Struct is built. None for a pickled snapshot (its keys are not
+        read without unpickling it); a snapshot `decode` refuses is refused the same way.
+
+        >>> codec = StateCodec()
+        >>> keyed = {"g0": {"a": {"n": 1}, "b": {"n": 2}}, "g1": {"a": {"n": 1}}}
+        >>> codec.key_count(codec.encode(keyed, {}, operator="count"), operator="count",
+        ...                 source="chk-1/u0.state")
+        3
+        """
+        if not data:
+            return 0
+        header = bytes(data[:5])
+        if header == HEADER_PICKLE or data[:1] == b"\x80":
+            return None
+        if header not in (HEADER_MSGPACK, HEADER_MSGPACK_TTL):
+            self.decode(data, operator=operator, source=source)  # refuses it, naming the format
+        try:
+            splits, _ = _LAYOUT.decode(memoryview(data)[5:])
+            return sum(_map_length(memoryview(raw)) for raw in splits.values())
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise StateDecodeError(
+                f"state of operator {operator!r} in {source} does not decode ({_what(exc)}); the "
+                "file is damaged or was not written by regional: restore another checkpoint"
+            ) from None
+
     def _unpickle(
         self, data: bytes, of: str, operator: str, *, signed: bool
     ) -> tuple[dict[str, dict[Any, dict[str, Any]]], dict[str, list[Any]]]:
@@ -537,6 +566,24 @@ class StateCodec:
             if _contains_marker(entries):
                 return f" in list state {name!r}"
         return ""
+
+
+#: A snapshot body read as far as `key_count` needs: each split's keyed state left encoded.
+_LAYOUT = msgspec.msgpack.Decoder(tuple[dict[str, msgspec.Raw], msgspec.Raw])
+
+
+def _map_length(raw: memoryview) -> int:
+    """The number of entries a msgpack map holds, from its header (fixmap, map 16, map 32):
+    msgspec decodes a map only whole, keys and all."""
+    first = raw[0]
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first in (0xDE, 0xDF):
+        width = 2 if first == 0xDE else 4
+        if len(raw) < 1 + width:
+            raise ValueError("a split's keyed state ends inside its map header")
+        return int.from_bytes(raw[1 : 1 + width], "big")
+    raise ValueError(f"a split's keyed state is not a map (msgpack type byte {first:#04x})")
 
 
 def _zone_info(key: Any) -> ZoneInfo:

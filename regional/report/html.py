@@ -78,6 +78,21 @@ def _ms(n: int) -> str:
     return f"{n} ms" if n < 10_000 else f"{n / 1000:.1f} s"
 
 
+def _id_runs(ids: Sequence[int]) -> str:
+    """Checkpoint ids for people, consecutive ones as a range.
+
+    >>> _id_runs([3, 5, 6, 7, 9])
+    '3, 5-7, 9'
+    """
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def human_span(ms: int) -> str:
     """A duration for people: the two largest units, rounded down.
 
@@ -182,11 +197,17 @@ def _history_section(report: Report) -> str:
     if restarts:
         out.append(
             f'<h2 id="restarts">Driver restarts ({len(restarts)})</h2><p class="muted">A new '
-            "driver restored the newest completed checkpoint; the attempts the old one had "
-            "started after it left no outcome and were discarded (their staged output "
-            "deleted, never committed).</p>"
+            "driver restored a checkpoint; the attempts after it were discarded (their staged "
+            "output deleted or rolled back, their work done again). Events written before "
+            "drivers recorded their start show the newest completed checkpoint before.</p>"
             + _table(
-                ["at (UTC)", "first checkpoint", "restored from", "discarded attempts"],
+                [
+                    "at (UTC)",
+                    "first checkpoint",
+                    "restored from",
+                    "discarded attempts",
+                    "what the restore changed",
+                ],
                 (
                     [
                         _when(r["trigger_time"]),
@@ -194,7 +215,8 @@ def _history_section(report: Report) -> str:
                         "its initial state"
                         if r["restored_from"] is None
                         else f"checkpoint {r['restored_from']}",
-                        ", ".join(map(str, r["discarded"])) or "-",
+                        _id_runs(r["discarded"]) or "-",
+                        _e("; ".join(r["notes"])) or "-",
                     ]
                     for r in restarts
                 ),

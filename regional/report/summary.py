@@ -48,7 +48,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import cast
@@ -119,13 +118,16 @@ EPISODE_SCHEMA = pa.schema(
         pa.field("ended", pa.string(), nullable=False),
     ]
 )
-#: Every driver restart the event log shows: the outcome counters start again from zero.
+#: Every driver restart the event log shows: as the new driver recorded it in its first
+#: event (`metadata.events.DriverStart`), or, for events written before drivers recorded it,
+#: where the outcome counters start again from zero.
 RESTART_SCHEMA = pa.schema(
     [
         pa.field("first_checkpoint_id", pa.int64(), nullable=False),  # the new driver's first
-        pa.field("restored_from", pa.int64()),  # newest completed one before (None: none)
-        pa.field("discarded", pa.list_(pa.int64()), nullable=False),  # ids with no outcome
+        pa.field("restored_from", pa.int64()),  # the checkpoint restored (None: initial state)
+        pa.field("discarded", pa.list_(pa.int64()), nullable=False),  # attempts thrown away
         pa.field("trigger_time", _TS, nullable=False),
+        pa.field("notes", pa.list_(pa.string()), nullable=False),  # what the restore changed
     ]
 )
 #: Per checkpoint attempt that set records aside: dead letters and late records.
@@ -401,24 +403,39 @@ def _outcomes(e: CheckpointEvent) -> int:
 
 
 def _restarts(events: Sequence[CheckpointEvent]) -> pa.Table:
-    """The driver restarts in the event log (oldest first): an event whose driver had carried
-    out no more outcomes than the event before it was written by a new driver (the counters
-    start at zero after a restore). It restored the newest checkpoint completed before, and
-    the attempts between the two left no outcome (discarded)."""
+    """The driver restarts in the event log (oldest first). A driver records how it started
+    in its first event (`started`): the checkpoint it restored, and what the restore changed;
+    the attempts after that checkpoint and before the new driver's first were discarded (their
+    work is done again). The job's first start (the first event, from the initial state) is
+    no restart. Events written before drivers recorded it: an event whose driver had carried
+    out no more outcomes than the event before was written by a new driver (the counters start
+    at zero after a restore); it is taken to have restored the newest checkpoint completed
+    before, the attempts in between left no outcome."""
     rows = []
     completed: int | None = None
-    for prev, e in itertools.pairwise(events):
-        if prev.kind is not Outcome.ABORTED:
+    for i, e in enumerate(events):
+        prev = events[i - 1] if i else None
+        if prev is not None and prev.kind is not Outcome.ABORTED:
             completed = prev.checkpoint_id
-        if _outcomes(e) <= _outcomes(prev):
-            rows.append(
-                {
-                    "first_checkpoint_id": e.checkpoint_id,
-                    "restored_from": completed,
-                    "discarded": list(range(prev.checkpoint_id + 1, e.checkpoint_id)),
-                    "trigger_time": e.trigger_time_ms,
-                }
-            )
+        if e.started is not None:
+            restored = e.started.restored_from
+            if prev is None and restored is None:
+                continue  # the job's first start
+            first = restored + 1 if restored is not None else 1
+            notes = list(e.started.notes)
+        elif prev is not None and _outcomes(e) <= _outcomes(prev):
+            restored, first, notes = completed, prev.checkpoint_id + 1, []
+        else:
+            continue
+        rows.append(
+            {
+                "first_checkpoint_id": e.checkpoint_id,
+                "restored_from": restored,
+                "discarded": list(range(first, e.checkpoint_id)),
+                "trigger_time": e.trigger_time_ms,
+                "notes": notes,
+            }
+        )
     return pa.Table.from_pylist(rows, schema=RESTART_SCHEMA)
 
 

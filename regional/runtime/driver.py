@@ -41,7 +41,7 @@ from typing import Protocol, TypedDict, Unpack
 import msgspec
 
 from metadata.errors import StorageError
-from metadata.events import CheckpointEvent, Outcome, StuckUnit, write_event
+from metadata.events import CheckpointEvent, DriverStart, Outcome, StuckUnit, write_event
 from metadata.lease import JobLease, LeaseLostError
 from metadata.storage import JobStorage
 from regional.coordinator import (
@@ -753,6 +753,7 @@ class JobDriver:
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
             warnings=o.warnings,
+            started=self._how_started() if self.last_event is None else None,
         )
         self.records_in_total += records_in
         self.last_event = event
@@ -768,6 +769,15 @@ class JobDriver:
         if self.progress is not None:
             self.progress(event)
         return event
+
+    def _how_started(self) -> DriverStart:
+        """What this driver's first event records of its start: the checkpoint it restored,
+        from where, and what the restore changed (the report's driver restarts)."""
+        return DriverStart(
+            restored_from=self.restored_from,
+            location=self.restored_location or "",
+            notes=self.restore_notes,
+        )
 
     def unit_reads(self, unit_id: int) -> tuple[str, ...]:
         """The splits `unit_id` reads (its name: `metadata.unit_names.unit_name`)."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from metadata.events import CheckpointEvent, Outcome, StuckUnit
+from metadata.events import CheckpointEvent, DriverStart, Outcome, StuckUnit
 from regional.coordinator import CoordinatorMetrics
 
 __all__ = ["MetricsSnapshot", "checkpoint_event", "metrics_snapshot"]
@@ -109,12 +109,14 @@ def checkpoint_event(
     records_late: int = 0,
     watermark: tuple[int | None, int | None] = (None, None),
     warnings: tuple[str, ...] = (),
+    started: DriverStart | None = None,
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
     `fallback_units` fell back (completed) or failed (aborted), with `causes` (one line) and
     `tracebacks` per unit; `stuck` the units stuck after it; `unit_reads` what the units in
-    either read (their names); `warnings` what went wrong without failing it.
+    either read (their names); `warnings` what went wrong without failing it; `started` how
+    the driver started (its first event only).
     `oldest_ref_checkpoint_id` is the checkpoint's own (None for an aborted checkpoint, which
     references nothing)."""
     completed = outcome is not Outcome.ABORTED
@@ -145,4 +147,5 @@ def checkpoint_event(
         watermark_ms=watermark[0],
         watermark_unit=watermark[1],
         warnings=warnings,
+        started=started,
     )
