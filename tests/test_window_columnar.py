@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from windows_job import canonical
 
 from metadata.watermarks import MAX_WATERMARK
 from regional.dataflow.dead_letters import DeadLetters
@@ -93,17 +94,6 @@ def _run(
             rows.append(("snapshot", str(exc)))
             break
     return repr(rows), repr(dead_rows), canonical(states), late
-
-
-def canonical(value: Any) -> str:
-    """`value` as text where equal floats are equal bit for bit (-0.0 is not 0.0, nan is nan)
-    and a dict's order does not count (state is a mapping; its order is not kept)."""
-    if isinstance(value, dict):
-        items = sorted((repr(k), canonical(v)) for k, v in value.items())
-        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(canonical(v) for v in value) + "]"
-    return repr(value)
 
 
 @settings(max_examples=400, deadline=None)

@@ -98,6 +98,17 @@ def pipeline(
     return p
 
 
+def canonical(value: Any) -> str:
+    """`value` as text where equal floats are equal bit for bit (-0.0 is not 0.0, nan is nan)
+    and a dict's order does not count (state is a mapping; its order is not kept)."""
+    if isinstance(value, dict):
+        items = sorted((repr(k), canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(canonical(v) for v in value) + "]"
+    return repr(value)
+
+
 def rows(table: str) -> list[tuple[Any, ...]]:
     """The committed window rows, sorted (a multiset: one row per emitted window)."""
     t = read_table(table)
