@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from regional.dataflow.windows import Aggregate
 
-__all__ = ["COLUMNAR", "MISSING", "can_fold", "fold", "value_column"]
+__all__ = ["COLUMNAR", "MISSING", "can_fold", "fold", "groupable", "value_column"]
 
 #: The built-ins that can run over Arrow columns (`Aggregate.columnar`).
 COLUMNAR = ("count", "sum", "min", "max", "mean")
@@ -45,7 +45,7 @@ MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
 _INT64_MAX = 2**63 - 1
 
 
-def _groupable(kind: pa.DataType) -> bool:
+def groupable(kind: pa.DataType) -> bool:
     """True for a key column Arrow groups exactly as a dict of its Python values does."""
     t = pa.types
     return bool(
@@ -74,7 +74,7 @@ def can_fold(agg: Aggregate, batch: pa.RecordBatch, key_field: str) -> bool:
     names = batch.schema.names
     if agg.columnar not in COLUMNAR or key_field not in names:
         return False
-    if not _groupable(batch.schema.field(key_field).type):
+    if not groupable(batch.schema.field(key_field).type):
         return False
     if agg.columnar == "count":
         return True
