@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import windows_job
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyarrow import fs as pafs
 
 from metadata.commit_log import CommitRecord, read_records
@@ -31,6 +33,7 @@ from regional.dataflow.exchange import (
     ExchangeReader,
     ExchangeWriter,
 )
+from regional.dataflow.keys import key_function
 from regional.dataflow.partitioning import partition_of
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
@@ -432,3 +435,49 @@ def test_a_savepoint_after_a_writer_was_cut_out_of_merged_segments_restores_exac
     resumed = _driver(tmp_path / "b", _pipeline(table), restore_from=summary.savepoint).run()
     assert resumed.finished and resumed.restored_from is not None
     _check_exact(tmp_path)
+
+
+_key_values = st.one_of(
+    st.integers(-3, 3), st.sampled_from(["a", "b", "ü", ""]), st.booleans(), st.none()
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(_key_values, st.integers(0, 99)), max_size=12), min_size=1, max_size=3
+    ),
+    st.sampled_from(["int", "str", "bool", "timestamp"]),
+    st.integers(1, 5),
+)
+def test_a_field_key_places_arrow_rows_where_the_record_path_places_their_records(
+    parts: list[list[tuple[Any, int]]], kind: str, partitions: int
+) -> None:
+    """`key_by("k")` partitions Arrow batches by column (one hash per distinct key): the
+    same rows in the same partitions and order as the key function's record-by-record path."""
+    import datetime as dt
+
+    def value(k: Any) -> Any:
+        if k is None:
+            return None
+        return {
+            "int": lambda: int(k) if not isinstance(k, str) else len(k),
+            "str": lambda: str(k),
+            "bool": lambda: bool(k),
+            "timestamp": lambda: (
+                dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=hash(str(k)) % 1000)
+            ),
+        }[kind]()
+
+    types = {"int": pa.int64(), "str": pa.string(), "bool": pa.bool_(),
+             "timestamp": pa.timestamp("ms", "UTC")}  # fmt: skip
+    schema = pa.schema([("k", types[kind]), ("n", pa.int64())])
+    batches = [
+        [pa.RecordBatch.from_pylist([{"k": value(k), "n": n} for k, n in rows], schema=schema)]
+        for rows in parts
+    ]
+    by_column = ExchangeWriter("x", key_function("k"), partitions).partition_tables(batches)
+    by_record = ExchangeWriter("x", lambda r: r["k"], partitions).partition_tables(batches)
+    assert [{q: t.to_pylist() for q, t in g.items()} for g in by_column] == [
+        {q: t.to_pylist() for q, t in g.items()} for g in by_record
+    ]

@@ -12,7 +12,17 @@ from typing import Any
 
 from metadata.watermarks import MIN_WATERMARK
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.windows import Aggregate, Session, Sliding, Tumbling, Window, count
+from regional.dataflow.windows import (
+    Aggregate,
+    Session,
+    Sliding,
+    Tumbling,
+    Window,
+    count,
+    max_of,
+    mean_of,
+    sum_of,
+)
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
 from regional.sources.generator import GeneratorSource
@@ -96,6 +106,17 @@ def pipeline(
         ParquetSink(table), name="out"
     )
     return p
+
+
+def canonical(value: Any) -> str:
+    """`value` as text where equal floats are equal bit for bit (-0.0 is not 0.0, nan is nan)
+    and a dict's order does not count (state is a mapping; its order is not kept)."""
+    if isinstance(value, dict):
+        items = sorted((repr(k), canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(canonical(v) for v in value) + "]"
+    return repr(value)
 
 
 def rows(table: str) -> list[tuple[Any, ...]]:
@@ -354,5 +375,60 @@ def all_operators(
         ).sink(ParquetSink(os.path.join(directory, kind)), name=f"out-{kind}")
     keyed.process(on_time_sessionize, on_timer=close_session, name=TIMERS).sink(
         ParquetSink(os.path.join(directory, TIMERS)), name=f"out-{TIMERS}"
+    )
+    return p
+
+
+# --- the built-in aggregates over Arrow columns, for the columnar-path job tests -----------
+
+
+def priced_click(split: int, n: int) -> dict[str, Any]:
+    """`click` with an `amount`: quarters (sums of them are exact floats in any order, so a
+    fault that reorders the records cannot change them), None every 19th."""
+    return {**click(split, n), "amount": None if n % 19 == 7 else (split * 31 + n * 17) % 50 / 4}
+
+
+#: window operator -> (assigner, built-in aggregate) of `builtin_aggregates`
+BUILTINS: dict[str, tuple[Any, Aggregate]] = {
+    "tumbling-sum": (Tumbling("10 s"), sum_of("amount")),
+    "sliding-mean": (Sliding("10 s", "5 s"), mean_of("amount")),
+    "tumbling-max": (Tumbling("10 s"), max_of("amount")),
+    "sliding-count": (Sliding("10 s", "5 s"), count()),
+}
+RUNNING = "running-sum"
+
+
+def user_total(key: Any, value: Any) -> dict[str, Any]:
+    return {"user": key, "value": value}
+
+
+def builtin_aggregates(directory: str, partitions: int, *, columnar: bool) -> Pipeline:
+    """priced clicks (`SPLITS` subtasks, event time the field ``ts``) -> exchange by the field
+    ``user`` (`partitions`) -> the `BUILTINS` windows and a running sum of ``amount``, each
+    into its own Parquet table under `directory`; late records dead-lettered (`dead/`). With
+    ``columnar=False`` the same aggregates as plain `Aggregate`s: record by record."""
+
+    def plain(agg: Aggregate) -> Aggregate:
+        return agg if columnar else Aggregate(*agg[:4])
+
+    p = Pipeline(
+        "priced",
+        records_per_epoch=PER_EPOCH,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(os.path.join(directory, "dead")),
+    )
+    keyed = p.source(
+        GeneratorSource(SPLITS, priced_click, records_per_split=PER_SPLIT),
+        parallelism=SPLITS,
+        name="clicks",
+        event_time="ts",
+        max_out_of_orderness=BOUND_MS / 1000,
+    ).key_by("user", partitions=partitions, name="by-user")
+    for name, (assigner, agg) in BUILTINS.items():
+        keyed.window(
+            assigner, aggregate=plain(agg), emit=emit, on_late="dead-letter", name=name
+        ).sink(ParquetSink(os.path.join(directory, name)), name=f"out-{name}")
+    keyed.aggregate(plain(sum_of("amount")), emit=user_total, name=RUNNING).sink(
+        ParquetSink(os.path.join(directory, RUNNING)), name=f"out-{RUNNING}"
     )
     return p

@@ -68,7 +68,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
@@ -100,6 +102,7 @@ from metadata.watermarks import (
     mark_reached,
     parse_mark,
 )
+from regional.dataflow.columnar_aggregates import groupable
 from regional.dataflow.event_time import reader_watermark, released_writers
 from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
@@ -546,15 +549,55 @@ class ExchangeWriter(_Bound, StagedSink):
             out[partition_of(key(record), partitions)].append(record)
         return dict(sorted(out.items()))
 
+    def partition_tables(
+        self, parts: Sequence[Sequence[pa.RecordBatch]]
+    ) -> list[dict[int, pa.Table]]:
+        """Each part's records as one table per partition of their keys (partition order,
+        record order kept). A field key (`key_by("user")`) whose column every batch has, of a
+        type Arrow groups as Python does (`columnar_aggregates.groupable`), with one schema
+        for all batches, is placed with one hash per distinct key and Arrow filters; any other
+        goes record by record (`partition`), as Python records and back."""
+        field = getattr(self.key, "field", None)
+        batches = [b for part in parts for b in part]
+        schemas = {b.schema.remove_metadata() for b in batches}
+        if (
+            not isinstance(field, str)
+            or len(schemas) != 1
+            or field not in batches[0].schema.names
+            or not groupable(batches[0].schema.field(field).type)
+        ):
+            return [
+                {
+                    q: pa.Table.from_pylist(rows)
+                    for q, rows in self.partition(
+                        [r for b in part for r in b.to_pylist()], self.partitions
+                    ).items()
+                }
+                for part in parts
+            ]
+        out: list[dict[int, pa.Table]] = []
+        for part in parts:
+            table = pa.Table.from_batches(part, schema=batches[0].schema).replace_schema_metadata()
+            if not table.num_rows:
+                out.append({})
+                continue
+            keys = pc.dictionary_encode(table.column(field), null_encoding="encode")
+            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            placed = np.array(
+                [partition_of(k, self.partitions) for k in keys.dictionary.to_pylist()],
+                dtype=np.int64,
+            )
+            of_row = placed[np.asarray(keys.indices, dtype=np.int64)]
+            out.append({int(q): table.filter(pa.array(of_row == q)) for q in np.unique(of_row)})
+        return out
+
     def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Stage this epoch's records of writer subtask `context.index`, one file per partition
         that gets records; their committables."""
         c = context
-        records = [r for b in batches for r in b.to_pylist()]
         tail = f"{c.run_id or 'run'}-a{c.attempt}-{uuid.uuid4().hex[:8]}"
         out = []
-        for partition, rows in self.partition(records, self.partitions).items():
-            table = pa.Table.from_pylist(rows)
+        for partition, table in self.partition_tables([batches])[0].items():
             if c.watermarks is not None:  # the records' origin watermark (event time)
                 table = table.replace_schema_metadata({ORIGIN_KEY: str(c.watermarks[0])})
             out.append(
@@ -593,15 +636,12 @@ class ExchangeWriter(_Bound, StagedSink):
             )
         first = parts[order[0]][0]
         tail = f"{first.run_id or 'run'}-a{first.attempt}-{uuid.uuid4().hex[:8]}"
-        grouped = [
-            self.partition([r for b in parts[i][1] for r in b.to_pylist()], self.partitions)
-            for i in order
-        ]
+        grouped = self.partition_tables([parts[i][1] for i in order])
         out: list[list[bytes]] = [[] for _ in parts]
         for partition in sorted({q for g in grouped for q in g}):
-            rows = [r for g in grouped for r in g.get(partition, ())]
-            counts = [len(g.get(partition, ())) for g in grouped]
-            table = pa.Table.from_pylist(rows)
+            pieces = [g[partition] for g in grouped if partition in g]
+            counts = [g[partition].num_rows if partition in g else 0 for g in grouped]
+            table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
             timed = self._origin(
                 [parts[i][0] for i, n in zip(order, counts, strict=True) if n],
                 [n for n in counts if n],
@@ -614,7 +654,7 @@ class ExchangeWriter(_Bound, StagedSink):
             places: list[FilePart | None] = []
             start = 0
             for n in counts:
-                places.append(FilePart(start, n, len(rows)) if n else None)
+                places.append(FilePart(start, n, table.num_rows) if n else None)
                 start += n
             stem = (
                 f"n{self.partitions}-p{partition}-c{first.checkpoint_id:020d}-"

@@ -103,6 +103,7 @@ _KEYED_ONLY = (
     "interval_join",
     "temporal_join",
     "drop_duplicates",
+    "aggregate",
 )
 _UNKEYED_ONLY = (
     "map",
@@ -302,8 +303,8 @@ class KeyedStream:
             if name in _UNKEYED_ONLY:
                 raise KeyedOnlyError(
                     f"{name}(...) after key_by on {self._stream.vertex_id!r}: a keyed stream "
-                    "only takes process(...), window(...), apply_in_arrow(...), the joins or "
-                    "drop_duplicates(...); call "
+                    "only takes process(...), window(...), aggregate(...), apply_in_arrow(...), "
+                    "the joins or drop_duplicates(...); call "
                     f"{name}(...) before key_by, or on the stream process or window returns"
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -571,6 +572,34 @@ class KeyedStream:
             scope=scope,
         )
         return pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
+
+    def aggregate(
+        self,
+        agg: Aggregate,
+        *,
+        emit: Callable[[Any, Any], Any] | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A running aggregate of the key over every record so far (`count()`,
+        `sum_of(field)`, `min_of`, `max_of`, `mean_of` or an `Aggregate`), no event time
+        needed: per epoch one row per key that had records in it, ``emit(key, value)``
+        (default ``{key, value}``), ordered by key. Per (split, key) on a forward chain, per
+        key after a keyed exchange (``key_by(k, partitions=N)``: one total per key). Built-ins
+        on a field key (``key_by("user")``) run over Arrow columns. DESIGN §4 rule 21
+        (`regional.dataflow.running_aggregate`)."""
+        from regional.dataflow.running_aggregate import RunningAggregate
+
+        stream = self._stream
+        if not isinstance(agg, Aggregate):
+            called = " (call it: count(), not count)" if callable(agg) else ""
+            raise GraphError(
+                f"aggregate {name or '(unnamed)'!r}: agg={agg!r} is no aggregate{called}; give "
+                "count(), sum_of('field'), min_of('field'), max_of('field'), mean_of('field') "
+                "or an Aggregate(init, add, merge, result)"
+            )
+        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
+        op = RunningAggregate(agg, self._key, emit=emit, scope=scope)
+        return stream.pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
 
 
 class Pipeline:

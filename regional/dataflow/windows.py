@@ -169,9 +169,12 @@ class Aggregate(NamedTuple):
     add: Callable[[Any, Any], Any]
     merge: Callable[[Any, Any], Any]
     result: Callable[[Any], Any]
-    #: a built-in the window operator may compute over Arrow columns instead of record by
-    #: record, with the same accumulators: "count" (None for any other aggregate)
+    #: a built-in the window and running-aggregate operators may compute over Arrow columns
+    #: instead of record by record, with the same accumulators: "count", "sum", "min", "max"
+    #: or "mean" (None for any other aggregate: always record by record)
     columnar: str | None = None
+    #: the field a columnar built-in reads (None for `count`)
+    field: str | None = None
 
 
 def _identity(x: Any) -> Any:
@@ -190,8 +193,18 @@ def count() -> Aggregate:
 
 
 def sum_of(field: str) -> Aggregate:
-    """The sum of `record[field]`."""
-    return Aggregate(lambda: 0, lambda acc, r: acc + r[field], lambda a, b: a + b, _identity)
+    """The sum of `record[field]`; None values are skipped (as SQL's ``sum``), 0 when every
+    value was (SQL gives NULL there).
+
+    >>> a = sum_of("v"); a.result(a.add(a.add(a.add(a.init(), {"v": 3}), {"v": None}), {"v": 1}))
+    4
+    """
+
+    def add(acc: Any, record: Any) -> Any:
+        v = record[field]
+        return acc if v is None else acc + v
+
+    return Aggregate(lambda: 0, add, lambda a, b: a + b, _identity, columnar="sum", field=field)
 
 
 def min_of(field: str) -> Aggregate:
@@ -209,7 +222,7 @@ def min_of(field: str) -> Aggregate:
     def merge(a: Any, b: Any) -> Any:
         return a if b is None else b if a is None or b < a else a
 
-    return Aggregate(_none, add, merge, _identity)
+    return Aggregate(_none, add, merge, _identity, columnar="min", field=field)
 
 
 def max_of(field: str) -> Aggregate:
@@ -226,7 +239,7 @@ def max_of(field: str) -> Aggregate:
     def merge(a: Any, b: Any) -> Any:
         return a if b is None else b if a is None or b > a else a
 
-    return Aggregate(_none, add, merge, _identity)
+    return Aggregate(_none, add, merge, _identity, columnar="max", field=field)
 
 
 def mean_of(field: str) -> Aggregate:
@@ -247,7 +260,7 @@ def mean_of(field: str) -> Aggregate:
     def result(acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] else None
 
-    return Aggregate(lambda: [0, 0], add, merge, result)
+    return Aggregate(lambda: [0, 0], add, merge, result, columnar="mean", field=field)
 
 
 def _none() -> None:

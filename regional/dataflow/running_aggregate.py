@@ -1,0 +1,187 @@
+"""The running keyed aggregate: ``key_by(k).aggregate(count())`` keeps per key one accumulator
+over every record of the key so far and emits, per epoch, the new value of every key that had
+records in it (DESIGN §4 rule 21).
+
+* **State.** The accumulator is keyed state (slot entry ``"a"``): per (input split, key) on a
+  forward chain, per key after a keyed exchange, so it falls back, restores and moves on
+  rescale like any keyed state.
+* **Rows.** At the end of an epoch, one row per key with records in the epoch (also when its
+  value did not change: a `max_of` that saw smaller values), ``emit(key, value)``, by default
+  ``{"key": key, "value": value}``, ordered by the key's msgpack encoding, not by arrival
+  (which changes when a unit falls back).
+* **No event time.** Every record counts; none is late, and the operator needs no watermark.
+* **Columns.** With a built-in aggregate (`count`, `sum_of`, `min_of`, `max_of`,
+  `mean_of`) and a field key (``key_by("user")``), an Arrow batch is folded with one group-by
+  (`regional.dataflow.columnar_aggregates`), with the values of the record-wise path, which
+  every other case takes (a user `Aggregate`, a key function, a batch the columns cannot
+  fold). With dead letters, a record whose key or `add` raises is a dead letter; without, the
+  unit declines.
+
+>>> from regional.dataflow.keys import FieldKey
+>>> from regional.dataflow.state import OperatorState
+>>> from regional.dataflow.windows import sum_of
+>>> op = RunningAggregate(sum_of("n"), FieldKey("user"), name="totals")
+>>> state = OperatorState()
+>>> op.run([("s0", [{"user": "bo", "n": 2}, {"user": "al", "n": 1}])], None, state, None, None)
+([('s0', [{'key': 'al', 'value': 1}, {'key': 'bo', 'value': 2}])], None)
+>>> op.run([("s0", [{"user": "bo", "n": 5}])], None, state, None, None)
+([('s0', [{'key': 'bo', 'value': 7}])], None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value_column
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.operators import Chunk, Operator, records_of
+from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.windows import Aggregate
+
+__all__ = ["RunningAggregate", "default_emit"]
+
+_RUNNING = "a"  # slot entry: the key's accumulator
+_ENCODE = msgspec.msgpack.Encoder()
+
+
+def default_emit(key: Any, value: Any) -> dict[str, Any]:
+    """The default row of a running aggregate: ``{key, value}``."""
+    return {"key": key, "value": value}
+
+
+class _Scope:
+    """One state scope's epoch: the split its rows carry, their origin watermark (the lowest
+    of its chunks') and the slots of the keys that had records, by key."""
+
+    def __init__(self, split: str, origin: int) -> None:
+        self.split = split
+        self.origin = origin
+        self.changed: dict[Any, dict[Any, Any]] = {}
+
+
+class RunningAggregate(Operator):
+    """Per key, `aggregate` over every record so far; per epoch a row per key that had
+    records (see the module)."""
+
+    kind = "aggregate"
+    stateful = True
+
+    def __init__(
+        self,
+        aggregate: Aggregate,
+        key: Callable[[Any], Any],
+        *,
+        emit: Callable[[Any, Any], Any] | None = None,
+        name: str = "",
+        scope: str = "split",
+    ) -> None:
+        super().__init__(name=name, scope=scope)
+        self.aggregate = aggregate
+        self.key = key
+        self.emit = emit or default_emit
+        field = getattr(key, "field", None)
+        #: the key column when batches may be folded over Arrow columns (else None)
+        self.key_column = field if isinstance(field, str) and aggregate.columnar else None
+
+    def user_functions(self) -> tuple[Any, ...]:
+        return (self.key, self.aggregate, self.emit)
+
+    def run(
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        state: OperatorState | None,
+        dead_letters: DeadLetters | None,
+        time: EpochTime | None,
+    ) -> tuple[list[Chunk], list[int] | None]:
+        assert state is not None
+        scopes: dict[str, _Scope] = {}
+        seen: dict[str, int] = {}
+        for n, (split, data) in enumerate(chunks):
+            name = split if self.scope == "split" else KEY_SCOPE
+            origin = origins[n] if origins is not None else 0
+            scope = scopes.get(name)
+            if scope is None:  # after an exchange, rows carry the split the unit reads
+                key_split = time.key_split if time is not None else ""
+                out_split = key_split if self.scope == "key" and key_split else split
+                scope = scopes[name] = _Scope(out_split, origin)
+            scope.origin = min(scope.origin, origin)
+            slots = state.keyed.setdefault(name, {})
+            base = seen.get(split, 0)
+            if (
+                self.key_column is not None
+                and isinstance(data, pa.RecordBatch)
+                and can_fold(self.aggregate, data, self.key_column)
+            ):
+                self._fold(data, slots, scope, state)
+                seen[split] = base + data.num_rows
+                continue
+            rows = records_of(data)
+            seen[split] = base + len(rows)
+            self._add(rows, split, base, slots, scope, state, dead_letters)
+        out: list[Chunk] = []
+        out_origins: list[int] | None = [] if origins is not None else None
+        for name, scope in scopes.items():
+            if not state.keyed.get(name):
+                state.keyed.pop(name, None)
+            if not scope.changed:
+                continue
+            result, emit = self.aggregate.result, self.emit
+            ordered = sorted(scope.changed.items(), key=lambda item: _ENCODE.encode(item[0]))
+            out.append((scope.split, [emit(k, result(slot[_RUNNING])) for k, slot in ordered]))
+            if out_origins is not None:
+                out_origins.append(scope.origin)
+        return out, out_origins
+
+    def _add(
+        self,
+        rows: list[Any],
+        split: str,
+        base: int,
+        slots: dict[Any, Any],
+        scope: _Scope,
+        state: OperatorState,
+        dead_letters: DeadLetters | None,
+    ) -> None:
+        """Add records one by one (`Aggregate.add`)."""
+        agg, key_of = self.aggregate, self.key
+        for i, record in enumerate(rows):
+            try:
+                key = key_of(record)
+                slot = slots.get(key)
+                acc = agg.add(agg.init() if slot is None else slot[_RUNNING], record)
+                if slot is None:
+                    state.codec.check(key, what=f"the key of split {split!r}", operator=self.name)
+                    slot = slots[key] = {}
+            except Exception as exc:
+                if dead_letters is None:
+                    raise
+                dead_letters.add(self.name, split, base + i, record, exc)
+                continue
+            slot[_RUNNING] = acc
+            scope.changed[key] = slot
+
+    def _fold(
+        self, batch: pa.RecordBatch, slots: dict[Any, Any], scope: _Scope, state: OperatorState
+    ) -> None:
+        """Add a foldable batch with one Arrow group-by (`columnar_aggregates.fold`)."""
+        assert self.key_column is not None
+
+        def current(key: Any, _start: int | None) -> Any:
+            slot = slots.get(key)
+            return MISSING if slot is None else slot[_RUNNING]
+
+        keys = batch.column(self.key_column)
+        values = value_column(self.aggregate, batch)
+        for key, _, acc in fold(self.aggregate, keys, values, None, current):
+            slot = slots.get(key)
+            if slot is None:
+                state.codec.check(key, what="the key of a running aggregate", operator=self.name)
+                slot = slots[key] = {}
+            slot[_RUNNING] = acc
+            scope.changed[key] = slot
