@@ -336,8 +336,8 @@ def test_a_stream_method_after_key_by_says_what_a_keyed_stream_takes() -> None:
         nums.key_by(lambda r: r["n"]).map(lambda r: r)
     assert str(info.value) == (
         "map(...) after key_by on 'nums': a keyed stream only takes process(...), window(...), "
-        "aggregate(...), apply_in_arrow(...), the joins or drop_duplicates(...); call map(...) before key_by, "
-        "or on the stream process or window returns"
+        "aggregate(...), apply_in_arrow(...), the joins or drop_duplicates(...); call map(...) "
+        "before key_by, or on the stream process or window returns"
     )
 
 
