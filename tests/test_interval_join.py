@@ -242,6 +242,40 @@ def test_the_join_equals_a_batch_join_without_exactly_the_dead_lettered_records(
     assert max(rows.values()) == 1
 
 
+def test_a_dead_letter_names_the_position_its_own_side_read_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # both exchange readers of a join unit read a split named n3-p<q>: each dead letter's
+    # split_position must be where its own side's reader started, so that reading that side
+    # from there finds the record at record_index (it showed the other side's position)
+    from regional.dataflow.exchange import ExchangeReader
+    from regional.dataflow.operators import records_of
+
+    reads: dict[tuple[str, str, str], list[Any]] = {}
+    read_timed = ExchangeReader.read_timed
+
+    def spy(self: ExchangeReader, split: str, position: bytes, n: int) -> Any:
+        got = read_timed(self, split, position, n)
+        rows = [r for b in got[0].batches for r in records_of(b)]
+        reads.setdefault((self.reader, split, position.decode()), rows)
+        return got
+
+    monkeypatch.setattr(ExchangeReader, "read_timed", spy)
+    driver = _driver(tmp_path, "inner")
+    assert driver.run().finished
+    left, right = driver.pipeline.vertices["join"].inputs
+    readers = {
+        side: driver.pipeline.vertices[v].source.reader  # type: ignore[union-attr]
+        for side, v in (("o", left), ("p", right))
+    }
+    rows = read_table(str(tmp_path / "dead")).to_pylist()
+    assert {json.loads(r["record"])["id"][0] for r in rows} == {"o", "p"}
+    for r in rows:
+        record = json.loads(r["record"])
+        read = reads[readers[record["id"][0]], r["split_id"], r["split_position"]]
+        assert read[r["record_index"]] == record
+
+
 #: units 0-2 orders, 3-5 payments (upstream, each side on its own), 6-8 the join
 UNIT_FAULTS = {(2, 1): "fail", (3, 1): "fail", (3, 4): "fail", (4, 7): "fail", (6, 8): "fail"}
 

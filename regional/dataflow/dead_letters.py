@@ -69,24 +69,46 @@ class DeadLetters:
 
     `split_positions` maps each split read in the epoch to the position the epoch started at
     (as text): a dead letter names its split, that position and `record_index`, the record's
-    index among the records of that split the operator got in this epoch."""
+    index among the records of that split the operator got in this epoch. Two sources of a
+    unit can read splits of one id (the two exchange readers of a join both read
+    ``n<N>-p<q>``): `source_positions` has the positions by (source vertex, split), and a
+    dead letter that names its `source` takes its position from there."""
 
-    def __init__(self, checkpoint_id: int, split_positions: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        checkpoint_id: int,
+        split_positions: Mapping[str, str],
+        source_positions: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
         self.checkpoint_id = checkpoint_id
         self.split_positions = split_positions
+        self.source_positions = {} if source_positions is None else source_positions
         self._rows: list[dict[str, Any]] = []
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, operator: str, split: str, index: int, record: Any, exc: Exception) -> None:
-        """Keep `record`, on which `operator` raised `exc`."""
+    def add(
+        self,
+        operator: str,
+        split: str,
+        index: int,
+        record: Any,
+        exc: Exception,
+        *,
+        source: str | None = None,
+    ) -> None:
+        """Keep `record`, on which `operator` raised `exc` (`source`: the source vertex that
+        read it, when the operator knows it)."""
+        position = self.source_positions.get((source, split)) if source is not None else None
+        if position is None:
+            position = self.split_positions.get(split, "")
         self._rows.append(
             {
                 "checkpoint_id": self.checkpoint_id,
                 "operator": operator,
                 "split_id": split,
-                "split_position": self.split_positions.get(split, ""),
+                "split_position": position,
                 "record_index": index,
                 "record": _record_text(record),
                 "error_type": type(exc).__name__,

@@ -281,6 +281,9 @@ class KeyedJoin(Operator):
         late records and records without a usable event time are set aside."""
         name = self.sides[side]
         key_of = self.keys[side]
+        # both sides' exchange readers read a split named n<N>-p<q>: a dead letter names its
+        # reader, so it shows that reader's position
+        source = self.input_ids[side] if len(self.input_ids) == 2 else None
         what = f"{self.what} {self.name!r}"
         judge = Lateness(
             f"{what} ({name} side)",
@@ -297,7 +300,7 @@ class KeyedJoin(Operator):
             seen[split] = base + len(rows)
             for _, record, ts in judge.on_time(
                 rows, split=split, base=base, origin=origin, dead=dead, time=time,
-                operator=self.name,
+                operator=self.name, source=source,
             ):  # fmt: skip
                 key = key_of(record)
                 if key not in slots:

@@ -57,9 +57,11 @@ class Lateness:
         dead: DeadLetters | None,
         time: EpochTime,
         operator: str,
+        source: str | None = None,
     ) -> Iterator[tuple[int, Any, int]]:
         """(index in the chunk, record, event time) of every record of `rows` (read from
-        `split`, `base` records of it before them this epoch) at or above `origin`."""
+        `split` by the source vertex `source` when known, `base` records of it before them
+        this epoch) at or above `origin`."""
         owner, time_of, field = self.owner, self.time_of, self.field
         for i, record in enumerate(rows):
             try:
@@ -71,12 +73,12 @@ class Lateness:
                 except EventTimeError as exc:
                     if dead is None:
                         raise
-                    dead.add(operator, split, base + i, record, exc)
+                    dead.add(operator, split, base + i, record, exc, source=source)
                 continue
             if ts < origin:
                 time.late += 1
                 error = self.reason(ts, origin) if self.on_late == "dead-letter" else None
                 if dead is not None and error is not None:
-                    dead.add(operator, split, base + i, record, error)
+                    dead.add(operator, split, base + i, record, error, source=source)
                 continue
             yield i, record, ts

@@ -90,9 +90,10 @@ def _rows_in(batch: pa.RecordBatch) -> int:
 
 
 class Operator:
-    """One transformation of a stage. `name` is its vertex id (set by the pipeline when the
-    operator is added; errors name it); `scope` is where keyed state lives: per (input split,
-    key) on a forward chain (``"split"``), per key after a keyed exchange (``"key"``)."""
+    """One transformation of a stage. `name` is its vertex id and `input_ids` the vertices
+    feeding it, in input order (both set by the pipeline when the operator is added; errors
+    name it); `scope` is where keyed state lives: per (input split, key) on a forward chain
+    (``"split"``), per key after a keyed exchange (``"key"``)."""
 
     #: the vertex kind in the job graph and the default vertex name's prefix
     kind: ClassVar[str] = "operator"
@@ -102,6 +103,7 @@ class Operator:
     def __init__(self, *, name: str = "", scope: str = "split") -> None:
         self.name = name
         self.scope = scope
+        self.input_ids: tuple[str, ...] = ()
 
     @property
     def timed(self) -> bool:

@@ -767,6 +767,7 @@ class Pipeline:
         role = {"source": "source", "sink": "sink"}.get(kind, "operator")
         if isinstance(what.get("operator"), Operator):
             what["operator"].name = vid
+            what["operator"].input_ids = tuple(inputs)
         self.vertices[vid] = VertexSpec(vid, role, parallelism or 1, inputs, **what)
         if self.dead_letter is not None:
             self._place_dead_letters()

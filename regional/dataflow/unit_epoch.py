@@ -94,13 +94,15 @@ def read_source(
     time: EpochTime | None,
     dead: DeadLetters | None,
     start_positions: dict[str, str],
+    source_positions: dict[tuple[str, str], str] | None = None,
     ended: bool,
     idle_timeout_ms: int | None,
     exclude_after: int | None,
 ) -> SourceEpoch:
     """Read source subtask `index` of `spec` from `positions` (split -> wrapped position) for
     one epoch of at most `budget` records; `start_positions` gets each split's position as
-    text (dead letters name it). With `time`, the epoch's watermarks by scope are filled in."""
+    text (dead letters name it), `source_positions` the same by (vertex, split). With `time`,
+    the epoch's watermarks by scope are filled in."""
     source = spec.source
     assert source is not None
     timed = timed_source(source)
@@ -115,7 +117,9 @@ def read_source(
     left = len(positions)
     for split, wrapped in positions.items():
         position, mark = unwrap_position(wrapped)
-        start_positions[split] = position.decode("utf-8", "backslashreplace")
+        start_positions[split] = text = position.decode("utf-8", "backslashreplace")
+        if source_positions is not None:
+            source_positions[spec.id, split] = text
         marks_before[split] = mark
         first = len(chunks)
         finished = False
@@ -245,9 +249,10 @@ def run_unit_epoch(
     unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
     unit_end: list[int] = []
     start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
+    source_positions: dict[tuple[str, str], str] = {}  # the same by (source vertex, split)
     live_splits: set[str] = set()  # splits the unit's sources still hold
     dead = (
-        DeadLetters(checkpoint_id, start_positions)
+        DeadLetters(checkpoint_id, start_positions, source_positions)
         if pipeline.on_error == "dead-letter"
         and any(pipeline.vertices[v].dead_letter for v in order)
         else None
@@ -274,6 +279,7 @@ def run_unit_epoch(
                 time=time_,
                 dead=dead,
                 start_positions=start_positions,
+                source_positions=source_positions,
                 ended=vertex_id in ended,
                 idle_timeout_ms=idle_timeout_ms,
                 exclude_after=exclude_after,
