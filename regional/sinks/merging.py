@@ -68,8 +68,10 @@ def merged_table(
 ) -> tuple[pa.Table | None, list[FilePart | None]]:
     """The rows of every part (one unit's batches each) as one table, in part order, and each
     part's place in it (None for a part without rows; the table is None when no part has
-    any). Schemas are unified as `pa.concat_tables(promote_options="default")` does."""
-    tables = []
+    any). Schemas are unified as `pa.concat_tables(promote_options="default")` does. The
+    table's columns are one chunk each (written as such: a task's hundreds of small parts
+    would otherwise become as many pages per column)."""
+    kept: list[list[pa.RecordBatch]] = []
     first = 0
     spans: list[tuple[int, int] | None] = []
     for batches in parts:
@@ -77,13 +79,20 @@ def merged_table(
         if not rows:
             spans.append(None)
             continue
-        tables.append(_table(rows))
+        kept.append(rows)
         n = sum(b.num_rows for b in rows)
         spans.append((first, n))
         first += n
-    if not tables:
+    if not kept:
         return None, [None] * len(parts)
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+    every = [b for rows in kept for b in rows]
+    schema = every[0].schema  # schemas with metadata do not hash: compare, do not collect
+    if all(b.schema.equals(schema) for b in every[1:]):  # the usual case: one call
+        table = pa.Table.from_batches(every, schema=schema)
+    else:
+        table = pa.concat_tables([_table(rows) for rows in kept], promote_options="default")
+    if table.num_columns and table.column(0).num_chunks > 1:
+        table = table.combine_chunks()
     return table, [None if s is None else FilePart(s[0], s[1], first) for s in spans]
 
 
