@@ -22,7 +22,7 @@ whole, one row per record of the batch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -119,5 +119,13 @@ class DeadLetters:
 
     def batch(self, operators: Collection[str]) -> pa.RecordBatch:
         """The dead letters of `operators` (the inputs of one dead-letter sink vertex)."""
-        rows = [r for r in self._rows if r["operator"] in operators]
-        return pa.RecordBatch.from_pylist(rows, schema=DEAD_LETTER_SCHEMA)
+        return self.batch_of(self.rows(operators))
+
+    def rows(self, operators: Collection[str]) -> list[dict[str, Any]]:
+        """The dead letters of `operators` as rows of `DEAD_LETTER_SCHEMA`, in the order kept."""
+        return [r for r in self._rows if r["operator"] in operators]
+
+    @staticmethod
+    def batch_of(rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+        """`rows` (of `rows`) as a record batch."""
+        return pa.RecordBatch.from_pylist(list(rows), schema=DEAD_LETTER_SCHEMA)

@@ -241,6 +241,7 @@ class LookupJoin(RecordOperator):
     seconds (tests inject a clock); the table is read again once `refresh_s` passed."""
 
     kind = "lookup_join"
+    one_pass = True  # a pass of units meets one version of the table
 
     def __init__(
         self,

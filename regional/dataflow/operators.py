@@ -99,6 +99,10 @@ class Operator:
     kind: ClassVar[str] = "operator"
     #: keeps state between epochs (restored, snapshotted, redistributed on rescale)
     stateful: ClassVar[bool] = False
+    #: can run once over the records of several units of a task (`regional.dataflow.
+    #: task_epoch`): its output chunks keep their input's split, and its state (if any) is
+    #: keyed state per split, never subtask-level lists
+    one_pass: ClassVar[bool] = False
 
     def __init__(self, *, name: str = "", scope: str = "split") -> None:
         self.name = name
@@ -222,6 +226,7 @@ class Map(RecordOperator):
     """One output record per input record: `fn(record)`."""
 
     kind = "map"
+    one_pass = True
 
     def outputs(
         self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
@@ -239,6 +244,7 @@ class Filter(RecordOperator):
     """The records for which `fn(record)` is true."""
 
     kind = "filter"
+    one_pass = True
 
     def outputs(
         self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
@@ -256,6 +262,7 @@ class FlatMap(RecordOperator):
     """Zero or more output records per input record: the iterable `fn(record)` (None: none)."""
 
     kind = "flat_map"
+    one_pass = True
 
     def outputs(
         self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
@@ -308,6 +315,7 @@ class Process(KeyedTimers, RecordOperator):
 
     kind = "process"
     stateful = True
+    one_pass = True  # timers need event time, which keeps a unit out of any pass
 
     def __init__(
         self,
@@ -377,6 +385,7 @@ class MapBatches(Operator):
     dead-lettered)."""
 
     kind = "map_batches"
+    one_pass = True
 
     def __init__(
         self, fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table | None], *, name: str = ""

@@ -34,6 +34,7 @@ is None in production.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -42,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -52,13 +53,16 @@ from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
 from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.unit_epoch import run_unit_epoch
+from regional.dataflow.task_epoch import TaskUnit, run_task_epoch, shares_pass
+from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.rows import batches_of, parts_batches
 from regional.sources.base import Batch
 
 __all__ = ["TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
+
+log = logging.getLogger(__name__)
 
 
 class UnitTimeout(BaseException):
@@ -109,6 +113,9 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     #: one staged data file per task per merging sink (`regional.sinks.base.MergingWriter`)
     #: and epoch; False: one per unit (the layout before merging)
     merge_sink_files: bool = True
+    #: run the operators once over the records of a task's units that can share a pass
+    #: (`regional.dataflow.task_epoch`); False: one unit at a time
+    task_pass: bool = True
 
 
 class _Snapshot(msgspec.Struct):
@@ -137,18 +144,23 @@ def _alarm(signum: int, frame: Any) -> None:
     raise UnitTimeout
 
 
+class _Timeout(Protocol):
+    def __call__(self, share: float = ...) -> contextlib.AbstractContextManager[None]: ...
+
+
 @contextlib.contextmanager
-def _alarms(seconds: float) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
+def _alarms(seconds: float) -> Iterator[_Timeout]:
     """For one task: installs the SIGALRM handler once (when on the main thread, as PySpark
-    workers are) and yields `timeout()`, a context that raises `UnitTimeout` inside it after
-    `seconds` (it only arms and disarms the timer: a unit pays two system calls)."""
+    workers are) and yields `timeout(share=1.0)`, a context that raises `UnitTimeout` inside
+    it after `share` of `seconds` (it only arms and disarms the timer: a unit pays two system
+    calls)."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield contextlib.nullcontext
+        yield lambda share=1.0: contextlib.nullcontext()
         return
 
     @contextlib.contextmanager
-    def timeout() -> Iterator[None]:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+    def timeout(share: float = 1.0) -> Iterator[None]:
+        signal.setitimer(signal.ITIMER_REAL, seconds * share)
         try:
             yield
         finally:
@@ -173,40 +185,36 @@ def _process(
     spool: _Spool | None = None,
     reads: _RestoreReads | None = None,
     merging: frozenset[str] = frozenset(),
+    ran: tuple[UnitEpoch, float] | None = None,
 ) -> _Snapshot:
-    """Run the unit's epoch on the record path (`regional.dataflow.unit_epoch`), stage its sink
+    """Run the unit's epoch on the record path (`regional.dataflow.unit_epoch`) unless the
+    task's pass ran it (`ran`: its epoch and its share of the pass's seconds), stage its sink
     rows, and serialise its state locally (sync phase): to the task's `spool` when given
     (merged uploads), else to a local file of the unit's own. State files several of the
     task's units restore from are read once (`reads`). The sink vertices in `merging` do not
     stage now: their rows wait in the snapshot (`sink_parts`) for the task's one merged file
     per sink."""
     pipeline: Pipeline = env.pipeline
-    faults = env.faults
-    if faults is not None:
-        faults.before_unit(work)
-    started = time.perf_counter()
-
-    def state_of(subtask: SubtaskState) -> tuple[bytes, str]:
-        data = b"".join(
-            storage.read_segment(h, whole_files=reads.cache_for(h))
-            if reads is not None
-            else storage.read_segment(h)
-            for h in subtask.handles
+    if ran is not None:
+        epoch, seconds = ran
+        started = time.perf_counter() - seconds
+    else:
+        faults = env.faults
+        if faults is not None:
+            faults.before_unit(work)
+        started = time.perf_counter()
+        epoch = run_unit_epoch(
+            pipeline,
+            {s.vertex_id: s for s in work.restore},  # a unit has one subtask per vertex
+            checkpoint_id=work.checkpoint_id,
+            new_splits=work.new_splits,
+            ended=work.ended,
+            state_of=_state_reader(storage, reads),
+            now_ms=int(time.time() * 1000),
+            idle_timeout_ms=env.idle_timeout_ms,
+            exclude_after=env.exclude_after,
+            after_sources=None if faults is None else lambda: faults.after_sources(work),
         )
-        return data, ", ".join(storage.describe(h.path) for h in subtask.handles)
-
-    epoch = run_unit_epoch(
-        pipeline,
-        {s.vertex_id: s for s in work.restore},  # a unit has one subtask per vertex
-        checkpoint_id=work.checkpoint_id,
-        new_splits=work.new_splits,
-        ended=work.ended,
-        state_of=state_of,
-        now_ms=int(time.time() * 1000),
-        idle_timeout_ms=env.idle_timeout_ms,
-        exclude_after=env.exclude_after,
-        after_sources=None if faults is None else lambda: faults.after_sources(work),
-    )
     sink_parts: list[tuple[str, WriteContext, list[Batch]]] = []
     # the coordinator expects the subtasks (and we write the segments) in layout order
     ordered: list[SubtaskState] = []
@@ -271,6 +279,78 @@ def _process(
         spool_offset,
         sink_parts,
     )
+
+
+def _state_reader(
+    storage: JobStorage, reads: _RestoreReads | None
+) -> Callable[[SubtaskState], tuple[bytes, str]]:
+    """An operator subtask's restored state bytes and where they are (for errors), read
+    through the task's whole-file cache (`reads`) where several units share a file."""
+
+    def state_of(subtask: SubtaskState) -> tuple[bytes, str]:
+        data = b"".join(
+            storage.read_segment(h, whole_files=reads.cache_for(h))
+            if reads is not None
+            else storage.read_segment(h)
+            for h in subtask.handles
+        )
+        return data, ", ".join(storage.describe(h.path) for h in subtask.handles)
+
+    return state_of
+
+
+def _passes(
+    env: TaskEnv,
+    storage: JobStorage,
+    works: Sequence[UnitWork],
+    reads: _RestoreReads,
+    timeout: _Timeout,
+) -> dict[int, tuple[UnitEpoch, float]]:
+    """The epochs of the task's units that ran in a pass (`regional.dataflow.task_epoch`), by
+    position in `works`, with each one's share of the pass's seconds: units of one shape that
+    can share a pass, without injected faults, in groups of two or more. A pass that fails
+    (a record a user function raises on, a timeout: half a unit's) or cannot keep its units
+    apart gives nothing: its units run one by one, so only the one at fault declines."""
+    if not env.task_pass or len(works) < 2:
+        return {}
+    shapes: dict[frozenset[str], list[int]] = {}
+    for at, work in enumerate(works):
+        if env.faults is not None and (work.checkpoint_id, work.unit_id) in env.faults.kinds:
+            continue
+        shapes.setdefault(frozenset(s.vertex_id for s in work.restore), []).append(at)
+    state_of = _state_reader(storage, reads)
+    ran: dict[int, tuple[UnitEpoch, float]] = {}
+    for vertices, ats in shapes.items():
+        if len(ats) < 2 or not shares_pass(env.pipeline, vertices):
+            continue
+        units = [
+            TaskUnit(
+                {s.vertex_id: s for s in works[at].restore},
+                works[at].new_splits,
+                works[at].ended,
+                state_of,
+            )
+            for at in ats
+        ]
+        started = time.perf_counter()
+        try:
+            with timeout(0.5):
+                epochs = run_task_epoch(
+                    env.pipeline, units, checkpoint_id=works[ats[0]].checkpoint_id
+                )
+        except (Exception, UnitTimeout) as exc:
+            log.info(
+                "checkpoint %d: a pass over %d units failed (%s); running them one by one",
+                works[ats[0]].checkpoint_id,
+                len(ats),
+                failure_line(exc),
+            )
+            continue
+        if epochs is None:
+            continue
+        share = (time.perf_counter() - started) / len(ats)
+        ran.update((at, (epoch, share)) for at, epoch in zip(ats, epochs, strict=True))
+    return ran
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
@@ -444,13 +524,16 @@ def run_units(
             ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
             _alarms(env.unit_timeout) as timeout,
         ):
+            passed = _passes(env, storage, works, reads, timeout)
             for at, work in enumerate(works):
                 started = time.monotonic()
                 snap: _Snapshot | None = None
                 spooled = spool.size if spool is not None else 0
                 try:
                     with timeout():
-                        snap = _process(env, storage, work, spool, reads, merging)
+                        snap = _process(
+                            env, storage, work, spool, reads, merging, passed.get(at)
+                        )
                         inline = env.upload_in_sync_phase or not snap.seg_keys
                         if env.upload_in_sync_phase:  # the unit blocks until its upload is done
                             upload_started = time.monotonic()

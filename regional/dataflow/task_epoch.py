@@ -1,0 +1,237 @@
+"""A task's units' epoch in one pass (DESIGN §6): each operator runs once over the records of
+all the units a Spark task holds, instead of once per unit.
+
+Units of one shape (the same vertices: one region's stage, repeated per split group) whose
+state cannot mix run together: the pipeline has no event time, their sources read splits of
+their own (no exchange reader, whose split is per subtask but whose state is per key), and
+every operator says it can (`Operator.one_pass`: map, filter, flat_map, map_batches,
+process and lookup_join). Their keyed state is scoped by split, and a split belongs to
+exactly one unit, so the units' restored states are one dict of splits, and each unit's
+snapshot is the splits it holds. The per-unit boundaries stay where the semantics need them:
+each unit reads its own splits from its own positions with its own record budget, restores
+and snapshots its own state, and gets back its own rows (every chunk carries its split), dead
+letters and counts, exactly as `regional.dataflow.unit_epoch.run_unit_epoch` would give them.
+
+Whatever the pass cannot keep apart it refuses (None): a split in two units, subtask-level
+list state (`ctx.list_state`), state of a split no unit holds. A record that fails without
+dead letters fails the pass; the caller then runs each unit alone, so the one that fails
+declines alone and the others commit (`regional.runtime.task.run_units`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from metadata.model import SubtaskState
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.operators import Chunk
+from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state import OperatorState
+from regional.dataflow.unit_epoch import UnitEpoch, read_source, timed_source, watermark_sink
+from regional.sources.base import Batch, num_records
+
+__all__ = ["TaskUnit", "run_task_epoch", "shares_pass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskUnit:
+    """One unit of a task's pass: its subtasks as restored (one per vertex), the splits the
+    enumerator assigned it now (vertex, index, split), the source vertices whose input ended,
+    and `state_of` (an operator subtask's restored state bytes and where they are)."""
+
+    restore: Mapping[str, SubtaskState]
+    new_splits: Sequence[tuple[str, int, str]]
+    ended: Collection[str]
+    state_of: Callable[[SubtaskState], tuple[bytes, str]]
+
+
+def shares_pass(pipeline: Pipeline, vertices: Collection[str]) -> bool:
+    """Whether units made of `vertices` can run their epoch in one pass: no event time, no
+    source reading a split per subtask (the keyed exchange's reader), and only operators
+    whose state is scoped by split and that say so (`Operator.one_pass`)."""
+    if pipeline.timed:
+        return False
+    for vertex_id in vertices:
+        spec = pipeline.vertices[vertex_id]
+        if spec.source is not None and timed_source(spec.source) is not None:
+            return False
+        op = spec.operator
+        if op is not None and not (op.one_pass and op.scope == "split"):
+            return False
+    return True
+
+
+class _Mixed(Exception):
+    """The pass cannot keep the units apart: run them one by one."""
+
+
+def run_task_epoch(
+    pipeline: Pipeline,
+    units: Sequence[TaskUnit],
+    *,
+    checkpoint_id: int,
+) -> list[UnitEpoch] | None:
+    """The epoch of every unit of `units` (all of one shape, `shares_pass`), in one pass:
+    per unit what `run_unit_epoch` gives, or None when the pass cannot keep them apart.
+    Raises what a source or user function raised (without dead letters): the caller runs the
+    units one by one then."""
+    try:
+        return _run(pipeline, units, checkpoint_id)
+    except _Mixed:
+        return None
+
+
+def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> list[UnitEpoch]:
+    results = [UnitEpoch() for _ in units]
+    owner: dict[str, int] = {}  # split -> the unit holding it
+
+    def own(split: str, unit: int) -> None:
+        if owner.setdefault(split, unit) != unit:
+            raise _Mixed(f"split {split!r} is in two units")
+
+    order = [v for v in pipeline.topological_order() if v in units[0].restore]
+    start_positions: dict[str, str] = {}
+    source_positions: dict[tuple[str, str], str] = {}
+    dead = (
+        DeadLetters(checkpoint_id, start_positions, source_positions)
+        if pipeline.on_error == "dead-letter"
+        and any(pipeline.vertices[v].dead_letter for v in order)
+        else None
+    )
+    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
+    live: list[set[str]] = [set() for _ in units]
+    outputs: dict[str, list[Chunk]] = {}
+    for vertex_id in order:
+        spec = pipeline.vertices[vertex_id]
+        if spec.source is not None:
+            chunks: list[Chunk] = []
+            for u, unit in enumerate(units):
+                old = unit.restore[vertex_id]
+                positions = {s.split_id: s.position for s in old.split_states}
+                for v, i, split in unit.new_splits:
+                    if v == vertex_id and i == old.index:
+                        positions.setdefault(split, b"")
+                for split in positions:
+                    own(split, u)
+                read = read_source(
+                    spec,
+                    old.index,
+                    positions,
+                    budget=pipeline.records_per_epoch,
+                    time=None,
+                    dead=dead,
+                    start_positions=start_positions,
+                    source_positions=source_positions,
+                    ended=vertex_id in unit.ended,
+                    idle_timeout_ms=None,
+                    exclude_after=None,
+                )
+                results[u].split_states[vertex_id] = read.split_states
+                results[u].records_in += read.records_in
+                live[u].update(s.split_id for s in read.split_states)
+                chunks += read.chunks
+            outputs[vertex_id] = chunks
+            continue
+        if spec.operator is not None:
+            operator = spec.operator
+            state: OperatorState | None = None
+            if operator.stateful:
+                state = _restored(pipeline, vertex_id, units, results, own)
+            outputs[vertex_id], _ = operator.run_inputs(
+                [(outputs.get(i, []), None) for i in spec.inputs], state, dead, None
+            )
+            if state is not None:
+                _snapshot(pipeline, vertex_id, state, owner, live, results)
+            continue
+        # a sink, or the dead letters of this part of the graph
+        if spec.dead_letter:
+            assert dead is not None
+            letters: list[list[dict[str, Any]]] = [[] for _ in units]
+            for row in dead.rows((*spec.inputs, *sources)):
+                holder = owner.get(row["split_id"])
+                if holder is None:
+                    raise _Mixed("a dead letter names a split no unit holds")
+                letters[holder].append(row)
+            for result, mine in zip(results, letters, strict=True):
+                result.sink_batches[vertex_id] = [dead.batch_of(mine)]
+                result.dead_lettered += len(mine)
+            continue
+        mine_of: list[list[Batch]] = [[] for _ in units]
+        for input_id in spec.inputs:
+            for split, data in outputs.get(input_id, []):
+                holder = owner.get(split)
+                if holder is None:
+                    raise _Mixed(f"rows of split {split!r}, which no unit holds")
+                mine_of[holder].append(data)
+        counted = watermark_sink(spec.sink) is None  # records leaving the job
+        for result, batches in zip(results, mine_of, strict=True):
+            result.sink_batches[vertex_id] = batches
+            if counted:
+                result.records_out += sum(num_records(b) for b in batches)
+    return results
+
+
+def _restored(
+    pipeline: Pipeline,
+    vertex_id: str,
+    units: Sequence[TaskUnit],
+    results: Sequence[UnitEpoch],
+    own: Callable[[str, int], None],
+) -> OperatorState:
+    """The operator subtask states of every unit as one state: their splits side by side."""
+    operator = pipeline.vertices[vertex_id].operator
+    assert operator is not None
+    keyed: dict[str, Any] = {}
+    ttl_seen = False
+    for u, unit in enumerate(units):
+        started = time.perf_counter()
+        data, where = unit.state_of(unit.restore[vertex_id])
+        state = operator.restore(data, codec=pipeline.state_codec, source=where)
+        results[u].restore_s += time.perf_counter() - started
+        assert state is not None
+        if state.lists:
+            raise _Mixed("subtask-level list state")
+        for split in state.keyed:
+            own(split, u)
+        keyed.update(state.keyed)
+        ttl_seen = ttl_seen or state.ttl_seen
+    return OperatorState(
+        keyed, {}, operator=operator.name, codec=pipeline.state_codec, ttl_seen=ttl_seen
+    )
+
+
+def _snapshot(
+    pipeline: Pipeline,
+    vertex_id: str,
+    state: OperatorState,
+    owner: Mapping[str, int],
+    live: Sequence[Collection[str]],
+    results: Sequence[UnitEpoch],
+) -> None:
+    """Each unit's snapshot of the pass's `state`: the splits it holds."""
+    operator = pipeline.vertices[vertex_id].operator
+    assert operator is not None
+    if state.lists:
+        raise _Mixed("subtask-level list state")
+    parts: list[dict[str, Any]] = [{} for _ in results]
+    for split, slots in state.keyed.items():
+        holder = owner.get(split)
+        if holder is None:
+            raise _Mixed(f"state of split {split!r}, which no unit holds")
+        parts[holder][split] = slots
+    for u, result in enumerate(results):
+        started = time.perf_counter()
+        mine = OperatorState(
+            parts[u],
+            {},
+            operator=operator.name,
+            codec=pipeline.state_codec,
+            ttl_seen=state.ttl_seen,
+        )
+        blob = operator.snapshot(mine, live[u])
+        result.encode_s += time.perf_counter() - started
+        if blob is not None:
+            result.snapshots[vertex_id] = blob
