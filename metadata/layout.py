@@ -35,6 +35,7 @@ metadata.errors.StorageError: path 'chk-7/../../etc/passwd' resolves outside the
 
 from __future__ import annotations
 
+import functools
 import re
 
 from metadata.errors import StorageError
@@ -181,6 +182,7 @@ def job_id_problem(job_id: str) -> str | None:
     return None if bad is None else f"it contains {bad!r}"
 
 
+@functools.lru_cache(maxsize=8192)  # pure; the same state files are checked for every unit
 def path_problem(path: str) -> str | None:
     """Why `path` is not a safe path relative to its root, or None: not absolute, not a URI,
     no drive letter, and every `/`-separated component a safe name (`name_problem`).

@@ -130,3 +130,19 @@ def test_units_restoring_from_one_merged_file_read_it_once(env, monkeypatch):
     again = run_units(env, _works(2, owned))
     assert all(isinstance(a, Ack) for a in again)
     assert reads == ["chk-1/u0-a1-r1.state"]  # three units' segments, one read
+
+
+def test_the_spool_keeps_exactly_what_was_appended_and_not_cut_off() -> None:
+    from regional.runtime.task import _Spool
+
+    spool = _Spool()
+    try:
+        assert spool.append([b"ab", b"c"]) == 0
+        assert spool.append([b"dd"]) == 3
+        spool.truncate(3)  # the second unit declined
+        assert spool.append([b"e", b"ff"]) == 3
+        assert spool.read() == b"abceff"
+        assert spool.append([b"g"]) == 6  # after a read, appends go to the end still
+        assert spool.read() == b"abceffg"
+    finally:
+        spool.close()

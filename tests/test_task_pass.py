@@ -55,6 +55,12 @@ def _plus_one(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.set_column(batch.schema.get_field_index("n"), "n", pc.add(batch.column("n"), 1))
 
 
+def _totals(ctx: Any, table: pa.Table) -> pa.Table:
+    total = ctx.value_state("total", 0)
+    total.update(total.value() + table.num_rows)
+    return table.append_column("total", pa.array([total.value()] * table.num_rows, pa.int64()))
+
+
 def _pipeline(
     tmp: str, *, parallelism: int, splits: int, per_split: int, per_epoch: int, dead_letters: bool
 ) -> Pipeline:
@@ -76,6 +82,8 @@ def _pipeline(
         .flat_map(_twice, name="twice")
         .filter(lambda r: r["n"] % 7 != 3, name="kept")
         .map_batches(_plus_one, name="plus")
+        .key_by("k")
+        .apply_in_arrow(_totals, name="totals")
         .sink(ParquetSink(f"{tmp}/out"), name="out")
     )
     return p

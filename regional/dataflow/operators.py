@@ -491,6 +491,7 @@ class ApplyInArrow(KeyedTimers, Operator):
 
     kind = "apply_in_arrow"
     stateful = True
+    one_pass = True  # timers need event time, which keeps a unit out of any pass
 
     def __init__(
         self,

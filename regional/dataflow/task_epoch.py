@@ -1,16 +1,16 @@
 """A task's units' epoch in one pass (DESIGN §6): each operator runs once over the records of
 all the units a Spark task holds, instead of once per unit.
 
-Units of one shape (the same vertices: one region's stage, repeated per split group) whose
-state cannot mix run together: the pipeline has no event time, their sources read splits of
-their own (no exchange reader, whose split is per subtask but whose state is per key), and
-every operator says it can (`Operator.one_pass`: map, filter, flat_map, map_batches,
-process and lookup_join). Their keyed state is scoped by split, and a split belongs to
-exactly one unit, so the units' restored states are one dict of splits, and each unit's
-snapshot is the splits it holds. The per-unit boundaries stay where the semantics need them:
-each unit reads its own splits from its own positions with its own record budget, restores
-and snapshots its own state, and gets back its own rows (every chunk carries its split), dead
-letters and counts, exactly as `regional.dataflow.unit_epoch.run_unit_epoch` would give them.
+Units of one shape (the same vertices: one region's stage, repeated per split group) whose state
+cannot mix run together: the pipeline has no event time, their sources read splits of their own
+(no exchange reader, whose split is per subtask but whose state is per key), and every operator
+says it can (`Operator.one_pass`: map, filter, flat_map, map_batches, process, apply_in_arrow
+and lookup_join). Their keyed state is scoped by split, and a split belongs to exactly one unit,
+so the units' restored states are one dict of splits, and each unit's snapshot is the splits it
+holds. The per-unit boundaries stay where the semantics need them: each unit reads its own
+splits from its own positions with its own record budget, restores and snapshots its own state,
+and gets back its own rows (every chunk carries its split), dead letters and counts, exactly as
+`regional.dataflow.unit_epoch.run_unit_epoch` would give them.
 
 Whatever the pass cannot keep apart it refuses (None): a split in two units, subtask-level
 list state (`ctx.list_state`), state of a split no unit holds. A record that fails without

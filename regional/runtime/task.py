@@ -408,22 +408,28 @@ class _Spool:
         fd, self.path = tempfile.mkstemp(prefix="regional-task-", suffix=".state")
         self._file = os.fdopen(fd, "w+b")
         self.size = 0
+        self._at_end = True  # the file's position is `size` (a seek would flush the buffer)
 
     def append(self, blobs: Sequence[bytes]) -> int:
         """Append `blobs` back to back; returns the offset of the first."""
         offset = self.size
-        self._file.seek(offset)
+        if not self._at_end:
+            self._file.seek(offset)
+        self._at_end = False  # until every blob is written
         for blob in blobs:
             self._file.write(blob)
         self.size = offset + sum(len(b) for b in blobs)
+        self._at_end = True
         return offset
 
     def truncate(self, size: int) -> None:
         """Cut the spool back to `size` bytes (a unit that declined after, or while, appending)."""
         self._file.truncate(size)
         self.size = size
+        self._at_end = False
 
     def read(self) -> bytes:
+        self._at_end = False
         self._file.flush()
         self._file.seek(0)
         return self._file.read(self.size)
