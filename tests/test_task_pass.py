@@ -20,7 +20,7 @@ from metadata.model import SplitState, SubtaskState
 from regional.coordinator.messages import Ack, Decline, UnitWork
 from regional.dataflow.operators import records_of
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.task_epoch import TaskUnit, run_task_epoch, shares_pass
+from regional.dataflow.task_epoch import TaskUnit, UnitFailed, run_task_epoch, shares_pass
 from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
 from regional.runtime import task
 from regional.runtime.faults import UnitFaults
@@ -172,14 +172,24 @@ def test_a_pass_gives_every_unit_the_epoch_it_has_alone(
                 )
             except ValueError as exc:  # without dead letters: this unit declines
                 alone.append(exc)  # type: ignore[arg-type]
-        if any(isinstance(a, Exception) for a in alone):
-            with pytest.raises(ValueError):
-                run_task_epoch(p, units, checkpoint_id=checkpoint)
-            return  # the task runs them one by one then (tested below)
-        together = run_task_epoch(p, units, checkpoint_id=checkpoint)
+        # a unit that fails alone fails the pass naming it, with the error it raises alone;
+        # the pass runs again without it (as the task does), the others' epochs unchanged
+        left = list(range(parallelism))
+        while True:
+            try:
+                together = run_task_epoch(p, [units[u] for u in left], checkpoint_id=checkpoint)
+            except UnitFailed as failed:
+                first = next(x for x in left if isinstance(alone[x], Exception))
+                u = left.pop(failed.unit)
+                assert u == first
+                assert repr(failed.error) == repr(alone[u])
+                continue
+            break
         assert together is not None
-        assert [_seen(t) for t in together] == [_seen(a) for a in alone]
-        for u, epoch in enumerate(together):
+        assert [_seen(t) for t in together] == [_seen(alone[u]) for u in left]
+        if len(left) < parallelism:
+            return  # the failed units fall back: the next epoch restores them from before
+        for u, epoch in zip(left, together, strict=True):
             positions[u] = epoch.split_states.get("src", ())
             blobs.update(((u, v), b) for v, b in epoch.snapshots.items())
 
@@ -282,26 +292,73 @@ def test_a_unit_with_an_injected_fault_runs_alone_and_the_others_in_a_pass(
 
 
 def test_a_record_failing_in_the_pass_declines_only_its_unit(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    FAILS_LEFT[:] = [2]  # the pass and then unit 2 alone fail; the next epoch does not
+    def alone(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a unit ran alone")
+
+    monkeypatch.setattr(task, "run_unit_epoch", alone)
+    FAILS_LEFT[:] = [1]  # fails the first time only: the unit declines as it would alone
     env = _task_env(tmp_path)
     with caplog.at_level(logging.INFO, logger="regional.runtime.task"):
         answers = run_units(env, _works())
     assert [type(a) for a in answers] == [Ack, Ack, Decline, Ack]
     assert answers[2].reason == "ValueError: split 2 record 1 fails"  # type: ignore[union-attr]
-    assert (
-        "checkpoint 1: a pass over 4 units failed (ValueError: split 2 record 1 fails); "
-        "running them one by one" in caplog.messages
-    )
+    assert "in _fails_while_told" in answers[2].trace  # type: ignore[union-attr, operator]
+    assert caplog.messages == [
+        "checkpoint 1: unit 2 failed in a pass over 4 units (ValueError: split 2 record 1 "
+        "fails); the others run again"
+    ]
     # what the acked units staged commits: their rows exactly
-    ParquetSink(str(tmp_path / "t")).commit(
-        "job",
-        1,
-        [c for a in answers if isinstance(a, Ack) for s in a.states for c in s.committables],
-    )
+    committables = [
+        c for a in answers if isinstance(a, Ack) for s in a.states for c in s.committables
+    ]
+    ParquetSink(str(tmp_path / "t")).commit("job", 1, committables)
     rows = read_table(str(tmp_path / "t")).to_pylist()
     assert sorted((r["s"], r["n"]) for r in rows) == [(s, n) for s in (0, 1, 3) for n in range(3)]
+
+
+def test_a_pass_failing_for_no_one_unit_runs_the_units_one_by_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def together(*args: Any, **kw: Any) -> Any:
+        raise MemoryError("no room for the pass")
+
+    monkeypatch.setattr(task, "run_task_epoch", together)
+    with caplog.at_level(logging.INFO, logger="regional.runtime.task"):
+        answers = run_units(_task_env(tmp_path), _works())
+    assert all(isinstance(a, Ack) and a.records_in == 3 for a in answers)
+    assert caplog.messages == [
+        "checkpoint 1: a pass over 4 units failed (MemoryError: no room for the pass); running "
+        "them one by one"
+    ]
+
+
+def test_a_unit_that_fell_back_at_the_last_checkpoint_runs_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran_alone: list[int] = []
+    real = task.run_unit_epoch
+
+    def alone(*args: Any, **kw: Any) -> Any:
+        ran_alone.append(args[1]["src"].unit_id)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(task, "run_unit_epoch", alone)
+    works = _works(checkpoint=3)
+    works = [
+        msgspec.structs.replace(
+            w,
+            restore=tuple(
+                msgspec.structs.replace(s, ref_checkpoint_id=1 if w.unit_id == 1 else 2)
+                for s in w.restore
+            ),
+        )
+        for w in works
+    ]
+    answers = run_units(_task_env(tmp_path), works)
+    assert all(isinstance(a, Ack) for a in answers)
+    assert ran_alone == [1]
 
 
 def test_the_pass_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.failures import raised_on
 from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.timers import bind, fire_timers
@@ -207,7 +208,11 @@ class RecordOperator(Operator):
         out_origins: list[int] | None = [] if origins is not None else None
         for split, records, base, origin in _numbered(chunks, origins, records_of, len):
             if dead_letters is None:
-                produced = self.outputs_of(records, split, state, time)
+                try:
+                    produced = self.outputs_of(records, split, state, time)
+                except Exception as exc:
+                    raised_on(exc, split)
+                    raise
             else:
                 produced = []
                 for i, record in enumerate(records):
@@ -411,6 +416,7 @@ class MapBatches(Operator):
                 result = self.fn(batch)
             except Exception as exc:
                 if dead_letters is None:
+                    raised_on(exc, split)
                     raise
                 for i, record in enumerate(batch.to_pylist()):
                     dead_letters.add(self.name, split, base + i, record, exc)
@@ -538,6 +544,7 @@ class ApplyInArrow(KeyedTimers, Operator):
                     produced = _chunks_of(self.name, split, self.fn(ctx, part))
                 except Exception as exc:
                     if dead_letters is None or isinstance(exc, _WrongResult):
+                        raised_on(exc, split)
                         raise
                     for i, record in zip(rows, part.to_pylist(), strict=True):
                         dead_letters.add(self.name, split, i, record, exc)

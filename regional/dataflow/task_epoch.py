@@ -13,27 +13,31 @@ and gets back its own rows (every chunk carries its split), dead letters and cou
 `regional.dataflow.unit_epoch.run_unit_epoch` would give them.
 
 Whatever the pass cannot keep apart it refuses (None): a split in two units, subtask-level
-list state (`ctx.list_state`), state of a split no unit holds. A record that fails without
-dead letters fails the pass; the caller then runs each unit alone, so the one that fails
-declines alone and the others commit (`regional.runtime.task.run_units`).
+list state (`ctx.list_state`), state of a split no unit holds. A failure the pass can pin on
+one unit (its source's read, its state's restore or snapshot, a user function raising on a
+record of its splits: `regional.dataflow.failures.raised_on`) is a `UnitFailed` naming it: that
+unit declines with the error it would have raised alone, and the others run again without it
+(`regional.runtime.task.run_units`). Any other failure fails the pass: the units run alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from metadata.model import SubtaskState
 from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.failures import split_of_failure
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.dataflow.unit_epoch import UnitEpoch, read_source, timed_source, watermark_sink
 from regional.sources.base import Batch, num_records
 
-__all__ = ["TaskUnit", "run_task_epoch", "shares_pass"]
+__all__ = ["TaskUnit", "UnitFailed", "run_task_epoch", "shares_pass"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,15 @@ class _Mixed(Exception):
     """The pass cannot keep the units apart: run them one by one."""
 
 
+class UnitFailed(Exception):
+    """Unit `unit` (its index in the pass) raised `error`, as it would have alone."""
+
+    def __init__(self, unit: int, error: Exception) -> None:
+        super().__init__(f"unit {unit} of the pass: {error!r}")
+        self.unit = unit
+        self.error = error
+
+
 def run_task_epoch(
     pipeline: Pipeline,
     units: Sequence[TaskUnit],
@@ -76,8 +89,9 @@ def run_task_epoch(
 ) -> list[UnitEpoch] | None:
     """The epoch of every unit of `units` (all of one shape, `shares_pass`), in one pass:
     per unit what `run_unit_epoch` gives, or None when the pass cannot keep them apart.
-    Raises what a source or user function raised (without dead letters): the caller runs the
-    units one by one then."""
+    Raises `UnitFailed` for a failure of one unit's own (the others did not fail yet, but the
+    pass's state is spoiled: run them again without it), or what a source or user function
+    raised that no unit can be named for."""
     try:
         return _run(pipeline, units, checkpoint_id)
     except _Mixed:
@@ -116,19 +130,20 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
                         positions.setdefault(split, b"")
                 for split in positions:
                     own(split, u)
-                read = read_source(
-                    spec,
-                    old.index,
-                    positions,
-                    budget=pipeline.records_per_epoch,
-                    time=None,
-                    dead=dead,
-                    start_positions=start_positions,
-                    source_positions=source_positions,
-                    ended=vertex_id in unit.ended,
-                    idle_timeout_ms=None,
-                    exclude_after=None,
-                )
+                with _failing(u):
+                    read = read_source(
+                        spec,
+                        old.index,
+                        positions,
+                        budget=pipeline.records_per_epoch,
+                        time=None,
+                        dead=dead,
+                        start_positions=start_positions,
+                        source_positions=source_positions,
+                        ended=vertex_id in unit.ended,
+                        idle_timeout_ms=None,
+                        exclude_after=None,
+                    )
                 results[u].split_states[vertex_id] = read.split_states
                 results[u].records_in += read.records_in
                 live[u].update(s.split_id for s in read.split_states)
@@ -140,9 +155,15 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             state: OperatorState | None = None
             if operator.stateful:
                 state = _restored(pipeline, vertex_id, units, results, own)
-            outputs[vertex_id], _ = operator.run_inputs(
-                [(outputs.get(i, []), None) for i in spec.inputs], state, dead, None
-            )
+            try:
+                outputs[vertex_id], _ = operator.run_inputs(
+                    [(outputs.get(i, []), None) for i in spec.inputs], state, dead, None
+                )
+            except Exception as exc:
+                failed = split_of_failure(exc)
+                if failed is not None and failed in owner:
+                    raise UnitFailed(owner[failed], exc) from exc
+                raise
             if state is not None:
                 _snapshot(pipeline, vertex_id, state, owner, live, results)
             continue
@@ -188,8 +209,9 @@ def _restored(
     ttl_seen = False
     for u, unit in enumerate(units):
         started = time.perf_counter()
-        data, where = unit.state_of(unit.restore[vertex_id])
-        state = operator.restore(data, codec=pipeline.state_codec, source=where)
+        with _failing(u):
+            data, where = unit.state_of(unit.restore[vertex_id])
+            state = operator.restore(data, codec=pipeline.state_codec, source=where)
         results[u].restore_s += time.perf_counter() - started
         assert state is not None
         if state.lists:
@@ -231,7 +253,19 @@ def _snapshot(
             codec=pipeline.state_codec,
             ttl_seen=state.ttl_seen,
         )
-        blob = operator.snapshot(mine, live[u])
+        with _failing(u):
+            blob = operator.snapshot(mine, live[u])
         result.encode_s += time.perf_counter() - started
         if blob is not None:
             result.snapshots[vertex_id] = blob
+
+
+@contextlib.contextmanager
+def _failing(unit: int) -> Iterator[None]:
+    """Whatever fails inside is unit `unit`'s own failure (`UnitFailed`)."""
+    try:
+        yield
+    except _Mixed:
+        raise
+    except Exception as exc:
+        raise UnitFailed(unit, exc) from exc

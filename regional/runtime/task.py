@@ -53,7 +53,7 @@ from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
 from regional.dataflow.failures import failure_line, failure_trace
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.task_epoch import TaskUnit, run_task_epoch, shares_pass
+from regional.dataflow.task_epoch import TaskUnit, UnitFailed, run_task_epoch, shares_pass
 from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
@@ -299,58 +299,94 @@ def _state_reader(
     return state_of
 
 
+#: How often a task's pass runs again without a unit that failed in it (then: one by one).
+PASS_TRIES = 3
+
+
+class _Passed(msgspec.Struct):
+    """What the task's passes gave, by position in the task's works: the epochs they ran,
+    each with its share of its pass's seconds, and the units that failed in one (each with
+    the error it raised, as it would have alone)."""
+
+    epochs: dict[int, tuple[UnitEpoch, float]] = msgspec.field(default_factory=dict)
+    failed: dict[int, Exception] = msgspec.field(default_factory=dict)
+
+
 def _passes(
     env: TaskEnv,
     storage: JobStorage,
     works: Sequence[UnitWork],
     reads: _RestoreReads,
     timeout: _Timeout,
-) -> dict[int, tuple[UnitEpoch, float]]:
-    """The epochs of the task's units that ran in a pass (`regional.dataflow.task_epoch`), by
-    position in `works`, with each one's share of the pass's seconds: units of one shape that
-    can share a pass, without injected faults, in groups of two or more. A pass that fails
-    (a record a user function raises on, a timeout: half a unit's) or cannot keep its units
-    apart gives nothing: its units run one by one, so only the one at fault declines."""
+) -> _Passed:
+    """Run the task's units that can share a pass (`regional.dataflow.task_epoch`): units of
+    one shape, in groups of two or more, except units with injected faults and units that fell
+    back at the previous checkpoint (they are the likely ones to fail again). A unit a pass
+    pins a failure on declines with it and the pass runs again without it (up to
+    `PASS_TRIES` times); a pass that fails otherwise (a timeout: half a unit's) or cannot
+    keep its units apart gives nothing: its units run one by one."""
+    passed = _Passed()
     if not env.task_pass or len(works) < 2:
-        return {}
+        return passed
     shapes: dict[frozenset[str], list[int]] = {}
     for at, work in enumerate(works):
         if env.faults is not None and (work.checkpoint_id, work.unit_id) in env.faults.kinds:
             continue
+        if any(
+            s.ref_checkpoint_id is not None and s.ref_checkpoint_id < work.checkpoint_id - 1
+            for s in work.restore
+        ):
+            continue
         shapes.setdefault(frozenset(s.vertex_id for s in work.restore), []).append(at)
     state_of = _state_reader(storage, reads)
-    ran: dict[int, tuple[UnitEpoch, float]] = {}
-    for vertices, ats in shapes.items():
-        if len(ats) < 2 or not shares_pass(env.pipeline, vertices):
+    for vertices, group in shapes.items():
+        if not shares_pass(env.pipeline, vertices):
             continue
-        units = [
-            TaskUnit(
-                {s.vertex_id: s for s in works[at].restore},
-                works[at].new_splits,
-                works[at].ended,
-                state_of,
-            )
-            for at in ats
-        ]
-        started = time.perf_counter()
-        try:
-            with timeout(0.5):
-                epochs = run_task_epoch(
-                    env.pipeline, units, checkpoint_id=works[ats[0]].checkpoint_id
+        ats = list(group)
+        for _ in range(PASS_TRIES):
+            if len(ats) < 2:
+                break
+            checkpoint_id = works[ats[0]].checkpoint_id
+            units = [
+                TaskUnit(
+                    {s.vertex_id: s for s in works[at].restore},
+                    works[at].new_splits,
+                    works[at].ended,
+                    state_of,
                 )
-        except (Exception, UnitTimeout) as exc:
-            log.info(
-                "checkpoint %d: a pass over %d units failed (%s); running them one by one",
-                works[ats[0]].checkpoint_id,
-                len(ats),
-                failure_line(exc),
-            )
-            continue
-        if epochs is None:
-            continue
-        share = (time.perf_counter() - started) / len(ats)
-        ran.update((at, (epoch, share)) for at, epoch in zip(ats, epochs, strict=True))
-    return ran
+                for at in ats
+            ]
+            started = time.perf_counter()
+            try:
+                with timeout(0.5):
+                    epochs = run_task_epoch(env.pipeline, units, checkpoint_id=checkpoint_id)
+            except UnitFailed as failed:
+                at = ats.pop(failed.unit)
+                passed.failed[at] = failed.error
+                log.info(
+                    "checkpoint %d: unit %d failed in a pass over %d units (%s); the others "
+                    "run again",
+                    checkpoint_id,
+                    works[at].unit_id,
+                    len(ats) + 1,
+                    failure_line(failed.error),
+                )
+                continue
+            except (Exception, UnitTimeout) as exc:
+                log.info(
+                    "checkpoint %d: a pass over %d units failed (%s); running them one by one",
+                    checkpoint_id,
+                    len(ats),
+                    failure_line(exc),
+                )
+                break
+            if epochs is not None:
+                share = (time.perf_counter() - started) / len(ats)
+                passed.epochs.update(
+                    (at, (epoch, share)) for at, epoch in zip(ats, epochs, strict=True)
+                )
+            break
+    return passed
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: _Snapshot) -> Ack:
@@ -532,13 +568,17 @@ def run_units(
         ):
             passed = _passes(env, storage, works, reads, timeout)
             for at, work in enumerate(works):
+                if at in passed.failed:  # failed in a pass, as it would have alone
+                    error = passed.failed[at]
+                    answers[at] = _decline(work, failure_line(error), failure_trace(error))
+                    continue
                 started = time.monotonic()
                 snap: _Snapshot | None = None
                 spooled = spool.size if spool is not None else 0
                 try:
                     with timeout():
                         snap = _process(
-                            env, storage, work, spool, reads, merging, passed.get(at)
+                            env, storage, work, spool, reads, merging, passed.epochs.get(at)
                         )
                         inline = env.upload_in_sync_phase or not snap.seg_keys
                         if env.upload_in_sync_phase:  # the unit blocks until its upload is done
