@@ -29,12 +29,17 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from metadata.model import SubtaskState
-from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.failures import split_of_failure
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
-from regional.dataflow.unit_epoch import UnitEpoch, read_source, timed_source, watermark_sink
+from regional.dataflow.unit_epoch import (
+    UnitEpoch,
+    dead_letters_of,
+    read_source,
+    timed_source,
+    watermark_sink,
+)
 from regional.sources.base import Batch, num_records
 
 __all__ = ["TaskUnit", "UnitFailed", "run_task_epoch", "shares_pass"]
@@ -109,12 +114,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
     order = [v for v in pipeline.topological_order() if v in units[0].restore]
     start_positions: dict[str, str] = {}
     source_positions: dict[tuple[str, str], str] = {}
-    dead = (
-        DeadLetters(checkpoint_id, start_positions, source_positions)
-        if pipeline.on_error == "dead-letter"
-        and any(pipeline.vertices[v].dead_letter for v in order)
-        else None
-    )
+    dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
     sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
     live: list[set[str]] = [set() for _ in units]
     outputs: dict[str, list[Chunk]] = {}

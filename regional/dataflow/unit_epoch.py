@@ -41,7 +41,14 @@ from regional.dataflow.state import KEY_SCOPE
 from regional.sinks.base import WatermarkSink
 from regional.sources.base import Batch, TimedSource, num_records
 
-__all__ = ["SourceEpoch", "UnitEpoch", "mark_of", "read_source", "run_unit_epoch"]
+__all__ = [
+    "SourceEpoch",
+    "UnitEpoch",
+    "dead_letters_of",
+    "mark_of",
+    "read_source",
+    "run_unit_epoch",
+]
 
 
 #: Protocol checks cost tens of microseconds: made once per class, not per unit and vertex.
@@ -220,6 +227,22 @@ class UnitEpoch:
     encode_s: float = 0.0
 
 
+def dead_letters_of(
+    pipeline: Pipeline,
+    vertices: Collection[str],
+    checkpoint_id: int,
+    start_positions: Mapping[str, str],
+    source_positions: Mapping[tuple[str, str], str],
+) -> DeadLetters | None:
+    """Where an epoch of units made of `vertices` keeps its dead letters (positions filled in
+    as the sources read), or None when the pipeline fails a unit on a bad record instead."""
+    if pipeline.on_error == "dead-letter" and any(
+        pipeline.vertices[v].dead_letter for v in vertices
+    ):
+        return DeadLetters(checkpoint_id, start_positions, source_positions)
+    return None
+
+
 def run_unit_epoch(
     pipeline: Pipeline,
     restore: Mapping[str, SubtaskState],
@@ -251,12 +274,7 @@ def run_unit_epoch(
     start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
     source_positions: dict[tuple[str, str], str] = {}  # the same by (source vertex, split)
     live_splits: set[str] = set()  # splits the unit's sources still hold
-    dead = (
-        DeadLetters(checkpoint_id, start_positions, source_positions)
-        if pipeline.on_error == "dead-letter"
-        and any(pipeline.vertices[v].dead_letter for v in order)
-        else None
-    )
+    dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
     sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
     new = list(new_splits)
     sources_done = False
