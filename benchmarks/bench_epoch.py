@@ -1,7 +1,7 @@
 """The cost of one epoch, regional against plain Spark, side by side in one run (local Spark).
 
 For each shape (default 1,024 regions x 10 records and 64 regions x 500 records per epoch),
-four variants, interleaved epoch by epoch, each with the same number of Spark tasks (one per
+five variants, interleaved epoch by epoch, each with the same number of Spark tasks (one per
 core):
 
 0. **regional, pipelined**: the same job's `run()` for as many epochs after the interleaved
@@ -11,16 +11,20 @@ core):
    overhead job of `bench_spark_overhead` (generator -> map -> Parquet table), a checkpoint
    every epoch (restore the split positions, snapshot, upload,
    metadata, exactly-once commit, cleaning), with file merging (DESIGN §4 rule 16: one
-   physical state file and one staged data file per Spark task and checkpoint);
-2. **regional, files per unit**: the same with `merge_state=False, merge_sink_files=False`
+   physical state file and one staged data file per Spark task and checkpoint), and each
+   task's units in one pass (DESIGN §6);
+2. **regional, no task pass**: the same with `task_pass=False` (each unit's record path run
+   on its own, one unit after another);
+3. **regional, files per unit**: the same with `merge_state=False, merge_sink_files=False`
    (a state file and a staged file per unit: the layout before merging);
-3. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints
+4. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints
    (the map, and the running count per key in a dict, a record at a time), writing **one
    Parquet file per Spark task** (what a user would write instead);
-4. **floor**: a trivial job with the same task count (Spark's own per-epoch cost).
+5. **floor**: a trivial job with the same task count (Spark's own per-epoch cost).
 
-Prints the median epoch time of each, the ratio regional / plain Spark (targets: <= 1.15 at
-1,024 x 10, <= 1.05 at 64 x 500), the files each checkpoint wrote (state files, staged data
+Prints the median epoch time of each, the ratio regional / plain Spark (issue 33's targets:
+`epoch()` <= 1.5 and `run()` <= 1.3 at 1,024 x 10; <= 1.4 and <= 1.2 at 64 x 5,000 and
+16 x 20,000), the files each checkpoint wrote (state files, staged data
 files, metadata and event; from the checkpoint's metadata) per checkpoint and per Spark task,
 and the split of the regional epoch on the driver (`regional.runtime.timing.EpochTiming`)
 and, inside the dispatch, the units' task seconds per phase summed over units.
@@ -143,7 +147,7 @@ def run_shape(
     plain_dir = f"{work}/plain-{regions}x{records}"
     os.makedirs(plain_dir)
 
-    def runtime(name: str, merge: bool) -> SparkRuntime:
+    def runtime(name: str, merge: bool, task_pass: bool = True) -> SparkRuntime:
         name = f"{name}-{regions}x{records}"
         job = map_job(name, regions=regions, records=records, table=f"{work}/{name}")
         rt = SparkRuntime(
@@ -153,11 +157,16 @@ def run_shape(
             tasks=tasks,
             merge_state=merge,
             merge_sink_files=merge,
+            task_pass=task_pass,
         )
         rt.start()  # warm the workers, restore (nothing)
         return rt
 
-    variants = {"merged": runtime("merged", True), "per-unit": runtime("per-unit", False)}
+    variants = {
+        "merged": runtime("merged", True),
+        "one by one": runtime("one-by-one", True, task_pass=False),
+        "per-unit": runtime("per-unit", False),
+    }
     wall: dict[str, list[float]] = {k: [] for k in (*variants, "plain", "floor")}
     timings: dict[str, list[EpochTiming]] = {k: [] for k in variants}
     files: dict[str, dict[str, int]] = {}
@@ -225,6 +234,7 @@ def main() -> None:
             ("merged, run()", "regional, pipelined run() (merged)"),
             ("plain, block", "plain Spark, same epochs in a row"),
             ("merged", "regional epoch(), files merged"),
+            ("one by one", "regional epoch(), merged, no task pass"),
             ("per-unit", "regional epoch(), files per unit"),
             ("plain", "plain Spark (one file per task)"),
             ("floor", "floor (trivial job, same tasks)"),

@@ -118,8 +118,13 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
     sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
     live: list[set[str]] = [set() for _ in units]
     outputs: dict[str, list[Chunk]] = {}
+    # how many vertices still read each vertex's output: dropped after the last (a pass holds
+    # every unit's records at once; what no one reads again need not stay alive)
+    readers = {v: sum(v in pipeline.vertices[w].inputs for w in order) for v in order}
     for vertex_id in order:
         spec = pipeline.vertices[vertex_id]
+        for input_id in spec.inputs:
+            readers[input_id] -= 1
         if spec.source is not None:
             chunks: list[Chunk] = []
             for u, unit in enumerate(units):
@@ -166,6 +171,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
                 raise
             if state is not None:
                 _snapshot(pipeline, vertex_id, state, owner, live, results)
+            _drop_read(outputs, spec.inputs, readers)
             continue
         # a sink, or the dead letters of this part of the graph
         if spec.dead_letter:
@@ -179,6 +185,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             for result, mine in zip(results, letters, strict=True):
                 result.sink_batches[vertex_id] = [dead.batch_of(mine)]
                 result.dead_lettered += len(mine)
+            _drop_read(outputs, spec.inputs, readers)
             continue
         mine_of: list[list[Batch]] = [[] for _ in units]
         for input_id in spec.inputs:
@@ -192,7 +199,17 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             result.sink_batches[vertex_id] = batches
             if counted:
                 result.records_out += sum(num_records(b) for b in batches)
+        _drop_read(outputs, spec.inputs, readers)
     return results
+
+
+def _drop_read(
+    outputs: dict[str, list[Chunk]], inputs: Sequence[str], readers: Mapping[str, int]
+) -> None:
+    """Forget the outputs of `inputs` that no vertex still to run reads."""
+    for input_id in inputs:
+        if readers[input_id] == 0:
+            outputs.pop(input_id, None)
 
 
 def _restored(

@@ -329,6 +329,7 @@ def task_env(
     *,
     merge_state: bool = True,
     merge_sink_files: bool = True,
+    task_pass: bool = True,
 ) -> TaskEnv:
     """What every task of the job is shipped, from the driver's policy and options."""
     region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
@@ -344,6 +345,7 @@ def task_env(
         run_id=run_id,
         merge_state=merge_state,
         merge_sink_files=merge_sink_files,
+        task_pass=task_pass,
         exclude_after=event_time["exclude_after"],
         idle_timeout_ms=event_time["idle_timeout_ms"],
     )
@@ -360,7 +362,9 @@ class SparkRuntime(JobDriver):
     `merge_state` (default on) writes one physical state file per Spark task and checkpoint
     (DESIGN §4 rule 16); off, one per unit attempt (the layout before file merging).
     `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
-    sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit.
+    sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit. `task_pass`
+    (default on) runs a task's units in one pass where they can (`regional.dataflow.
+    task_epoch`, DESIGN §6); off, one unit at a time.
     """
 
     def __init__(
@@ -374,6 +378,7 @@ class SparkRuntime(JobDriver):
         code_dir: str | None = None,
         merge_state: bool = True,
         merge_sink_files: bool = True,
+        task_pass: bool = True,
         **options: Unpack[DriverOptions],
     ) -> None:
         sc = spark.sparkContext
@@ -390,6 +395,7 @@ class SparkRuntime(JobDriver):
             run_id,
             merge_state=merge_state,
             merge_sink_files=merge_sink_files,
+            task_pass=task_pass,
         )
         watch = options.get("watch")
         self.tasks = tasks or max(1, sc.defaultParallelism)
