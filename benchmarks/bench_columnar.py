@@ -127,15 +127,21 @@ def run_shape(spark: Any, work: str, regions: int, records: int, epochs: int) ->
     wall: dict[str, list[float]] = {k: [] for k in (*runtimes, "plain")}
     warm = 2
     try:
+        steps = [*runtimes, "plain"]
         for epoch in range(warm + epochs):
             seconds = {}
-            for name, rt in runtimes.items():
+            # the order rotates epoch by epoch: whichever runs first in a round is slower
+            # (about 20 % in bench_epoch), so a fixed order would favour the others
+            turn = epoch % len(steps)
+            for name in steps[turn:] + steps[:turn]:
+                if name == "plain":
+                    seconds[name] = plain_epoch(
+                        spark.sparkContext, regions, records, tasks, epoch, plain_dir
+                    )
+                    continue
                 started = time.perf_counter()
-                rt.epoch()
+                runtimes[name].epoch()
                 seconds[name] = time.perf_counter() - started
-            seconds["plain"] = plain_epoch(
-                spark.sparkContext, regions, records, tasks, epoch, plain_dir
-            )
             if epoch >= warm:
                 for name, sec in seconds.items():
                     wall[name].append(sec)
