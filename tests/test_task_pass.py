@@ -5,6 +5,7 @@ cannot keep the units apart or fails."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -369,3 +370,45 @@ def test_the_pass_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     env = _task_env(tmp_path, task_pass=False)
     assert all(isinstance(a, Ack) for a in run_units(env, _works()))
     assert msgspec.structs.replace(env, task_pass=True).task_pass
+
+
+HANG: list[bool] = []
+
+
+def _hangs_while_told(r: dict[str, int]) -> dict[str, int]:
+    while r["s"] == 1 and HANG:  # a stuck user function (SIGALRM interrupts the sleep)
+        time.sleep(0.01)
+    return r
+
+
+def test_a_unit_stuck_in_a_pass_times_out_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the pass runs out of half a unit's timeout; then the units run one by one, each with
+    # its own timeout: the stuck one declines, the others ack
+    HANG[:] = [True]
+    p = Pipeline("job", records_per_epoch=3)
+    src = p.source(GeneratorSource(4, _record, records_per_split=6), parallelism=4, name="src")
+    src.map(_hangs_while_told, name="m").sink(ParquetSink(str(tmp_path / "t")), name="out")
+    env = TaskEnv(str(tmp_path / "ckpt"), "job", p, unit_timeout=0.4)
+    works = [
+        UnitWork(
+            1,
+            1,
+            u,
+            tuple(SubtaskState(v, u, u) for v in ("src", "m", "out")),
+            (("src", u, f"g{u}"),),
+        )
+        for u in range(4)
+    ]
+    try:
+        with caplog.at_level(logging.INFO, logger="regional.runtime.task"):
+            answers = run_units(env, works)
+    finally:
+        HANG.clear()
+    assert [type(a) for a in answers] == [Ack, Decline, Ack, Ack]
+    assert answers[1].reason == "timeout: unit ran over 0.4 s"  # type: ignore[union-attr]
+    assert caplog.messages == [
+        "checkpoint 1: a pass over 4 units failed (ran over 0.2 s, half a unit's timeout); "
+        "running them one by one"
+    ]

@@ -373,11 +373,16 @@ def _passes(
                 )
                 continue
             except (Exception, UnitTimeout) as exc:
+                why = (
+                    f"ran over {env.unit_timeout * 0.5:g} s, half a unit's timeout"
+                    if isinstance(exc, UnitTimeout)
+                    else failure_line(exc)
+                )
                 log.info(
                     "checkpoint %d: a pass over %d units failed (%s); running them one by one",
                     checkpoint_id,
                     len(ats),
-                    failure_line(exc),
+                    why,
                 )
                 break
             if epochs is not None:
