@@ -45,7 +45,7 @@ from regional.coordinator import (
 )
 from regional.coordinator.commit import CommitCoordinator, perform_commit, sink_retention
 from regional.coordinator.messages import Answer, Decline
-from regional.dataflow.exchange import ExchangeWriter, exchange_path
+from regional.dataflow.exchange import exchange_path
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, JobFailedError, RegionalError
 from regional.policy import Policy
@@ -53,6 +53,7 @@ from regional.runtime.cleaning import JobCleaning
 from regional.runtime.compaction import Compacted, compact
 from regional.runtime.faults import Faults
 from regional.runtime.timing import EpochStopwatch
+from regional.sinks.base import ReadInsideSink
 
 __all__ = ["COMMIT_ATTEMPTS", "DecisionHandlers"]
 
@@ -361,7 +362,7 @@ class DecisionHandlers:
             )
             return []
         self.commit_failures.pop(key, None)
-        if isinstance(sink, ExchangeWriter):  # its segments are garbage once all are read
+        if isinstance(sink, ReadInsideSink):  # its segments are garbage once all are read
             self.cleaning.segments_published(sink.published_paths(commit.committables))
         follow = self.coordinator.on_commit_done(commit.vertex_id, commit.checkpoint_id)
         if not any(commit.checkpoint_id in c.queued for c in self.committers.values()):

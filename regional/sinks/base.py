@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MergingWriter",
+    "ReadInsideSink",
     "Sink",
     "SinkWriter",
     "TableCommitter",
@@ -127,6 +128,15 @@ class WatermarkSink(Protocol):
     (they are not counted as output)."""
 
     def committed_watermark(self, committables: Iterable[bytes]) -> int | None: ...
+
+
+@runtime_checkable
+class ReadInsideSink(Protocol):
+    """A writer whose committed files the job itself reads and then no longer needs (the keyed
+    exchange's writer): `published_paths` names, relative to the job root, the files a commit
+    of `committables` published, so the cleaner deletes them once every reader is past them."""
+
+    def published_paths(self, committables: Iterable[bytes]) -> list[str]: ...
 
 
 @runtime_checkable
