@@ -8,9 +8,9 @@ imported on first use, so that `regional.sinks` works without their packages.
 Also the sink contract, to write a sink of your own (`regional.sinks.base`): `Sink` (both sides),
 `SinkWriter` and `MergingWriter` (in tasks, with a `WriteContext`), `TableCommitter` (on the
 driver) and the optional capabilities `TableRollback`, `TableRollbackUsers`, `TableStaging`,
-`TableRetention` and `WatermarkSink`; and the template a table format's sink is written on,
-`TableSink`, with its versioned committables (`TableCommittable`, `COMMITTABLE_VERSION`;
-`regional.sinks.table`)."""
+`TableRetention`, `WatermarkSink` and `ReadInsideSink`; and the template a table format's sink
+is written on, `TableSink`, with its versioned committables (`TableCommittable`,
+`COMMITTABLE_VERSION`; `regional.sinks.table`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from regional.sinks.base import (
     MergingWriter,
+    ReadInsideSink,
     Sink,
     SinkWriter,
     TableCommitter,
@@ -53,6 +54,7 @@ __all__ = [
     "MergingWriter",
     "PaimonSink",
     "ParquetSink",
+    "ReadInsideSink",
     "Sink",
     "SinkWriter",
     "TableCommittable",
