@@ -37,6 +37,7 @@ from regional.dataflow.unit_epoch import (
     UnitEpoch,
     dead_letters_of,
     read_source,
+    start_of,
     timed_source,
     watermark_sink,
 )
@@ -129,10 +130,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             chunks: list[Chunk] = []
             for u, unit in enumerate(units):
                 old = unit.restore[vertex_id]
-                positions = {s.split_id: s.position for s in old.split_states}
-                for v, i, split in unit.new_splits:
-                    if v == vertex_id and i == old.index:
-                        positions.setdefault(split, b"")
+                positions = start_of(spec, old, unit.new_splits)
                 for split in positions:
                     own(split, u)
                 with _failing(u):

@@ -48,6 +48,7 @@ __all__ = [
     "mark_of",
     "read_source",
     "run_unit_epoch",
+    "start_of",
 ]
 
 
@@ -227,6 +228,22 @@ class UnitEpoch:
     encode_s: float = 0.0
 
 
+def start_of(
+    spec: VertexSpec, old: SubtaskState, new_splits: Iterable[tuple[str, int, str]]
+) -> dict[str, bytes]:
+    """Where source subtask `old` of `spec` reads this epoch: split -> wrapped position, its
+    restored splits and the ones the enumerator assigned it now, `new_splits` (vertex, index,
+    split), from their start; a `TimedSource` always reads its own split."""
+    positions = {s.split_id: s.position for s in old.split_states}
+    timed = timed_source(spec.source)
+    if timed is not None:
+        positions.setdefault(timed.split_of(old.index), b"")
+    for v, i, split in new_splits:
+        if v == spec.id and i == old.index:
+            positions.setdefault(split, b"")
+    return positions
+
+
 def dead_letters_of(
     pipeline: Pipeline,
     vertices: Collection[str],
@@ -282,13 +299,7 @@ def run_unit_epoch(
         spec = pipeline.vertices[vertex_id]
         old = restore[vertex_id]
         if spec.source is not None:
-            positions = {s.split_id: s.position for s in old.split_states}
-            timed = timed_source(spec.source)
-            if timed is not None:  # reads its own split, always
-                positions.setdefault(timed.split_of(old.index), b"")
-            for v, i, split in new:
-                if v == vertex_id and i == old.index:
-                    positions.setdefault(split, b"")
+            positions = start_of(spec, old, new)
             read = read_source(
                 spec,
                 old.index,

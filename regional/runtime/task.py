@@ -34,6 +34,7 @@ is None in production.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -303,13 +304,14 @@ def _state_reader(
 PASS_TRIES = 3
 
 
-class _Passed(msgspec.Struct):
+@dataclasses.dataclass
+class _Passed:
     """What the task's passes gave, by position in the task's works: the epochs they ran,
     each with its share of its pass's seconds, and the units that failed in one (each with
     the error it raised, as it would have alone)."""
 
-    epochs: dict[int, tuple[UnitEpoch, float]] = msgspec.field(default_factory=dict)
-    failed: dict[int, Exception] = msgspec.field(default_factory=dict)
+    epochs: dict[int, tuple[UnitEpoch, float]] = dataclasses.field(default_factory=dict)
+    failed: dict[int, Exception] = dataclasses.field(default_factory=dict)
 
 
 def _passes(
