@@ -98,6 +98,8 @@ def run_task_epoch(
     Raises `UnitFailed` for a failure of one unit's own (the others did not fail yet, but the
     pass's state is spoiled: run them again without it), or what a source or user function
     raised that no unit can be named for."""
+    if not units:  # every unit failed in earlier passes
+        return []
     try:
         return _run(pipeline, units, checkpoint_id)
     except _Mixed:
