@@ -416,10 +416,15 @@ def _file_layer(file: str | Path) -> list[_Given]:
             f"{where} is larger than {byte_size(MAX_POLICY_FILE_BYTES)}, the most a policy file "
             "may hold; a policy is a few lines of TOML: pass the right file"
         )
+    try:  # checked here, before the parser, so the error never depends on its wording
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(
+            f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8 TOML"
+        ) from None
     try:
-        table = msgspec.toml.decode(data)
-    except UnicodeDecodeError:
-        raise PolicyError(f"{where} is not UTF-8 text; save it as UTF-8 TOML") from None
+        table = msgspec.toml.decode(text)
     except RecursionError:  # the TOML parser recurses once per level of nesting
         raise PolicyError(
             f"{where} nests arrays or tables too deeply to be read; policy values are plain "

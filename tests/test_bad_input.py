@@ -78,6 +78,15 @@ def test_policy_nested_100k_deep(
     )
 
 
+def test_policy_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Classified before the TOML parser sees it: the message is ours whatever msgspec says."""
+    file = write(tmp_path / "p.toml", '# caf\u00e9\n[checkpointing]\n'.encode("latin-1"))
+    assert one_line(["policy", "check", str(file)], capsys) == (
+        f"regional policy: policy file {file} is not UTF-8 text (byte 0xe9 at offset 5); save "
+        "it as UTF-8 TOML"
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [("1e308", "1e+308"), ('"999999999999 d"', '"999999999999 d"'), ('"366 d"', '"366 d"')],
@@ -211,12 +220,12 @@ def test_policy_built_in_code_keeps_good_values() -> None:
         (
             "latin1.json",
             '{"vertices": [{"id": "caf\u00e9", "parallelism": 1}], "edges": []}'.encode("latin-1"),
-            "not UTF-8 text; save it as UTF-8 JSON or TOML",
+            "not UTF-8 text (byte 0xe9 at offset 25); save it as UTF-8 JSON or TOML",
         ),
         (
             "utf16.toml",
             'vertices = [{id = "a", parallelism = 1}]'.encode("utf-16"),
-            "not UTF-8 text; save it as UTF-8 JSON or TOML",
+            "not UTF-8 text (byte 0xff at offset 0); save it as UTF-8 JSON or TOML",
         ),
     ],
 )

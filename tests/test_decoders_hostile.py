@@ -66,10 +66,11 @@ def test_invalid_utf8_in_a_string_with_a_valid_checksum_is_damaged_metadata() ->
     body = body.replace("jo\u00ff".encode(), b"jo\xff\xfe")  # same length, not UTF-8
     with pytest.raises(MetadataError) as exc:
         decode_metadata(envelope(body), source="chk-5/_metadata")
-    assert str(exc.value) == (
-        "chk-5/_metadata does not decode ('utf-8' codec can't decode byte 0xff in position 2: "
-        "invalid start byte); the file is damaged"
-    )
+    # ours: the file, that it does not decode, what to do; the decoder's own words in between
+    # are detail, and their wording changes between msgspec releases
+    message = str(exc.value)
+    assert message.startswith("chk-5/_metadata does not decode (")
+    assert message.endswith("); the file is damaged")
 
 
 def test_a_store_and_the_cleaner_report_such_a_checkpoint_as_damaged(tmp_path) -> None:

@@ -39,13 +39,19 @@ MAX_GRAPH_FILE_BYTES = 64 * 1024 * 1024
 
 
 def _decode(data: bytes, source: str) -> Any:
-    """JSON when the document starts with `{`, else TOML."""
+    """JSON when the document starts with `{`, else TOML. The text is checked to be UTF-8 here,
+    before a parser sees it, so the error never depends on a parser's wording."""
     try:
-        if data.lstrip()[:1] == b"{":
-            return msgspec.json.decode(data)
-        return msgspec.toml.decode(data)
-    except UnicodeDecodeError:
-        raise GraphError(f"{source}: not UTF-8 text; save it as UTF-8 JSON or TOML") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GraphError(
+            f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8 JSON or TOML"
+        ) from None
+    try:
+        if text.lstrip()[:1] == "{":
+            return msgspec.json.decode(text)
+        return msgspec.toml.decode(text)
     except RecursionError:  # both parsers recurse once per level of nesting
         raise GraphError(
             f"{source}: nested too deeply to be read; a job graph nests objects and lists only "
