@@ -693,12 +693,15 @@ class ExchangeWriter(_Bound, StagedSink):
 
     def committed_watermark(self, committables: Iterable[bytes]) -> int | None:
         """The watermark a writer subtask's `committables` (from its restored state) commit,
-        or None (no mark: the writer never ran with event time)."""
-        for item in self.area.files(committables):
-            m = _STAGED_MARK.fullmatch(posixpath.basename(item.file))
-            if m is not None:
-                return int(m[3])
-        return None
+        or None (no mark: the writer never ran with event time). An epoch's committables hold
+        one mark; a restore into another shape may give a subtask several (the old subtasks'
+        and the one it carries, `regional.runtime.restore`): the lowest counts."""
+        marks = [
+            int(m[3])
+            for item in self.area.files(committables)
+            if (m := _STAGED_MARK.fullmatch(posixpath.basename(item.file))) is not None
+        ]
+        return min(marks, default=None)
 
     # --- committer side (on the driver): besides `StagedSink`'s ----------------------------
 

@@ -33,6 +33,7 @@ from metadata.layout import METADATA_NAME, checkpoint_id_of, event_checkpoint_id
 from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState, UnitState
 from metadata.savepoint import CheckpointSource, open_checkpoint
 from metadata.storage import JobStorage
+from metadata.watermarks import MIN_WATERMARK
 from regional.coordinator.commit import CommitCoordinator
 from regional.coordinator.layout import JobLayout
 from regional.coordinator.split_enumerator import SplitEnumerator
@@ -48,7 +49,7 @@ from regional.runtime.rescale import (
     redistribute_keys,
     redistribute_state,
 )
-from regional.sinks.base import TableRollback, TableRollbackUsers, TableStaging
+from regional.sinks.base import TableRollback, TableRollbackUsers, TableStaging, WriteContext
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +294,7 @@ def rewrite_for_pipeline(
 
     planned = {(p.vertex_id, p.index): p for p in plan.subtasks}
     exchange_notes = _move_exchanges(source, metadata, pipeline, target, planned)
+    _carry_writer_marks(metadata, pipeline, layout, target, planned, run_id)
     subtasks: list[SubtaskState] = []
     for unit_id, keys in enumerate(layout.units):
         with_state = [k for k in keys if k in blobs]
@@ -409,6 +411,64 @@ def _move_exchanges(
             f"{view.layout} to {reader_spec.parallelism} partitions"
         )
     return notes
+
+
+def _carry_writer_marks(
+    metadata: CheckpointMetadata,
+    pipeline: Pipeline,
+    layout: JobLayout,
+    target: JobStorage,
+    planned: dict[tuple[str, int], SubtaskPlan],
+    run_id: str | None,
+) -> None:
+    """Keep every exchange writer's watermark mark through the rewrite (DESIGN §4 rule 15).
+
+    A writer subtask learns its watermark before an epoch (its records' origin watermark) from
+    the mark in the committables it restores (`ExchangeWriter.committed_watermark`). The
+    rewrite keeps only fresh subtasks' committables, since a fallen-back writer's were
+    committed under its owner's id; so its mark is staged again here, alone, as a
+    committable of its own (an empty mark file of the restored checkpoint, in `target`'s
+    exchange: publishing it again publishes nothing new, its owner's mark has the same value).
+    A writer vertex of unchanged size keeps each subtask's own mark; one whose size changed
+    starts every new subtask from the lowest of the old subtasks' marks, as a window
+    operator's fired watermark does (its splits or keys come from any of them)."""
+    cid = metadata.checkpoint_id
+    old_sizes = {v.vertex_id: v.parallelism for v in metadata.vertices}
+    unit_of = {key: unit for unit, keys in enumerate(layout.units) for key in keys}
+    for reader_id, (writer_spec, _, writer, _) in pipeline.exchanges.items():
+        old = [s for s in metadata.subtasks if s.vertex_id == writer_spec.id]
+        size = sum(1 for vertex_id, _ in planned if vertex_id == writer_spec.id)
+        if not old or not size:
+            continue
+        bound = writer.bound_to(exchange_path(target.job_path, reader_id), target.filesystem)
+        marks = {s.index: bound.committed_watermark(s.committables) for s in old}
+        if old_sizes.get(writer_spec.id) == size:
+            carry = {
+                s.index: mark
+                for s in old
+                if s.ref_checkpoint_id is not None and (mark := marks[s.index]) is not None
+            }
+        elif any(m is not None for m in marks.values()):
+            lowest = min(MIN_WATERMARK if m is None else m for m in marks.values())
+            carry = dict.fromkeys(range(size), lowest)
+        else:
+            continue  # no writer ever committed a mark: no event time
+        for index, mark in carry.items():
+            key = (writer_spec.id, index)
+            context = WriteContext(
+                job_id=target.job_id,
+                run_id=run_id or "restore",
+                checkpoint_id=cid,
+                attempt=0,  # never a task attempt
+                unit_id=unit_of[key],
+                vertex_id=writer_spec.id,
+                index=index,
+                watermarks=(mark, mark),
+            )
+            staged = bound.write([], context)  # no records: the mark alone
+            planned[key] = msgspec.structs.replace(
+                planned[key], committables=(*planned[key].committables, *staged)
+            )
 
 
 def _describe(storage: JobStorage, state: SubtaskState, checkpoint_id: int) -> str:
