@@ -814,6 +814,11 @@ class Pipeline:
                 dead_letter=True,
             )
 
+    def forward_sources(self, vertex_id: str) -> list[str]:
+        """The ids of the sources `vertex_id` reads through forward edges (itself if it is
+        one): whose splits its split-scoped state is kept by."""
+        return [spec.id for spec in self._ancestors(vertex_id)]
+
     def _ancestors(self, vertex_id: str) -> list[VertexSpec]:
         """The sources `vertex_id` reads through forward edges (itself if it is one)."""
         out: dict[str, VertexSpec] = {}

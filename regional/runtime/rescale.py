@@ -32,8 +32,8 @@ and max parallelism are unchanged keeps its subtasks' state verbatim.
 ...     SubtaskState("src", i, i, split_states=(SplitState(f"s{i}", b""),)) for i in range(3)))
 >>> plan = plan_restore(md, [VertexShape("src", 2, 128, source=True)],
 ...                     split_owners={"src": {"s0": 0, "s1": 1, "s2": 2}})
->>> plan.assignment
-{'s0': 0, 's1': 1, 's2': 0}
+>>> plan.assignments
+{'src': {'s0': 0, 's1': 1, 's2': 0}}
 >>> [[s.split_id for s in t.split_states] for t in plan.subtasks]
 [['s0', 's2'], ['s1']]
 """
@@ -89,17 +89,43 @@ class RestorePlan(msgspec.Struct, frozen=True):
 
     `state_mode[vertex]` says what a stateful vertex's subtasks start from: ``"copy"`` (subtask
     *i* takes old subtask *i*'s state verbatim), ``"redistribute"`` (`redistribute_state` over
-    every old subtask) or ``"empty"``. `assignment` maps every known split to its new subtask
-    index. `dropped` explains every piece of state left behind (allowed by the caller).
+    every old subtask) or ``"empty"``. `assignments[source]` maps every split the source
+    knows to its new subtask index: per source, since two sources may name splits alike
+    (every keyed exchange with N partitions reads splits ``n<N>-p<q>``). `dropped` explains
+    every piece of state left behind (allowed by the caller).
     """
 
     subtasks: tuple[SubtaskPlan, ...]
     state_mode: dict[str, str]
-    assignment: dict[str, int]
+    assignments: dict[str, dict[str, int]]
     dropped: tuple[str, ...] = ()
     rescaled: tuple[str, ...] = ()  # "vertex: 4 -> 2" for every vertex whose size changed
     reset: frozenset[str] = frozenset()  # vertices of the pipeline whose state was dropped
     moved: tuple[str, ...] = ()  # exchange backlogs carried into a new layout or job root
+
+    def placement(self, sources: Iterable[str], *, holder: str) -> dict[str, int]:
+        """Where the splits of `sources` now live, for split-scoped state of vertex `holder`
+        (which reads them through forward edges): one map, refused (`RestoreError`) when two
+        of them name a split alike and place it on different subtasks, since the state of
+        `holder` keeps splits by id and could not be told apart.
+
+        >>> RestorePlan((), {}, {"a": {"s": 0}, "b": {"t": 1}}).placement("ab", holder="op")
+        {'s': 0, 't': 1}
+        """
+        out: dict[str, int] = {}
+        where: dict[str, str] = {}
+        for source in sources:
+            for split, index in self.assignments.get(source, {}).items():
+                if out.setdefault(split, index) != index:
+                    raise RestoreError(
+                        f"vertex {holder!r} keeps state by split, and sources "
+                        f"{where[split]!r} and {source!r} both read a split named {split!r}, "
+                        f"which the new parallelism places on subtasks {out[split]} and "
+                        f"{index}; restore with the parallelism the checkpoint was written "
+                        f"with, or give the two sources of {holder!r} the same parallelism"
+                    )
+                where.setdefault(split, source)
+        return out
 
 
 def place_splits(held: Mapping[int, Sequence[str]], parallelism: int) -> dict[str, int]:
@@ -259,7 +285,7 @@ def plan_restore(
             "(--allow-dropped-state / allow_dropped_state=True)"
         )
 
-    assignment: dict[str, int] = {}
+    assignments: dict[str, dict[str, int]] = {}
     for v in vertices:
         if not v.source or v.vertex_id in dropped_vertices or v.vertex_id not in old_info:
             continue
@@ -268,17 +294,12 @@ def plan_restore(
             s.split_id: st.index for st in by_vertex.get(v.vertex_id, ()) for s in st.split_states
         }
         finished = {k: i for k, i in owners.items() if k not in open_}
+        assignment = assignments.setdefault(v.vertex_id, {})
         for part in (open_, finished):
             held: dict[int, list[str]] = {}
             for split, index in part.items():
                 held.setdefault(index, []).append(split)
-            for split, index in place_splits(held, v.parallelism).items():
-                if assignment.get(split, index) != index:
-                    raise RestoreError(
-                        f"split id {split!r} is read by several sources that now place it on "
-                        f"different subtasks; give the sources' splits distinct ids"
-                    )
-                assignment[split] = index
+            assignment.update(place_splits(held, v.parallelism))
 
     subtasks: list[SubtaskPlan] = []
     state_mode: dict[str, str] = {}
@@ -298,7 +319,7 @@ def plan_restore(
         splits: list[list[SplitState]] = [[] for _ in range(v.parallelism)]
         for st in states:
             for split_state in st.split_states:
-                splits[assignment[split_state.split_id]].append(split_state)
+                splits[assignments[v.vertex_id][split_state.split_id]].append(split_state)
         commits: list[list[bytes]] = [[] for _ in range(v.parallelism)]
         for st in states:
             if st.ref_checkpoint_id is None and st.committables:
@@ -310,7 +331,7 @@ def plan_restore(
     return RestorePlan(
         tuple(subtasks),
         state_mode,
-        assignment,
+        assignments,
         tuple(f"dropped: {p}" for p in problems),
         tuple(rescaled),
         frozenset(dropped_vertices),

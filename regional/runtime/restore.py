@@ -288,7 +288,8 @@ def rewrite_for_pipeline(
             if op is not None and op.scope == "key":  # after a keyed exchange: by key hash
                 now = redistribute_keys(then, sizes[vertex_id])
             else:
-                now = redistribute_state(then, plan.assignment, sizes[vertex_id])
+                placement = plan.placement(pipeline.forward_sources(vertex_id), holder=vertex_id)
+                now = redistribute_state(then, placement, sizes[vertex_id])
             for index, state in enumerate(now):
                 blobs[vertex_id, index] = codec.encode(state.keyed, state.lists, operator=vertex_id)
 
@@ -320,9 +321,9 @@ def rewrite_for_pipeline(
     for vertex_id, data in metadata.coordinators.items():
         if vertex_id not in pipeline.vertices or vertex_id in plan.reset:
             continue
-        if vertex_id in pipeline.sources and plan.assignment:
+        if vertex_id in pipeline.sources and plan.assignments.get(vertex_id):
             enumerator = _enumerator(vertex_id, data)
-            enumerator.reassign(plan.assignment)
+            enumerator.reassign(plan.assignments[vertex_id])
             data = enumerator.snapshot(cid)
         coordinators[vertex_id] = data
     notes = [*reasons]
