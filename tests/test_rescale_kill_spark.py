@@ -4,8 +4,9 @@ exchange, an interval join after two and a deduplication after a third. Each run
 SIGKILL once it reports a checkpoint in which upstream writer units fail (so the checkpoint the
 next run restores holds fallen-back writers), and the next run starts with other partition
 counts: the window 3 -> 2 while the join and the dedup stay at 3 (refused before: their splits
-share names), then the join 3 -> 4 and the dedup 3 -> 2 (the window's count), to the end. The committed rows and dead letters, read with
-DuckDB, equal a fault-free run of the first shape in this process.
+share names), then the join 3 -> 4 and the dedup 3 -> 2 (the window's count), to the end. The
+committed rows and dead letters, read with DuckDB, equal a fault-free run of the first shape in
+this process.
 
 The source stages (the exchanges' writers) keep their size: rescaling the writing stage may
 change which records near the watermark are late (DESIGN §4 rule 15)."""
