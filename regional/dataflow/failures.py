@@ -18,6 +18,7 @@ from regional.errors import RegionalError
 __all__ = [
     "FIX",
     "TRACE_LIMIT",
+    "USER_EXITS",
     "UserFunctionError",
     "as_exception",
     "failure_line",
@@ -28,6 +29,9 @@ __all__ = [
     "split_of_failure",
 ]
 
+#: The `BaseException`s that are no `Exception` a user function may raise on a record: its
+#: unit's failure (`as_exception`). Any other (the runtime's own timeout alarm) is not.
+USER_EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)
 #: The end of a `UserFunctionError`'s message: what fixes it.
 FIX = "or run the pipeline with on_error='dead-letter' to set such records aside"
 
@@ -88,13 +92,15 @@ def function_error(
     )
 
 
-def as_exception(exc: BaseException) -> Exception:
-    """`exc` as an `Exception`: a `BaseException` that is none (``SystemExit``,
-    ``KeyboardInterrupt``, ``GeneratorExit``) raised by a user function on a record becomes a
-    `UserFunctionError` naming it (from it, with its split: `raised_on`), so only the unit
-    whose record raised it declines."""
+def as_exception(exc: BaseException) -> Exception | None:
+    """`exc`, raised on a record (`raised_on`), as an `Exception` its unit declines with: a
+    `USER_EXITS` one becomes a `UserFunctionError` naming it (from it, with its split), so only
+    the unit whose record raised it declines; None for any other `BaseException` (it is not
+    the record's: let it propagate)."""
     if isinstance(exc, Exception):
         return exc
+    if not isinstance(exc, USER_EXITS):
+        return None
     error = UserFunctionError(
         f"a user function raised {failure_line(exc)} on a record; a user function must not "
         "raise it (it is no bad record, so it is never a dead letter): fix the function"

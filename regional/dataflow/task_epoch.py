@@ -213,15 +213,16 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
 def _judged(fn: Callable[..., _T], owner: Mapping[str, int], *args: Any) -> _T:
     """`fn(*args)` (an operator's run, an exchange writer's key check: user functions on the
     pass's records); what it raises on a record of one unit's splits (`raised_on`) is that
-    unit's `UnitFailed`, even a `BaseException` that is no `Exception` (``SystemExit``, a
-    ``KeyboardInterrupt`` a user function raised: `as_exception`). Anything else propagates,
-    a real interrupt of the process included."""
+    unit's `UnitFailed`, even a ``SystemExit`` or ``KeyboardInterrupt`` a user function raised
+    (`as_exception`). Anything else propagates: an interrupt outside user functions, the
+    unit timeout's alarm."""
     try:
         return fn(*args)
     except BaseException as exc:
         failed = split_of_failure(exc)
-        if failed is not None and failed in owner:
-            raise UnitFailed(owner[failed], as_exception(exc)) from exc
+        error = as_exception(exc)
+        if failed is not None and failed in owner and error is not None:
+            raise UnitFailed(owner[failed], error) from exc
         raise
 
 

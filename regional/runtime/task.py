@@ -606,10 +606,10 @@ def run_units(
                     prefix = "upload failed: " if snap is not None else ""
                     answers[at] = _decline(work, failure_line(exc, prefix), failure_trace(exc))
                 except BaseException as exc:
-                    if split_of_failure(exc) is None:  # not a user function's, on a record
+                    failed_on = as_exception(exc)  # SystemExit of a user function: its unit's
+                    if split_of_failure(exc) is None or failed_on is None:  # not on a record
                         raise
-                    error = as_exception(exc)  # SystemExit of a user function: its unit's
-                    answers[at] = _decline(work, failure_line(error), failure_trace(error))
+                    answers[at] = _decline(work, failure_line(failed_on), failure_trace(failed_on))
                 else:
                     if snap.sink_parts:
                         staging.append((at, snap))
