@@ -657,3 +657,57 @@ def test_dead_letters_of_an_exchange_writer_go_to_its_chains_dead_letter_sink() 
     assert kept == [("g0", [{"k": 2}])]
     [row] = dead.rows(("ex-writer",))
     assert (row["operator"], row["record_index"], row["record"]) == ("ex-writer", 0, '{"n":1}')
+
+
+# --- windows --------------------------------------------------------------------------------
+
+
+def _window_key(r: dict[str, Any]) -> Any:
+    if r["id"] == "w1-4":
+        raise KeyError("shop")
+    return r["shop"]
+
+
+def test_a_window_dead_letters_a_record_its_key_function_raises_on(tmp_path: Path) -> None:
+    from regional.dataflow.windows import Tumbling, count
+
+    p = Pipeline(
+        "win",
+        records_per_epoch=4,
+        on_error="dead-letter",
+        dead_letter=ParquetSink(str(tmp_path / "dead")),
+    )
+    src = p.source(
+        GeneratorSource(
+            2,
+            lambda s, n: {"id": f"w{s}-{n}", "shop": n % 2, "ts": n * 1_000},
+            records_per_split=10,
+        ),
+        parallelism=2,
+        name="src",
+        event_time="ts",
+        max_out_of_orderness="30 s",
+    )
+    src.key_by(_window_key).window(Tumbling("5 s"), aggregate=count(), name="w").sink(
+        ParquetSink(str(tmp_path / "table")), name="out"
+    )
+    assert _driver(tmp_path, p).run().finished
+    record = {"id": "w1-4", "shop": 0, "ts": 4_000}
+    assert _dead(tmp_path) == [
+        (
+            "w",
+            "w1-4",
+            "UserFunctionError",
+            "window 'w': the key function _window_key raised KeyError: 'shop' on record "
+            f"{record!r}; fix the function or the record, {FIX}",
+        )
+    ]
+    rows = Counter(
+        (r["key"], r["window_start"].timestamp(), r["value"])
+        for r in read_table(str(tmp_path / "table")).to_pylist()
+    )
+    expected: Counter[Any] = Counter()
+    for s in range(2):
+        counts: Counter[Any] = Counter((n % 2, n // 5 * 5) for n in range(10) if (s, n) != (1, 4))
+        expected.update((k, float(w), c) for (k, w), c in counts.items())
+    assert rows == expected
