@@ -653,10 +653,17 @@ def test_dead_letters_of_an_exchange_writer_go_to_its_chains_dead_letter_sink() 
     dead = DeadLetters(1, {})
     from regional.dataflow.keys import exchange_chunks
 
-    kept = exchange_chunks([("g0", [{"n": 1}, {"k": 2}])], FieldKey("k"), "ex-writer", dead)
-    assert kept == [("g0", [{"k": 2}])]
-    [row] = dead.rows(("ex-writer",))
-    assert (row["operator"], row["record_index"], row["record"]) == ("ex-writer", 0, '{"n":1}')
+    chunks = [("g0", [{"n": 1}, {"k": 2}]), ("g0", [{"k": 2**70}, {"k": None}])]
+    kept = exchange_chunks(chunks, FieldKey("k"), "ex-writer", dead)
+    assert kept == [("g0", [{"k": 2}]), ("g0", [{"k": None}])]
+    missing, too_big = dead.rows(("ex-writer",))
+    assert (missing["record_index"], missing["record"]) == (0, '{"n":1}')
+    assert (too_big["record_index"], too_big["error_message"]) == (
+        2,
+        f"exchange writer 'ex-writer': the key field 'k' gave {2**70} (int) for record "
+        f"{ {'k': 2**70}!r}, which cannot be a key (msgpack cannot encode it); key by a str, "
+        f"int, float, bool, bytes, None or a tuple of them, {FIX}",
+    )
 
 
 # --- windows --------------------------------------------------------------------------------

@@ -124,6 +124,11 @@ def exchange_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
         if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
             raise _missing(owner, key, record) from exc
         raise function_error(owner, "key", key, record, exc) from exc
+    t = type(value)
+    if t is str or t is float or t is bool or value is None or t is bytes:
+        return value  # the hot path: encodable, no encoding made
+    if t is int and -(2**63) <= value < 2**64:
+        return value
     try:
         key_bytes(value)
     except TypeError:
