@@ -13,6 +13,10 @@ keeps the event time of the record it let through last, f:
   come that is not late has a time at or above its origin watermark, itself at least W, so it
   could not be a duplicate of f any more.
 
+A record whose key function raises or gives an unhashable key is that record's failure: a dead
+letter with ``on_error="dead-letter"`` (naming the operator, the function and the reason), else
+its unit declines naming them. A None key is a key like any other (as in SQL's DISTINCT).
+
 Which records go through depends only on the records of the key in the order they arrive:
 the same after any fallback for records of one input split (a split's records keep their
 order), and for exact duplicates (a redelivered event) from any split. Two *different* records
@@ -35,9 +39,12 @@ from typing import Any
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.failures import UserFunctionError, raised_on
+from regional.dataflow.keys import read_key
 from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state_codec import StateTypeError
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 
 __all__ = ["Dedup", "DropDuplicates"]
@@ -75,6 +82,18 @@ def _late(op: str, ts: int, origin: int) -> LateRecord:
         f"{format_watermark(origin)}, so the record it might duplicate may have left the "
         "state; raise max_out_of_orderness of the source to keep such records"
     )
+
+
+def _keep_key(
+    state: OperatorState, key: Any, scope: str, owner: str, operator: str, record: Any
+) -> None:
+    """Refuse, as that record's failure, a key the state cannot keep."""
+    try:
+        state.codec.check(key, what=f"the key of split {scope!r}", operator=operator)
+    except StateTypeError as exc:
+        raise UserFunctionError(
+            f"{owner}: the key {key!r:.100} of record {record!r:.200} cannot be kept: {exc}"
+        ) from None
 
 
 class DropDuplicates(Operator):
@@ -121,8 +140,9 @@ class DropDuplicates(Operator):
         floor = state.lists.setdefault(FIRED_WATERMARK, [MIN_WATERMARK]) if keyed else None
         if floor is not None and time.start_of(KEY_SCOPE) < floor[0]:
             time.start[KEY_SCOPE] = floor[0]
+        owner = f"drop_duplicates {self.name!r}"
         judge = Lateness(
-            f"drop_duplicates {self.name!r}",
+            owner,
             self.time_of,
             self.field,
             self.on_late,
@@ -139,14 +159,22 @@ class DropDuplicates(Operator):
             base = seen.get(split, 0)
             seen[split] = base + len(rows)
             kept = []
-            for _, record, ts in judge.on_time(
+            for i, record, ts in judge.on_time(
                 rows, split=split, base=base, origin=origin, dead=dead_letters, time=time,
                 operator=self.name,
             ):  # fmt: skip
-                key = self.key(record)
-                slot = slots.get(key)
+                try:
+                    key = read_key(self.key, record, owner)
+                    slot = slots.get(key)
+                    if slot is None:
+                        _keep_key(state, key, scope, owner, self.name, record)
+                except UserFunctionError as exc:
+                    if dead_letters is None:
+                        raised_on(exc, split)
+                        raise
+                    dead_letters.add(self.name, split, base + i, record, exc)
+                    continue
                 if slot is None:
-                    state.codec.check(key, what=f"the key of split {scope!r}", operator=self.name)
                     slot = slots[key] = {}
                 if self.dedup.through(slot, ts):
                     kept.append(record)

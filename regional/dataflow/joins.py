@@ -23,6 +23,13 @@ them:
   emitted once, then, with None for the other side; at the end of the input (W = +inf) every
   row leaves.
 
+Keys follow SQL: a record whose key is None matches nothing (an outer join emits it unmatched
+in the epoch it arrives). A record whose key function raises or gives an unhashable key, and a
+pair whose ``emit`` raises, is that record's (pair's) failure, never the join's: with
+``on_error="dead-letter"`` a dead letter naming the join, the function and the reason
+(`regional.dataflow.failures.UserFunctionError`), the other records going on; otherwise the
+unit declines with that error.
+
 The rows are those of a batch join over the records that were not late, whichever units fell
 back when: a record's lateness depends only on its own origin watermark, and a row leaves only
 once nothing that is not late could still match it.
@@ -43,14 +50,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
-
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.failures import UserFunctionError, function_error, raised_on
+from regional.dataflow.keys import read_key
 from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
+from regional.dataflow.partitioning import key_bytes
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state_codec import StateTypeError
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 from regional.errors import GraphError
 from regional.policy import parse_duration
@@ -68,7 +77,6 @@ __all__ = [
 #: The kinds of interval join: which unmatched rows are emitted (with None for the other side).
 HOW = ("inner", "left", "right", "outer")
 _LEFT, _RIGHT = "l", "r"  # slot entries: [[ts, matched, record], ...] in arrival order
-_ENCODE = msgspec.msgpack.Encoder()
 _MAX_BOUND_MS = 365 * 24 * 3600 * 1000
 
 
@@ -181,8 +189,9 @@ def _late(what: str, side: str, ts: int, origin: int) -> LateRecord:
     )
 
 
-#: One key's new records of the epoch, per input: (event time, record) in arrival order.
-NewRows = dict[Any, tuple[list[tuple[int, Any]], list[tuple[int, Any]]]]
+#: One key's new records of the epoch, per input: (event time, record, ...: `KeyedJoin.entry`)
+#: in arrival order.
+NewRows = dict[Any, tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]
 
 
 class KeyedJoin(Operator):
@@ -222,11 +231,25 @@ class KeyedJoin(Operator):
     def user_functions(self) -> tuple[Any, ...]:
         return (*self.keys, *self.times, self.spec.emit)
 
-    def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
-        """The epoch's output rows: add the new rows to their keys' slots, emit what they
-        make, and drop (and emit, for outer joins) what the `watermark` lets leave; a slot
-        left empty is deleted. Rows in a deterministic order."""
+    def join(
+        self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int
+    ) -> list[tuple[Any, Any]]:
+        """The epoch's pairs (input 0 record, input 1 record or version; None for a missing
+        side): add the new rows to their keys' slots, pair what they make, and drop (and pair,
+        for outer joins) what the `watermark` lets leave; a slot left empty is deleted. Pairs
+        in a deterministic order; `emit` makes them rows."""
         raise NotImplementedError
+
+    def unmatched(self, keyless: tuple[list[Any], list[Any]]) -> list[tuple[Any, Any]]:
+        """The pairs of the epoch's records whose key is None (per input), which match
+        nothing: what the join emits for a record without a match."""
+        raise NotImplementedError
+
+    def entry(self, side: int, ts: int, record: Any) -> tuple[Any, ...]:
+        """What a record of input `side` at event time `ts` adds to its key's new rows (a
+        join that calls a user function on each record, like ``is_delete``, calls it here,
+        where a failure is judged per record)."""
+        return (ts, record)
 
     def run(
         self,
@@ -253,17 +276,40 @@ class KeyedJoin(Operator):
             time.start[KEY_SCOPE] = floor[0]
         start = time.start_of(KEY_SCOPE)
         new: NewRows = {}
+        keyless: tuple[list[Any], list[Any]] = ([], [])
         slots = state.keyed.setdefault(KEY_SCOPE, {})
         for side, (chunks, origins) in enumerate(inputs):
-            self._arrived(side, chunks, origins, start, new, slots, state, dead_letters, time)
+            self._arrived(
+                side, chunks, origins, start, new, keyless, slots, state, dead_letters, time
+            )
         watermark = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
-        rows = self.join(slots, new, watermark)
+        pairs = self.join(slots, new, watermark) + self.unmatched(keyless)
         if not slots:
             del state.keyed[KEY_SCOPE]
         floor[0] = watermark
+        rows = self._emitted(pairs, dead_letters, time.key_split)
         if not rows:
             return [], []
         return [(time.key_split, rows)], [start]
+
+    def _emitted(
+        self, pairs: list[tuple[Any, Any]], dead: DeadLetters | None, split: str
+    ) -> list[Any]:
+        """`emit` of every pair; a pair it raises on is a dead letter (its record: the two
+        sides by name, its index: the pair's among the epoch's) or fails the unit."""
+        emit = self.spec.emit
+        rows = []
+        for n, (a, b) in enumerate(pairs):
+            try:
+                rows.append(emit(a, b))
+            except Exception as exc:
+                record = {self.sides[0]: a, self.sides[1]: b}
+                error = function_error(f"{self.what} {self.name!r}", "emit", emit, record, exc)
+                if dead is None:
+                    raised_on(error, split)
+                    raise error from exc
+                dead.add(self.name, split, n, record, error)
+        return rows
 
     def _arrived(
         self,
@@ -272,21 +318,24 @@ class KeyedJoin(Operator):
         origins: Sequence[int] | None,
         start: int,
         new: NewRows,
+        keyless: tuple[list[Any], list[Any]],
         slots: dict[Any, dict[Any, Any]],
         state: OperatorState,
         dead: DeadLetters | None,
         time: EpochTime,
     ) -> None:
-        """Sort one side's records of the epoch into `new` by key, with their event times;
-        late records and records without a usable event time are set aside."""
+        """Sort one side's records of the epoch into `new` by key, with their event times
+        (into `keyless` for a None key); late records and records without a usable event
+        time or key are set aside."""
         name = self.sides[side]
         key_of = self.keys[side]
         # both sides' exchange readers read a split named n<N>-p<q>: a dead letter names its
         # reader, so it shows that reader's position
         source = self.input_ids[side] if len(self.input_ids) == 2 else None
         what = f"{self.what} {self.name!r}"
+        owner = f"{what} ({name} side)"
         judge = Lateness(
-            f"{what} ({name} side)",
+            owner,
             self.times[side],
             self.fields[side],
             self.on_late,
@@ -298,19 +347,40 @@ class KeyedJoin(Operator):
             rows = records_of(data)
             base = seen.get(split, 0)
             seen[split] = base + len(rows)
-            for _, record, ts in judge.on_time(
+            for i, record, ts in judge.on_time(
                 rows, split=split, base=base, origin=origin, dead=dead, time=time,
                 operator=self.name, source=source,
             ):  # fmt: skip
-                key = key_of(record)
+                try:
+                    key = read_key(key_of, record, owner)
+                    if key is not None and key not in slots:
+                        self._keep_key(state, key, owner, record)
+                    row = self.entry(side, ts, record)
+                except UserFunctionError as exc:
+                    if dead is None:
+                        raised_on(exc, split)
+                        raise
+                    dead.add(self.name, split, base + i, record, exc, source=source)
+                    continue
+                if key is None:  # as SQL: matches nothing
+                    keyless[side].append(record)
+                    continue
                 if key not in slots:
-                    state.codec.check(key, what="a join key", operator=self.name)
                     slots[key] = {}
                 state.check(record, f"the {name} rows")
                 entry = new.get(key)
                 if entry is None:
                     entry = new[key] = ([], [])
-                entry[side].append((ts, record))
+                entry[side].append(row)
+
+    def _keep_key(self, state: OperatorState, key: Any, owner: str, record: Any) -> None:
+        """Refuse, as that record's failure, a key the state cannot keep."""
+        try:
+            state.codec.check(key, what="a join key", operator=self.name)
+        except StateTypeError as exc:
+            raise UserFunctionError(
+                f"{owner}: the key {key!r:.100} of record {record!r:.200} cannot be kept: {exc}"
+            ) from None
 
 
 class IntervalJoin(KeyedJoin):
@@ -321,7 +391,9 @@ class IntervalJoin(KeyedJoin):
     what = "interval join"
     spec: IntervalJoinSpec
 
-    def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
+    def join(
+        self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int
+    ) -> list[tuple[Any, Any]]:
         pairs: list[tuple[Any, Any]] = []
         for key, (left, right) in new.items():
             pairs += self.spec.match(slots[key], left=left, right=right)
@@ -330,10 +402,18 @@ class IntervalJoin(KeyedJoin):
             slot = slots[key]
             unmatched = self.spec.leave(slot, watermark=watermark)
             if unmatched:
-                leaving.append((_ENCODE.encode(key), unmatched))
+                leaving.append((key_bytes(key), unmatched))
             if not slot:
                 del slots[key]
         leaving.sort(key=lambda item: item[0])  # a deterministic order, key by key
         pairs += [p for _, unmatched in leaving for p in unmatched]
-        emit = self.spec.emit
-        return [emit(left, right) for left, right in pairs]
+        return pairs
+
+    def unmatched(self, keyless: tuple[list[Any], list[Any]]) -> list[tuple[Any, Any]]:
+        left, right = keyless
+        out: list[tuple[Any, Any]] = []
+        if self.spec.how in ("left", "outer"):
+            out += [(r, None) for r in left]
+        if self.spec.how in ("right", "outer"):
+            out += [(None, r) for r in right]
+        return out

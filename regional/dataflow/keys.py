@@ -12,16 +12,34 @@ field are equal, so `exchange("user", ...)` and a later `key_by("user")` agree.
 >>> f = lambda r: r["user"]
 >>> key_function(f) is f
 True
+
+A key is judged per record (`read_key`): a key function that raises, a record without the key
+field, or a key that is unhashable is that record's failure (a `UserFunctionError` naming the
+operator, the function and the record), never its unit's: with ``on_error="dead-letter"`` the
+record is a dead letter and the others go on. A None key is a key (grouping, deduplication,
+exchanges keep it as one); the joins match it with nothing, as SQL does.
+
+>>> read_key(key, {"n": 1}, "join 'j' (left side)")
+Traceback (most recent call last):
+...
+regional.dataflow.failures.UserFunctionError: join 'j' (left side): the key field 'user' is \
+missing from record {'n': 1}; give every record that field, or run the pipeline with \
+on_error='dead-letter' to set such records aside
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.failures import FIX, UserFunctionError, function_error, raised_on
+from regional.dataflow.partitioning import key_bytes
 from regional.errors import GraphError
 
-__all__ = ["FieldKey", "KeyLike", "key_function"]
+__all__ = ["FieldKey", "KeyLike", "exchange_chunks", "exchange_key", "key_function", "read_key"]
 
 #: What `key_by` and `exchange` take: a function of a record, or a field name.
 KeyLike = Callable[[Any], Any] | str
@@ -61,3 +79,102 @@ def key_function(key: KeyLike, what: str = "key_by") -> Callable[[Any], Any]:
             "name, e.g. 'customer', or a function of a record, e.g. lambda r: r['customer']"
         )
     return key
+
+
+def _missing(owner: str, key: FieldKey, record: Any) -> UserFunctionError:
+    return UserFunctionError(
+        f"{owner}: the key field {key.field!r} is missing from record {record!r:.200}; give "
+        f"every record that field, {FIX}"
+    )
+
+
+def _unusable(owner: str, key: Any, record: Any, value: Any, why: str) -> UserFunctionError:
+    what = f"key field {key.field!r}" if isinstance(key, FieldKey) else "key function"
+    name = "" if isinstance(key, FieldKey) else f" {getattr(key, '__qualname__', repr(key))}"
+    return UserFunctionError(
+        f"{owner}: the {what}{name} gave {value!r:.100} ({type(value).__name__}) for record "
+        f"{record!r:.200}, which cannot be a key ({why}); key by a str, int, float, bool, "
+        f"bytes, None or a tuple of them, {FIX}"
+    )
+
+
+def read_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
+    """`key(record)`, hashable; `UserFunctionError` naming `owner` (the operator), the
+    function or field and the record when it raises or gives an unhashable value."""
+    try:
+        value = key(record)
+    except Exception as exc:
+        if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
+            raise _missing(owner, key, record) from exc
+        raise function_error(owner, "key", key, record, exc) from exc
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise _unusable(owner, key, record, value, str(exc)) from None
+    return value
+
+
+def exchange_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
+    """`key(record)` as a keyed exchange can place it (msgpack encodes it:
+    `regional.dataflow.partitioning.key_bytes`); `UserFunctionError` as `read_key` (a list
+    key is placed like a tuple: the exchange needs no hash)."""
+    try:
+        value = key(record)
+    except Exception as exc:
+        if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
+            raise _missing(owner, key, record) from exc
+        raise function_error(owner, "key", key, record, exc) from exc
+    t = type(value)
+    if t is str or t is float or t is bool or value is None or t is bytes:
+        return value  # the hot path: encodable, no encoding made
+    if t is int and -(2**63) <= value < 2**64:
+        return value
+    try:
+        key_bytes(value)
+    except TypeError:
+        raise _unusable(owner, key, record, value, "msgpack cannot encode it") from None
+    return value
+
+
+def exchange_chunks(
+    chunks: Sequence[tuple[str, Any]],
+    key: Callable[[Any], Any],
+    operator: str,
+    dead: DeadLetters | None,
+) -> list[tuple[str, Any]]:
+    """The chunks (split, Arrow batch or records) an exchange writer `operator` gets, without
+    the records it cannot place (`exchange_key`): each is a dead letter of `operator`, or
+    (without dead letters) its unit declines with the error. An Arrow batch holding the
+    field of a field key is placed by column (a null is the key None) and needs no check."""
+    owner = f"exchange writer {operator!r}"
+    field = key.field if isinstance(key, FieldKey) else None
+    out: list[tuple[str, Any]] = []
+    seen: dict[str, int] = {}
+    for split, data in chunks:
+        arrow = isinstance(data, pa.RecordBatch)
+        base = seen.get(split, 0)
+        seen[split] = base + (data.num_rows if arrow else len(data))
+        if arrow and field is not None and field in data.schema.names:
+            out.append((split, data))
+            continue
+        records = data.to_pylist() if arrow else data
+        kept: list[int] = []
+        for i, record in enumerate(records):
+            try:
+                exchange_key(key, record, owner)
+            except UserFunctionError as exc:
+                if dead is None:
+                    raised_on(exc, split)
+                    raise
+                dead.add(operator, split, base + i, record, exc)
+                continue
+            except BaseException as exc:  # SystemExit too: `failures.as_exception`
+                raised_on(exc, split)
+                raise
+            kept.append(i)
+        if len(kept) == len(records):
+            out.append((split, data))
+        elif kept:
+            rows = data.take(pa.array(kept, pa.int64())) if arrow else [records[i] for i in kept]
+            out.append((split, rows))
+    return out

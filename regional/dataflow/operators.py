@@ -33,7 +33,8 @@ import pyarrow as pa
 
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.failures import raised_on
+from regional.dataflow.failures import UserFunctionError, raised_on
+from regional.dataflow.keys import read_key
 from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.timers import bind, fire_timers
@@ -210,7 +211,7 @@ class RecordOperator(Operator):
             if dead_letters is None:
                 try:
                     produced = self.outputs_of(records, split, state, time)
-                except Exception as exc:
+                except BaseException as exc:  # SystemExit too: `failures.as_exception`
                     raised_on(exc, split)
                     raise
             else:
@@ -220,6 +221,9 @@ class RecordOperator(Operator):
                         produced += self.outputs(split, record, state, time)
                     except Exception as exc:
                         dead_letters.add(self.name, split, base + i, record, exc)
+                    except BaseException as exc:  # no bad record: the unit's failure
+                        raised_on(exc, split)
+                        raise
             if produced:
                 out.append((split, produced))
                 if out_origins is not None:
@@ -414,8 +418,8 @@ class MapBatches(Operator):
         for split, batch, base, origin in _numbered(chunks, origins, _batch_of, _rows_in):
             try:
                 result = self.fn(batch)
-            except Exception as exc:
-                if dead_letters is None:
+            except BaseException as exc:
+                if dead_letters is None or not isinstance(exc, Exception):
                     raised_on(exc, split)
                     raise
                 for i, record in enumerate(batch.to_pylist()):
@@ -524,9 +528,8 @@ class ApplyInArrow(KeyedTimers, Operator):
         assert state is not None
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        for scope, split, batches, origin in self._by_scope(chunks, origins):
+        for scope, split, batches, keys, origin in self._by_scope(chunks, origins, dead_letters):
             table = _table(batches)
-            keys = self._keys(table)
             groups: dict[Any, list[int]] = {}
             for i, k in enumerate(keys):
                 group = groups.get(k)
@@ -542,8 +545,12 @@ class ApplyInArrow(KeyedTimers, Operator):
                     bind(ctx, state, scope, watermark)
                 try:
                     produced = _chunks_of(self.name, split, self.fn(ctx, part))
-                except Exception as exc:
-                    if dead_letters is None or isinstance(exc, _WrongResult):
+                except BaseException as exc:
+                    if (
+                        dead_letters is None
+                        or isinstance(exc, _WrongResult)
+                        or not isinstance(exc, Exception)
+                    ):
                         raised_on(exc, split)
                         raise
                     for i, record in zip(rows, part.to_pylist(), strict=True):
@@ -556,31 +563,90 @@ class ApplyInArrow(KeyedTimers, Operator):
         return out, out_origins
 
     def _by_scope(
-        self, chunks: Sequence[Chunk], origins: Sequence[int] | None
-    ) -> list[tuple[str, str, list[pa.RecordBatch], int]]:
-        """The input as (scope, split of the output, batches, origin watermark) per state
-        scope: per split on a forward chain, one for the subtask after an exchange (whose
-        origin is the lowest of its chunks': never later than any of its records')."""
-        grouped: dict[str, tuple[str, list[pa.RecordBatch], int]] = {}
+        self, chunks: Sequence[Chunk], origins: Sequence[int] | None, dead: DeadLetters | None
+    ) -> list[tuple[str, str, list[pa.RecordBatch], list[Any], int]]:
+        """The input as (scope, split of the output, batches, the key of each of their rows,
+        origin watermark) per state scope: per split on a forward chain, one for the subtask
+        after an exchange (whose origin is the lowest of its chunks': never later than any of
+        its records'). Rows without a usable key are left out (`_keyed`)."""
+        grouped: dict[str, tuple[str, list[pa.RecordBatch], list[Any], int]] = {}
+        seen: dict[str, int] = {}
         for n, (split, data) in enumerate(chunks):
             scope = split if self.scope == "split" else KEY_SCOPE
-            batch = data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
+            base = seen.get(split, 0)
+            seen[split] = base + (data.num_rows if isinstance(data, pa.RecordBatch) else len(data))
+            batch, keys = self._keyed(split, data, base, dead)
+            if not batch.num_rows:
+                continue
             origin = origins[n] if origins is not None else 0
             if scope in grouped:
-                first_split, batches, low = grouped[scope]
+                first_split, batches, all_keys, low = grouped[scope]
                 batches.append(batch)
-                grouped[scope] = (first_split, batches, min(low, origin))
+                all_keys += keys
+                grouped[scope] = (first_split, batches, all_keys, min(low, origin))
             else:
-                grouped[scope] = (split, [batch], origin)
+                grouped[scope] = (split, [batch], keys, origin)
         return [(scope, *rest) for scope, rest in grouped.items()]
 
-    def _keys(self, table: pa.Table) -> list[Any]:
-        """The key of every row: the key column of a `FieldKey`, else the key function of
-        every record."""
+    def _keyed(
+        self, split: str, data: Batch, base: int, dead: DeadLetters | None
+    ) -> tuple[pa.RecordBatch, list[Any]]:
+        """One chunk as a batch of the rows with a usable key, and their keys: the key column
+        of a `FieldKey` the batch has (a null is the key None), else the key function of
+        every record (`regional.dataflow.keys.read_key`: a record without the field, a key
+        function raising, an unhashable key). A row without one is a dead letter naming the
+        operator, the function and the reason, or its unit declines with that error."""
         field = getattr(self.key, "field", None)
-        if isinstance(field, str) and field in table.column_names:
-            return table.column(field).to_pylist()
-        return [self.key(r) for r in table.to_pylist()]
+        owner = f"apply_in_arrow {self.name!r}"
+        names = data.schema.names if isinstance(data, pa.RecordBatch) else ()
+        if isinstance(data, pa.RecordBatch) and isinstance(field, str) and field in names:
+            keys = data.column(field).to_pylist()
+            bad: set[int] = set()
+            for i, k in enumerate(keys):
+                try:
+                    hash(k)
+                except TypeError:  # a list or struct column: read_key names it
+                    record = data.slice(i, 1).to_pylist()[0]
+                    try:
+                        read_key(self.key, record, owner)
+                    except UserFunctionError as exc:
+                        self._set_aside(exc, split, base + i, record, dead)
+                    bad.add(i)
+            if not bad:
+                return data, keys
+            kept = pa.array([i not in bad for i in range(data.num_rows)])
+            return data.filter(kept), [k for i, k in enumerate(keys) if i not in bad]
+        records = records_of(data)
+        keys, rows = [], []
+        for i, record in enumerate(records):
+            try:
+                keys.append(read_key(self.key, record, owner))
+            except UserFunctionError as exc:
+                self._set_aside(exc, split, base + i, record, dead)
+                continue
+            except BaseException as exc:  # SystemExit too: `failures.as_exception`
+                raised_on(exc, split)
+                raise
+            rows.append(i)
+        if len(rows) == len(records):
+            return _batch_of(data), keys
+        if isinstance(data, pa.RecordBatch):
+            return data.take(pa.array(rows, pa.int64())), keys
+        return pa.RecordBatch.from_pylist([records[i] for i in rows]), keys
+
+    def _set_aside(
+        self,
+        exc: UserFunctionError,
+        split: str,
+        index: int,
+        record: Any,
+        dead: DeadLetters | None,
+    ) -> None:
+        """A record without a usable key: a dead letter, or (without) its unit's failure."""
+        if dead is None:
+            raised_on(exc, split)
+            raise exc
+        dead.add(self.name, split, index, record, exc)
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:

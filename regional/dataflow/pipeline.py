@@ -77,6 +77,9 @@ class VertexSpec:
     dead_letter: bool = False  # the dead-letter sink of its chain (`on_error="dead-letter"`)
     exchange_from: str | None = None  # an exchange reader: its writer vertex (a durable edge)
     event_time: EventTime | None = None  # a source read with event time (watermarks)
+    #: a sink placing records by key (an exchange's writer): the epoch judges each record's
+    #: key before the sink gets it (`regional.dataflow.keys.exchange_chunks`)
+    key: Callable[[Any], Any] | None = None
 
 
 class Exchange(NamedTuple):
@@ -201,7 +204,11 @@ class Stream:
         writer = f"{reader}-writer"
         bounded = pipeline._bounded_upstream(self.vertex_id)
         pipeline._add(
-            "sink", writer, (self.vertex_id,), sink=ExchangeWriter(reader, key, partitions)
+            "sink",
+            writer,
+            (self.vertex_id,),
+            sink=ExchangeWriter(reader, key, partitions),
+            key=key,
         )
         stream = pipeline._add(
             "source",

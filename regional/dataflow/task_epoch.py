@@ -26,10 +26,11 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from metadata.model import SubtaskState
-from regional.dataflow.failures import split_of_failure
+from regional.dataflow.failures import as_exception, split_of_failure
+from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
@@ -39,11 +40,14 @@ from regional.dataflow.unit_epoch import (
     read_source,
     start_of,
     timed_source,
+    unit_order,
     watermark_sink,
 )
 from regional.sources.base import Batch, num_records
 
 __all__ = ["TaskUnit", "UnitFailed", "run_task_epoch", "shares_pass"]
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +118,12 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
         if owner.setdefault(split, unit) != unit:
             raise _Mixed(f"split {split!r} is in two units")
 
-    order = [v for v in pipeline.topological_order() if v in units[0].restore]
+    order = unit_order(pipeline, units[0].restore)
     start_positions: dict[str, str] = {}
     source_positions: dict[tuple[str, str], str] = {}
     dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
     sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
+    keyed = tuple(v for v in order if pipeline.vertices[v].key is not None)
     live: list[set[str]] = [set() for _ in units]
     outputs: dict[str, list[Chunk]] = {}
     # how many vertices still read each vertex's output: dropped after the last (a pass holds
@@ -160,15 +165,14 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             state: OperatorState | None = None
             if operator.stateful:
                 state = _restored(pipeline, vertex_id, units, results, own)
-            try:
-                outputs[vertex_id], _ = operator.run_inputs(
-                    [(outputs.get(i, []), None) for i in spec.inputs], state, dead, None
-                )
-            except Exception as exc:
-                failed = split_of_failure(exc)
-                if failed is not None and failed in owner:
-                    raise UnitFailed(owner[failed], exc) from exc
-                raise
+            outputs[vertex_id], _ = _judged(
+                operator.run_inputs,
+                owner,
+                [(outputs.get(i, []), None) for i in spec.inputs],
+                state,
+                dead,
+                None,
+            )
             if state is not None:
                 _snapshot(pipeline, vertex_id, state, owner, live, results)
             _drop_read(outputs, spec.inputs, readers)
@@ -177,7 +181,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
         if spec.dead_letter:
             assert dead is not None
             letters: list[list[dict[str, Any]]] = [[] for _ in units]
-            for row in dead.rows((*spec.inputs, *sources)):
+            for row in dead.rows((*spec.inputs, *sources, *keyed)):
                 holder = owner.get(row["split_id"])
                 if holder is None:
                     raise _Mixed("a dead letter names a split no unit holds")
@@ -189,7 +193,10 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
             continue
         mine_of: list[list[Batch]] = [[] for _ in units]
         for input_id in spec.inputs:
-            for split, data in outputs.get(input_id, []):
+            chunks = outputs.get(input_id, [])
+            if spec.key is not None:  # an exchange writer: records it can place
+                chunks = _judged(exchange_chunks, owner, chunks, spec.key, vertex_id, dead)
+            for split, data in chunks:
                 holder = owner.get(split)
                 if holder is None:
                     raise _Mixed(f"rows of split {split!r}, which no unit holds")
@@ -201,6 +208,22 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
                 result.records_out += sum(num_records(b) for b in batches)
         _drop_read(outputs, spec.inputs, readers)
     return results
+
+
+def _judged(fn: Callable[..., _T], owner: Mapping[str, int], *args: Any) -> _T:
+    """`fn(*args)` (an operator's run, an exchange writer's key check: user functions on the
+    pass's records); what it raises on a record of one unit's splits (`raised_on`) is that
+    unit's `UnitFailed`, even a ``SystemExit`` or ``KeyboardInterrupt`` a user function raised
+    (`as_exception`). Anything else propagates: an interrupt outside user functions, the
+    unit timeout's alarm."""
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        failed = split_of_failure(exc)
+        error = as_exception(exc)
+        if failed is not None and failed in owner and error is not None:
+            raise UnitFailed(owner[failed], error) from exc
+        raise
 
 
 def _drop_read(

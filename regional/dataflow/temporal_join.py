@@ -21,7 +21,11 @@ the stream records waiting for their version:
   valid at W); older versions leave, and a delete that is the newest before W leaves too; at
   the end of the input (W = +inf) every version leaves;
 * late records on either side (below their origin watermark) are never joined: counted, and
-  with ``on_late="dead-letter"`` dead letters.
+  with ``on_late="dead-letter"`` dead letters;
+* a record whose key is None has no version (``how="left"`` emits it with None at once); a
+  change whose key is None is no version of anything; a record or change whose key function
+  or ``is_delete`` raises, and a pair whose ``emit`` raises, is a dead letter (or fails its
+  unit) as in the interval join (`regional.dataflow.joins`).
 
 >>> spec = TemporalJoinSpec(how="left")
 >>> slot = {}
@@ -43,6 +47,7 @@ from typing import Any
 import msgspec
 
 from metadata.watermarks import MAX_WATERMARK
+from regional.dataflow.failures import function_error, function_name
 from regional.dataflow.joins import KeyedJoin, NewRows
 
 __all__ = [
@@ -87,9 +92,19 @@ def delete_test(is_delete: Callable[[Any], Any] | str | None) -> Callable[[Any],
         return lambda change: False
     if isinstance(is_delete, str):
         field = is_delete
-        return lambda change: bool(change.get(field)) if isinstance(change, dict) else False
+
+        def test(change: Any) -> bool:
+            return bool(change.get(field)) if isinstance(change, dict) else False
+
+        test.__qualname__ = f"field {field!r}"  # how errors name it
+        return test
     fn = is_delete
-    return lambda change: bool(fn(change))
+
+    def call(change: Any) -> bool:
+        return bool(fn(change))
+
+    call.__qualname__ = function_name(fn)
+    return call
 
 
 class TemporalJoinSpec:
@@ -113,13 +128,14 @@ class TemporalJoinSpec:
         slot: dict[str, Any],
         *,
         stream: Sequence[tuple[int, Any]],
-        table: Sequence[tuple[int, Any]],
+        table: Sequence[tuple[Any, ...]],
     ) -> None:
         """Add a key's new stream records (waiting) and changes (versions, in time order, and
-        of equal times in the order of their encoding: `tie_order`)."""
+        of equal times in the order of their encoding: `tie_order`); a change is (time,
+        change) or (time, change, whether it is a delete), its `is_delete` known already."""
         if table:
             versions: list[list[Any]] = slot.setdefault(_VERSIONS, [])
-            for ts, change in table:
+            for ts, change, *deleted in table:
                 times = [v[0] for v in versions]
                 at = bisect.bisect_right(times, ts)
                 first = bisect.bisect_left(times, ts)
@@ -127,7 +143,8 @@ class TemporalJoinSpec:
                     mine = tie_order(change)
                     while at > first and tie_order(versions[at - 1][1]) > mine:
                         at -= 1
-                versions.insert(at, [ts, change, bool(self.is_delete(change))])
+                flag = deleted[0] if deleted else bool(self.is_delete(change))
+                versions.insert(at, [ts, change, flag])
         if stream:
             slot.setdefault(_WAITING, []).extend([ts, r] for ts, r in stream)
 
@@ -180,7 +197,24 @@ class TemporalJoin(KeyedJoin):
     def user_functions(self) -> tuple[Any, ...]:
         return (*super().user_functions(), self.spec.is_delete)
 
-    def join(self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int) -> list[Any]:
+    def entry(self, side: int, ts: int, record: Any) -> tuple[Any, ...]:
+        if side == 0:
+            return (ts, record)
+        try:
+            deleted = bool(self.spec.is_delete(record))
+        except Exception as exc:
+            raise function_error(
+                f"{self.what} {self.name!r} (changelog side)",
+                "is_delete",
+                self.spec.is_delete,
+                record,
+                exc,
+            ) from exc
+        return (ts, record, deleted)
+
+    def join(
+        self, slots: dict[Any, dict[Any, Any]], new: NewRows, watermark: int
+    ) -> list[tuple[Any, Any]]:
         for key, (stream, table) in new.items():
             self.spec.add(slots[key], stream=stream, table=table)
         pairs: list[tuple[Any, Any]] = []
@@ -189,5 +223,7 @@ class TemporalJoin(KeyedJoin):
             pairs += self.spec.emit_ready(slot, watermark=watermark)
             if not slot:
                 del slots[key]
-        emit = self.spec.emit
-        return [emit(record, version) for record, version in pairs]
+        return pairs
+
+    def unmatched(self, keyless: tuple[list[Any], list[Any]]) -> list[tuple[Any, Any]]:
+        return [(r, None) for r in keyless[0]] if self.spec.how == "left" else []

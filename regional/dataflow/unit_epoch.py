@@ -35,6 +35,7 @@ from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, w
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
+from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline, VertexSpec
 from regional.dataflow.state import KEY_SCOPE
@@ -49,6 +50,7 @@ __all__ = [
     "read_source",
     "run_unit_epoch",
     "start_of",
+    "unit_order",
 ]
 
 
@@ -244,6 +246,14 @@ def start_of(
     return positions
 
 
+def unit_order(pipeline: Pipeline, vertices: Collection[str]) -> list[str]:
+    """The order a unit made of `vertices` runs them in: producers first, and its dead-letter
+    sink last (after the exchange writers, whose records without a usable key it takes)."""
+    order = [v for v in pipeline.topological_order() if v in vertices]
+    order.sort(key=lambda v: pipeline.vertices[v].dead_letter)
+    return order
+
+
 def dead_letters_of(
     pipeline: Pipeline,
     vertices: Collection[str],
@@ -280,7 +290,7 @@ def run_unit_epoch(
     have read (injected faults). Raises what a source or user function raised (the unit
     declines) unless dead letters take it."""
     result = UnitEpoch()
-    order = [v for v in pipeline.topological_order() if v in restore]
+    order = unit_order(pipeline, restore)
     # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
     # watermarks by scope; None when the pipeline has no event time (nothing changes then)
     time_ = EpochTime(now_ms) if pipeline.timed else None
@@ -293,6 +303,7 @@ def run_unit_epoch(
     live_splits: set[str] = set()  # splits the unit's sources still hold
     dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
     sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
+    keyed = tuple(v for v in order if pipeline.vertices[v].key is not None)
     new = list(new_splits)
     sources_done = False
     for vertex_id in order:
@@ -356,12 +367,15 @@ def run_unit_epoch(
         # a sink, or the dead letters of this part of the graph
         if spec.dead_letter:
             assert dead is not None
-            batches = [dead.batch((*spec.inputs, *sources))]
+            batches = [dead.batch((*spec.inputs, *sources, *keyed))]
             result.dead_lettered += batches[0].num_rows
         else:
             # as the operators left them: the task turns them into Arrow batches, once for
             # all its units (`regional.sinks.rows`)
-            batches = [d for i in spec.inputs for _, d in outputs.get(i, ())]
+            chunks = [c for i in spec.inputs for c in outputs.get(i, ())]
+            if spec.key is not None:  # an exchange writer: records it can place
+                chunks = exchange_chunks(chunks, spec.key, vertex_id, dead)
+            batches = [d for _, d in chunks]
             if watermark_sink(spec.sink) is None:  # records leaving the job
                 result.records_out += sum(num_records(b) for b in batches)
         marks = watermark_sink(spec.sink) if time_ is not None else None

@@ -37,6 +37,8 @@ from regional.dataflow.columnar_aggregates import COLUMNAR, MISSING, can_fold, f
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import EventTimeError, column_millis, record_time, span_ms
+from regional.dataflow.failures import UserFunctionError, raised_on
+from regional.dataflow.keys import read_key
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.windows import (
     Aggregate,
@@ -190,7 +192,14 @@ def run_windows(
                         _late_reason(operator, ts, origin, lateness),
                     )
                 continue
-            key = key_fn(record)
+            try:
+                key = read_key(key_fn, record, f"window {operator!r}")
+            except UserFunctionError as exc:
+                if dead is None:
+                    raised_on(exc, split)
+                    raise
+                dead.add(operator, split, base + i, record, exc)
+                continue
             slot = slots.get(key)
             if slot is None:
                 state.codec.check(key, what=f"the key of split {scope!r}", operator=operator)

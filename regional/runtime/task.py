@@ -52,7 +52,12 @@ from metadata.layout import state_file_path
 from metadata.model import StateHandle, SubtaskState
 from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
-from regional.dataflow.failures import failure_line, failure_trace
+from regional.dataflow.failures import (
+    as_exception,
+    failure_line,
+    failure_trace,
+    split_of_failure,
+)
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.task_epoch import TaskUnit, UnitFailed, run_task_epoch, shares_pass
 from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
@@ -600,6 +605,11 @@ def run_units(
                 except Exception as exc:
                     prefix = "upload failed: " if snap is not None else ""
                     answers[at] = _decline(work, failure_line(exc, prefix), failure_trace(exc))
+                except BaseException as exc:
+                    failed_on = as_exception(exc)  # SystemExit of a user function: its unit's
+                    if split_of_failure(exc) is None or failed_on is None:  # not on a record
+                        raise
+                    answers[at] = _decline(work, failure_line(failed_on), failure_trace(failed_on))
                 else:
                     if snap.sink_parts:
                         staging.append((at, snap))
