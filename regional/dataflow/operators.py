@@ -38,6 +38,7 @@ from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.timers import bind, fire_timers
 from regional.dataflow.window_operator import WindowSpec, run_windows
+from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch
 
 __all__ = [
@@ -58,6 +59,10 @@ __all__ = [
 #: Data flowing between operators: the split the records came from, and the records.
 Chunk = tuple[str, Batch]
 _Data = TypeVar("_Data")
+
+
+def _same(data: Batch) -> Batch:
+    return data
 
 
 def records_of(data: Batch) -> list[Any]:
@@ -82,12 +87,23 @@ def _numbered(
         yield split, converted, base, origins[n] if origins is not None else 0
 
 
-def _batch_of(data: Batch) -> pa.RecordBatch:
-    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
-
-
-def _rows_in(batch: pa.RecordBatch) -> int:
-    return int(batch.num_rows)
+def _arrow_of(
+    data: Batch, operator: str, split: str, base: int, dead_letters: DeadLetters | None
+) -> pa.RecordBatch:
+    """A chunk's data as one record batch for an operator that takes Arrow (`operator`): a
+    list of records with the union of their fields (`regional.sinks.rows.records_batch`); a
+    record whose field has a type the others' cannot share is a dead letter of `operator`
+    (index `base` + its place in the chunk), or without dead letters the error that declines
+    its unit, naming the operator, the field and both types."""
+    if isinstance(data, pa.RecordBatch):
+        return data
+    batch, rejected = records_batch(data, f"operator {operator!r}")
+    for r in rejected:
+        if dead_letters is None:
+            raised_on(r.error, split)
+            raise r.error
+        dead_letters.add(operator, split, base + r.at, r.record, r.error)
+    return batch
 
 
 class Operator:
@@ -411,7 +427,10 @@ class MapBatches(Operator):
     ) -> tuple[list[Chunk], list[int] | None]:
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        for split, batch, base, origin in _numbered(chunks, origins, _batch_of, _rows_in):
+        for split, data, base, origin in _numbered(chunks, origins, _same, len):
+            batch = _arrow_of(data, self.name, split, base, dead_letters)
+            if not batch.num_rows:
+                continue
             try:
                 result = self.fn(batch)
             except Exception as exc:
@@ -524,8 +543,10 @@ class ApplyInArrow(KeyedTimers, Operator):
         assert state is not None
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        for scope, split, batches, origin in self._by_scope(chunks, origins):
+        for scope, split, batches, origin in self._by_scope(chunks, origins, dead_letters):
             table = _table(batches)
+            if not table.num_rows:
+                continue
             keys = self._keys(table)
             groups: dict[Any, list[int]] = {}
             for i, k in enumerate(keys):
@@ -556,23 +577,42 @@ class ApplyInArrow(KeyedTimers, Operator):
         return out, out_origins
 
     def _by_scope(
-        self, chunks: Sequence[Chunk], origins: Sequence[int] | None
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        dead_letters: DeadLetters | None,
     ) -> list[tuple[str, str, list[pa.RecordBatch], int]]:
         """The input as (scope, split of the output, batches, origin watermark) per state
         scope: per split on a forward chain, one for the subtask after an exchange (whose
-        origin is the lowest of its chunks': never later than any of its records')."""
+        origin is the lowest of its chunks': never later than any of its records'). Lists of
+        records keep the union of their fields, and a scope's batches get one schema
+        (`regional.sinks.rows.conformed`: widened where no value changes); a record or batch
+        that cannot is a dead letter of this operator naming the field and both types, or
+        without dead letters declines its unit."""
         grouped: dict[str, tuple[str, list[pa.RecordBatch], int]] = {}
-        for n, (split, data) in enumerate(chunks):
+        made: dict[str, list[tuple[str, int]]] = {}  # per scope: each batch's split and base
+        for split, data, base, origin in _numbered(chunks, origins, _same, len):
             scope = split if self.scope == "split" else KEY_SCOPE
-            batch = data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
-            origin = origins[n] if origins is not None else 0
+            batch = _arrow_of(data, self.name, split, base, dead_letters)
+            made.setdefault(scope, []).append((split, base))
             if scope in grouped:
                 first_split, batches, low = grouped[scope]
                 batches.append(batch)
                 grouped[scope] = (first_split, batches, min(low, origin))
             else:
                 grouped[scope] = (split, [batch], origin)
-        return [(scope, *rest) for scope, rest in grouped.items()]
+        out: list[tuple[str, str, list[pa.RecordBatch], int]] = []
+        for scope, (first_split, batches, low) in grouped.items():
+            kept, refused = conformed(batches, f"operator {self.name!r}")
+            for at, error in refused:
+                split, base = made[scope][at]
+                if dead_letters is None:
+                    raised_on(error, split)
+                    raise error
+                for i, record in enumerate(batches[at].to_pylist()):
+                    dead_letters.add(self.name, split, base + i, record, error)
+            out.append((scope, first_split, kept, low))
+        return out
 
     def _keys(self, table: pa.Table) -> list[Any]:
         """The key of every row: the key column of a `FieldKey`, else the key function of
@@ -584,12 +624,10 @@ class ApplyInArrow(KeyedTimers, Operator):
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table of a scope's batches (their schemas unified when the records differ)."""
-    try:
-        return pa.Table.from_batches(batches)
-    except pa.ArrowInvalid:
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        return pa.concat_tables(tables, promote_options="permissive")
+    """One table of a scope's batches (of one schema: `ApplyInArrow._by_scope`)."""
+    if not batches:
+        return pa.table({})
+    return pa.Table.from_batches(batches)
 
 
 class _WrongResult(TypeError):
