@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import pyarrow as pa
 
-from regional.cli.render import print_table
+from regional.cli.render import print_table, say
 from regional.errors import GraphError
 from regional.graph.files import load_graph
 from regional.graph.job_graph import JobGraph
@@ -64,22 +64,22 @@ def show_regions(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.encode(plan_json(plan)).decode() + "\n")
         return 0
     verdict = "yes" if plan.regional_allowed else f"no: {plan.reason}"
-    print(
+    say(
         f"{args.graph}: {len(graph.vertices)} vertices, {graph.num_subtasks} subtasks, "
         f"{plan.num_regions} regions, {plan.num_units} fallback units; "
         f"regional checkpoints: {verdict}"
     )
     for warning in plan.warnings:
-        print(f"warning: {warning}")
+        say(f"warning: {warning}")
     for note in plan.notes:
-        print(f"note: {note}")
+        say(f"note: {note}")
     limit = args.limit if args.limit > 0 else None
     if any(v.name != v.id for v in graph.vertices):
         vertices = graph.topological_order()[:limit]
         print_table(_vertex_table(plan, vertices), as_json=False)
         if len(vertices) < len(graph.vertices):
-            print(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
-        print()
+            say(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
+        say()
     shown = min(limit or plan.num_units, plan.num_units)
     rows = [_unit_row(plan, u) for u in range(shown)]
     table = pa.table(
@@ -92,7 +92,7 @@ def show_regions(args: argparse.Namespace) -> int:
     )
     print_table(table, as_json=False)
     if shown < plan.num_units:
-        print(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
+        say(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
     return 0
 
 

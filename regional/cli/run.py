@@ -36,6 +36,7 @@ from metadata.bounded_read import byte_size, read_local_file
 from metadata.errors import MetadataError, RegionalError, StorageError
 from metadata.events import Outcome
 from metadata.layout import JOB_ID_FORM, job_id_problem
+from regional.cli import render
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError, UsageError
@@ -267,7 +268,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     # with --json stdout carries the outcomes only: everything else goes to stderr
     info = sys.stderr if args.json else sys.stdout
-    say = functools.partial(print, file=info, flush=True)
+    say = functools.partial(render.say, file=info)
     say(f"starting Spark ({args.master}); checkpoints under {root} ({origin})")
     spark = spark_session(
         args.master, verbose=args.verbose, log_file=log_file, extra=dict(args.conf)
