@@ -120,3 +120,49 @@ def test_policy_check_shows_an_interval_of_0_as_0(
     out = capsys.readouterr().out.splitlines()
     [row] = [line for line in out if line.startswith("checkpointing.interval ")]
     assert row.split() == ["checkpointing.interval", "0", "file", str(file)]
+
+
+def test_inspect_watermarks_says_ended_for_a_split_whose_input_ended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import orders_job
+
+    from metadata.storage import JobStorage
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("wm", records_per_epoch=4)
+    p.source(
+        GeneratorSource(2, lambda s, n: {"n": n, "ts": 1000 * n + s}, records_per_split=6),
+        parallelism=2,
+        name="src",
+        event_time="ts",
+    ).sink(ParquetSink(str(tmp_path / "t")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "wm", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "wm"))
+    assert driver.run().finished
+    capsys.readouterr()
+    assert main(["inspect", root, "watermarks"]) == 0
+    header, _, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "checkpoint_id",
+        "kind",
+        "vertex",
+        "subtask",
+        "unit",
+        "split",
+        "watermark_ms",
+        "watermark",
+        "held_by",
+    ]
+    assert [r.split()[:8] for r in rows] == [
+        ["3", "split", "src", "0", "0", "g0", "ended", "+inf"],
+        ["3", "split", "src", "1", "1", "g1", "ended", "+inf"],
+    ]
+    assert "9223372036854775807" not in "".join(rows)
+    assert main(["inspect", root, "watermarks", "--json"]) == 0  # machines: the int64 +inf
+    assert [r["watermark_ms"] for r in json.loads(capsys.readouterr().out)] == [2**63 - 1] * 2

@@ -34,7 +34,7 @@ from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
-from metadata.watermarks import watermarks_table
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
 from regional.cli.render import print_table, say
@@ -307,10 +307,32 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     # (its events record a watermark) shows them
     timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
     table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
-    print_table(table, as_json=args.json)
+    print_table(table if args.json else _watermarks_for_people(table), as_json=args.json)
     if not args.json and table.num_rows == 0:
         say(f"checkpoint {newest.checkpoint_id} has no source read with event time")
     return 0
+
+
+def watermark_ms_for_people(ms: int) -> str:
+    """A `watermark_ms` in the text output: the milliseconds, or what the int64 ends stand
+    for, `ended` (+inf: the input ended, every window may fire) and `none yet` (-inf: no
+    record read). `--json` keeps the numbers.
+
+    >>> [watermark_ms_for_people(ms) for ms in (1008700, 2**63 - 1, -(2**63))]
+    ['1008700', 'ended', 'none yet']
+    """
+    if ms >= MAX_WATERMARK:
+        return "ended"
+    if ms <= MIN_WATERMARK:
+        return "none yet"
+    return str(ms)
+
+
+def _watermarks_for_people(table: pa.Table) -> pa.Table:
+    """The watermarks view with `watermark_ms` as `watermark_ms_for_people` says it."""
+    i = table.schema.get_field_index("watermark_ms")
+    shown = [watermark_ms_for_people(ms) for ms in table.column(i).to_pylist()]
+    return table.set_column(i, pa.field("watermark_ms", pa.string()), pa.array(shown, pa.string()))
 
 
 def _samples(text: str) -> int:
