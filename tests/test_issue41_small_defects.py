@@ -166,3 +166,56 @@ def test_inspect_watermarks_says_ended_for_a_split_whose_input_ended(
     assert "9223372036854775807" not in "".join(rows)
     assert main(["inspect", root, "watermarks", "--json"]) == 0  # machines: the int64 +inf
     assert [r["watermark_ms"] for r in json.loads(capsys.readouterr().out)] == [2**63 - 1] * 2
+
+
+def _delivery(split: int, n: int) -> dict[str, int]:
+    """Event n of split 0 at 10 s * n, except record 3, an old one (behind the watermark)."""
+    return {"event": n, "ts": 1_000 if n == 3 else 10_000 * n}
+
+
+def test_records_late_counts_what_drop_duplicates_judged_late_and_is_documented_so(
+    tmp_path: Path,
+) -> None:
+    import inspect
+
+    import orders_job
+
+    from metadata.events import CheckpointEvent
+    from metadata.storage import JobStorage
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink, read_table
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("dedup", records_per_epoch=2)
+    (
+        p.source(
+            GeneratorSource(1, _delivery, records_per_split=6),
+            parallelism=1,
+            name="deliveries",
+            event_time="ts",
+        )
+        .key_by("event")
+        .drop_duplicates(within="1 s", name="once")
+        .sink(ParquetSink(str(tmp_path / "t")), name="out")
+    )
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "dedup", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "dedup"))
+    summary = driver.run()
+    assert summary.finished
+    # no window in the job: the one late record is drop_duplicates'
+    assert sorted(r["event"] for r in read_table(str(tmp_path / "t")).to_pylist()) == [
+        0, 1, 2, 4, 5
+    ]  # fmt: skip
+    assert sum(e.records_late for e in summary.checkpoints) == 1
+    assert driver.metrics.records_late == 1
+    said = " ".join((inspect.getdoc(CheckpointEvent) or "").split())
+    assert (
+        "`records_late` counts the records judged late in it by every operator that judges "
+        "lateness: windows (an event time behind the watermark past the window's allowed "
+        "lateness), interval and temporal joins and `drop_duplicates`"
+    ) in said
+    docs = " ".join((ROOT / "docs" / "event-time.md").read_text().split())
+    assert "counts every record an event-time operator judged late, not windows' alone" in docs
