@@ -429,7 +429,7 @@ class MapBatches(Operator):
         out_origins: list[int] | None = [] if origins is not None else None
         for split, data, base, origin in _numbered(chunks, origins, _same, len):
             batch = _arrow_of(data, self.name, split, base, dead_letters)
-            if not batch.num_rows:
+            if data and not batch.num_rows:  # every record of the list was dead-lettered
                 continue
             try:
                 result = self.fn(batch)
