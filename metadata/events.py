@@ -119,7 +119,11 @@ class CheckpointEvent(
     DESIGN §4 rule that aborted it (e.g. ``3c-failure-ratio``) and `message` the coordinator's
     explanation. `records_dead_lettered` counts the records user functions failed on that went
     to the pipeline's dead-letter sink (`on_error="dead-letter"`) in this checkpoint. With event
-    time, `records_late` counts the records windows judged late in it, and `watermark_ms` is the
+    time, `records_late` counts the records judged late in it by every operator that judges
+    lateness: windows (an event time behind the watermark past the window's allowed lateness),
+    interval and temporal joins and `drop_duplicates` (an event time below the record's origin
+    watermark), once per operator that judged the record (a record late for a window and a
+    join counts twice), whether it was dropped or dead-lettered (`on_late`); `watermark_ms` is the
     job's watermark after it: the lowest over every unit of its watermark as of the latest
     checkpoint it was fresh in (a unit that fell back keeps its owner's), held by unit
     `watermark_unit`. Metrics:

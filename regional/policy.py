@@ -57,6 +57,7 @@ __all__ = [
     "format_duration",
     "load_policy",
     "parse_duration",
+    "parse_interval",
     "policy_fingerprint",
     "policy_keys",
 ]
@@ -83,6 +84,17 @@ _Seconds = Annotated[
         le=MAX_DURATION_SECONDS,
         description='a duration > 0 and at most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" '
         "or a number of seconds",
+    ),
+]
+#: The interval, in the policy and in `regional run --interval` alike (`parse_interval`): 0
+#: (epochs follow each other without a wait) to 365 d.
+_Interval = Annotated[
+    float,
+    msgspec.Meta(
+        ge=0,
+        le=MAX_DURATION_SECONDS,
+        description='a duration from 0 (no wait) to 365 d: "0", "500 ms", "30 s", "2 min", '
+        '"1 h", "1 d" or a number of seconds',
     ),
 ]
 _SecondsOrUnlimited = (
@@ -193,7 +205,7 @@ class FileMergingPolicy(_Section, frozen=True):
 class CheckpointingPolicy(_Section, frozen=True):
     """`[checkpointing]`: how often, how long, how many to keep, where."""
 
-    interval: _Seconds = 10.0
+    interval: _Interval = 10.0
     timeout: _Seconds = 600.0
     num_retained: _Retained = 3
     tolerable_failed_checkpoints: _Count = 10
@@ -265,6 +277,25 @@ def parse_duration(value: Any) -> float:
     if not math.isfinite(seconds):
         raise ValueError("not a finite duration")
     return seconds
+
+
+def parse_interval(value: Any) -> float:
+    """The idle interval in seconds, by the one rule of `checkpointing.interval` (policy file,
+    environment, code) and `regional run --interval`: a duration as `parse_duration` reads it,
+    from 0 (never wait) to 365 d. Raises ValueError saying what is allowed.
+
+    >>> parse_interval("0"), parse_interval(0), parse_interval("500 ms")
+    (0.0, 0.0, 0.5)
+    >>> parse_interval("-1 s")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a duration from 0 (no wait) to 365 d: "0", "500 ms", "30 s", "2 min", \
+"1 h", "1 d" or a number of seconds
+    """
+    try:
+        return msgspec.convert(parse_duration(value), _Interval)
+    except (ValueError, msgspec.ValidationError):
+        raise ValueError(f"expected {_allowed(_Interval)}") from None
 
 
 def format_duration(seconds: float) -> str:
@@ -468,7 +499,7 @@ def _coerce(given: _Given, *, from_text: bool) -> Any:
     key = _KEYS[given.path]
     try:
         value = given.raw
-        if key.type == _Seconds:
+        if key.type in (_Seconds, _Interval):
             value = parse_duration(value)
         elif key.type == _SecondsOrUnlimited:
             value = None if value == "unlimited" else parse_duration(value)
@@ -547,7 +578,9 @@ class ResolvedPolicy:
 
 def _readable(path: str, value: Any) -> str | None:
     key = _KEYS[path]
-    if key.type in (_Seconds, _SecondsOrUnlimited) and value is not None:
+    if key.type == _Interval and value == 0:
+        return "0"
+    if key.type in (_Seconds, _Interval, _SecondsOrUnlimited) and value is not None:
         return format_duration(value)
     if key.type == _OptionalSeconds:
         return "off" if value is None else format_duration(value)
@@ -749,8 +782,8 @@ def policy_keys() -> list[PolicyKey]:
     """Every key of the policy, in the order of the Structs.
 
     >>> policy_keys()[0]
-    PolicyKey(path='checkpointing.interval', default='10 s', allowed='a duration > 0 and at \
-most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" or a number of seconds', \
+    PolicyKey(path='checkpointing.interval', default='10 s', allowed='a duration from 0 (no \
+wait) to 365 d: "0", "500 ms", "30 s", "2 min", "1 h", "1 d" or a number of seconds', \
 env='REGIONAL_CHECKPOINTING__INTERVAL')
     """
     return [

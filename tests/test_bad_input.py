@@ -45,6 +45,10 @@ DURATION = (
     'a duration > 0 and at most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" '
     "or a number of seconds"
 )
+INTERVAL = (
+    'a duration from 0 (no wait) to 365 d: "0", "500 ms", "30 s", "2 min", "1 h", "1 d" '
+    "or a number of seconds"
+)
 
 
 
@@ -107,7 +111,7 @@ def test_a_year_is_the_longest_duration(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy(env={}, overrides={"checkpointing.interval": dt.timedelta(days=366)})
     assert str(info.value) == (
-        f'policy override: checkpointing.interval = "P366D" is invalid; expected {DURATION}'
+        f'policy override: checkpointing.interval = "P366D" is invalid; expected {INTERVAL}'
     )
 
 
@@ -122,7 +126,7 @@ def test_bad_policy_file_stops_run_before_spark(
     )
     assert line == (
         f"regional run: policy file {policy}: checkpointing.interval = 1e+308 is invalid; "
-        f"expected {DURATION}"
+        f"expected {INTERVAL}"
     )
     assert not root.exists()
 
@@ -160,7 +164,7 @@ def test_bad_policy_file_stops_run_before_spark(
         ),
         (
             lambda: CheckpointingPolicy(interval=float("nan")),
-            f"checkpointing.interval = nan is invalid; expected {DURATION}",
+            f"checkpointing.interval = nan is invalid; expected {INTERVAL}",
         ),
         (
             lambda: RestorePolicy(mode="keep"),  # type: ignore[arg-type]

@@ -26,6 +26,11 @@ DURATION = (
     'a duration > 0 and at most 365 d: "500 ms", "30 s", "2 min", "1 h", "1 d" '
     "or a number of seconds"
 )
+#: What checkpointing.interval takes (the rule `regional run --interval` shares): 0 too.
+INTERVAL = (
+    'a duration from 0 (no wait) to 365 d: "0", "500 ms", "30 s", "2 min", "1 h", "1 d" '
+    "or a number of seconds"
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -145,7 +150,7 @@ def test_flink_spelling_max_consecutive_failures_is_an_alias(tmp_path: Path) -> 
         ),
         (
             "[checkpointing]\ninterval = 'ten s'\n",
-            'policy file FILE: checkpointing.interval = "ten s" is invalid; expected ' + DURATION,
+            'policy file FILE: checkpointing.interval = "ten s" is invalid; expected ' + INTERVAL,
         ),
         (
             "[checkpointing.region]\ntimeout = '3 parsecs'\n",
@@ -158,7 +163,7 @@ def test_flink_spelling_max_consecutive_failures_is_an_alias(tmp_path: Path) -> 
         ),
         (
             "[checkpointing]\ninterval = inf\n",
-            "policy file FILE: checkpointing.interval = inf is invalid; expected " + DURATION,
+            "policy file FILE: checkpointing.interval = inf is invalid; expected " + INTERVAL,
         ),
         (
             "[restore]\nmode = 'keep'\n",
@@ -278,7 +283,7 @@ def test_env_alias_of_flink_spelling() -> None:
         (
             {"REGIONAL_CHECKPOINTING__INTERVAL": "ten s"},
             "environment variable REGIONAL_CHECKPOINTING__INTERVAL: "
-            'checkpointing.interval = "ten s" is invalid; expected ' + DURATION,
+            'checkpointing.interval = "ten s" is invalid; expected ' + INTERVAL,
         ),
         (
             {"REGIONAL_CHECKPOINTING_INTERVAL": "10 s"},

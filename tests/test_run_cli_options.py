@@ -124,8 +124,9 @@ def test_a_bad_interval_is_a_usage_error(no_spark, tmp_path, capsys):
         main(["run", str(tmp_path / "job.py"), "--interval", "soon"])
     assert exit_info.value.code == 2
     assert (
-        "argument --interval: 'soon' is not a duration (not a duration); write e.g. '500 ms', "
-        "'10 s', '2 min' or 0" in capsys.readouterr().err
+        "argument --interval: 'soon' is invalid; expected a duration from 0 (no wait) to 365 d: "
+        '"0", "500 ms", "30 s", "2 min", "1 h", "1 d" or a number of seconds'
+        in capsys.readouterr().err
     )
 
 

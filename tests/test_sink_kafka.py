@@ -341,3 +341,26 @@ def test_a_sink_pickles_without_its_kafka_clients(broker, topic, sinks):
     assert (copy.bootstrap, copy.topic, copy.key, copy._markers) == (
         broker.bootstrap, topic, "user", {}
     )  # fmt: skip
+
+
+def test_the_marker_retention_of_a_broker_that_does_not_report_it_is_kafkas_default(
+    broker, topic, sinks, caplog
+) -> None:
+    """Issue 41 item 8.4: the test broker (tansu) answers DescribeConfigs of a broker with no
+    config at all, and every run warned `KafkaSinkError: ... does not report
+    offsets.retention.minutes` and recorded no retention. Not reported is Kafka's default."""
+    from metadata.model import SinkRetention
+    from regional.coordinator.commit import sink_retention
+
+    sink = sinks()
+    assert sink.marker_retention() == SinkRetention(
+        "",
+        "kafka",
+        f"topic {topic!r} at Kafka {broker.bootstrap}",
+        "offsets.retention.minutes (not reported by the broker: Kafka's default)",
+        7 * 24 * 3600 * 1000,
+    )
+    with caplog.at_level("WARNING"):
+        [recorded] = sink_retention({"out": sink})
+    assert recorded.vertex_id == "out" and recorded.retention_ms == 7 * 24 * 3600 * 1000
+    assert caplog.records == []

@@ -75,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RegionalError as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"regional {args.command}: {one_line(exc)}", file=sys.stderr)
+        from regional.cli.render import terminal_text  # a message can carry stored text
+
+        print(f"regional {args.command}: {terminal_text(one_line(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"regional {args.command}: interrupted", file=sys.stderr)

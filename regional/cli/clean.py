@@ -30,7 +30,7 @@ from metadata.layout import DEFAULT_RETAINED_EVENTS
 from metadata.retention import NumRetained
 from metadata.storage import JobSelectionError, JobStorage
 from regional.cli import retention
-from regional.cli.render import print_table
+from regional.cli.render import print_table, say
 
 __all__ = ["live_text", "register", "retention_output", "totals_text"]
 
@@ -160,7 +160,7 @@ def retention_output(
         table = pa.concat_tables([first, table])
     print_table(table, as_json=as_json)
     if not as_json:
-        print(totals_text(plan, report, num_retained))
+        say(totals_text(plan, report, num_retained))
 
 
 def run(args: argparse.Namespace) -> int:

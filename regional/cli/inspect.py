@@ -34,10 +34,10 @@ from metadata.retention import recorded_num_retained
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import validate_job, validate_table
-from metadata.watermarks import watermarks_table
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
-from regional.cli.render import print_table
+from regional.cli.render import print_table, say
 from regional.coordinator.split_enumerator import last_assigned
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from regional.dataflow.state_codec import StateCodec, StateDecodeError
@@ -155,12 +155,12 @@ def inspect_command(args: argparse.Namespace) -> int:
     if args.view == "events":
         events, problems = read_events(storage)
         for p in problems:
-            print(f"warning: event {p.path} skipped: {p.problem}", file=sys.stderr)
+            say(f"warning: event {p.path} skipped: {p.problem}", file=sys.stderr)
         print_table(events_table(events), as_json=args.json)
         return 0
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
-        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+        say(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
     num_retained = None
     if args.view == "checkpoints":
         num_retained = retention.in_force(
@@ -185,9 +185,9 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
     if args.view == "lag" and not args.json:
-        print(LAG_HELP)
+        say(LAG_HELP)
     if num_retained is not None and not args.json:
-        print(retention.note(num_retained))
+        say(retention.note(num_retained))
     return 0
 
 
@@ -237,7 +237,7 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
     notes = [f"checkpoint {d.checkpoint_id} skipped: {d.error}" for d in store.damaged]
     notes += [f"event {p.path} skipped: {p.problem}" for p in problems]
     for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
+        say(f"warning: {note}", file=sys.stderr)
     report = build_report(
         store.all(),
         events,
@@ -257,7 +257,7 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
             f"cannot write the report to {args.html!r} ({exc.strerror or exc}); "
             "pass --html with a path in an existing, writable directory, or '-' for stdout"
         ) from None
-    print(
+    say(
         f"report of job {storage.job_id} written to {args.html} ({len(report.timeline)} "
         f"checkpoint attempts, {len(page.encode()) // 1024 + 1} KiB)"
     )
@@ -269,10 +269,10 @@ def _newest(storage: JobStorage, missing: str) -> CheckpointMetadata | None:
     line saying `missing`) when there is none."""
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
-        print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
+        say(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
     newest = store.latest()
     if newest is None:
-        print(f"no completed checkpoint: {missing}")
+        say(f"no completed checkpoint: {missing}")
     return newest
 
 
@@ -286,10 +286,10 @@ def _exchange(storage: JobStorage, args: argparse.Namespace) -> int:
     print_table(table, as_json=args.json)
     if not args.json:
         if table.num_rows == 0:
-            print(f"checkpoint {newest.checkpoint_id} has no keyed exchange")
+            say(f"checkpoint {newest.checkpoint_id} has no keyed exchange")
         else:
             records, size = sum(table["records"].to_pylist()), sum(table["bytes"].to_pylist())
-            print(
+            say(
                 f"checkpoint {newest.checkpoint_id}: {records} record(s), {size} byte(s) "
                 "committed and not read yet"
             )
@@ -307,10 +307,32 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     # (its events record a watermark) shows them
     timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
     table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
-    print_table(table, as_json=args.json)
+    print_table(table if args.json else _watermarks_for_people(table), as_json=args.json)
     if not args.json and table.num_rows == 0:
-        print(f"checkpoint {newest.checkpoint_id} has no source read with event time")
+        say(f"checkpoint {newest.checkpoint_id} has no source read with event time")
     return 0
+
+
+def watermark_ms_for_people(ms: int) -> str:
+    """A `watermark_ms` in the text output: the milliseconds, or what the int64 ends stand
+    for, `ended` (+inf: the input ended, every window may fire) and `none yet` (-inf: no
+    record read). `--json` keeps the numbers.
+
+    >>> [watermark_ms_for_people(ms) for ms in (1008700, 2**63 - 1, -(2**63))]
+    ['1008700', 'ended', 'none yet']
+    """
+    if ms >= MAX_WATERMARK:
+        return "ended"
+    if ms <= MIN_WATERMARK:
+        return "none yet"
+    return str(ms)
+
+
+def _watermarks_for_people(table: pa.Table) -> pa.Table:
+    """The watermarks view with `watermark_ms` as `watermark_ms_for_people` says it."""
+    i = table.schema.get_field_index("watermark_ms")
+    shown = [watermark_ms_for_people(ms) for ms in table.column(i).to_pylist()]
+    return table.set_column(i, pa.field("watermark_ms", pa.string()), pa.array(shown, pa.string()))
 
 
 def _samples(text: str) -> int:
@@ -337,7 +359,7 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
     }
     sinks = list(found.values())
     if not sinks:
-        print(
+        say(
             f"checkpoint {newest.checkpoint_id} records no dead-letter sink: the pipeline runs "
             "without on_error='dead-letter' (or its dead-letter sink records no location)"
         )
@@ -346,7 +368,7 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
     for sink in sinks:
         rows = _committed_rows(sink.kind, sink.location)
         if rows is None:
-            print(
+            say(
                 f"dead-letter sink {sink.vertex_id!r} is a {sink.kind} table at "
                 f"{sink.location}; read it with a {sink.kind} reader (columns: "
                 f"{', '.join(DEAD_LETTER_SCHEMA.names)})"
@@ -359,7 +381,7 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
     print_table(dead_letter_view(rows, samples=args.samples), as_json=args.json)
     if not args.json:
         where = ", ".join(f"{s.location}" for s in sinks)
-        print(
+        say(
             f"{rows.num_rows} dead letter(s) committed in {where}; a record late for several "
             "window operators, joins or drop_duplicates is counted once per operator that "
             "judged it"
@@ -405,7 +427,7 @@ def _state(storage: JobStorage, args: argparse.Namespace) -> int:
         )
         if any(k is None for k in keys.values()):
             line += "; '-': not counted (pickled state, or a segment that could not be read)"
-    print(line)
+    say(line)
     return 0
 
 
@@ -435,7 +457,7 @@ def _key_counts(
                     data, operator=s.vertex_id, source=where
                 )
             except (StorageError, StateDecodeError) as exc:
-                print(
+                say(
                     f"warning: keys of operator {s.vertex_id!r} subtask {s.index} not counted: "
                     f"{exc}; run `regional inspect ROOT validate` to check the checkpoint",
                     file=sys.stderr,
@@ -448,7 +470,7 @@ def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
     report = validate_job(storage, verify_checksums=not args.no_checksums)
     print_table(validate_table(report), as_json=args.json)
     for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}", file=sys.stderr)
     if report.restore_checkpoint_id is not None:
         line = f"a restore would use checkpoint {report.restore_checkpoint_id}"
     elif report.checked:
@@ -457,5 +479,5 @@ def _validate(storage: JobStorage, args: argparse.Namespace) -> int:
         line = "no completed checkpoint; a restore would start from the initial state"
     n = len(report.problems)
     line += f" ({len(report.checked)} checked, {n} problem{'' if n == 1 else 's'})"
-    print(line, file=sys.stderr if args.json else sys.stdout)
+    say(line, file=sys.stderr if args.json else sys.stdout)
     return 1 if report.problems else 0

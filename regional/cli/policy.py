@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from regional.cli.render import print_table
+from regional.cli.render import print_table, say
 from regional.policy import load_policy
 
 __all__ = ["register"]
@@ -48,5 +48,5 @@ def check_policy(args: argparse.Namespace) -> int:
     resolved = load_policy(args.file, env=os.environ)
     print_table(resolved.table(readable=not args.json), as_json=args.json)
     if not args.json:
-        print(f"\n{INTERVAL_NOTE}")
+        say(f"\n{INTERVAL_NOTE}")
     return 0

@@ -39,6 +39,7 @@ from rich.text import Text
 
 from metadata.events import CheckpointEvent, Outcome
 from metadata.watermarks import format_watermark
+from regional.cli.render import say, terminal_text
 from regional.coordinator.messages import Ack, Answer
 
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
@@ -109,7 +110,7 @@ class PlainProgress(_Quiet):
         self._watermark: int | None = None  # the last one shown
 
     def __call__(self, event: CheckpointEvent) -> None:
-        print(checkpoint_line(event, self._watermark), file=self.out, flush=True)
+        say(checkpoint_line(event, self._watermark), file=self.out)
         self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
 
 
@@ -171,7 +172,8 @@ class LiveProgress:
             self._answers[answer.unit] = answer
 
     def __call__(self, event: CheckpointEvent) -> None:
-        self.console.print(Text(checkpoint_line(event, self._watermark)))
+        line = checkpoint_line(event, self._watermark)
+        self.console.print(Text(terminal_text(line, lines=True)))
         self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
         self._commit_lag = event.commit_lag
         self._rate = event.records_in / event.seconds if event.seconds > 0 else None

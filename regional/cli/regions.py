@@ -8,13 +8,15 @@ their own.
 With `--json`: one object with `regional_allowed`, `reason`, `num_regions`, `num_units`, `units`
 and `regions` (lists of ``"<vertex_id>#<index>"`` lists, each sorted by vertex id then index, in
 id order), `warnings`, `notes` and `graph_fingerprint`. A bad graph exits with 2 and one line on
-stderr.
+stderr. A PIPELINE.py loads with `REGIONAL_CHECKPOINT_DIR` set as under `regional run`
+(`--checkpoint-dir`, else the root `run` uses by default), so a file that reads it loads.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 import msgspec
 import pyarrow as pa
 
-from regional.cli.render import print_table
+from regional.cli.render import print_table, say
 from regional.errors import GraphError
 from regional.graph.files import load_graph
 from regional.graph.job_graph import JobGraph
@@ -31,6 +33,8 @@ from regional.graph.regions import RegionPlan, Subtask, analyse
 __all__ = ["plan_json", "register"]
 
 _MEMBERS_WIDTH = 72
+#: What `regional run` (and `regions` for a PIPELINE.py) sets to the checkpoint root.
+CHECKPOINT_DIR_ENV = "REGIONAL_CHECKPOINT_DIR"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "graph", metavar="GRAPH", type=Path, help="job-graph, Flink plan or pipeline (.py) file"
     )
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="for a PIPELINE.py: the checkpoint root put in the environment as "
+        "REGIONAL_CHECKPOINT_DIR while the file loads, as `regional run` does (default: the "
+        "one `regional run FILE` uses without options, .regional/checkpoints in the file's "
+        "folder; nothing is created there)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--limit",
@@ -58,28 +70,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def show_regions(args: argparse.Namespace) -> int:
     """Load, analyse and print `args.graph` (a `.py` file: the graph of its `pipeline`)."""
-    graph = _pipeline_graph(args.graph) if args.graph.suffix == ".py" else load_graph(args.graph)
+    if args.graph.suffix == ".py":
+        graph = _pipeline_graph(args.graph, args.checkpoint_dir)
+    else:
+        graph = load_graph(args.graph)
     plan = analyse(graph)
     if args.json:
         sys.stdout.write(msgspec.json.encode(plan_json(plan)).decode() + "\n")
         return 0
     verdict = "yes" if plan.regional_allowed else f"no: {plan.reason}"
-    print(
+    say(
         f"{args.graph}: {len(graph.vertices)} vertices, {graph.num_subtasks} subtasks, "
         f"{plan.num_regions} regions, {plan.num_units} fallback units; "
         f"regional checkpoints: {verdict}"
     )
     for warning in plan.warnings:
-        print(f"warning: {warning}")
+        say(f"warning: {warning}")
     for note in plan.notes:
-        print(f"note: {note}")
+        say(f"note: {note}")
     limit = args.limit if args.limit > 0 else None
     if any(v.name != v.id for v in graph.vertices):
         vertices = graph.topological_order()[:limit]
         print_table(_vertex_table(plan, vertices), as_json=False)
         if len(vertices) < len(graph.vertices):
-            print(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
-        print()
+            say(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
+        say()
     shown = min(limit or plan.num_units, plan.num_units)
     rows = [_unit_row(plan, u) for u in range(shown)]
     table = pa.table(
@@ -92,17 +107,29 @@ def show_regions(args: argparse.Namespace) -> int:
     )
     print_table(table, as_json=False)
     if shown < plan.num_units:
-        print(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
+        say(f"... {plan.num_units - shown} more units (--limit 0 shows all, --json lists them)")
     return 0
 
 
-def _pipeline_graph(file: Path) -> JobGraph:
+def _pipeline_graph(file: Path, checkpoint_dir: str | None) -> JobGraph:
     """The job graph of the `pipeline` a PIPELINE.py defines, loaded as `regional run` loads
-    it (`regional.cli.run.load_pipeline_file`); `GraphError` naming the file otherwise."""
-    from regional.cli.run import load_pipeline_file
+    it (`regional.cli.run.load_pipeline_file`), with `REGIONAL_CHECKPOINT_DIR` set while it
+    loads, as `run` sets it: `checkpoint_dir`, else the root `regional run FILE` uses without
+    options (`default_checkpoint_root`; only named, never created); `GraphError` naming the
+    file otherwise."""
+    from regional.cli.run import default_checkpoint_root, load_pipeline_file
     from regional.dataflow.pipeline import Pipeline
 
-    pipeline = load_pipeline_file(file).get("pipeline")
+    before = os.environ.get(CHECKPOINT_DIR_ENV)
+    os.environ[CHECKPOINT_DIR_ENV] = checkpoint_dir or default_checkpoint_root(file)
+    try:
+        namespace = load_pipeline_file(file)
+    finally:  # this process's environment as it was (main() may run again in it)
+        if before is None:
+            os.environ.pop(CHECKPOINT_DIR_ENV, None)
+        else:
+            os.environ[CHECKPOINT_DIR_ENV] = before
+    pipeline = namespace.get("pipeline")
     if not isinstance(pipeline, Pipeline):
         raise GraphError(
             f"{file} defines no module-level `pipeline` (a regional.Pipeline); assign one, "

@@ -11,6 +11,18 @@ checkpoint_id  kind
            12  regional
 >>> to_json(t)
 '[{"checkpoint_id":1,"kind":"global"},{"checkpoint_id":12,"kind":"regional"}]'
+
+Stored strings (dead letters' records and errors, decline causes, paths) are the job's data,
+and a record can hold terminal escape sequences: text for a terminal goes through
+`terminal_text`, which shows C0 and C1 control characters, DEL and the bidirectional
+overrides and isolates as escapes (tables: every cell; plain lines: `say`). `--json` output is
+the exact JSON of the values, unescaped.
+
+>>> print(terminal_text("red\\x1b[31m \\u202egnp.exe\\ttab\\x7f\\x9b"))
+red\\x1b[31m \\u202egnp.exe\\ttab\\x7f\\x9b
+>>> say("two\\nlines\\x07")
+two
+lines\\x07
 """
 
 from __future__ import annotations
@@ -22,12 +34,39 @@ from typing import Any, TextIO
 import msgspec
 import pyarrow as pa
 
-__all__ = ["format_cell", "format_table", "print_table", "to_json"]
+__all__ = ["format_cell", "format_table", "print_table", "say", "terminal_text", "to_json"]
+
+#: How `terminal_text` shows what a terminal would act on: C0 controls (tab, newline and
+#: carriage return as \t \n \r), DEL and C1 controls as \xNN, the bidirectional embeddings
+#: and overrides (U+202A-U+202E) and isolates (U+2066-U+2069) as \uNNNN.
+_ESCAPES: dict[int, str] = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    **{c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+}
+_ESCAPES_BUT_NEWLINE = {c: e for c, e in _ESCAPES.items() if c != 0x0A}
+
+
+def terminal_text(text: str, *, lines: bool = False) -> str:
+    """`text` safe to write to a terminal: every character it would act on instead of showing
+    (escape sequences, bidi overrides) escaped; with `lines`, newlines are kept (text made of
+    several lines)."""
+    return text.translate(_ESCAPES_BUT_NEWLINE if lines else _ESCAPES)
+
+
+def say(text: str = "", *, file: TextIO | None = None) -> None:
+    """Print `text` (one or more lines) for people: `terminal_text`, newlines kept, flushed
+    (a pipe or a log file sees it at once). Every plain line the CLI prints goes through it."""
+    out = file if file is not None else sys.stdout
+    print(terminal_text(text, lines=True), file=out, flush=True)
 
 
 def format_cell(value: Any) -> str:
     """How one value looks in a text table: lists joined by commas, structs' fields by colons,
-    None as '-'."""
+    None as '-', text through `terminal_text` (a control character never reaches the
+    terminal, a newline never breaks the table)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -42,7 +81,7 @@ def format_cell(value: Any) -> str:
         return ":".join(format_cell(v) for v in value.values())
     if isinstance(value, list | tuple):
         return ",".join(format_cell(v) for v in value) if value else "-"
-    return str(value)
+    return terminal_text(str(value))
 
 
 def _is_numeric(dtype: pa.DataType) -> bool:
@@ -51,10 +90,10 @@ def _is_numeric(dtype: pa.DataType) -> bool:
 
 def format_table(table: pa.Table) -> str:
     """An aligned text table with a header; numeric columns right-aligned."""
-    names = table.column_names
-    columns = [[format_cell(v) for v in table.column(n).to_pylist()] for n in names]
+    names = [terminal_text(n) for n in table.column_names]
+    columns = [[format_cell(v) for v in c.to_pylist()] for c in table.columns]
     widths = [max([len(n), *(len(c) for c in col)]) for n, col in zip(names, columns, strict=True)]
-    numeric = [_is_numeric(table.schema.field(n).type) for n in names]
+    numeric = [_is_numeric(f.type) for f in table.schema]
     lines = [
         "  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip(),
         "  ".join("-" * w for w in widths),

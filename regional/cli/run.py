@@ -36,16 +36,11 @@ from metadata.bounded_read import byte_size, read_local_file
 from metadata.errors import MetadataError, RegionalError, StorageError
 from metadata.events import Outcome
 from metadata.layout import JOB_ID_FORM, job_id_problem
+from regional.cli import render
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError, UsageError
-from regional.policy import (
-    MAX_DURATION_SECONDS,
-    Policy,
-    format_duration,
-    load_policy,
-    parse_duration,
-)
+from regional.policy import Policy, format_duration, load_policy, parse_interval
 
 if TYPE_CHECKING:
     from metadata.storage import JobStorage
@@ -164,16 +159,13 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 
 def _interval(text: str) -> float:
-    """`--interval DURATION` in seconds (argparse reports a bad one as a usage error, exit 2)."""
+    """`--interval DURATION` in seconds, by the policy key's own rule
+    (`regional.policy.parse_interval`: 0 to 365 d); argparse reports a bad one as a usage
+    error, exit 2."""
     try:
-        seconds = parse_duration(text)
+        return parse_interval(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration ({exc}); write e.g. '500 ms', '10 s', '2 min' or 0"
-        ) from exc
-    if not 0 <= seconds <= MAX_DURATION_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to 365 d")
-    return seconds
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; {exc}") from exc
 
 
 def _port(text: str) -> int:
@@ -267,7 +259,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     # with --json stdout carries the outcomes only: everything else goes to stderr
     info = sys.stderr if args.json else sys.stdout
-    say = functools.partial(print, file=info, flush=True)
+    say = functools.partial(render.say, file=info)
     say(f"starting Spark ({args.master}); checkpoints under {root} ({origin})")
     spark = spark_session(
         args.master, verbose=args.verbose, log_file=log_file, extra=dict(args.conf)

@@ -39,6 +39,7 @@ from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.timers import bind, fire_timers
 from regional.dataflow.window_operator import WindowSpec, run_windows
+from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch
 
 __all__ = [
@@ -59,6 +60,10 @@ __all__ = [
 #: Data flowing between operators: the split the records came from, and the records.
 Chunk = tuple[str, Batch]
 _Data = TypeVar("_Data")
+
+
+def _same(data: Batch) -> Batch:
+    return data
 
 
 def records_of(data: Batch) -> list[Any]:
@@ -83,12 +88,40 @@ def _numbered(
         yield split, converted, base, origins[n] if origins is not None else 0
 
 
-def _batch_of(data: Batch) -> pa.RecordBatch:
-    return data if isinstance(data, pa.RecordBatch) else pa.RecordBatch.from_pylist(data)
+def _arrow_of(
+    data: Batch, operator: str, split: str, base: int, dead_letters: DeadLetters | None
+) -> pa.RecordBatch:
+    """A chunk's data as one record batch for an operator that takes Arrow (`operator`): a
+    list of records with the union of their fields (`regional.sinks.rows.records_batch`); a
+    record whose field has a type the others' cannot share is a dead letter of `operator`
+    (index `base` + its place in the chunk), or without dead letters the error that declines
+    its unit, naming the operator, the field and both types."""
+    if isinstance(data, pa.RecordBatch):
+        return data
+    places = range(base, base + len(data))
+    return _arrow_rows(data, operator, split, places, dead_letters)[0]
 
 
-def _rows_in(batch: pa.RecordBatch) -> int:
-    return int(batch.num_rows)
+def _arrow_rows(
+    records: Sequence[Any],
+    operator: str,
+    split: str,
+    places: Sequence[int],
+    dead_letters: DeadLetters | None,
+) -> tuple[pa.RecordBatch, list[int] | None]:
+    """`_arrow_of` for a list of records whose places in their split's epoch are `places`
+    (a dead letter names its record by them), and which records the batch holds (indices
+    into `records`; None: all of them, the usual case)."""
+    batch, rejected = records_batch(records, f"operator {operator!r}")
+    for r in rejected:
+        if dead_letters is None:
+            raised_on(r.error, split)
+            raise r.error
+        dead_letters.add(operator, split, places[r.at], r.record, r.error)
+    if not rejected:
+        return batch, None
+    left_out = {r.at for r in rejected}
+    return batch, [i for i in range(len(records)) if i not in left_out]
 
 
 class Operator:
@@ -415,7 +448,10 @@ class MapBatches(Operator):
     ) -> tuple[list[Chunk], list[int] | None]:
         out: list[Chunk] = []
         out_origins: list[int] | None = [] if origins is not None else None
-        for split, batch, base, origin in _numbered(chunks, origins, _batch_of, _rows_in):
+        for split, data, base, origin in _numbered(chunks, origins, _same, len):
+            batch = _arrow_of(data, self.name, split, base, dead_letters)
+            if data and not batch.num_rows:  # every record of the list was dead-lettered
+                continue
             try:
                 result = self.fn(batch)
             except BaseException as exc:
@@ -530,6 +566,8 @@ class ApplyInArrow(KeyedTimers, Operator):
         out_origins: list[int] | None = [] if origins is not None else None
         for scope, split, batches, keys, origin in self._by_scope(chunks, origins, dead_letters):
             table = _table(batches)
+            if not table.num_rows:
+                continue
             groups: dict[Any, list[int]] = {}
             for i, k in enumerate(keys):
                 group = groups.get(k)
@@ -563,45 +601,76 @@ class ApplyInArrow(KeyedTimers, Operator):
         return out, out_origins
 
     def _by_scope(
-        self, chunks: Sequence[Chunk], origins: Sequence[int] | None, dead: DeadLetters | None
+        self,
+        chunks: Sequence[Chunk],
+        origins: Sequence[int] | None,
+        dead_letters: DeadLetters | None,
     ) -> list[tuple[str, str, list[pa.RecordBatch], list[Any], int]]:
         """The input as (scope, split of the output, batches, the key of each of their rows,
         origin watermark) per state scope: per split on a forward chain, one for the subtask
         after an exchange (whose origin is the lowest of its chunks': never later than any of
-        its records'). Rows without a usable key are left out (`_keyed`)."""
-        grouped: dict[str, tuple[str, list[pa.RecordBatch], list[Any], int]] = {}
-        seen: dict[str, int] = {}
-        for n, (split, data) in enumerate(chunks):
+        its records'). Rows without a usable key are left out (`_keyed`), lists of records
+        keep the union of their fields (`_arrow_rows`), and a scope's batches get one schema
+        (`regional.sinks.rows.conformed`: widened where no value changes); a record or batch
+        that cannot is a dead letter of this operator naming why, or without dead letters
+        declines its unit."""
+        grouped: dict[str, tuple[str, list[pa.RecordBatch], list[list[Any]], int]] = {}
+        # per scope: each batch's split, and each of its rows' place in its split's epoch
+        made: dict[str, list[tuple[str, list[int]]]] = {}
+        for split, data, base, origin in _numbered(chunks, origins, _same, len):
             scope = split if self.scope == "split" else KEY_SCOPE
-            base = seen.get(split, 0)
-            seen[split] = base + (data.num_rows if isinstance(data, pa.RecordBatch) else len(data))
-            batch, keys = self._keyed(split, data, base, dead)
+            rows, keys, places = self._keyed(split, data, base, dead_letters)
+            if isinstance(rows, pa.RecordBatch):
+                batch = rows
+            else:
+                batch, held = _arrow_rows(rows, self.name, split, places, dead_letters)
+                if held is not None:
+                    keys = [keys[i] for i in held]
+                    places = [places[i] for i in held]
             if not batch.num_rows:
                 continue
-            origin = origins[n] if origins is not None else 0
+            made.setdefault(scope, []).append((split, places))
             if scope in grouped:
-                first_split, batches, all_keys, low = grouped[scope]
+                first_split, batches, keys_of, low = grouped[scope]
                 batches.append(batch)
-                all_keys += keys
-                grouped[scope] = (first_split, batches, all_keys, min(low, origin))
+                keys_of.append(keys)
+                grouped[scope] = (first_split, batches, keys_of, min(low, origin))
             else:
-                grouped[scope] = (split, [batch], keys, origin)
-        return [(scope, *rest) for scope, rest in grouped.items()]
+                grouped[scope] = (split, [batch], [keys], origin)
+        out: list[tuple[str, str, list[pa.RecordBatch], list[Any], int]] = []
+        for scope, (first_split, batches, keys_of, low) in grouped.items():
+            kept, refused = conformed(batches, f"operator {self.name!r}")
+            for n, error in refused:
+                split, places = made[scope][n]
+                if dead_letters is None:
+                    raised_on(error, split)
+                    raise error
+                for index, record in zip(places, batches[n].to_pylist(), strict=True):
+                    dead_letters.add(self.name, split, index, record, error)
+            refused_at = {n for n, _ in refused}
+            keys = [k for n, ks in enumerate(keys_of) if n not in refused_at for k in ks]
+            out.append((scope, first_split, kept, keys, low))
+        return out
 
     def _keyed(
         self, split: str, data: Batch, base: int, dead: DeadLetters | None
-    ) -> tuple[pa.RecordBatch, list[Any]]:
-        """One chunk as a batch of the rows with a usable key, and their keys: the key column
-        of a `FieldKey` the batch has (a null is the key None), else the key function of
-        every record (`regional.dataflow.keys.read_key`: a record without the field, a key
-        function raising, an unhashable key). A row without one is a dead letter naming the
-        operator, the function and the reason, or its unit declines with that error."""
+    ) -> tuple[Batch, list[Any], list[int]]:
+        """One chunk's rows with a usable key (an Arrow batch stays one, a list stays a
+        list), their keys and their places in the split's epoch (`base` + their place in the
+        chunk; a dead letter names its record by it): the key column of a `FieldKey` the
+        batch has (a null is the key None), else the key function of every record
+        (`regional.dataflow.keys.read_key`: a record without the field, a key function
+        raising, an unhashable key). A row without one is a dead letter naming the operator,
+        the function and the reason, or its unit declines with that error."""
         field = getattr(self.key, "field", None)
         owner = f"apply_in_arrow {self.name!r}"
-        names = data.schema.names if isinstance(data, pa.RecordBatch) else ()
-        if isinstance(data, pa.RecordBatch) and isinstance(field, str) and field in names:
+        bad: set[int] = set()
+        if (
+            isinstance(data, pa.RecordBatch)
+            and isinstance(field, str)
+            and field in data.schema.names
+        ):
             keys = data.column(field).to_pylist()
-            bad: set[int] = set()
             for i, k in enumerate(keys):
                 try:
                     hash(k)
@@ -612,27 +681,29 @@ class ApplyInArrow(KeyedTimers, Operator):
                     except UserFunctionError as exc:
                         self._set_aside(exc, split, base + i, record, dead)
                     bad.add(i)
-            if not bad:
-                return data, keys
-            kept = pa.array([i not in bad for i in range(data.num_rows)])
-            return data.filter(kept), [k for i, k in enumerate(keys) if i not in bad]
-        records = records_of(data)
-        keys, rows = [], []
-        for i, record in enumerate(records):
-            try:
-                keys.append(read_key(self.key, record, owner))
-            except UserFunctionError as exc:
-                self._set_aside(exc, split, base + i, record, dead)
-                continue
-            except BaseException as exc:  # SystemExit too: `failures.as_exception`
-                raised_on(exc, split)
-                raise
-            rows.append(i)
-        if len(rows) == len(records):
-            return _batch_of(data), keys
-        if isinstance(data, pa.RecordBatch):
-            return data.take(pa.array(rows, pa.int64())), keys
-        return pa.RecordBatch.from_pylist([records[i] for i in rows]), keys
+        else:
+            records = records_of(data)
+            keys = []
+            for i, record in enumerate(records):
+                try:
+                    keys.append(read_key(self.key, record, owner))
+                except UserFunctionError as exc:
+                    self._set_aside(exc, split, base + i, record, dead)
+                    bad.add(i)
+                    keys.append(None)
+                except BaseException as exc:  # SystemExit too: `failures.as_exception`
+                    raised_on(exc, split)
+                    raise
+        size = len(keys)
+        if not bad:
+            return data, keys, list(range(base, base + size))
+        good = [i for i in range(size) if i not in bad]
+        rows: Batch = (
+            data.take(pa.array(good, pa.int64()))
+            if isinstance(data, pa.RecordBatch)
+            else [data[i] for i in good]
+        )
+        return rows, [keys[i] for i in good], [base + i for i in good]
 
     def _set_aside(
         self,
@@ -650,12 +721,10 @@ class ApplyInArrow(KeyedTimers, Operator):
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table of a scope's batches (their schemas unified when the records differ)."""
-    try:
-        return pa.Table.from_batches(batches)
-    except pa.ArrowInvalid:
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        return pa.concat_tables(tables, promote_options="permissive")
+    """One table of a scope's batches (of one schema: `ApplyInArrow._by_scope`)."""
+    if not batches:
+        return pa.table({})
+    return pa.Table.from_batches(batches)
 
 
 class _WrongResult(TypeError):

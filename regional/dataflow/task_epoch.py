@@ -38,12 +38,13 @@ from regional.dataflow.unit_epoch import (
     UnitEpoch,
     dead_letters_of,
     read_source,
+    sink_rows,
     start_of,
     timed_source,
-    unit_order,
+    vertex_order,
     watermark_sink,
 )
-from regional.sources.base import Batch, num_records
+from regional.sources.base import num_records
 
 __all__ = ["TaskUnit", "UnitFailed", "run_task_epoch", "shares_pass"]
 
@@ -118,7 +119,7 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
         if owner.setdefault(split, unit) != unit:
             raise _Mixed(f"split {split!r} is in two units")
 
-    order = unit_order(pipeline, units[0].restore)
+    order = vertex_order(pipeline, units[0].restore)
     start_positions: dict[str, str] = {}
     source_positions: dict[tuple[str, str], str] = {}
     dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
@@ -191,18 +192,20 @@ def _run(pipeline: Pipeline, units: Sequence[TaskUnit], checkpoint_id: int) -> l
                 result.dead_lettered += len(mine)
             _drop_read(outputs, spec.inputs, readers)
             continue
-        mine_of: list[list[Batch]] = [[] for _ in units]
+        mine_of: list[list[tuple[str, Chunk]]] = [[] for _ in units]
         for input_id in spec.inputs:
             chunks = outputs.get(input_id, [])
             if spec.key is not None:  # an exchange writer: records it can place
                 chunks = _judged(exchange_chunks, owner, chunks, spec.key, vertex_id, dead)
-            for split, data in chunks:
-                holder = owner.get(split)
+            for chunk in chunks:
+                holder = owner.get(chunk[0])
                 if holder is None:
-                    raise _Mixed(f"rows of split {split!r}, which no unit holds")
-                mine_of[holder].append(data)
+                    raise _Mixed(f"rows of split {chunk[0]!r}, which no unit holds")
+                mine_of[holder].append((input_id, chunk))
         counted = watermark_sink(spec.sink) is None  # records leaving the job
-        for result, batches in zip(results, mine_of, strict=True):
+        for u, (result, chunks_of_u) in enumerate(zip(results, mine_of, strict=True)):
+            with _failing(u):
+                batches = sink_rows(vertex_id, chunks_of_u, dead)
             result.sink_batches[vertex_id] = batches
             if counted:
                 result.records_out += sum(num_records(b) for b in batches)

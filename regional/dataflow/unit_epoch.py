@@ -30,16 +30,20 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import cast
 
+import pyarrow as pa
+
 from metadata.model import SplitState, SubtaskState
 from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, unwrap_position, wrap_position
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
+from regional.dataflow.failures import raised_on
 from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline, VertexSpec
 from regional.dataflow.state import KEY_SCOPE
 from regional.sinks.base import WatermarkSink
+from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch, TimedSource, num_records
 
 __all__ = [
@@ -49,8 +53,9 @@ __all__ = [
     "mark_of",
     "read_source",
     "run_unit_epoch",
+    "sink_rows",
     "start_of",
-    "unit_order",
+    "vertex_order",
 ]
 
 
@@ -246,12 +251,65 @@ def start_of(
     return positions
 
 
-def unit_order(pipeline: Pipeline, vertices: Collection[str]) -> list[str]:
-    """The order a unit made of `vertices` runs them in: producers first, and its dead-letter
-    sink last (after the exchange writers, whose records without a usable key it takes)."""
+def vertex_order(pipeline: Pipeline, vertices: Collection[str]) -> list[str]:
+    """`vertices` in the order a unit's epoch runs them: topological, the dead-letter sinks
+    last (the other sinks may still dead-letter rows, `sink_rows`, and so may the exchange
+    writers: records without a usable key, `regional.dataflow.keys.exchange_chunks`)."""
     order = [v for v in pipeline.topological_order() if v in vertices]
-    order.sort(key=lambda v: pipeline.vertices[v].dead_letter)
-    return order
+    return [v for v in order if not pipeline.vertices[v].dead_letter] + [
+        v for v in order if pipeline.vertices[v].dead_letter
+    ]
+
+
+def sink_rows(
+    sink: str, chunks: Iterable[tuple[str, Chunk]], dead: DeadLetters | None
+) -> list[Batch]:
+    """One sink subtask's rows from `chunks` ((input vertex, (split, data)) in order).
+
+    Without dead letters, as the operators left them: the task turns lists of records into
+    Arrow batches, once for all its units, and a unit whose rows do not make one table
+    declines naming the field and both types (`regional.sinks.rows`); Arrow batches of
+    columns that cannot be widened to one type decline it here, naming the vertex too. With
+    dead letters, they are converted here, each list of records with the union of its
+    records' fields (`records_batch`) and the unit's batches to one schema (`conformed`): a
+    record whose field has a type the others' cannot share, and every row of a batch whose
+    column cannot be widened to the others' type, become dead letters of the vertex that
+    made them, naming the sink, the field and both types; the rows that fit go on."""
+    where = f"sink {sink!r}"
+    if dead is None:
+        given = list(chunks)
+        arrow = [(i, split, d) for i, (split, d) in given if isinstance(d, pa.RecordBatch)]
+        _, refused = conformed([d for _, _, d in arrow], where, [repr(i) for i, _, _ in arrow])
+        if refused:  # the unit declines, naming the vertex, the column and both types
+            at, error = refused[0]
+            raised_on(error, arrow[at][1])
+            raise error
+        return [d for _, (_, d) in given]
+    batches: list[pa.RecordBatch] = []
+    made: list[tuple[str, str, list[int] | int]] = []  # input, split, record indices or first
+    seen: dict[tuple[str, str], int] = {}  # records of (input, split) before this chunk
+    for input_id, (split, data) in chunks:
+        base = seen.get((input_id, split), 0)
+        seen[input_id, split] = base + num_records(data)
+        if isinstance(data, pa.RecordBatch):
+            batches.append(data)
+            made.append((input_id, split, base))
+            continue
+        if not data:
+            continue
+        batch, rejected = records_batch(data, where)
+        for r in rejected:
+            dead.add(input_id, split, base + r.at, r.record, r.error)
+        left_out = {r.at for r in rejected}
+        batches.append(batch)
+        made.append((input_id, split, [base + i for i in range(len(data)) if i not in left_out]))
+    kept, refused_batches = conformed(batches, where, [repr(i) for i, _, _ in made])
+    for at, error in refused_batches:
+        input_id, split, indices = made[at]
+        for n, record in enumerate(batches[at].to_pylist()):
+            index = indices[n] if isinstance(indices, list) else indices + n
+            dead.add(input_id, split, index, record, error)
+    return list(kept)
 
 
 def dead_letters_of(
@@ -290,7 +348,7 @@ def run_unit_epoch(
     have read (injected faults). Raises what a source or user function raised (the unit
     declines) unless dead letters take it."""
     result = UnitEpoch()
-    order = unit_order(pipeline, restore)
+    order = vertex_order(pipeline, restore)
     # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
     # watermarks by scope; None when the pipeline has no event time (nothing changes then)
     time_ = EpochTime(now_ms) if pipeline.timed else None
@@ -370,12 +428,19 @@ def run_unit_epoch(
             batches = [dead.batch((*spec.inputs, *sources, *keyed))]
             result.dead_lettered += batches[0].num_rows
         else:
-            # as the operators left them: the task turns them into Arrow batches, once for
-            # all its units (`regional.sinks.rows`)
-            chunks = [c for i in spec.inputs for c in outputs.get(i, ())]
-            if spec.key is not None:  # an exchange writer: records it can place
-                chunks = exchange_chunks(chunks, spec.key, vertex_id, dead)
-            batches = [d for _, d in chunks]
+            # lists of records as the operators left them (the task turns them into Arrow
+            # batches, once for all its units), or with dead letters converted here; an
+            # exchange writer takes only the records it can place (a usable key)
+            given = [
+                (i, c)
+                for i in spec.inputs
+                for c in (
+                    outputs.get(i, [])
+                    if spec.key is None
+                    else exchange_chunks(outputs.get(i, []), spec.key, vertex_id, dead)
+                )
+            ]
+            batches = sink_rows(vertex_id, given, dead)
             if watermark_sink(spec.sink) is None:  # records leaving the job
                 result.records_out += sum(num_records(b) for b in batches)
         marks = watermark_sink(spec.sink) if time_ is not None else None

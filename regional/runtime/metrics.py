@@ -33,8 +33,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     completed id minus its owner's, the lag of `regional inspect ROOT lag`; units at 0 left
     out); `commit_lag` counts completed checkpoints whose output is not committed yet;
     `records_dead_lettered` the records user functions failed on that completed checkpoints
-    sent to the dead-letter sink (`on_error="dead-letter"`); `records_late` the records event-time
-    windows of completed checkpoints judged late.
+    sent to the dead-letter sink (`on_error="dead-letter"`); `records_late` the records that
+    completed checkpoints judged late: by windows, interval and temporal joins and
+    `drop_duplicates`, once per operator that judged each (`CheckpointEvent.records_late`).
     Counters run since the driver started (a restored job starts them at 0).
     """
 

@@ -78,8 +78,9 @@ class JobCollector:
         if d.pipeline.timed:  # event time
             late = CounterMetricFamily(
                 "regional_records_late",
-                "Records event-time windows judged late (behind the watermark past the allowed "
-                "lateness) in completed checkpoints.",
+                "Records judged late in completed checkpoints, once per operator that judged "
+                "them: windows (behind the watermark past the allowed lateness), interval and "
+                "temporal joins and drop_duplicates (below their origin watermark).",
                 labels=["job"],
             )
             late.add_metric(job, m.records_late)

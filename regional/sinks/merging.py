@@ -42,6 +42,7 @@ import msgspec
 import pyarrow as pa
 
 from regional.errors import CommitError
+from regional.sinks.rows import conformed
 
 __all__ = [
     "DiscardedParts",
@@ -68,7 +69,9 @@ def merged_table(
 ) -> tuple[pa.Table | None, list[FilePart | None]]:
     """The rows of every part (one unit's batches each) as one table, in part order, and each
     part's place in it (None for a part without rows; the table is None when no part has
-    any). Schemas are unified as `pa.concat_tables(promote_options="default")` does. The
+    any). Schemas are unified as `regional.sinks.rows.conformed` does (a column missing from
+    a part is null, types are widened where no value changes; any other difference is the
+    `SinkRowsError` naming the column and both types). The
     table's columns are one chunk each (written as such: a task's hundreds of small parts
     would otherwise become as many pages per column)."""
     kept: list[list[pa.RecordBatch]] = []
@@ -89,20 +92,14 @@ def merged_table(
     schema = every[0].schema  # schemas with metadata do not hash: compare, do not collect
     if all(b.schema.equals(schema) for b in every[1:]):  # the usual case: one call
         table = pa.Table.from_batches(every, schema=schema)
-    else:
-        table = pa.concat_tables([_table(rows) for rows in kept], promote_options="default")
+    else:  # units whose types differ: widened where no value changes, or the error
+        same, refused = conformed(every, "a merged staged file")
+        if refused:
+            raise refused[0][1]
+        table = pa.Table.from_batches(same)
     if table.num_columns and table.column(0).num_chunks > 1:
         table = table.combine_chunks()
     return table, [None if s is None else FilePart(s[0], s[1], first) for s in spans]
-
-
-def _table(batches: Sequence[pa.RecordBatch]) -> pa.Table:
-    first = batches[0].schema  # schemas with metadata do not hash: compare, do not collect
-    if all(b.schema.equals(first) for b in batches[1:]):
-        return pa.Table.from_batches(batches, schema=first)
-    return pa.concat_tables(
-        [pa.Table.from_batches([b]) for b in batches], promote_options="default"
-    )
 
 
 def kept_ranges(parts: Iterable[FilePart], file: str) -> tuple[tuple[int, int], ...] | None:
