@@ -8,6 +8,7 @@ over the table's committed files. The driver runs the real task code in this pro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,36 @@ def test_apply_in_arrow_returning_another_type_for_one_key_dead_letters_its_rows
     ]
     p = _pipeline(tmp_path / "fail", then, on_error="fail")
     assert _declines(tmp_path / "fail", p) == [f"SinkRowsError: sink 'out': {DRIFT}"] * 2
+
+
+def _both_faults(r: dict[str, int]) -> dict[str, Any]:
+    """Record 1 of each split gives `x` a str among ints, record 3 has no `parity` key."""
+    out: dict[str, Any] = {"split": r["split"], "n": r["n"], "x": "one" if r["n"] == 1 else r["n"]}
+    if r["n"] != 3:
+        out["parity"] = r["parity"]
+    return out
+
+
+def test_apply_in_arrow_names_each_bad_record_when_a_chunk_has_a_bad_key_and_a_bad_type(
+    tmp_path: Path,
+) -> None:
+    """A record without the key field and a record whose field has another type, in one
+    chunk: each is a dead letter naming its own place in the split's epoch (the key is judged
+    on the records as given, then the rest are converted: one leaving must not shift the
+    other's index), and the others commit."""
+    p = _pipeline(
+        tmp_path,
+        lambda s: s.map(_both_faults, name="m").key_by("parity").apply_in_arrow(_whole, name="a"),
+    )
+    _run(tmp_path, p)
+    dead = [(op, split, i, kind) for op, split, i, _, kind, _ in _dead(tmp_path)]
+    assert dead == [
+        ("a", f"g{s}", i, kind)
+        for s in range(2)
+        for i, kind in ((1, "SinkRowsError"), (3, "UserFunctionError"))
+    ]
+    records = [json.loads(r) for _, _, _, r, _, _ in _dead(tmp_path)]
+    assert [(r["split"], r["n"]) for r in records] == [(s, n) for s in range(2) for n in (1, 3)]
+    assert _rows(tmp_path / "out", "SELECT split, n, x FROM t ORDER BY split, n") == [
+        (s, n, n) for s in range(2) for n in (0, 2, 4, 5)
+    ]
