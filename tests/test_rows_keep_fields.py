@@ -8,6 +8,7 @@ over the table's committed files. The driver runs the real task code in this pro
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,72 @@ def test_apply_in_arrow_names_each_bad_record_when_a_chunk_has_a_bad_key_and_a_b
     assert _rows(tmp_path / "out", "SELECT split, n, x FROM t ORDER BY split, n") == [
         (s, n, n) for s in range(2) for n in (0, 2, 4, 5)
     ]
+
+
+def _mixed_kinds(r: dict[str, int]) -> dict[str, Any]:
+    """Split 0's values are ints and naive datetimes, split 1's floats and aware ones: each
+    unit's rows alone convert to other types than the other's."""
+    s, n = r["split"], r["n"]
+    when = dt.datetime(2026, 1, 1, 0, n)
+    return {
+        "split": s,
+        "n": n,
+        "v": n if s == 0 else n + 0.5,
+        "at": when if s == 0 else when.replace(tzinfo=dt.UTC),
+    }
+
+
+@pytest.mark.parametrize("on_error", ["dead-letter", "fail"])
+def test_ints_and_floats_of_two_units_in_one_file_all_commit(tmp_path: Path, on_error: str) -> None:
+    """Two units in one task give one sink ints and floats, naive and aware datetimes: one
+    conversion of all their records takes them together (float64; the first's zone), so the
+    units' own conversions must be widened alike, never refused (they were dead-lettered, or
+    every unit of the task declined, when converted per unit)."""
+    _run(tmp_path, _pipeline(tmp_path, lambda s: s.map(_mixed_kinds, name="m"), on_error=on_error))
+    got = _rows(tmp_path / "out", 'SELECT split, n, v, epoch("at") FROM t ORDER BY split, n')
+    assert got == [
+        (
+            s,
+            n,
+            float(n) if s == 0 else n + 0.5,
+            dt.datetime(2026, 1, 1, 0, n, tzinfo=dt.UTC).timestamp(),
+        )
+        for s in range(2)
+        for n in range(6)
+    ]
+    if on_error == "dead-letter":
+        assert _dead(tmp_path) == []
+
+
+def _reordered(r: dict[str, int]) -> dict[str, Any]:
+    """Split 0 writes its fields in another order than split 1, and only None in `note`."""
+    s, n = r["split"], r["n"]
+    if s == 0:
+        return {"note": None, "n": n, "split": s, "parity": r["parity"]}
+    return {"split": s, "parity": r["parity"], "n": n, "note": f"n{n}"}
+
+
+def _through(ctx: Any, r: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r]
+
+
+def test_writers_of_one_task_whose_columns_differ_in_order_and_nullness_share_a_segment(
+    tmp_path: Path,
+) -> None:
+    """Two writer units of one task convert their own records (dead letters on): their
+    columns come in another order and one is null-typed; the exchange's merged segment takes
+    both (every unit of the task declined when they were concatenated as they were)."""
+    _run(
+        tmp_path,
+        _pipeline(
+            tmp_path,
+            lambda s: (
+                s.map(_reordered, name="m")
+                .key_by("parity", partitions=2)
+                .process(_through, name="p")
+            ),
+        ),
+    )
+    got = _rows(tmp_path / "out", "SELECT split, n, parity, note FROM t ORDER BY split, n")
+    assert got == [(s, n, n % 2, None if s == 0 else f"n{n}") for s in range(2) for n in range(6)]
+    assert _dead(tmp_path) == []

@@ -108,6 +108,7 @@ from regional.dataflow.partitioning import partition_of
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
 from regional.sinks.merging import FilePart, kept_ranges, take_ranges
+from regional.sinks.rows import conformed
 from regional.sinks.staging import StagedFile, StagedSink, StagingArea
 from regional.sinks.staging import file_name as _name
 from regional.sources.base import ReadResult
@@ -641,7 +642,7 @@ class ExchangeWriter(_Bound, StagedSink):
         for partition in sorted({q for g in grouped for q in g}):
             pieces = [g[partition] for g in grouped if partition in g]
             counts = [g[partition].num_rows if partition in g else 0 for g in grouped]
-            table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+            table = pieces[0] if len(pieces) == 1 else _one_table(pieces, self.reader)
             timed = self._origin(
                 [parts[i][0] for i, n in zip(order, counts, strict=True) if n],
                 [n for n in counts if n],
@@ -873,6 +874,23 @@ class ExchangeWriter(_Bound, StagedSink):
         """True when the exchange directory exists."""
         fs, base = self._fs()
         return bool(fs.get_file_info(base).type == pafs.FileType.Directory)
+
+
+def _one_table(pieces: Sequence[pa.Table], reader: str) -> pa.Table:
+    """Several writers' rows of one partition as one table (a merged segment). Units convert
+    their records on their own (each list with the union of its fields), so their columns
+    may come in another order, be null-typed where one unit had only None, or be of another
+    width: unified where no value changes (`regional.sinks.rows.conformed`); any other
+    difference is the `SinkRowsError` naming the exchange, the column and both types."""
+    first = pieces[0].schema
+    if all(p.schema.equals(first) for p in pieces[1:]):  # the usual case
+        return pa.concat_tables(pieces)
+    same, refused = conformed(
+        [b for p in pieces for b in p.to_batches()], f"exchange {reader!r}"
+    )
+    if refused:
+        raise refused[0][1]
+    return pa.Table.from_batches(same)
 
 
 def repartition(

@@ -234,11 +234,15 @@ def _conflict(where: str, field: str, value: Any, column_type: pa.DataType | Non
 
 
 def lossless_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """The type that holds every value of `a` and of `b` unchanged, or None when there is
-    none that Arrow widens to: equal types; null and any; two signed or two unsigned integers
-    (the wider); an unsigned and a wider signed integer (the signed); two floats (the wider);
-    string and large_string (large_string), binary and large_binary (large_binary). An int and
-    a float are None (float64 cannot hold every int64)."""
+    """The type one column takes for values of `a` (the rows before) and of `b`, or None when
+    there is none: equal types; null and any; two signed or two unsigned integers (the wider);
+    an unsigned and a wider signed integer (the signed); two floats (the wider); string and
+    large_string (large_string), binary and large_binary (large_binary). Two pairs are taken
+    as Arrow takes Python values of both kinds in one column, since per-unit conversion must
+    not refuse what one conversion of the same records accepts: an int and a float make
+    float64 (as Spark SQL's union coerces them), and a timestamp with a time zone and one
+    without take `a`'s zone (an aware value stored as UTC, a naive one read as UTC), in the
+    finer unit. Anything else (int and string, ...) is None."""
     if a.equals(b):
         return a
     if pa.types.is_null(a):
@@ -253,6 +257,13 @@ def lossless_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return signed if signed.bit_width > unsigned.bit_width else None
     if pa.types.is_floating(a) and pa.types.is_floating(b):
         return a if a.bit_width >= b.bit_width else b
+    if (pa.types.is_integer(a) and pa.types.is_floating(b)) or (
+        pa.types.is_floating(a) and pa.types.is_integer(b)
+    ):
+        return pa.float64()
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        finer = max(a.unit, b.unit, key=("s", "ms", "us", "ns").index)
+        return pa.timestamp(finer, a.tz)
     for small, large in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
         if {str(a), str(b)} == {str(small), str(large)}:
             return large
