@@ -17,30 +17,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from orders_job import InProcessDispatcher
 
 from metadata.model import SubtaskState
 from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, Decline, UnitWork
 from regional.dataflow.pipeline import Pipeline, Stream
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, committed_files
 from regional.sources.generator import GeneratorSource
-
-
-class InProcess:
-    """A dispatcher running the units in this process (the task side of Spark, without it)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works: Any, deadline_ms: int, *, isolated: bool = False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
 
 
 def _record(split: int, n: int) -> dict[str, int]:
@@ -74,7 +61,9 @@ def _run(tmp_path: Path, p: Pipeline) -> None:
     overrides = {"checkpointing": {"timeout": "30 s"}}
     policy = load_policy(env={}, overrides=overrides).policy
     env = TaskEnv(root, "rows", p, unit_timeout=30)
-    summary = JobDriver(p, InProcess(env), storage=JobStorage(root, "rows"), policy=policy).run()
+    summary = JobDriver(
+        p, InProcessDispatcher(env), storage=JobStorage(root, "rows"), policy=policy
+    ).run()
     assert summary.finished
 
 

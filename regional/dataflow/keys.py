@@ -98,15 +98,21 @@ def _unusable(owner: str, key: Any, record: Any, value: Any, why: str) -> UserFu
     )
 
 
-def read_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
-    """`key(record)`, hashable; `UserFunctionError` naming `owner` (the operator), the
-    function or field and the record when it raises or gives an unhashable value."""
+def _applied(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
+    """`key(record)`; `UserFunctionError` naming `owner`, the function (or the missing
+    field) and the record when it raises."""
     try:
-        value = key(record)
+        return key(record)
     except Exception as exc:
         if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
             raise _missing(owner, key, record) from exc
         raise function_error(owner, "key", key, record, exc) from exc
+
+
+def read_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
+    """`key(record)`, hashable; `UserFunctionError` naming `owner` (the operator), the
+    function or field and the record when it raises or gives an unhashable value."""
+    value = _applied(key, record, owner)
     try:
         hash(value)
     except TypeError as exc:
@@ -118,12 +124,7 @@ def exchange_key(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
     """`key(record)` as a keyed exchange can place it (msgpack encodes it:
     `regional.dataflow.partitioning.key_bytes`); `UserFunctionError` as `read_key` (a list
     key is placed like a tuple: the exchange needs no hash)."""
-    try:
-        value = key(record)
-    except Exception as exc:
-        if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
-            raise _missing(owner, key, record) from exc
-        raise function_error(owner, "key", key, record, exc) from exc
+    value = _applied(key, record, owner)
     t = type(value)
     if t is str or t is float or t is bool or value is None or t is bytes:
         return value  # the hot path: encodable, no encoding made
