@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 # The exact versions the suite passes with, for every extra (`make lock` refreshes it).
-LOCK   := requirements/lock.txt
+LOCK   := requirements.lock.txt
 EXTRAS := test,docs,paimon,delta,iceberg,kafka,prometheus
 # `make test-latest`: the newest versions pyproject.toml's ranges allow, in a venv of its own.
 LATEST := .venv-latest
