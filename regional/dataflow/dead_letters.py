@@ -28,9 +28,16 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from regional.dataflow.failures import failure_trace
+from regional.dataflow.failures import failure_trace, raised_on
 
-__all__ = ["DEAD_LETTERS", "DEAD_LETTER_SCHEMA", "ON_ERROR", "TRACE_CHARS", "DeadLetters"]
+__all__ = [
+    "DEAD_LETTERS",
+    "DEAD_LETTER_SCHEMA",
+    "ON_ERROR",
+    "TRACE_CHARS",
+    "DeadLetters",
+    "set_aside",
+]
 
 #: The choices of `Pipeline(on_error=...)`: fail the unit (today's behaviour), or dead-letter.
 ON_ERROR = ("fail", "dead-letter")
@@ -129,3 +136,22 @@ class DeadLetters:
     def batch_of(rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
         """`rows` (of `rows`) as a record batch."""
         return pa.RecordBatch.from_pylist(list(rows), schema=DEAD_LETTER_SCHEMA)
+
+
+def set_aside(
+    dead: DeadLetters | None,
+    error: Exception,
+    operator: str,
+    split: str,
+    index: int,
+    record: Any,
+    *,
+    source: str | None = None,
+) -> None:
+    """`record`, which `operator` cannot take (`error`), as its dead letter; without dead
+    letters, `error` raised with its split noted (`failures.raised_on`), so that only the unit
+    reading that split declines."""
+    if dead is None:
+        raised_on(error, split)
+        raise error
+    dead.add(operator, split, index, record, error, source=source)

@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.failures import FIX, UserFunctionError, function_error, raised_on
 from regional.dataflow.partitioning import key_bytes
 from regional.errors import GraphError
@@ -164,10 +164,7 @@ def exchange_chunks(
             try:
                 exchange_key(key, record, owner)
             except UserFunctionError as exc:
-                if dead is None:
-                    raised_on(exc, split)
-                    raise
-                dead.add(operator, split, base + i, record, exc)
+                set_aside(dead, exc, operator, split, base + i, record)
                 continue
             except BaseException as exc:  # SystemExit too: `failures.as_exception`
                 raised_on(exc, split)

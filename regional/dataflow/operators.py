@@ -31,7 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
-from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, raised_on
 from regional.dataflow.keys import read_key
@@ -714,10 +714,7 @@ class ApplyInArrow(KeyedTimers, Operator):
         dead: DeadLetters | None,
     ) -> None:
         """A record without a usable key: a dead letter, or (without) its unit's failure."""
-        if dead is None:
-            raised_on(exc, split)
-            raise exc
-        dead.add(self.name, split, index, record, exc)
+        set_aside(dead, exc, self.name, split, index, record)
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:

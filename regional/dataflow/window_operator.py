@@ -34,10 +34,10 @@ import pyarrow as pa
 
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.columnar_aggregates import COLUMNAR, MISSING, can_fold, fold, value_column
-from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import EventTimeError, column_millis, record_time, span_ms
-from regional.dataflow.failures import UserFunctionError, raised_on
+from regional.dataflow.failures import UserFunctionError
 from regional.dataflow.keys import read_key
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.windows import (
@@ -195,10 +195,7 @@ def run_windows(
             try:
                 key = read_key(key_fn, record, f"window {operator!r}")
             except UserFunctionError as exc:
-                if dead is None:
-                    raised_on(exc, split)
-                    raise
-                dead.add(operator, split, base + i, record, exc)
+                set_aside(dead, exc, operator, split, base + i, record)
                 continue
             slot = slots.get(key)
             if slot is None:
