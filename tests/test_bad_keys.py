@@ -627,16 +627,16 @@ def test_a_unit_alone_declines_on_a_system_exit_of_its_user_function(
 def test_a_keyboard_interrupt_outside_user_functions_still_stops_the_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from regional.dataflow import task_epoch
+    from regional.dataflow import walker
 
-    real = task_epoch.read_source
+    real = walker.read_source
 
     def interrupted(*args: Any, **kw: Any) -> Any:
         if args[1] == 2:  # the reading of unit 2's source, no user function
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(task_epoch, "read_source", interrupted)
+    monkeypatch.setattr(walker, "read_source", interrupted)
     monkeypatch.setitem(EXIT, 0, ValueError("not raised"))
     env = _pass_env(tmp_path, "fail")
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""A task's units in one pass (`regional.dataflow.task_epoch`): the same epoch per unit as
+"""A task's units in one pass (`regional.dataflow.walker`): the same epoch per unit as
 running each unit alone, and the task falling back to one unit at a time exactly where a pass
 cannot keep the units apart or fails."""
 
@@ -21,8 +21,14 @@ from metadata.model import SplitState, SubtaskState
 from regional.coordinator.messages import Ack, Decline, UnitWork
 from regional.dataflow.operators import records_of
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.task_epoch import TaskUnit, UnitFailed, run_task_epoch, shares_pass
-from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
+from regional.dataflow.unit_epoch import UnitEpoch
+from regional.dataflow.walker import (
+    TaskUnit,
+    UnitFailed,
+    run_task_epoch,
+    run_unit_epoch,
+    shares_pass,
+)
 from regional.runtime import task
 from regional.runtime.faults import UnitFaults
 from regional.runtime.task import TaskEnv, run_units

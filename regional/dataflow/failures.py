@@ -64,7 +64,7 @@ _SPLIT = "_regional_split"
 
 def raised_on(exc: BaseException, split: str) -> None:
     """Note on `exc` the input split whose records it was raised on (the innermost operator
-    to see it decides): a task's pass (`regional.dataflow.task_epoch`) finds the unit holding
+    to see it decides): a task's pass (`regional.dataflow.walker`) finds the unit holding
     that split, which alone declines."""
     if getattr(exc, _SPLIT, None) is None:
         with contextlib.suppress(AttributeError):  # a type without instance attributes

@@ -135,7 +135,7 @@ class Operator:
     #: keeps state between epochs (restored, snapshotted, redistributed on rescale)
     stateful: ClassVar[bool] = False
     #: can run once over the records of several units of a task (`regional.dataflow.
-    #: task_epoch`): its output chunks keep their input's split, and its state (if any) is
+    #: walker`): its output chunks keep their input's split, and its state (if any) is
     #: keyed state per split, never subtask-level lists
     one_pass: ClassVar[bool] = False
 

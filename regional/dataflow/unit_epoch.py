@@ -1,34 +1,22 @@
-"""One unit's epoch on the record path (DESIGN §6): read the unit's sources from their
-positions, run its operators, and hand each sink its rows.
-
-Everything a unit does between restoring its state and snapshotting it, called with plain
-arguments: no storage, no Spark, no wall clock (`now_ms` is given). `regional.runtime.task`
-keeps what surrounds it: timeouts, reading the restored state, staging sink files, the
-snapshot's upload and the answer.
+"""What the walker (`regional.dataflow.walker`) does for one unit at a source and at a sink,
+and what a unit's epoch gives back (`UnitEpoch`): plain arguments, no storage, no Spark, no wall
+clock.
 
 * **Sources** (`read_source`): each split of a source subtask gets a fair share of what is left
   of the epoch's record budget, so a split with a backlog never starves the others; records the
   source could not decode and records without a usable event time are dead letters (or the
   unit declines naming them); a split's watermark advances with its records and lives in its
-  position (DESIGN §4 rule 15).
-* **Operators** (`regional.dataflow.operators.Operator`): restored from their state bytes, run
-  over the epoch's input of their subtask, snapshotted.
-* **Sinks**: the rows of each sink subtask as the operators left them, Arrow batches or lists
-  of records, which the task converts for all its units at once (the dead-letter sink: the
-  dead letters of its part of the graph).
-
-Capabilities, not types, decide the special cases: a `TimedSource` (the keyed exchange's
-reader) stamps each batch with its origin watermark and tells its subtask's watermark itself;
-a `WatermarkSink` (the exchange's writer) commits the subtask's watermark with its rows, which
-stay inside the job.
+  position (DESIGN §4 rule 15). A `TimedSource` (the keyed exchange's reader) stamps each
+  batch with its origin watermark and tells its subtask's watermark itself.
+* **Sinks** (`sink_rows`): the rows of each sink subtask as the operators left them, Arrow
+  batches or lists of records, which the task converts for all its units at once (with dead
+  letters: converted here, so a record that does not fit is set aside).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import cast
+from collections.abc import Iterable
 
 import pyarrow as pa
 
@@ -38,48 +26,12 @@ from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_watermark
 from regional.dataflow.failures import raised_on
-from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
-from regional.dataflow.pipeline import Pipeline, VertexSpec
-from regional.dataflow.state import KEY_SCOPE
-from regional.sinks.base import WatermarkSink
+from regional.dataflow.plan import PlannedVertex
 from regional.sinks.rows import conformed, records_batch
-from regional.sources.base import Batch, TimedSource, num_records
+from regional.sources.base import Batch, num_records
 
-__all__ = [
-    "SourceEpoch",
-    "UnitEpoch",
-    "dead_letters_of",
-    "mark_of",
-    "read_source",
-    "run_unit_epoch",
-    "sink_rows",
-    "start_of",
-    "vertex_order",
-]
-
-
-#: Protocol checks cost tens of microseconds: made once per class, not per unit and vertex.
-_TIMED: dict[type, bool] = {}
-_MARKING: dict[type, bool] = {}
-
-
-def timed_source(source: object) -> TimedSource | None:
-    """`source` if it is a `TimedSource`, else None."""
-    cls = type(source)
-    timed = _TIMED.get(cls)
-    if timed is None:
-        timed = _TIMED[cls] = issubclass(cls, TimedSource)
-    return cast(TimedSource, source) if timed else None
-
-
-def watermark_sink(sink: object) -> WatermarkSink | None:
-    """`sink` if it is a `WatermarkSink`, else None."""
-    cls = type(sink)
-    marking = _MARKING.get(cls)
-    if marking is None:
-        marking = _MARKING[cls] = issubclass(cls, WatermarkSink)
-    return cast(WatermarkSink, sink) if marking else None
+__all__ = ["SourceEpoch", "UnitEpoch", "mark_of", "read_source", "sink_rows", "start_of"]
 
 
 def mark_of(mark: SplitWatermark | None) -> int:
@@ -101,7 +53,7 @@ class SourceEpoch:
 
 
 def read_source(
-    spec: VertexSpec,
+    spec: PlannedVertex,
     index: int,
     positions: dict[str, bytes],
     *,
@@ -120,7 +72,7 @@ def read_source(
     the epoch's watermarks by scope are filled in."""
     source = spec.source
     assert source is not None
-    timed = timed_source(source)
+    timed = spec.timed
     et = spec.event_time
     chunks: list[Chunk] = []
     origins: list[int] = []
@@ -236,29 +188,19 @@ class UnitEpoch:
 
 
 def start_of(
-    spec: VertexSpec, old: SubtaskState, new_splits: Iterable[tuple[str, int, str]]
+    spec: PlannedVertex, old: SubtaskState, new_splits: Iterable[tuple[str, int, str]]
 ) -> dict[str, bytes]:
     """Where source subtask `old` of `spec` reads this epoch: split -> wrapped position, its
     restored splits and the ones the enumerator assigned it now, `new_splits` (vertex, index,
     split), from their start; a `TimedSource` always reads its own split."""
     positions = {s.split_id: s.position for s in old.split_states}
-    timed = timed_source(spec.source)
+    timed = spec.timed
     if timed is not None:
         positions.setdefault(timed.split_of(old.index), b"")
     for v, i, split in new_splits:
         if v == spec.id and i == old.index:
             positions.setdefault(split, b"")
     return positions
-
-
-def vertex_order(pipeline: Pipeline, vertices: Collection[str]) -> list[str]:
-    """`vertices` in the order a unit's epoch runs them: topological, the dead-letter sinks
-    last (the other sinks may still dead-letter rows, `sink_rows`, and so may the exchange
-    writers: records without a usable key, `regional.dataflow.keys.exchange_chunks`)."""
-    order = [v for v in pipeline.topological_order() if v in vertices]
-    return [v for v in order if not pipeline.vertices[v].dead_letter] + [
-        v for v in order if pipeline.vertices[v].dead_letter
-    ]
 
 
 def sink_rows(
@@ -310,151 +252,3 @@ def sink_rows(
             index = indices[n] if isinstance(indices, list) else indices + n
             dead.add(input_id, split, index, record, error)
     return list(kept)
-
-
-def dead_letters_of(
-    pipeline: Pipeline,
-    vertices: Collection[str],
-    checkpoint_id: int,
-    start_positions: Mapping[str, str],
-    source_positions: Mapping[tuple[str, str], str],
-) -> DeadLetters | None:
-    """Where an epoch of units made of `vertices` keeps its dead letters (positions filled in
-    as the sources read), or None when the pipeline fails a unit on a bad record instead."""
-    if pipeline.on_error == "dead-letter" and any(
-        pipeline.vertices[v].dead_letter for v in vertices
-    ):
-        return DeadLetters(checkpoint_id, start_positions, source_positions)
-    return None
-
-
-def run_unit_epoch(
-    pipeline: Pipeline,
-    restore: Mapping[str, SubtaskState],
-    *,
-    checkpoint_id: int,
-    new_splits: Iterable[tuple[str, int, str]],
-    ended: Collection[str],
-    state_of: Callable[[SubtaskState], tuple[bytes, str]],
-    now_ms: int,
-    idle_timeout_ms: int | None = None,
-    exclude_after: int | None = None,
-    after_sources: Callable[[], None] | None = None,
-) -> UnitEpoch:
-    """Run one epoch of the unit whose subtasks (one per vertex, as restored) are `restore`:
-    `new_splits` are (vertex, index, split) the enumerator assigned now, `ended` the source
-    vertices whose input has ended, `state_of` an operator subtask's restored state bytes and
-    a description of where they are (for errors); `after_sources` is called once the sources
-    have read (injected faults). Raises what a source or user function raised (the unit
-    declines) unless dead letters take it."""
-    result = UnitEpoch()
-    order = vertex_order(pipeline, restore)
-    # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
-    # watermarks by scope; None when the pipeline has no event time (nothing changes then)
-    time_ = EpochTime(now_ms) if pipeline.timed else None
-    outputs: dict[str, list[Chunk]] = {}
-    origins: dict[str, list[int]] = {}
-    unit_start: list[int] = []  # per source vertex: its subtask watermark before / after
-    unit_end: list[int] = []
-    start_positions: dict[str, str] = {}  # split -> where this epoch started reading it
-    source_positions: dict[tuple[str, str], str] = {}  # the same by (source vertex, split)
-    live_splits: set[str] = set()  # splits the unit's sources still hold
-    dead = dead_letters_of(pipeline, order, checkpoint_id, start_positions, source_positions)
-    sources = tuple(v for v in order if pipeline.vertices[v].source is not None)
-    keyed = tuple(v for v in order if pipeline.vertices[v].key is not None)
-    new = list(new_splits)
-    sources_done = False
-    for vertex_id in order:
-        spec = pipeline.vertices[vertex_id]
-        old = restore[vertex_id]
-        if spec.source is not None:
-            positions = start_of(spec, old, new)
-            read = read_source(
-                spec,
-                old.index,
-                positions,
-                budget=pipeline.records_per_epoch,
-                time=time_,
-                dead=dead,
-                start_positions=start_positions,
-                source_positions=source_positions,
-                ended=vertex_id in ended,
-                idle_timeout_ms=idle_timeout_ms,
-                exclude_after=exclude_after,
-            )
-            result.split_states[vertex_id] = read.split_states
-            result.records_in += read.records_in
-            live_splits.update(s.split_id for s in read.split_states)
-            outputs[vertex_id] = read.chunks
-            if time_ is not None and read.watermarks is not None and read.origins is not None:
-                origins[vertex_id] = read.origins
-                unit_start.append(read.watermarks[0])
-                unit_end.append(read.watermarks[1])
-                time_.start[KEY_SCOPE] = min(unit_start)
-                time_.end[KEY_SCOPE] = min(unit_end)
-            continue
-        if not sources_done:
-            sources_done = True
-            if after_sources is not None:  # like user code failing on data
-                after_sources()
-        if spec.operator is not None:
-            operator = spec.operator
-            state = None
-            if operator.stateful:
-                started = time.perf_counter()
-                data, where = state_of(old)
-                state = operator.restore(data, codec=pipeline.state_codec, source=where)
-                result.restore_s += time.perf_counter() - started
-            outputs[vertex_id], out_origins = operator.run_inputs(
-                [
-                    (outputs.get(i, []), None if time_ is None else origins.get(i, []))
-                    for i in spec.inputs
-                ],
-                state,
-                dead,
-                time_,
-            )
-            if out_origins is not None:
-                origins[vertex_id] = out_origins
-            started = time.perf_counter()
-            blob = operator.snapshot(state, live_splits)
-            result.encode_s += time.perf_counter() - started
-            if blob is not None:
-                result.snapshots[vertex_id] = blob
-            continue
-        # a sink, or the dead letters of this part of the graph
-        if spec.dead_letter:
-            assert dead is not None
-            batches = [dead.batch((*spec.inputs, *sources, *keyed))]
-            result.dead_lettered += batches[0].num_rows
-        else:
-            # lists of records as the operators left them (the task turns them into Arrow
-            # batches, once for all its units), or with dead letters converted here; an
-            # exchange writer takes only the records it can place (a usable key)
-            given = [
-                (i, c)
-                for i in spec.inputs
-                for c in (
-                    outputs.get(i, [])
-                    if spec.key is None
-                    else exchange_chunks(outputs.get(i, []), spec.key, vertex_id, dead)
-                )
-            ]
-            batches = sink_rows(vertex_id, given, dead)
-            if watermark_sink(spec.sink) is None:  # records leaving the job
-                result.records_out += sum(num_records(b) for b in batches)
-        marks = watermark_sink(spec.sink) if time_ is not None else None
-        if time_ is not None and marks is not None:
-            held = marks.committed_watermark(old.committables)
-            before = MIN_WATERMARK if held is None else held
-            result.sink_watermarks[vertex_id] = (
-                before,
-                max(before, time_.end.get(KEY_SCOPE, before)),
-            )
-        result.sink_batches[vertex_id] = batches
-    if not sources_done and after_sources is not None:  # a unit made of sources only
-        after_sources()
-    if time_ is not None:
-        result.late = time_.late
-        result.watermark = time_.end.get(KEY_SCOPE)
-    return result

@@ -364,7 +364,7 @@ class SparkRuntime(JobDriver):
     `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
     sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit. `task_pass`
     (default on) runs a task's units in one pass where they can (`regional.dataflow.
-    task_epoch`, DESIGN §6); off, one unit at a time.
+    walker`, DESIGN §6); off, one unit at a time.
     """
 
     def __init__(

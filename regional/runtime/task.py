@@ -59,8 +59,14 @@ from regional.dataflow.failures import (
     split_of_failure,
 )
 from regional.dataflow.pipeline import Pipeline
-from regional.dataflow.task_epoch import TaskUnit, UnitFailed, run_task_epoch, shares_pass
-from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
+from regional.dataflow.unit_epoch import UnitEpoch
+from regional.dataflow.walker import (
+    TaskUnit,
+    UnitFailed,
+    run_task_epoch,
+    run_unit_epoch,
+    shares_pass,
+)
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.rows import batches_of, parts_batches
@@ -120,7 +126,7 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     #: and epoch; False: one per unit (the layout before merging)
     merge_sink_files: bool = True
     #: run the operators once over the records of a task's units that can share a pass
-    #: (`regional.dataflow.task_epoch`); False: one unit at a time
+    #: (`regional.dataflow.walker`); False: one unit at a time
     task_pass: bool = True
 
 
@@ -193,7 +199,7 @@ def _process(
     merging: frozenset[str] = frozenset(),
     ran: tuple[UnitEpoch, float] | None = None,
 ) -> _Snapshot:
-    """Run the unit's epoch on the record path (`regional.dataflow.unit_epoch`) unless the
+    """Run the unit's epoch on the record path (`regional.dataflow.walker`) unless the
     task's pass ran it (`ran`: its epoch and its share of the pass's seconds), stage its sink
     rows, and serialise its state locally (sync phase): to the task's `spool` when given
     (merged uploads), else to a local file of the unit's own. State files several of the
@@ -326,7 +332,7 @@ def _passes(
     reads: _RestoreReads,
     timeout: _Timeout,
 ) -> _Passed:
-    """Run the task's units that can share a pass (`regional.dataflow.task_epoch`): units of
+    """Run the task's units that can share a pass (`regional.dataflow.walker`): units of
     one shape, in groups of two or more, except units with injected faults and units that fell
     back at the previous checkpoint (they are the likely ones to fail again). A unit a pass
     pins a failure on declines with it and the pass runs again without it (up to

@@ -1,0 +1,441 @@
+"""The walker: one function runs the epoch of a set of units over the compiled plan
+(DESIGN §6); one unit is a pass of one.
+
+`run_epoch(plan, units, ...)` visits the vertices of the units' shape once, in the plan's order
+(`regional.dataflow.plan.Shape`): sources read (`regional.dataflow.unit_epoch.read_source`),
+operators restore, run over the epoch's input and snapshot (`regional.dataflow.operators`), sinks
+get their rows (`regional.dataflow.unit_epoch.sink_rows`), the dead-letter sinks last. Every
+vertex-level feature is written here once, whether the epoch is one unit's or a pass's.
+
+**A pass.** Units of one shape whose state cannot mix run together (`Shape.shares_pass`: no event
+time, no exchange reader, only operators that say so: `Operator.one_pass`). Their keyed state is
+scoped by split, and a split belongs to exactly one unit, so the units' restored states are one
+dict of splits and each unit's snapshot is the splits it holds. What the semantics keep per unit
+stays per unit: each unit reads its own splits from its own positions with its own record budget,
+restores and snapshots its own state, and gets back its own rows (every chunk carries its split),
+dead letters and counts, exactly as it would alone. Whatever a pass cannot keep apart it refuses
+(`PassRefused`: a split in two units, subtask-level list state, rows of a split no unit holds). A
+failure the pass can pin on one unit (its source's read, its state's restore or snapshot, a user
+function raising on a record of its splits: `regional.dataflow.failures.raised_on`) is a
+`UnitFailed` naming it: that unit declines with the error it would have raised alone, and the
+others run again without it (`regional.runtime.task.run_units`). Any other failure fails the
+pass: the units run alone. A unit alone raises what its source or user function raised.
+
+**Event time** (a unit alone): every chunk carries its origin watermark; a `TimedSource` (the
+keyed exchange's reader) stamps each batch and tells its subtask's watermark itself; a
+`WatermarkSink` (the exchange's writer) commits the subtask's watermark with its rows, which
+stay inside the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from metadata.model import SubtaskState
+from metadata.watermarks import MIN_WATERMARK
+from regional.dataflow.dead_letters import DeadLetters
+from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.failures import as_exception, split_of_failure
+from regional.dataflow.keys import exchange_chunks
+from regional.dataflow.operators import Chunk
+from regional.dataflow.plan import Plan, PlannedVertex, Role, Shape, compile_plan
+from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.unit_epoch import UnitEpoch, read_source, sink_rows, start_of
+from regional.sources.base import num_records
+
+if TYPE_CHECKING:
+    from regional.dataflow.pipeline import Pipeline
+
+__all__ = [
+    "PassRefused",
+    "TaskUnit",
+    "UnitFailed",
+    "run_epoch",
+    "run_task_epoch",
+    "run_unit_epoch",
+    "shares_pass",
+]
+
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskUnit:
+    """One unit of an epoch: its subtasks as restored (one per vertex), the splits the
+    enumerator assigned it now (vertex, index, split), the source vertices whose input ended,
+    and `state_of` (an operator subtask's restored state bytes and where they are)."""
+
+    restore: Mapping[str, SubtaskState]
+    new_splits: Sequence[tuple[str, int, str]]
+    ended: Collection[str]
+    state_of: Callable[[SubtaskState], tuple[bytes, str]]
+
+
+class PassRefused(Exception):
+    """A pass cannot keep its units apart (the message says why): run them one by one."""
+
+
+class UnitFailed(Exception):
+    """Unit `unit` (its index in the pass) raised `error`, as it would have alone."""
+
+    def __init__(self, unit: int, error: Exception) -> None:
+        super().__init__(f"unit {unit} of the pass: {error!r}")
+        self.unit = unit
+        self.error = error
+
+
+def run_epoch(
+    plan: Plan,
+    units: Sequence[TaskUnit],
+    *,
+    checkpoint_id: int,
+    now_ms: int = 0,
+    idle_timeout_ms: int | None = None,
+    exclude_after: int | None = None,
+    after_sources: Callable[[], None] | None = None,
+    as_pass: bool = False,
+) -> list[UnitEpoch]:
+    """The epoch of every unit of `units` (all of one shape), per unit what it gives alone:
+    one unit alone, or with `as_pass` any number in one pass.
+
+    `now_ms` is the processing time, `idle_timeout_ms` the default idle timeout of event-time
+    splits, `exclude_after` the exchange writers' exclusion (`regional.runtime.task.TaskEnv`);
+    `after_sources` is called once the sources have read (injected faults, a unit alone).
+    A pass: `PassRefused` when the shape cannot share a pass or the pass cannot keep its units
+    apart, `UnitFailed` for a failure of one unit's own (the others did not fail yet, but the
+    pass's state is spoiled: run them again without it)."""
+    if not units:  # every unit failed in earlier passes
+        return []
+    shape = plan.shape(units[0].restore)
+    if as_pass:
+        if not shape.shares_pass:
+            raise PassRefused("units of this shape cannot share a pass")
+        if after_sources is not None:
+            raise PassRefused("units with injected faults run alone")
+    elif len(units) != 1:
+        raise ValueError(f"{len(units)} units alone: give one, or run them as_pass=True")
+    return _Walk(plan, shape, units, checkpoint_id, now_ms, as_pass).run(
+        idle_timeout_ms, exclude_after, after_sources
+    )
+
+
+class _Walk:
+    """One epoch's walk: what it carries from vertex to vertex."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        shape: Shape,
+        units: Sequence[TaskUnit],
+        checkpoint_id: int,
+        now_ms: int,
+        as_pass: bool,
+    ) -> None:
+        self.plan = plan
+        self.shape = shape
+        self.units = units
+        self.single = not as_pass
+        self.results = [UnitEpoch() for _ in units]
+        # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
+        # watermarks by scope; None when the pipeline has no event time (a pass never has)
+        self.time = EpochTime(now_ms) if plan.timed else None
+        self.owner: dict[str, int] = {}  # split -> the unit holding it (a pass)
+        self.start_positions: dict[str, str] = {}  # split -> where this epoch started it
+        self.source_positions: dict[tuple[str, str], str] = {}  # the same by (vertex, split)
+        self.dead = (
+            DeadLetters(checkpoint_id, self.start_positions, self.source_positions)
+            if shape.dead_letters
+            else None
+        )
+        self.outputs: dict[str, list[Chunk]] = {}
+        self.origins: dict[str, list[int]] = {}
+        self.live: list[set[str]] = [set() for _ in units]  # splits the units' sources hold
+        self.unit_start: list[int] = []  # per source vertex: its subtask watermark before/after
+        self.unit_end: list[int] = []
+
+    def run(
+        self,
+        idle_timeout_ms: int | None,
+        exclude_after: int | None,
+        after_sources: Callable[[], None] | None,
+    ) -> list[UnitEpoch]:
+        # how many vertices still read each vertex's output: dropped after the last (a pass
+        # holds every unit's records at once; what no one reads again need not stay alive)
+        readers = dict(self.shape.readers)
+        sources_done = False
+        for v in self.shape.order:
+            for input_id in v.inputs:
+                readers[input_id] -= 1
+            if v.role is Role.SOURCE:
+                self.read(v, idle_timeout_ms, exclude_after)
+                continue
+            if not sources_done:
+                sources_done = True
+                if after_sources is not None:  # like user code failing on data
+                    after_sources()
+            if v.role is Role.OPERATOR:
+                self.operate(v)
+            elif v.role is Role.DEAD_LETTERS:
+                self.set_aside(v)
+            else:
+                self.sink(v)
+            for input_id in v.inputs:
+                if readers[input_id] == 0:
+                    self.outputs.pop(input_id, None)
+        if not sources_done and after_sources is not None:  # a unit made of sources only
+            after_sources()
+        if self.time is not None:
+            self.results[0].late = self.time.late
+            self.results[0].watermark = self.time.end.get(KEY_SCOPE)
+        return self.results
+
+    def _own(self, split: str, unit: int) -> None:
+        if self.owner.setdefault(split, unit) != unit:
+            raise PassRefused(f"split {split!r} is in two units")
+
+    def _holder(self, split: str, what: str) -> int:
+        """The unit holding `split` (a pass: `PassRefused` when none does)."""
+        if self.single:
+            return 0
+        holder = self.owner.get(split)
+        if holder is None:
+            raise PassRefused(f"{what} of split {split!r}, which no unit holds")
+        return holder
+
+    def read(
+        self, v: PlannedVertex, idle_timeout_ms: int | None, exclude_after: int | None
+    ) -> None:
+        time_ = self.time
+        chunks: list[Chunk] = []
+        for u, unit in enumerate(self.units):
+            old = unit.restore[v.id]
+            positions = start_of(v, old, unit.new_splits)
+            if not self.single:
+                for split in positions:
+                    self._own(split, u)
+            with self._failing(u):
+                read = read_source(
+                    v,
+                    old.index,
+                    positions,
+                    budget=self.plan.records_per_epoch,
+                    time=time_,
+                    dead=self.dead,
+                    start_positions=self.start_positions,
+                    source_positions=self.source_positions,
+                    ended=v.id in unit.ended,
+                    idle_timeout_ms=idle_timeout_ms,
+                    exclude_after=exclude_after,
+                )
+            result = self.results[u]
+            result.split_states[v.id] = read.split_states
+            result.records_in += read.records_in
+            self.live[u].update(s.split_id for s in read.split_states)
+            chunks += read.chunks
+            if time_ is not None and read.watermarks is not None and read.origins is not None:
+                self.origins[v.id] = read.origins
+                self.unit_start.append(read.watermarks[0])
+                self.unit_end.append(read.watermarks[1])
+                time_.start[KEY_SCOPE] = min(self.unit_start)
+                time_.end[KEY_SCOPE] = min(self.unit_end)
+        self.outputs[v.id] = chunks
+
+    def operate(self, v: PlannedVertex) -> None:
+        operator = v.operator
+        assert operator is not None
+        time_ = self.time
+        state = self.restored(v) if operator.stateful else None
+        inputs = [
+            (self.outputs.get(i, []), None if time_ is None else self.origins.get(i, []))
+            for i in v.inputs
+        ]
+        out, out_origins = self._judged(operator.run_inputs, inputs, state, self.dead, time_)
+        self.outputs[v.id] = out
+        if out_origins is not None:
+            self.origins[v.id] = out_origins
+        if state is not None:
+            self.snapshot(v, state)
+
+    def restored(self, v: PlannedVertex) -> OperatorState | None:
+        """The operator's restored state: a unit's own, or in a pass every unit's, their
+        splits side by side."""
+        operator = v.operator
+        assert operator is not None
+        codec = self.plan.state_codec
+        if self.single:
+            unit = self.units[0]
+            started = time.perf_counter()
+            data, where = unit.state_of(unit.restore[v.id])
+            state = operator.restore(data, codec=codec, source=where)
+            self.results[0].restore_s += time.perf_counter() - started
+            return state
+        keyed: dict[str, Any] = {}
+        ttl_seen = False
+        for u, unit in enumerate(self.units):
+            started = time.perf_counter()
+            with self._failing(u):
+                data, where = unit.state_of(unit.restore[v.id])
+                mine = operator.restore(data, codec=codec, source=where)
+            self.results[u].restore_s += time.perf_counter() - started
+            assert mine is not None
+            if mine.lists:
+                raise PassRefused("subtask-level list state")
+            for split in mine.keyed:
+                self._own(split, u)
+            keyed.update(mine.keyed)
+            ttl_seen = ttl_seen or mine.ttl_seen
+        return OperatorState(keyed, {}, operator=operator.name, codec=codec, ttl_seen=ttl_seen)
+
+    def snapshot(self, v: PlannedVertex, state: OperatorState) -> None:
+        """Each unit's snapshot of the operator's state: in a pass, the splits it holds."""
+        operator = v.operator
+        assert operator is not None
+        if self.single:
+            started = time.perf_counter()
+            blob = operator.snapshot(state, self.live[0])
+            self.results[0].encode_s += time.perf_counter() - started
+            if blob is not None:
+                self.results[0].snapshots[v.id] = blob
+            return
+        if state.lists:
+            raise PassRefused("subtask-level list state")
+        parts: list[dict[str, Any]] = [{} for _ in self.units]
+        for split, slots in state.keyed.items():
+            parts[self._holder(split, "state")][split] = slots
+        for u, result in enumerate(self.results):
+            started = time.perf_counter()
+            mine = OperatorState(
+                parts[u],
+                {},
+                operator=operator.name,
+                codec=self.plan.state_codec,
+                ttl_seen=state.ttl_seen,
+            )
+            with self._failing(u):
+                blob = operator.snapshot(mine, self.live[u])
+            result.encode_s += time.perf_counter() - started
+            if blob is not None:
+                result.snapshots[v.id] = blob
+
+    def set_aside(self, v: PlannedVertex) -> None:
+        """The dead letters of this part of the graph, each unit's own."""
+        dead = self.dead
+        assert dead is not None
+        if self.single:
+            batch = dead.batch(self.shape.fed[v.id])
+            self.results[0].sink_batches[v.id] = [batch]
+            self.results[0].dead_lettered += batch.num_rows
+            return
+        letters: list[list[dict[str, Any]]] = [[] for _ in self.units]
+        for row in dead.rows(self.shape.fed[v.id]):
+            letters[self._holder(row["split_id"], "a dead letter")].append(row)
+        for result, mine in zip(self.results, letters, strict=True):
+            result.sink_batches[v.id] = [dead.batch_of(mine)]
+            result.dead_lettered += len(mine)
+
+    def sink(self, v: PlannedVertex) -> None:
+        """A sink subtask's rows per unit (lists of records as the operators left them, or
+        with dead letters converted here); an exchange writer takes only the records it can
+        place (a usable key) and commits the subtask's watermark with them."""
+        mine_of: list[list[tuple[str, Chunk]]] = [[] for _ in self.units]
+        for input_id in v.inputs:
+            chunks = self.outputs.get(input_id, [])
+            if v.key is not None:
+                chunks = self._judged(exchange_chunks, chunks, v.key, v.id, self.dead)
+            if self.single:
+                mine_of[0] += [(input_id, c) for c in chunks]
+                continue
+            for chunk in chunks:
+                mine_of[self._holder(chunk[0], "rows")].append((input_id, chunk))
+        counted = v.marks is None  # records leaving the job
+        for u, (result, chunks_of_u) in enumerate(zip(self.results, mine_of, strict=True)):
+            with self._failing(u):
+                batches = sink_rows(v.id, chunks_of_u, self.dead)
+            result.sink_batches[v.id] = batches
+            if counted:
+                result.records_out += sum(num_records(b) for b in batches)
+        time_ = self.time
+        if time_ is not None and v.marks is not None:  # a unit alone
+            held = v.marks.committed_watermark(self.units[0].restore[v.id].committables)
+            before = MIN_WATERMARK if held is None else held
+            self.results[0].sink_watermarks[v.id] = (
+                before,
+                max(before, time_.end.get(KEY_SCOPE, before)),
+            )
+
+    def _judged(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` (an operator's run, an exchange writer's key check: user functions on
+        the epoch's records). In a pass, what it raises on a record of one unit's splits
+        (`raised_on`) is that unit's `UnitFailed`, even a ``SystemExit`` or
+        ``KeyboardInterrupt`` a user function raised (`as_exception`); anything else
+        propagates: an interrupt outside user functions, the unit timeout's alarm."""
+        if self.single:
+            return fn(*args)
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            failed = split_of_failure(exc)
+            error = as_exception(exc)
+            if failed is not None and failed in self.owner and error is not None:
+                raise UnitFailed(self.owner[failed], error) from exc
+            raise
+
+    @contextlib.contextmanager
+    def _failing(self, unit: int) -> Iterator[None]:
+        """In a pass, whatever fails inside is unit `unit`'s own failure (`UnitFailed`)."""
+        if self.single:
+            yield
+            return
+        try:
+            yield
+        except PassRefused:
+            raise
+        except Exception as exc:
+            raise UnitFailed(unit, exc) from exc
+
+
+def shares_pass(pipeline: Pipeline, vertices: Collection[str]) -> bool:
+    """Whether units made of `vertices` can run their epoch in one pass (`Shape.shares_pass`)."""
+    return compile_plan(pipeline).shape(vertices).shares_pass
+
+
+def run_task_epoch(
+    pipeline: Pipeline, units: Sequence[TaskUnit], *, checkpoint_id: int
+) -> list[UnitEpoch] | None:
+    """The epoch of every unit of `units` (all of one shape) in one pass, or None when the
+    pass cannot keep them apart (`run_epoch`'s `PassRefused`)."""
+    try:
+        return run_epoch(compile_plan(pipeline), units, checkpoint_id=checkpoint_id, as_pass=True)
+    except PassRefused:
+        return None
+
+
+def run_unit_epoch(
+    pipeline: Pipeline,
+    restore: Mapping[str, SubtaskState],
+    *,
+    checkpoint_id: int,
+    new_splits: Iterable[tuple[str, int, str]],
+    ended: Collection[str],
+    state_of: Callable[[SubtaskState], tuple[bytes, str]],
+    now_ms: int,
+    idle_timeout_ms: int | None = None,
+    exclude_after: int | None = None,
+    after_sources: Callable[[], None] | None = None,
+) -> UnitEpoch:
+    """The epoch of one unit (a pass of one, `run_epoch`). Raises what a source or user
+    function raised (the unit declines) unless dead letters take it."""
+    unit = TaskUnit(restore, tuple(new_splits), ended, state_of)
+    return run_epoch(
+        compile_plan(pipeline),
+        [unit],
+        checkpoint_id=checkpoint_id,
+        now_ms=now_ms,
+        idle_timeout_ms=idle_timeout_ms,
+        exclude_after=exclude_after,
+        after_sources=after_sources,
+    )[0]
