@@ -33,13 +33,36 @@ def _work(unit: int) -> UnitWork:
     return UnitWork(3, 1, unit, restore, (("src", unit, f"g{unit}"),))
 
 
+def _stage_work(unit: int, vertices: tuple[str, ...]) -> UnitWork:
+    return UnitWork(3, 1, unit, tuple(SubtaskState(v, unit, unit) for v in vertices), ())
+
+
 @given(units=st.integers(0, 40), tasks=st.integers(1, 8))
-def test_work_is_sliced_as_parallelize_slices_and_decodes_to_the_same_structs(units, tasks):
+def test_work_of_one_stage_is_sliced_as_parallelize_slices_and_decodes_to_the_same_structs(
+    units, tasks
+):
     works = [_work(u) for u in range(units)]
     blobs = _work_blobs(works, tasks)
     slices = [_work_of(b) for b in blobs]
     assert len(blobs) == tasks and [w for s in slices for w in s] == works
     assert max(map(len, slices)) - min(map(len, slices)) <= 1  # near-equal, contiguous
+
+
+@given(stages=st.lists(st.integers(0, 12), min_size=1, max_size=5), tasks=st.integers(1, 4))
+def test_every_stage_is_spread_over_the_tasks(stages, tasks):
+    """Units of each stage (one shape) go to every task in near-equal contiguous slices, not
+    one stage to one task and the next stage to another; each unit exactly once."""
+    works, unit = [], 0
+    for s, size in enumerate(stages):
+        works += [_stage_work(unit + i, (f"src{s}", f"out{s}")) for i in range(size)]
+        unit += size
+    slices = [_work_of(b) for b in _work_blobs(works, tasks)]
+    assert sorted(w.unit_id for s in slices for w in s) == list(range(unit))
+    for s in range(len(stages)):
+        mine = [[w.unit_id for w in sl if w.restore[0].vertex_id == f"src{s}"] for sl in slices]
+        assert max(map(len, mine)) - min(map(len, mine)) <= 1
+        assert all(ids == list(range(ids[0], ids[0] + len(ids))) for ids in mine if ids)
+    assert max(map(len, slices)) - min(map(len, slices)) <= len(stages)
 
 
 def test_answers_decode_and_a_task_spark_ran_again_wins_per_unit_attempt():

@@ -291,12 +291,16 @@ class _Bound:
         (a commit in progress) ends the list. `CommitError` naming the segment when one is
         missing, resized, or published without a record before recorded ones."""
         fs, base = self._fs()
-        listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
         prefix = f"n{layout}/p{partition}/"
+        # the records before the listing: a commit publishes its segments before it writes
+        # its record, so every segment a record read here names is listed below, while one a
+        # commit in progress published meanwhile has no record and ends the list (a pipelined
+        # run's readers list while the previous epoch commits)
         try:
             records = read_records(fs, base, since=cursor.checkpoint_id)
         except (MetadataError, OutsideRootError) as exc:
             raise CommitError(f"exchange {self.reader!r}: {exc}") from None
+        listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
         expected: dict[SegmentName, FileCheck] = {}
         for record in records:
             for file, recorded in record.expected().items():
