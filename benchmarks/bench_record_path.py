@@ -14,6 +14,7 @@ Prints microseconds per unit and per record of each variant and the ratio to pla
 The issue's targets: a forward unit of 10 records <= 50 us; a keyed stage <= 2x plain Python.
 
     .venv/bin/python -m benchmarks.bench_record_path [--shapes 1024x10,64x5000] [--epochs 5]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -169,8 +170,11 @@ def measure(kind: str, regions: int, records: int, epochs: int) -> dict[str, flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1024x10,64x5000", help="REGIONSxRECORDS, comma-separated")
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=5, help="measured epochs (after 1 warm-up)")
+    ap.add_argument("--quick", action="store_true", help="2 measured epochs, 256x10 and 16x2000")
     args = ap.parse_args()
+    if args.quick:
+        args.epochs, args.shapes = 2, "256x10,16x2000"
     print(f"{'job':8} {'shape':10} {'variant':6} {'us/unit':>9} {'us/record':>10} {'x plain':>8}")
     for kind in ("forward", "keyed"):
         for shape in args.shapes.split(","):

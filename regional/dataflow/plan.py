@@ -136,14 +136,23 @@ class Shape:
 class Plan:
     """A pipeline compiled for its epochs (`compile_plan`)."""
 
-    name: str
+    pipeline: Pipeline
     vertices: Mapping[str, PlannedVertex]
     topological: tuple[str, ...]
     timed: bool
-    records_per_epoch: int
     state_codec: StateCodec
     on_error: str
     _shapes: dict[frozenset[str], Shape] = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def records_per_epoch(self) -> int:
+        """How many records a source subtask reads per epoch (the pipeline's, read live: a
+        simulation changes it between epochs)."""
+        return self.pipeline.records_per_epoch
 
     def shape(self, vertices: Iterable[str]) -> Shape:
         """The `Shape` of units made of `vertices` (computed once per set)."""
@@ -236,11 +245,10 @@ def compile_plan(pipeline: Pipeline) -> Plan:
     ):
         return cast(Plan, cached[1])
     plan = Plan(
-        name=pipeline.name,
+        pipeline=pipeline,
         vertices={s.id: _planned(s) for s in specs},
         topological=pipeline.topological_order(),
         timed=pipeline.timed,
-        records_per_epoch=pipeline.records_per_epoch,
         state_codec=pipeline.state_codec,
         on_error=pipeline.on_error,
     )
