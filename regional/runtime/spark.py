@@ -45,7 +45,7 @@ from regional.coordinator.messages import (
 )
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
-from regional.runtime.dispatch import Dispatch
+from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
 from regional.runtime.spark_errors import spark_failure
@@ -154,23 +154,9 @@ _ANSWERS = msgspec.msgpack.Decoder(list[Answer | AckBatch])
 
 
 def _work_blobs(works: list[UnitWork], tasks: int) -> list[bytes]:
-    """`works` for `tasks` tasks, each task's encoded as one blob: every stage (the units of
-    one shape, which a task runs in one pass) spread over the tasks in contiguous slices of
-    near-equal size, rotated from stage to stage so that stages smaller than the task count
-    do not all land on one task. Sliced as one list, one task would get one stage and another
-    the next: an upstream stage's units are cheap, a keyed stage's after an exchange are not,
-    and one core would idle."""
-    stages: dict[tuple[str, ...], list[UnitWork]] = {}
-    for work in works:
-        stages.setdefault(tuple(s.vertex_id for s in work.restore), []).append(work)
-    slices: list[list[UnitWork]] = [[] for _ in range(tasks)]
-    start = 0
-    for stage in stages.values():
-        n = len(stage)
-        for i in range(tasks):
-            slices[(start + i) % tasks] += stage[i * n // tasks : (i + 1) * n // tasks]
-        start = (start + n) % tasks
-    return [msgspec.msgpack.encode(s) for s in slices]
+    """`works` for `tasks` tasks (`regional.runtime.dispatch.spread_over_tasks`), each task's
+    encoded as one blob."""
+    return [msgspec.msgpack.encode(s) for s in spread_over_tasks(works, tasks)]
 
 
 def _work_of(blob: bytes) -> list[UnitWork]:
