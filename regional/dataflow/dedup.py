@@ -152,7 +152,7 @@ class DropDuplicates(Operator):
         out_origins: list[int] = []
         seen: dict[str, int] = {}
         for (split, data), origin in zip(chunks, origins, strict=True):
-            scope = KEY_SCOPE if keyed else split
+            scope = self.scope_of(split)
             origin = max(origin, time.start_of(scope))
             slots = state.keyed.setdefault(scope, {})
             rows = records_of(data)

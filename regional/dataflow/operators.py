@@ -144,6 +144,11 @@ class Operator:
         self.scope = scope
         self.input_ids: tuple[str, ...] = ()
 
+    def scope_of(self, split: str) -> str:
+        """Where the keyed state of a record read from `split` lives: that split on a forward
+        chain, `KEY_SCOPE` (the subtask's keys) after a keyed exchange."""
+        return split if self.scope == "split" else KEY_SCOPE
+
     @property
     def timed(self) -> bool:
         """True for an operator that needs watermarks (windows, timers)."""
@@ -376,7 +381,7 @@ class Process(KeyedTimers, RecordOperator):
         self, split: str, record: Any, state: OperatorState | None, time: EpochTime | None
     ) -> list[Any]:
         assert state is not None
-        scope = split if self.scope == "split" else KEY_SCOPE
+        scope = self.scope_of(split)
         ctx = state.context(scope, self.key(record))
         if time is not None and self.on_timer is not None:
             bind(ctx, state, scope, time.start_of(scope))
@@ -388,7 +393,7 @@ class Process(KeyedTimers, RecordOperator):
         """`outputs` of every record in one loop: the hot path of a stateful function. A
         key's context is looked up once per chunk (its slot cannot go away within one)."""
         assert state is not None
-        scope = split if self.scope == "split" else KEY_SCOPE
+        scope = self.scope_of(split)
         fn, key_of, context = self.fn, self.key, state.context
         timed = time is not None and self.on_timer is not None
         watermark = time.start_of(scope) if time is not None else 0
@@ -618,7 +623,7 @@ class ApplyInArrow(KeyedTimers, Operator):
         # per scope: each batch's split, and each of its rows' place in its split's epoch
         made: dict[str, list[tuple[str, list[int]]]] = {}
         for split, data, base, origin in _numbered(chunks, origins, _same, len):
-            scope = split if self.scope == "split" else KEY_SCOPE
+            scope = self.scope_of(split)
             rows, keys, places = self._keyed(split, data, base, dead_letters)
             if isinstance(rows, pa.RecordBatch):
                 batch = rows

@@ -40,7 +40,7 @@ from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.operators import Chunk, Operator, records_of
-from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state import OperatorState
 from regional.dataflow.windows import Aggregate
 
 __all__ = ["RunningAggregate", "default_emit"]
@@ -103,7 +103,7 @@ class RunningAggregate(Operator):
         scopes: dict[str, _Scope] = {}
         seen: dict[str, int] = {}
         for n, (split, data) in enumerate(chunks):
-            name = split if self.scope == "split" else KEY_SCOPE
+            name = self.scope_of(split)
             origin = origins[n] if origins is not None else 0
             scope = scopes.get(name)
             if scope is None:  # after an exchange, rows carry the split the unit reads
