@@ -61,8 +61,10 @@ def test_a_shape_runs_dead_letters_last_and_feeds_them_its_sources_and_writers()
     assert shape.fed == {dead: ("m", "src", "ex-writer")}
     assert shape.readers == {"src": 1, "m": 2, "ex-writer": 0, dead: 0}  # the writer, dead
     assert shape.dead_letters and shape.shares_pass
-    downstream = [v for v in p.vertices if v in ("ex", "count", "out")]
-    assert not plan.shape(downstream).shares_pass  # an exchange reader: a split per subtask
+    # after the exchange: the key-scoped operator runs once per unit inside the pass
+    downstream = plan.shape([v for v in p.vertices if v in ("ex", "count", "out")])
+    assert downstream.shares_pass
+    assert [v.id for v in downstream.order if not v.merges] == ["count"]
 
 
 def test_event_time_keeps_units_out_of_a_pass() -> None:

@@ -110,6 +110,14 @@ class PlannedVertex:
     schema: pa.Schema | None = None
 
     @property
+    def merges(self) -> bool:
+        """Whether a pass runs this vertex once over all its units' records: anything but an
+        operator that keeps state per key across splits or does not say it can
+        (`Operator.one_pass`); such an operator runs once per unit inside the pass."""
+        op = self.operator
+        return op is None or (op.one_pass and self.scope is Scope.SPLIT)
+
+    @property
     def stateful(self) -> bool:
         """Whether the vertex keeps operator state between epochs."""
         return self.operator is not None and self.operator.stateful
@@ -122,7 +130,8 @@ class Shape:
     still set records aside); `fed` the vertices whose dead letters each dead-letter sink
     takes (its inputs, the shape's sources and exchange writers); `readers` how many vertices of the
     shape read each vertex's output (a pass drops an output after its last reader);
-    `shares_pass` whether units of this shape can run their epoch in one pass (DESIGN §6);
+    `shares_pass` whether units of this shape can run their epoch in one pass (DESIGN §6:
+    no event time);
     `dead_letters` whether a bad record becomes a dead letter rather than failing the unit."""
 
     order: tuple[PlannedVertex, ...]
@@ -193,18 +202,10 @@ class Plan:
         )
 
     def _shares_pass(self, order: Iterable[PlannedVertex]) -> bool:
-        """No event time, no source reading a split per subtask (the keyed exchange's reader),
-        and only operators whose state is scoped by split and that say so
-        (`Operator.one_pass`)."""
-        if self.timed:
-            return False
-        for v in order:
-            if v.timed is not None:
-                return False
-            op = v.operator
-            if op is not None and not (op.one_pass and v.scope is Scope.SPLIT):
-                return False
-        return True
+        """No event time (a unit's watermarks are its own). Every other shape shares: the
+        operators that cannot run once over several units' records (`PlannedVertex.merges`)
+        run once per unit inside the pass."""
+        return not self.timed
 
 
 def _planned(spec: VertexSpec) -> PlannedVertex:

@@ -7,19 +7,22 @@ operators restore, run over the epoch's input and snapshot (`regional.dataflow.o
 get their rows (`regional.dataflow.unit_epoch.sink_rows`), the dead-letter sinks last. Every
 vertex-level feature is written here once, whether the epoch is one unit's or a pass's.
 
-**A pass.** Units of one shape whose state cannot mix run together (`Shape.shares_pass`: no event
-time, no exchange reader, only operators that say so: `Operator.one_pass`). Their keyed state is
-scoped by split, and a split belongs to exactly one unit, so the units' restored states are one
-dict of splits and each unit's snapshot is the splits it holds. What the semantics keep per unit
-stays per unit: each unit reads its own splits from its own positions with its own record budget,
-restores and snapshots its own state, and gets back its own rows (every chunk carries its split),
-dead letters and counts, exactly as it would alone. Whatever a pass cannot keep apart it refuses
-(`PassRefused`: a split in two units, subtask-level list state, rows of a split no unit holds). A
-failure the pass can pin on one unit (its source's read, its state's restore or snapshot, a user
-function raising on a record of its splits: `regional.dataflow.failures.raised_on`) is a
-`UnitFailed` naming it: that unit declines with the error it would have raised alone, and the
-others run again without it (`regional.runtime.task.run_units`). Any other failure fails the
-pass: the units run alone. A unit alone raises what its source or user function raised.
+**A pass.** Units of one shape run together when the pipeline has no event time
+(`Shape.shares_pass`). An operator whose state is scoped by split and that says it can
+(`Operator.one_pass`; `PlannedVertex.merges`) runs once over all their records: a split belongs
+to exactly one unit, so the units' restored states are one dict of splits and each unit's
+snapshot is the splits it holds. Any other operator (state per key across splits, after a keyed
+exchange) runs once per unit inside the pass, on that unit's chunks and state. What the
+semantics keep per unit stays per unit: each unit reads its own splits from its own positions
+with its own record budget, restores and snapshots its own state, and gets back its own rows
+(every chunk carries its split), dead letters and counts, exactly as it would alone. Whatever a
+pass cannot keep apart it refuses (`PassRefused`: a split in two units, subtask-level list state
+of an operator that runs once, rows of a split no unit holds). A failure the pass can pin on one
+unit (its source's read, its state's restore or snapshot, a user function raising on a record of
+its splits: `regional.dataflow.failures.raised_on`) is a `UnitFailed` naming it: that unit
+declines with the error it would have raised alone, and the others run again without it
+(`regional.runtime.task.run_units`). Any other failure fails the pass: the units run alone. A
+unit alone raises what its source or user function raised.
 
 **Event time** (a unit alone): every chunk carries its origin watermark; a `TimedSource` (the
 keyed exchange's reader) stamps each batch and tells its subtask's watermark itself; a
@@ -245,6 +248,9 @@ class _Walk:
         self.outputs[v.id] = chunks
 
     def operate(self, v: PlannedVertex) -> None:
+        if not self.single and not v.merges:
+            self.operate_per_unit(v)
+            return
         operator = v.operator
         assert operator is not None
         time_ = self.time
@@ -259,6 +265,39 @@ class _Walk:
             self.origins[v.id] = out_origins
         if state is not None:
             self.snapshot(v, state)
+
+    def operate_per_unit(self, v: PlannedVertex) -> None:
+        """In a pass, an operator that cannot run once over several units' records (state per
+        key across splits, or it does not say it can): once per unit, on that unit's chunks
+        (in their order) and its own state, as the unit alone would run it."""
+        operator = v.operator
+        assert operator is not None
+        mine: list[list[list[Chunk]]] = [[[] for _ in v.inputs] for _ in self.units]
+        for k, input_id in enumerate(v.inputs):
+            for chunk in self.outputs.get(input_id, []):
+                mine[self._holder(chunk[0], "rows")][k].append(chunk)
+        out: list[Chunk] = []
+        codec = self.plan.state_codec
+        for u, unit in enumerate(self.units):
+            result = self.results[u]
+            state = None
+            if operator.stateful:
+                started = time.perf_counter()
+                with self._failing(u):
+                    data, where = unit.state_of(unit.restore[v.id])
+                    state = operator.restore(data, codec=codec, source=where)
+                result.restore_s += time.perf_counter() - started
+            inputs = [(chunks, None) for chunks in mine[u]]
+            produced, _ = self._judged(operator.run_inputs, inputs, state, self.dead, None)
+            out += produced
+            if state is not None:
+                started = time.perf_counter()
+                with self._failing(u):
+                    blob = operator.snapshot(state, self.live[u])
+                result.encode_s += time.perf_counter() - started
+                if blob is not None:
+                    result.snapshots[v.id] = blob
+        self.outputs[v.id] = out
 
     def restored(self, v: PlannedVertex) -> OperatorState | None:
         """The operator's restored state: a unit's own, or in a pass every unit's, their
