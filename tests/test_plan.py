@@ -67,10 +67,21 @@ def test_a_shape_runs_dead_letters_last_and_feeds_them_its_sources_and_writers()
     assert [v.id for v in downstream.order if not v.merges] == ["count"]
 
 
-def test_event_time_keeps_units_out_of_a_pass() -> None:
-    plan = compile_plan(_exchange_job(event_time=True))
-    assert plan.timed
-    assert not plan.shape(["src", "m", "ex-writer"]).shares_pass
+def test_with_event_time_an_operator_that_needs_watermarks_runs_per_unit() -> None:
+    from regional.dataflow.windows import Tumbling, count
+
+    p = Pipeline("timed")
+    src = p.source(GeneratorSource(2, _record), parallelism=2, name="src", event_time="ts")
+    (
+        src.map(lambda r: r, name="m")
+        .key_by(lambda r: r["n"] % 3)
+        .window(Tumbling("10 s"), aggregate=count(), name="w")
+        .sink(ParquetSink("/unused/out"), name="out")
+    )
+    plan = compile_plan(p)
+    shape = plan.shape(["src", "m", "w", "out"])
+    assert plan.timed and shape.shares_pass
+    assert [v.id for v in shape.order if not v.merges] == ["w"]  # its unit's watermarks
 
 
 def test_the_plan_is_compiled_once_per_shape_of_the_pipeline() -> None:

@@ -112,10 +112,11 @@ class PlannedVertex:
     @property
     def merges(self) -> bool:
         """Whether a pass runs this vertex once over all its units' records: anything but an
-        operator that keeps state per key across splits or does not say it can
-        (`Operator.one_pass`); such an operator runs once per unit inside the pass."""
+        operator that keeps state per key across splits, needs its unit's watermarks (windows,
+        timers, joins, dedup: `Operator.timed`) or does not say it can (`Operator.one_pass`);
+        such an operator runs once per unit inside the pass."""
         op = self.operator
-        return op is None or (op.one_pass and self.scope is Scope.SPLIT)
+        return op is None or (op.one_pass and self.scope is Scope.SPLIT and not op.timed)
 
     @property
     def stateful(self) -> bool:
@@ -202,10 +203,10 @@ class Plan:
         )
 
     def _shares_pass(self, order: Iterable[PlannedVertex]) -> bool:
-        """No event time (a unit's watermarks are its own). Every other shape shares: the
-        operators that cannot run once over several units' records (`PlannedVertex.merges`)
-        run once per unit inside the pass."""
-        return not self.timed
+        """Every shape shares: the operators that cannot run once over several units' records
+        (`PlannedVertex.merges`) run once per unit inside the pass. (A plan knows no shape that
+        cannot; the answer stays a property of the shape for the runtime to ask.)"""
+        return True
 
 
 def _planned(spec: VertexSpec) -> PlannedVertex:

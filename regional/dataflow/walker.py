@@ -143,9 +143,10 @@ class _Walk:
         self.units = units
         self.single = not as_pass
         self.results = [UnitEpoch() for _ in units]
-        # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, the
-        # watermarks by scope; None when the pipeline has no event time (a pass never has)
-        self.time = EpochTime(now_ms) if plan.timed else None
+        # event time (`regional.dataflow.epoch_time`): the origin watermark of every chunk, and
+        # each unit's watermarks by scope; None when the pipeline has no event time
+        self.now_ms = now_ms
+        self.times = [EpochTime(now_ms) for _ in units] if plan.timed else None
         self.owner: dict[str, int] = {}  # split -> the unit holding it (a pass)
         self.start_positions: dict[str, str] = {}  # split -> where this epoch started it
         self.source_positions: dict[tuple[str, str], str] = {}  # the same by (vertex, split)
@@ -157,8 +158,9 @@ class _Walk:
         self.outputs: dict[str, list[Chunk]] = {}
         self.origins: dict[str, list[int]] = {}
         self.live: list[set[str]] = [set() for _ in units]  # splits the units' sources hold
-        self.unit_start: list[int] = []  # per source vertex: its subtask watermark before/after
-        self.unit_end: list[int] = []
+        # per unit and source vertex: its subtask watermark before / after the epoch
+        self.unit_start: list[list[int]] = [[] for _ in units]
+        self.unit_end: list[list[int]] = [[] for _ in units]
 
     def run(
         self,
@@ -191,10 +193,27 @@ class _Walk:
                     self.outputs.pop(input_id, None)
         if not sources_done and after_sources is not None:  # a unit made of sources only
             after_sources()
-        if self.time is not None:
-            self.results[0].late = self.time.late
-            self.results[0].watermark = self.time.end.get(KEY_SCOPE)
+        if self.times is not None:
+            for result, time_ in zip(self.results, self.times, strict=True):
+                result.late = time_.late
+                result.watermark = time_.end.get(KEY_SCOPE)
         return self.results
+
+    def merged_time(self) -> EpochTime | None:
+        """What an operator that runs once over a pass's records knows of time: every unit's
+        watermarks by split (a split is one unit's), none by key scope (such an operator keeps
+        no state per key across splits, `PlannedVertex.merges`)."""
+        if self.times is None:
+            return None
+        if self.single:
+            return self.times[0]
+        merged = EpochTime(self.now_ms)
+        for time_ in self.times:
+            merged.start.update(time_.start)
+            merged.end.update(time_.end)
+        merged.start.pop(KEY_SCOPE, None)
+        merged.end.pop(KEY_SCOPE, None)
+        return merged
 
     def _own(self, split: str, unit: int) -> None:
         if self.owner.setdefault(split, unit) != unit:
@@ -212,9 +231,10 @@ class _Walk:
     def read(
         self, v: PlannedVertex, idle_timeout_ms: int | None, exclude_after: int | None
     ) -> None:
-        time_ = self.time
         chunks: list[Chunk] = []
+        origins: list[int] = []
         for u, unit in enumerate(self.units):
+            time_ = None if self.times is None else self.times[u]
             old = unit.restore[v.id]
             positions = start_of(v, old, unit.new_splits)
             if not self.single:
@@ -240,12 +260,14 @@ class _Walk:
             self.live[u].update(s.split_id for s in read.split_states)
             chunks += read.chunks
             if time_ is not None and read.watermarks is not None and read.origins is not None:
-                self.origins[v.id] = read.origins
-                self.unit_start.append(read.watermarks[0])
-                self.unit_end.append(read.watermarks[1])
-                time_.start[KEY_SCOPE] = min(self.unit_start)
-                time_.end[KEY_SCOPE] = min(self.unit_end)
+                origins += read.origins
+                self.unit_start[u].append(read.watermarks[0])
+                self.unit_end[u].append(read.watermarks[1])
+                time_.start[KEY_SCOPE] = min(self.unit_start[u])
+                time_.end[KEY_SCOPE] = min(self.unit_end[u])
         self.outputs[v.id] = chunks
+        if self.times is not None:
+            self.origins[v.id] = origins
 
     def operate(self, v: PlannedVertex) -> None:
         if not self.single and not v.merges:
@@ -253,7 +275,7 @@ class _Walk:
             return
         operator = v.operator
         assert operator is not None
-        time_ = self.time
+        time_ = self.merged_time()
         state = self.restored(v) if operator.stateful else None
         inputs = [
             (self.outputs.get(i, []), None if time_ is None else self.origins.get(i, []))
@@ -272,11 +294,18 @@ class _Walk:
         (in their order) and its own state, as the unit alone would run it."""
         operator = v.operator
         assert operator is not None
+        timed = self.times is not None
         mine: list[list[list[Chunk]]] = [[[] for _ in v.inputs] for _ in self.units]
+        mine_origins: list[list[list[int]]] = [[[] for _ in v.inputs] for _ in self.units]
         for k, input_id in enumerate(v.inputs):
-            for chunk in self.outputs.get(input_id, []):
-                mine[self._holder(chunk[0], "rows")][k].append(chunk)
+            origins = self.origins.get(input_id, []) if timed else []
+            for n, chunk in enumerate(self.outputs.get(input_id, [])):
+                holder = self._holder(chunk[0], "rows")
+                mine[holder][k].append(chunk)
+                if timed:
+                    mine_origins[holder][k].append(origins[n])
         out: list[Chunk] = []
+        out_origins: list[int] = []
         codec = self.plan.state_codec
         for u, unit in enumerate(self.units):
             result = self.results[u]
@@ -287,9 +316,17 @@ class _Walk:
                     data, where = unit.state_of(unit.restore[v.id])
                     state = operator.restore(data, codec=codec, source=where)
                 result.restore_s += time.perf_counter() - started
-            inputs = [(chunks, None) for chunks in mine[u]]
-            produced, _ = self._judged(operator.run_inputs, inputs, state, self.dead, None)
+            time_ = None if self.times is None else self.times[u]
+            inputs = [
+                (chunks, None if time_ is None else mine_origins[u][k])
+                for k, chunks in enumerate(mine[u])
+            ]
+            produced, produced_origins = self._judged(
+                operator.run_inputs, inputs, state, self.dead, time_
+            )
             out += produced
+            if produced_origins is not None:
+                out_origins += produced_origins
             if state is not None:
                 started = time.perf_counter()
                 with self._failing(u):
@@ -298,6 +335,8 @@ class _Walk:
                 if blob is not None:
                     result.snapshots[v.id] = blob
         self.outputs[v.id] = out
+        if timed:
+            self.origins[v.id] = out_origins
 
     def restored(self, v: PlannedVertex) -> OperatorState | None:
         """The operator's restored state: a unit's own, or in a pass every unit's, their
@@ -397,14 +436,14 @@ class _Walk:
             result.sink_batches[v.id] = batches
             if counted:
                 result.records_out += sum(num_records(b) for b in batches)
-        time_ = self.time
-        if time_ is not None and v.marks is not None:  # a unit alone
-            held = v.marks.committed_watermark(self.units[0].restore[v.id].committables)
-            before = MIN_WATERMARK if held is None else held
-            self.results[0].sink_watermarks[v.id] = (
-                before,
-                max(before, time_.end.get(KEY_SCOPE, before)),
-            )
+        if self.times is not None and v.marks is not None:
+            for unit, result, time_ in zip(self.units, self.results, self.times, strict=True):
+                held = v.marks.committed_watermark(unit.restore[v.id].committables)
+                before = MIN_WATERMARK if held is None else held
+                result.sink_watermarks[v.id] = (
+                    before,
+                    max(before, time_.end.get(KEY_SCOPE, before)),
+                )
 
     def _judged(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)` (an operator's run, an exchange writer's key check: user functions on
@@ -443,12 +482,26 @@ def shares_pass(pipeline: Pipeline, vertices: Collection[str]) -> bool:
 
 
 def run_task_epoch(
-    pipeline: Pipeline, units: Sequence[TaskUnit], *, checkpoint_id: int
+    pipeline: Pipeline,
+    units: Sequence[TaskUnit],
+    *,
+    checkpoint_id: int,
+    now_ms: int = 0,
+    idle_timeout_ms: int | None = None,
+    exclude_after: int | None = None,
 ) -> list[UnitEpoch] | None:
     """The epoch of every unit of `units` (all of one shape) in one pass, or None when the
     pass cannot keep them apart (`run_epoch`'s `PassRefused`)."""
     try:
-        return run_epoch(compile_plan(pipeline), units, checkpoint_id=checkpoint_id, as_pass=True)
+        return run_epoch(
+            compile_plan(pipeline),
+            units,
+            checkpoint_id=checkpoint_id,
+            now_ms=now_ms,
+            idle_timeout_ms=idle_timeout_ms,
+            exclude_after=exclude_after,
+            as_pass=True,
+        )
     except PassRefused:
         return None
 

@@ -372,7 +372,14 @@ def _passes(
             started = time.perf_counter()
             try:
                 with timeout(0.5):
-                    epochs = run_task_epoch(env.pipeline, units, checkpoint_id=checkpoint_id)
+                    epochs = run_task_epoch(
+                        env.pipeline,
+                        units,
+                        checkpoint_id=checkpoint_id,
+                        now_ms=int(time.time() * 1000),
+                        idle_timeout_ms=env.idle_timeout_ms,
+                        exclude_after=env.exclude_after,
+                    )
             except UnitFailed as failed:
                 at = ats.pop(failed.unit)
                 passed.failed[at] = failed.error
