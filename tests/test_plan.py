@@ -60,10 +60,9 @@ def test_a_shape_runs_dead_letters_last_and_feeds_them_its_sources_and_writers()
     assert [v.id for v in shape.order] == ["src", "m", "ex-writer", dead]
     assert shape.fed == {dead: ("m", "src", "ex-writer")}
     assert shape.readers == {"src": 1, "m": 2, "ex-writer": 0, dead: 0}  # the writer, dead
-    assert shape.dead_letters and shape.shares_pass
+    assert shape.dead_letters
     # after the exchange: the key-scoped operator runs once per unit inside the pass
     downstream = plan.shape([v for v in p.vertices if v in ("ex", "count", "out")])
-    assert downstream.shares_pass
     assert [v.id for v in downstream.order if not v.merges] == ["count"]
 
 
@@ -80,7 +79,7 @@ def test_with_event_time_an_operator_that_needs_watermarks_runs_per_unit() -> No
     )
     plan = compile_plan(p)
     shape = plan.shape(["src", "m", "w", "out"])
-    assert plan.timed and shape.shares_pass
+    assert plan.timed
     assert [v.id for v in shape.order if not v.merges] == ["w"]  # its unit's watermarks
 
 

@@ -141,7 +141,6 @@ def test_the_timed_pass_runs_windows_and_timers_per_unit_and_they_fire() -> None
 
     p = _pipeline(2, 2, 12, 12)
     shape = compile_plan(p).shape(p.vertices)
-    assert shape.shares_pass
     assert sorted(v.id for v in shape.order if not v.merges) == ["timers", "w"]
     units = [
         TaskUnit(

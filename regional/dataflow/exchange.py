@@ -889,9 +889,7 @@ def _one_table(pieces: Sequence[pa.Table], reader: str) -> pa.Table:
     first = pieces[0].schema
     if all(p.schema.equals(first) for p in pieces[1:]):  # the usual case
         return pa.concat_tables(pieces)
-    same, refused = conformed(
-        [b for p in pieces for b in p.to_batches()], f"exchange {reader!r}"
-    )
+    same, refused = conformed([b for p in pieces for b in p.to_batches()], f"exchange {reader!r}")
     if refused:
         raise refused[0][1]
     return pa.Table.from_batches(same)

@@ -6,9 +6,9 @@ the dead-letter sink of its part of the graph), its operator's state `Scope`, th
 the epoch asks of its source and sink (an exchange reader that stamps origin watermarks, an
 exchange writer that commits its subtask's watermark and judges keys) and a schema slot; and
 per *shape* (the set of vertices a unit runs: one region's stage) the order the walker
-(`regional.dataflow.walker`) runs them in, which vertices feed the dead letters, how many
-vertices of the shape read each vertex's output, and whether units of the shape can share one
-pass. `Stream` and `KeyedStream` are the user API; the walker reads only the plan.
+(`regional.dataflow.walker`) runs them in, which vertices feed the dead letters and how many
+vertices of the shape read each vertex's output. `Stream` and `KeyedStream` are the user API;
+the walker reads only the plan.
 
 >>> from regional.dataflow.pipeline import Pipeline
 >>> from regional.sinks.parquet import ParquetSink
@@ -22,8 +22,8 @@ pass. `Stream` and `KeyedStream` are the user API; the walker reads only the pla
 [('nums', 'SOURCE'), ('count', 'OPERATOR'), ('out', 'SINK')]
 >>> plan.vertices["count"].scope
 <Scope.SPLIT: 'split'>
->>> plan.shape(["nums", "count", "out"]).shares_pass
-True
+>>> [v.id for v in plan.shape(["nums", "count", "out"]).order if v.merges]
+['nums', 'count', 'out']
 """
 
 from __future__ import annotations
@@ -129,16 +129,15 @@ class Shape:
     """The vertices a unit runs (one region's stage), as its epoch runs them: `order`
     topological with the dead-letter sinks last (the other sinks and the exchange writers may
     still set records aside); `fed` the vertices whose dead letters each dead-letter sink
-    takes (its inputs, the shape's sources and exchange writers); `readers` how many vertices of the
-    shape read each vertex's output (a pass drops an output after its last reader);
-    `shares_pass` whether units of this shape can run their epoch in one pass (DESIGN §6:
-    no event time);
-    `dead_letters` whether a bad record becomes a dead letter rather than failing the unit."""
+    takes (its inputs, the shape's sources and exchange writers); `readers` how many vertices
+    of the shape read each vertex's output (a pass drops an output after its last reader);
+    `dead_letters` whether a bad record becomes a dead letter rather than failing the unit.
+    Units of any one shape can share a pass (DESIGN §6): the vertices that cannot run once
+    over several units' records (`PlannedVertex.merges`) run once per unit inside it."""
 
     order: tuple[PlannedVertex, ...]
     fed: Mapping[str, tuple[str, ...]]
     readers: Mapping[str, int]
-    shares_pass: bool
     dead_letters: bool
 
 
@@ -197,16 +196,9 @@ class Plan:
             order=order,
             fed=fed,
             readers=readers,
-            shares_pass=self._shares_pass(order),
             dead_letters=self.on_error == "dead-letter"
             and any(v.role is Role.DEAD_LETTERS for v in order),
         )
-
-    def _shares_pass(self, order: Iterable[PlannedVertex]) -> bool:
-        """Every shape shares: the operators that cannot run once over several units' records
-        (`PlannedVertex.merges`) run once per unit inside the pass. (A plan knows no shape that
-        cannot; the answer stays a property of the shape for the runtime to ask.)"""
-        return True
 
 
 def _planned(spec: VertexSpec) -> PlannedVertex:

@@ -7,12 +7,13 @@ operators restore, run over the epoch's input and snapshot (`regional.dataflow.o
 get their rows (`regional.dataflow.unit_epoch.sink_rows`), the dead-letter sinks last. Every
 vertex-level feature is written here once, whether the epoch is one unit's or a pass's.
 
-**A pass.** Units of one shape run together when the pipeline has no event time
-(`Shape.shares_pass`). An operator whose state is scoped by split and that says it can
-(`Operator.one_pass`; `PlannedVertex.merges`) runs once over all their records: a split belongs
+**A pass.** Units of one shape run together. An operator whose state is scoped by split, that
+needs no unit's watermark and says it can (`Operator.one_pass`; `PlannedVertex.merges`) runs
+once over all their records: a split belongs
 to exactly one unit, so the units' restored states are one dict of splits and each unit's
-snapshot is the splits it holds. Any other operator (state per key across splits, after a keyed
-exchange) runs once per unit inside the pass, on that unit's chunks and state. What the
+snapshot is the splits it holds. Any other operator (state per key across splits after a keyed
+exchange, windows, timers, joins) runs once per unit inside the pass, on that unit's chunks,
+state and watermarks. What the
 semantics keep per unit stays per unit: each unit reads its own splits from its own positions
 with its own record budget, restores and snapshots its own state, and gets back its own rows
 (every chunk carries its split), dead letters and counts, exactly as it would alone. Whatever a
@@ -24,10 +25,10 @@ declines with the error it would have raised alone, and the others run again wit
 (`regional.runtime.task.run_units`). Any other failure fails the pass: the units run alone. A
 unit alone raises what its source or user function raised.
 
-**Event time** (a unit alone): every chunk carries its origin watermark; a `TimedSource` (the
-keyed exchange's reader) stamps each batch and tells its subtask's watermark itself; a
-`WatermarkSink` (the exchange's writer) commits the subtask's watermark with its rows, which
-stay inside the job.
+**Event time**: every chunk carries its origin watermark and every unit its own watermarks; a
+`TimedSource` (the keyed exchange's reader) stamps each batch and tells its subtask's watermark
+itself; a `WatermarkSink` (the exchange's writer) commits the subtask's watermark with its rows,
+which stay inside the job.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ __all__ = [
     "run_epoch",
     "run_task_epoch",
     "run_unit_epoch",
-    "shares_pass",
 ]
 
 _T = TypeVar("_T")
@@ -115,8 +115,6 @@ def run_epoch(
         return []
     shape = plan.shape(units[0].restore)
     if as_pass:
-        if not shape.shares_pass:
-            raise PassRefused("units of this shape cannot share a pass")
         if after_sources is not None:
             raise PassRefused("units with injected faults run alone")
     elif len(units) != 1:
@@ -474,11 +472,6 @@ class _Walk:
             raise
         except Exception as exc:
             raise UnitFailed(unit, exc) from exc
-
-
-def shares_pass(pipeline: Pipeline, vertices: Collection[str]) -> bool:
-    """Whether units made of `vertices` can run their epoch in one pass (`Shape.shares_pass`)."""
-    return compile_plan(pipeline).shape(vertices).shares_pass
 
 
 def run_task_epoch(

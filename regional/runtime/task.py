@@ -65,7 +65,6 @@ from regional.dataflow.walker import (
     UnitFailed,
     run_task_epoch,
     run_unit_epoch,
-    shares_pass,
 )
 from regional.runtime.faults import UnitFaults
 from regional.sinks.base import MergingWriter, WriteContext
@@ -352,9 +351,7 @@ def _passes(
             continue
         shapes.setdefault(frozenset(s.vertex_id for s in work.restore), []).append(at)
     state_of = _state_reader(storage, reads)
-    for vertices, group in shapes.items():
-        if not shares_pass(env.pipeline, vertices):
-            continue
+    for group in shapes.values():
         ats = list(group)
         for _ in range(PASS_TRIES):
             if len(ats) < 2:
