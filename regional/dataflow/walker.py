@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from metadata.model import SubtaskState
@@ -460,18 +460,32 @@ class _Walk:
                 raise UnitFailed(self.owner[failed], error) from exc
             raise
 
-    @contextlib.contextmanager
-    def _failing(self, unit: int) -> Iterator[None]:
+    def _failing(self, unit: int) -> contextlib.AbstractContextManager[None]:
         """In a pass, whatever fails inside is unit `unit`'s own failure (`UnitFailed`)."""
-        if self.single:
-            yield
+        return _NOTHING if self.single else _Failing(unit)
+
+
+class _Failing:
+    """What fails inside is unit `unit`'s own failure (`UnitFailed`), but a `PassRefused`
+    (a class, not a generator: entered per unit and vertex on the hot path)."""
+
+    __slots__ = ("unit",)
+
+    def __init__(self, unit: int) -> None:
+        self.unit = unit
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is None or isinstance(exc, PassRefused) or not isinstance(exc, Exception):
             return
-        try:
-            yield
-        except PassRefused:
-            raise
-        except Exception as exc:
-            raise UnitFailed(unit, exc) from exc
+        raise UnitFailed(self.unit, exc) from exc
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def run_task_epoch(
