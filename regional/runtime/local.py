@@ -120,4 +120,3 @@ class InProcessDispatcher:
             else:
                 answers += got
         return Dispatch(answers, batches=batches)
-
