@@ -68,6 +68,8 @@ class InProcessDispatcher:
     `JobDriver.run`), as it may with Spark; `interleaved`: unit u runs in task u % `tasks`
     (`round_robin`) instead of Spark's contiguous slices, so a task's units are not neighbours.
     With `isolated` (the driver's re-run of lost units), every unit runs as a task of its own.
+    A batch never fails here (`Dispatch.error` stays None): the injected unit fault ``crash``
+    ends this process, as it ends a Spark worker, so it is for Spark runs only.
     """
 
     def __init__(
