@@ -4,6 +4,7 @@ the deadline kept as a cancelled Spark job keeps it, and a job run by it commits
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +112,17 @@ def test_a_job_run_in_process_commits_every_record_once(tmp_path: Path) -> None:
     assert rows == [(s, n) for s in range(UNITS) for n in range(PER_SPLIT)]
 
 
-def test_answers_of_a_packed_dispatch_match_the_loose_ones(tmp_path: Path) -> None:
-    loose = InProcessDispatcher(_env(tmp_path / "a"), tasks=3).run(_works(), NEVER)
-    packed = InProcessDispatcher(_env(tmp_path / "b"), tasks=3, pack_acks=True).run(_works(), NEVER)
-    assert [(a.unit, a.records_in) for a in answers_of(packed.arrived())] == [
-        (a.unit, a.records_in) for a in loose.answers
-    ]
+@settings(max_examples=25, deadline=None)
+@given(tasks=st.integers(1, UNITS + 2), pack=st.booleans(), interleaved=st.booleans())
+def test_however_units_are_spread_and_packed_each_answers_once_with_its_records(
+    tasks: int, pack: bool, interleaved: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = InProcessDispatcher(
+            _env(Path(tmp)), tasks=tasks, pack_acks=pack, interleaved=interleaved
+        )
+        got = d.run(_works(), NEVER)
+    answers = answers_of(got.arrived())
+    assert sorted(a.unit for a in answers) == list(range(UNITS))
+    assert all(isinstance(a, Ack) and a.records_in == PER_EPOCH for a in answers)
+    assert (got.answers == []) == pack
