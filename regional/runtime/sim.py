@@ -409,7 +409,6 @@ class Simulation:
         restore = msgspec.structs.replace(policy.restore, mode=restore_mode)
         self.policy = msgspec.structs.replace(policy, restore=restore)
         self.crash_before = frozenset(crash_before)
-        self.stage_output = stage_output
         self.ack_batch = ack_batch
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._interval = interval_ms / 1000
