@@ -500,7 +500,7 @@ class JobDriver:
             if not self._started:
                 self._restore()
                 self._started = True
-                self._published = self.metrics  # the restored checkpoint's
+                self._published = self.metrics  # after the restore: its checkpoint, no outcome yet
                 return True
             return False
         except BaseException:
