@@ -18,10 +18,10 @@ batch of answers, ticks, completion, commits).
 (the same number of timed calls to a coordinator that does nothing, through the same per-call
 timer: a few per checkpoint, since the driver hands each dispatch's answers over as one batch),
 the net, and the target (< 50 ms); per call, a batch's time is split between `on_ack` and
-`on_decline` by their numbers. The simulated dispatcher packs each dispatch's acks into
-`AckBatch`es of 1,024 (`Simulation(ack_batch=...)`), as a Spark task would pack its
-partition's. With `--quick`: 33,000 units (two chains), 3 checkpoints, one run. Measured
-numbers: the README, Performance, "The pure core at 100,000 units".
+`on_decline` by their numbers. The simulation runs each dispatch's units in tasks of at most
+1,024 and packs each task's acks into one `AckBatch` (`Simulation(ack_batch=...)`), as a Spark
+task packs its partition's. With `--quick`: 33,000 units (two chains), 3 checkpoints, one run.
+Measured numbers: the README, Performance, "The pure core at 100,000 units".
 
     .venv/bin/python -m benchmarks.bench_coordinator --scale [--units N] [--checkpoints N]
         [--repeat N] [--quick]

@@ -6,7 +6,8 @@ the orders reach the counter in, a run that processes every order exactly once w
 the rows {(c, 1), ..., (c, n_c)} for every customer c with n_c orders (`expected_rows`). A lost
 order leaves a customer short of n_c, a duplicate gives it n_c + 1 or a repeated count.
 
-`InProcessDispatcher` runs the units in this process (no Spark), for fast driver-level tests;
+`InProcessDispatcher` (`regional.runtime.local`, kept here under its name for the tests that
+import it from this module) runs the units in this process (no Spark), for fast driver-level tests;
 the Spark tests run the same job through `SparkRuntime`.
 """
 
@@ -15,14 +16,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Sequence
 
 import pyarrow as pa
 
-from regional.coordinator.messages import UnitWork
 from regional.dataflow.pipeline import Pipeline
-from regional.runtime.dispatch import Dispatch
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher as InProcessDispatcher
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
 
@@ -79,21 +77,6 @@ def rows(table: str) -> list[tuple[str, int]]:
     if t.num_rows == 0:
         return []
     return sorted(zip(t.column("customer").to_pylist(), t.column("count").to_pylist(), strict=True))
-
-
-class InProcessDispatcher:
-    """Runs every unit in this process, one after another (`regional.runtime.task.run_units`)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        return None
-
-    def run(
-        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
-    ) -> Dispatch:
-        return Dispatch(run_units(self.env, works))
 
 
 def empty_batch() -> pa.RecordBatch:

@@ -25,10 +25,10 @@ from regional.coordinator import NotifySubsumed, TriggerCheckpoint
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.compaction import compact
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import Faults
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
 
@@ -134,19 +134,6 @@ def test_a_failed_copy_keeps_the_handles_and_says_why(tmp_path: Path) -> None:
 SPLITS, PER_SPLIT, PER_EPOCH, STUCK = 8, 24, 6, 3
 
 
-class InProcess:
-    """A dispatcher running every unit in this process, all in one task."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works: Any, deadline_ms: int, *, isolated: bool = False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
-
-
 def _record(split: int, n: int) -> dict:
     return {"s": split, "n": n}
 
@@ -204,7 +191,7 @@ def _driver(
 
     return JobDriver(
         p,
-        InProcess(env),
+        InProcessDispatcher(env),
         storage=storage,
         policy=policy,
         faults=faulty,

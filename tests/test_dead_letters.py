@@ -20,25 +20,12 @@ from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.errors import GraphError, JobFailedError
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import DriverCrash, Faults
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
-
-
-class InProcess:
-    """A dispatcher running the units in this process (the task side of Spark, without it)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works: Any, deadline_ms: int, *, isolated: bool = False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
 
 
 def _record(split: int, n: int) -> dict:
@@ -65,7 +52,8 @@ def _driver(tmp_path: Path, p: Pipeline, region: dict | None = None, **kw: Any) 
     overrides = {"checkpointing": {"timeout": "30 s", "region": region or {}}}
     policy = load_policy(env={}, overrides=overrides).policy
     env = TaskEnv(root, "poison", p, unit_timeout=10)
-    return JobDriver(p, InProcess(env), storage=JobStorage(root, "poison"), policy=policy, **kw)
+    storage = JobStorage(root, "poison")
+    return JobDriver(p, InProcessDispatcher(env), storage=storage, policy=policy, **kw)
 
 
 def test_a_poison_record_is_dead_lettered_once_across_a_driver_crash(tmp_path):

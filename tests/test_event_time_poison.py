@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from test_dead_letters import InProcess
 
 from metadata.storage import JobStorage
 from regional.dataflow.event_time import (
@@ -25,6 +24,7 @@ from regional.dataflow.pipeline import Pipeline
 from regional.errors import JobFailedError
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
+from regional.runtime.local import InProcessDispatcher
 from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
@@ -104,7 +104,7 @@ def _driver(tmp_path: Path, p: Pipeline, **policy: Any) -> JobDriver:
     env = TaskEnv(root, "stamps", p, unit_timeout=10)
     return JobDriver(
         p,
-        InProcess(env),
+        InProcessDispatcher(env),
         storage=JobStorage(root, "stamps"),
         policy=load_policy(env={}, overrides=overrides).policy,
     )

@@ -40,7 +40,8 @@ from regional.policy import load_policy
 from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import DriverCrash, Faults
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sinks.staging import StagedFile, StagingArea
@@ -87,31 +88,26 @@ def _pipeline(table: str, partitions: int = PARTITIONS) -> Pipeline:
     return p
 
 
-class _Tasks:
-    """The units of an epoch in `tasks` Spark-like tasks (`run_units` calls; unit i in task
-    i % tasks, so each task's writers interleave with the other's); `lose` turns the acks of
-    (checkpoint, unit) pairs into declines after the task staged their rows."""
+class _Tasks(InProcessDispatcher):
+    """The units of an epoch in `tasks` Spark-like tasks (unit i in task i % tasks, so each
+    task's writers interleave with the other's); `lose` turns the acks of (checkpoint, unit)
+    pairs into declines after the task staged their rows."""
 
     def __init__(
         self, env: TaskEnv, tasks: int = 1, lose: frozenset[tuple[int, int]] = frozenset()
     ) -> None:
-        self.env, self.tasks, self.lose = env, tasks, lose
-
-    def start(self) -> None:
-        return None
+        super().__init__(env, tasks=tasks, interleaved=True)
+        self.lose = lose
 
     def run(
         self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
     ) -> Dispatch:
-        answers = []
-        for t in range(self.tasks):
-            answers += run_units(self.env, [w for w in works if w.unit_id % self.tasks == t])
         return Dispatch(
             [
                 Decline(a.checkpoint_id, a.unit, a.attempt, "timeout: the ack came too late")
                 if isinstance(a, Ack) and (a.checkpoint_id, a.unit) in self.lose
                 else a
-                for a in answers
+                for a in super().run(works, deadline_ms, isolated=isolated).answers
             ]
         )
 

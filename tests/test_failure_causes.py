@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from metadata.events import CheckpointEvent, read_events
 from metadata.storage import JobStorage
@@ -17,24 +16,11 @@ from regional.cli.progress import checkpoint_line
 from regional.dataflow.failures import TRACE_LIMIT
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver, RunSummary
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
-
-
-class InProcess:
-    """A dispatcher running the units in this process (the task side of Spark, without it)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works: Any, deadline_ms: int, *, isolated: bool = False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
 
 
 def _record(split: int, n: int) -> dict:
@@ -56,7 +42,8 @@ def _run(tmp_path: Path, poison: set[tuple[int, int]]) -> RunSummary:
     root = str(tmp_path / "ckpt")
     policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
     env = TaskEnv(root, "causes", p, unit_timeout=10)
-    driver = JobDriver(p, InProcess(env), storage=JobStorage(root, "causes"), policy=policy)
+    storage = JobStorage(root, "causes")
+    driver = JobDriver(p, InProcessDispatcher(env), storage=storage, policy=policy)
     return driver.run()
 
 

@@ -1,7 +1,7 @@
 """Regression tests for the defects of issue 26 that need no Spark: an unbounded source with
 more splits than subtasks reads all of them, checkpoint ids are never reused after a failed
 job resumes, and the `after-commit` crash point fires after every sink committed. The driver
-runs the real task code in this process (`test_dead_letters.InProcess`)."""
+runs the real task code in this process (`regional.runtime.local.InProcessDispatcher`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dead_letters import InProcess
 
 from metadata.events import read_events
 from metadata.layout import EVENTS_DIR, event_checkpoint_id
@@ -20,6 +19,7 @@ from regional.errors import JobFailedError
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import DriverCrash, Faults
+from regional.runtime.local import InProcessDispatcher
 from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
@@ -34,7 +34,8 @@ def _driver(tmp_path: Path, p: Pipeline, job: str, **kw: Any) -> JobDriver:
     overrides = kw.pop("overrides", {})
     policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s", **overrides}})
     env = TaskEnv(root, job, p, unit_timeout=10, faults=kw.get("faults", Faults()).unit_faults())
-    return JobDriver(p, InProcess(env), storage=JobStorage(root, job), policy=policy.policy, **kw)
+    storage = JobStorage(root, job)
+    return JobDriver(p, InProcessDispatcher(env), storage=storage, policy=policy.policy, **kw)
 
 
 def test_an_unbounded_source_with_more_splits_than_subtasks_reads_every_split(tmp_path):

@@ -104,3 +104,46 @@ def test_a_package_per_layer_and_no_flat_modules() -> None:
     """`regional/` holds packages, and only the facade, its errors and its policy beside them."""
     flat = sorted(p.name for p in (ROOT / "regional").glob("*.py"))
     assert flat == ["__init__.py", "errors.py", "policy.py"]
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports, for the modules of `package` (every import
+    counts, also one inside a function or under `TYPE_CHECKING`)."""
+    graph: dict[str, set[str]] = {}
+    for file, name, _ in imports():
+        source = module_of(file)
+        if source.startswith(package + ".") and name.startswith(package + "."):
+            graph.setdefault(source, set()).add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of `graph` a depth-first walk meets, each as the modules along it, its first
+    module again last."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            found.append([*path[path.index(module) :], module])
+            return
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    return found
+
+
+def test_cycles_are_found() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b", "c"}, "b": {"c"}}) == []
+
+
+def test_no_import_cycle_in_the_runtime() -> None:
+    """The runtime's shells import each other one way: the driver serves the metrics endpoint,
+    which reads the snapshot the driver publishes (`runtime.metrics`), never the driver."""
+    assert cycles(import_graph("regional.runtime")) == []

@@ -5,21 +5,18 @@ driver's dispatch thread (a dispatcher that says it is `background_safe`, as Spa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from counted_job import EXACT, PER_EPOCH, SPLITS, counted_pipeline
 
 from metadata.storage import JobStorage
 from regional.coordinator import TriggerCheckpoint
 from regional.coordinator.decisions import Commit
-from regional.coordinator.messages import UnitWork
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 
 
@@ -27,31 +24,15 @@ def _pipeline(table: str) -> Pipeline:
     return counted_pipeline("piped", ParquetSink(table))
 
 
-class _InProcess:
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        return None
-
-    def run(
-        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
-    ) -> Dispatch:
-        return Dispatch(run_units(self.env, works))
-
-
-class _Background(_InProcess):
-    background_safe = True
-
-
-def _driver(tmp_path, dispatcher=_Background, **kw) -> JobDriver:
+def _driver(tmp_path, background_safe: bool = True, **kw) -> JobDriver:
     p = _pipeline(str(tmp_path / "table"))
     root = str(tmp_path / "ckpt")
     policy = load_policy(
         env={}, overrides={"checkpointing": {"timeout": "30 s", "num-retained": 1}}
     ).policy
     env = TaskEnv(root, "piped", p, unit_timeout=30)
-    return JobDriver(p, dispatcher(env), storage=JobStorage(root, "piped"), policy=policy, **kw)
+    dispatcher = InProcessDispatcher(env, background_safe=background_safe)
+    return JobDriver(p, dispatcher, storage=JobStorage(root, "piped"), policy=policy, **kw)
 
 
 def _rows(tmp_path) -> list[tuple[int, int, int]]:
@@ -83,7 +64,7 @@ def test_the_next_epoch_starts_before_the_previous_commit_and_commits_stay_in_or
 
 def test_a_dispatcher_that_is_not_background_safe_commits_before_the_next_trigger(tmp_path):
     seen: list = []
-    assert _driver(tmp_path, _InProcess, observe=seen.append).run().finished
+    assert _driver(tmp_path, background_safe=False, observe=seen.append).run().finished
     order = _order(seen)
     assert order.index(("commit", 1)) < order.index(("trigger", 2))
     assert _rows(tmp_path) == EXACT

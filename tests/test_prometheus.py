@@ -108,3 +108,68 @@ def test_a_stuck_unit_is_a_gauge_named_by_what_it_reads():
     # stuck since checkpoint 3 completed: its scrape's 2 s wait and two more 2 s waits and two
     # 10 ms epochs later, on the driver's (simulated) clock
     assert scraped[5][f'regional_unit_stuck_seconds{{{job},reads="s1",unit="1"}}'] == 6.02
+
+
+def test_a_scrape_during_an_epoch_sees_the_snapshot_published_after_the_previous_one():
+    sim = Simulation(2, Policy(), bounded=False, records_per_epoch=3)
+    driver = sim.new_driver()
+    run = sim.dispatcher.run
+    during: list[dict[str, float]] = []
+
+    def scraped_while_running(*args, **kwargs):
+        during.append(_scrape(port))
+        return run(*args, **kwargs)
+
+    sim.dispatcher.run = scraped_while_running  # type: ignore[method-assign]
+    with serve_metrics(driver, port=0) as port:
+        driver.run(max_checkpoints=3)
+        after = _scrape(port)
+    records = 'regional_records_in_total{job="sim"}'
+    latest = 'regional_latest_completed_checkpoint_id{job="sim"}'
+    assert [s[records] for s in during] == [0.0, 6.0, 12.0]
+    assert [s.get(latest) for s in during] == [None, 1.0, 2.0]
+    assert (after[records], after[latest]) == (18.0, 3.0)
+
+
+def test_the_collector_reads_a_snapshot_and_a_clock_only():
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from metadata.events import StuckUnit
+    from regional.runtime.metrics import MetricsSnapshot
+    from regional.runtime.prometheus import JobCollector
+
+    snapshot = MetricsSnapshot(
+        job_id="j",
+        latest_completed_id=7,
+        regional_checkpoint_count=2,
+        global_checkpoint_count=5,
+        savepoint_count=0,
+        aborted_by_rule={},
+        oldest_ref_checkpoint_id=None,
+        unit_lag={},
+        commit_lag=1,
+        commit_failures=0,
+        records_in=42,
+        event_time=True,
+        records_late=3,
+        watermark_ms=5_000,
+        watermark_unit=2,
+        last_checkpoint_seconds=0.5,
+        stuck_units=(
+            StuckUnit(unit_id=4, splits=("a", "b"), since_ms=1_000, owner_checkpoint_id=3,
+                      fallbacks=9),
+        ),
+    )  # fmt: skip
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(lambda: snapshot, lambda: 3_500))
+    text = generate_latest(registry).decode()
+    for sample in (
+        'regional_records_in_total{job="j"} 42.0',
+        'regional_records_late_total{job="j"} 3.0',
+        'regional_oldest_ref_checkpoint_id{job="j"} 7.0',  # global: the latest itself
+        'regional_unit_stuck_seconds{job="j",reads="a,b",unit="4"} 2.5',
+        'regional_watermark_seconds{job="j",unit="2"} 5.0',
+        'regional_last_checkpoint_duration_seconds{job="j"} 0.5',
+    ):
+        assert sample in text.splitlines()

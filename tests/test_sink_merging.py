@@ -26,7 +26,8 @@ from regional.policy import load_policy
 from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import DriverCrash, Faults
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.base import WriteContext
 from regional.sinks.merging import FilePart, kept_ranges, merged_table, take_ranges
 from regional.sinks.parquet import ParquetSink, read_table
@@ -37,17 +38,14 @@ def _pipeline(table: str) -> Pipeline:
     return counted_pipeline("merged", ParquetSink(table))
 
 
-class _OneTask:
+class _OneTask(InProcessDispatcher):
     """Every unit of an epoch in one task (as one Spark task would run them); `lose` turns the
     acks of (checkpoint, unit) pairs into declines after the task staged their rows (an ack
     the coordinator saw too late)."""
 
     def __init__(self, env: TaskEnv, lose: frozenset[tuple[int, int]] = frozenset()) -> None:
-        self.env = env
+        super().__init__(env)
         self.lose = lose
-
-    def start(self) -> None:
-        return None
 
     def run(
         self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
@@ -56,7 +54,7 @@ class _OneTask:
             Decline(a.checkpoint_id, a.unit, a.attempt, "timeout: the ack came too late")
             if isinstance(a, Ack) and (a.checkpoint_id, a.unit) in self.lose
             else a
-            for a in run_units(self.env, works)
+            for a in super().run(works, deadline_ms, isolated=isolated).answers
         ]
         return Dispatch(answers)
 

@@ -471,10 +471,9 @@ def test_a_broker_outage_mid_run_makes_units_fall_back_then_catch_up(spark, cut_
 def test_eight_partitions_on_four_subtasks_are_all_read(broker, tmp_path):
     """Issue 26 defect 1: with the default `splits_per_subtask=1` half the partitions were
     never read (every checkpoint global, no warning). Run in this process, no Spark."""
-    from test_dead_letters import InProcess
-
     from metadata.storage import JobStorage
     from regional.runtime.driver import JobDriver
+    from regional.runtime.local import InProcessDispatcher
     from regional.runtime.task import TaskEnv
 
     topic = _topic(broker, PARTS, PER_PART)
@@ -482,7 +481,8 @@ def test_eight_partitions_on_four_subtasks_are_all_read(broker, tmp_path):
     table, root = str(tmp_path / "table"), str(tmp_path / "ckpt")
     p = _kafka_pipeline(source, table, parallelism=4)
     env = TaskEnv(root, p.name, p, unit_timeout=30)
-    driver = JobDriver(p, InProcess(env), storage=JobStorage(root, p.name), policy=_policy())
+    storage = JobStorage(root, p.name)
+    driver = JobDriver(p, InProcessDispatcher(env), storage=storage, policy=_policy())
     for _ in range(PER_PART // (PER_EPOCH // 2) + 2):  # 2 partitions share a subtask's budget
         driver.run(max_checkpoints=1)
         if len(_table_rows(table)) >= PARTS * PER_PART:

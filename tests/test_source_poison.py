@@ -13,12 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_dead_letters import InProcess
 
 from metadata.storage import JobStorage
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
+from regional.runtime.local import InProcessDispatcher
 from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource, FileSourceError
@@ -103,7 +103,8 @@ def _job(tmp_path: Path, on_error: str, *, operator: bool = True) -> tuple[JobDr
         env={}, overrides={"checkpointing": {"timeout": "30 s", "tolerable-failed-checkpoints": 0}}
     ).policy
     env = TaskEnv(root, "files", p, unit_timeout=10)
-    return JobDriver(p, InProcess(env), storage=JobStorage(root, "files"), policy=policy), p
+    storage = JobStorage(root, "files")
+    return JobDriver(p, InProcessDispatcher(env), storage=storage, policy=policy), p
 
 
 @pytest.mark.parametrize("operator", [True, False], ids=["with-operator", "source-to-sink"])

@@ -17,24 +17,11 @@ from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
 from regional.dataflow.state_codec import PickledState, StateCodec
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
-from regional.runtime.task import TaskEnv, run_units
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
-
-
-class InProcess:
-    """A dispatcher running the units in this process (the task side of Spark, without it)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works: Any, deadline_ms: int, *, isolated: bool = False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
 
 
 def _count(ctx: Any, click: dict) -> list[dict]:
@@ -65,7 +52,8 @@ def test_state_of_finished_files_is_dropped_so_state_stays_bounded(tmp_path: Pat
     root = str(tmp_path / "ckpt")
     policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
     storage = JobStorage(root, "stream")
-    driver = JobDriver(p, InProcess(TaskEnv(root, "stream", p, 10)), storage=storage, policy=policy)
+    dispatcher = InProcessDispatcher(TaskEnv(root, "stream", p, 10))
+    driver = JobDriver(p, dispatcher, storage=storage, policy=policy)
     sizes = []
     for i in range(12):  # one new file per epoch, each with 3 users of its own
         users = [f"u{i}-{k}" for k in range(2)]

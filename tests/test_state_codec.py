@@ -29,8 +29,8 @@ from regional.dataflow.state_codec import (
     StateTypeError,
 )
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
+from regional.runtime.local import InProcessDispatcher
 from regional.runtime.task import TaskEnv, run_units
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.generator import GeneratorSource
@@ -345,25 +345,12 @@ def _subtask(vertex: str):
     return SubtaskState(vertex, 0, 0, ref_checkpoint_id=1)
 
 
-class _InProcess:
-    """A dispatcher running the units in this process (the task side of Spark, without it)."""
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        pass
-
-    def run(self, works, deadline_ms, *, isolated=False) -> Dispatch:
-        return Dispatch(list(run_units(self.env, works)))
-
-
 def _driver(tmp_path: Path, parallelism: int, **kw: Any) -> JobDriver:
     p = _pipeline(str(tmp_path / "table"), parallelism, **kw)
     root = str(tmp_path / "ckpt")
     env = TaskEnv(root, "job", p, unit_timeout=10)
     policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "30 s"}}).policy
-    return JobDriver(p, _InProcess(env), storage=JobStorage(root, "job"), policy=policy)
+    return JobDriver(p, InProcessDispatcher(env), storage=JobStorage(root, "job"), policy=policy)
 
 
 def _forge_latest(tmp_path: Path, make: Any) -> None:

@@ -1,6 +1,6 @@
 """The port between the driver and whatever runs units (DESIGN §3): a `TaskDispatcher` runs one
 epoch's `UnitWork` and returns a `Dispatch` of the answers that arrived. `SparkDispatcher`
-(`regional.runtime.spark`) and the simulated dispatcher (`regional.runtime.sim`) implement it.
+(`regional.runtime.spark`) and `InProcessDispatcher` (`regional.runtime.local`) implement it.
 """
 
 from __future__ import annotations

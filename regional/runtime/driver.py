@@ -332,7 +332,7 @@ class JobDriver:
             faults=self.faults,
             cleaning=self.cleaning,
             stopwatch=self._stopwatch,
-            now=self._now,
+            now=self.now_ms,
             seen=self._seen,
         )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
@@ -344,6 +344,7 @@ class JobDriver:
         self.last_event: CheckpointEvent | None = None  # the latest outcome (metrics endpoint)
         self.records_in_total = 0  # records read by acked units since the driver started
         self._assigned: dict[int, tuple[str, ...]] = {}  # unit -> its latest new splits
+        self._published = self.metrics  # what the metrics endpoint serves (`published_metrics`)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -499,6 +500,7 @@ class JobDriver:
             if not self._started:
                 self._restore()
                 self._started = True
+                self._published = self.metrics  # after the restore: its checkpoint, no outcome yet
                 return True
             return False
         except BaseException:
@@ -705,15 +707,30 @@ class JobDriver:
 
     @property
     def metrics(self) -> MetricsSnapshot:
-        """The coordinator's metrics now: completions, aborts by rule, the latest checkpoint's
-        `oldest_ref_checkpoint_id`, per-unit lag, commit lag."""
+        """The job's metrics now: completions, aborts by rule, the latest checkpoint's
+        `oldest_ref_checkpoint_id`, per-unit lag, commit lag, records read, stuck units."""
         return metrics_snapshot(
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
             commit_lag=self.commit_lag,
             records_dead_lettered=self.decisions.records_dead_lettered,
             records_late=self.decisions.records_late,
+            job_id=self.job_id,
+            records_in=self.records_in_total,
+            stuck_units=self.stuck_units(),
+            event_time=self.pipeline.timed,
+            last_event=self.last_event,
         )
+
+    def published_metrics(self) -> MetricsSnapshot:
+        """The job's metrics as of its latest epoch (or its start): a frozen snapshot published
+        once per outcome, which readers on other threads (the metrics endpoint,
+        `runtime.prometheus`) read instead of the driver's live state."""
+        return self._published
+
+    def now_ms(self) -> int:
+        """The driver's clock (`Clock.now_ms`)."""
+        return self.clock.now_ms()
 
     @property
     def commit_lag(self) -> int:
@@ -756,6 +773,7 @@ class JobDriver:
         )
         self.records_in_total += records_in
         self.last_event = event
+        self._published = self.metrics
         try:
             with self._stopwatch.part("event"):
                 self.lease.check()  # fenced: a driver that lost the lease writes no event
@@ -796,9 +814,6 @@ class JobDriver:
             )
             for u, since in sorted(c.stuck_units.items())
         )
-
-    def _now(self) -> int:
-        return self.clock.now_ms()
 
     def _seen(self, thing: Decision | TriggerCheckpoint) -> None:
         if self._observe is not None:

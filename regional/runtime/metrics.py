@@ -1,7 +1,10 @@
-"""What a running job reports about itself: a frozen snapshot of the coordinator's metrics
-(`JobDriver.metrics`) and the record of every checkpoint outcome (`metadata.events
-.CheckpointEvent`: progress callbacks, the run summary and the event log). Pure: the driver
-passes in the times and the outcome.
+"""What a running job reports about itself: a frozen snapshot of its metrics (`JobDriver.metrics`
+now; `JobDriver.published_metrics` as of the latest epoch, what the metrics endpoint serves) and
+the record of every checkpoint outcome (`metadata.events.CheckpointEvent`: progress callbacks,
+the run summary and the event log). Pure: the driver passes in the times and the outcome.
+
+A reader of the metrics (`runtime.prometheus`) sees a `MetricsSource`, never the driver: the
+snapshot it published and its clock.
 
 >>> from regional.coordinator import CoordinatorMetrics
 >>> m = CoordinatorMetrics(regional_checkpoint_count=3, global_checkpoint_count=1)
@@ -15,13 +18,14 @@ passes in the times and the outcome.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import msgspec
 
 from metadata.events import CheckpointEvent, DriverStart, Outcome, StuckUnit
 from regional.coordinator import CoordinatorMetrics
 
-__all__ = ["MetricsSnapshot", "checkpoint_event", "metrics_snapshot"]
+__all__ = ["MetricsSnapshot", "MetricsSource", "checkpoint_event", "metrics_snapshot"]
 
 
 class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +41,13 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     completed checkpoints judged late: by windows, interval and temporal joins and
     `drop_duplicates`, once per operator that judged each (`CheckpointEvent.records_late`).
     Counters run since the driver started (a restored job starts them at 0).
+
+    What the job adds to the coordinator's: `job_id`; `records_in`, the records acked units read
+    since the driver started; `stuck_units` (DESIGN §4 rule 5), each with what it reads and
+    since when; `event_time`, whether the pipeline has event time (then `records_late` means
+    something); and of the latest checkpoint outcome, `watermark_ms` (the lowest watermark of a
+    unit fresh in it) with `watermark_unit`, and `last_checkpoint_seconds` (from its trigger to
+    its outcome; None before the first).
     """
 
     latest_completed_id: int | None
@@ -50,6 +61,13 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     commit_failures: int
     records_dead_lettered: int = 0
     records_late: int = 0
+    job_id: str = ""
+    records_in: int = 0
+    stuck_units: tuple[StuckUnit, ...] = ()
+    event_time: bool = False
+    watermark_ms: int | None = None
+    watermark_unit: int | None = None
+    last_checkpoint_seconds: float | None = None
 
     @property
     def max_unit_lag(self) -> int:
@@ -60,6 +78,15 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
         return sum(self.aborted_by_rule.values())
 
 
+class MetricsSource(Protocol):
+    """Where a job's metrics are read (`JobDriver`): the snapshot it published after its latest
+    epoch, and its clock (stuck units have been stuck until now)."""
+
+    def published_metrics(self) -> MetricsSnapshot: ...
+
+    def now_ms(self) -> int: ...
+
+
 def metrics_snapshot(
     metrics: CoordinatorMetrics,
     *,
@@ -67,8 +94,14 @@ def metrics_snapshot(
     commit_lag: int,
     records_dead_lettered: int = 0,
     records_late: int = 0,
+    job_id: str = "",
+    records_in: int = 0,
+    stuck_units: tuple[StuckUnit, ...] = (),
+    event_time: bool = False,
+    last_event: CheckpointEvent | None = None,
 ) -> MetricsSnapshot:
-    """Copy the coordinator's live metrics into a `MetricsSnapshot`."""
+    """Copy the coordinator's live metrics, and what the job adds to them (`last_event`: its
+    latest checkpoint outcome), into a `MetricsSnapshot`."""
     oldest = (
         None
         if latest_completed_id is None
@@ -86,6 +119,13 @@ def metrics_snapshot(
         commit_failures=metrics.commit_failures,
         records_dead_lettered=records_dead_lettered,
         records_late=records_late,
+        job_id=job_id,
+        records_in=records_in,
+        stuck_units=stuck_units,
+        event_time=event_time,
+        watermark_ms=None if last_event is None else last_event.watermark_ms,
+        watermark_unit=None if last_event is None else last_event.watermark_unit,
+        last_checkpoint_seconds=None if last_event is None else last_event.seconds,
     )
 
 

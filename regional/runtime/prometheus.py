@@ -2,28 +2,29 @@
 ...)`), served over HTTP while the driver runs. Needs the optional `prometheus-client`
 (`pip install 'regional-checkpoints[prometheus]'`).
 
-Every scrape reads the driver's `MetricsSnapshot` (`JobDriver.metrics`) and its latest outcome,
-so nothing is copied between scrapes. A dedicated `CollectorRegistry` (not the process-wide
-one) holds only this job's metrics; the server binds to 127.0.0.1 unless told otherwise.
-Names follow Flink's and FLIP-600's where they exist (README "Metrics" maps them), in
-Prometheus's style: base units, `_total` on counters, every sample labelled with the job id.
-Counters start at 0 when a driver starts (also after a restore), as Prometheus expects of a
-restarted process.
+Every scrape reads the `MetricsSnapshot` the driver published after its latest epoch
+(`MetricsSource.published_metrics`) and the driver's clock (how long stuck units have been
+stuck), nothing else of the driver: a scrape on the server's thread never reads state the
+driver's thread is changing, and nothing is copied between scrapes. A dedicated
+`CollectorRegistry` (not the process-wide one) holds only this job's metrics; the server binds
+to 127.0.0.1 unless told otherwise. Names follow Flink's and FLIP-600's where they exist (README
+"Metrics" maps them), in Prometheus's style: base units, `_total` on counters, every sample
+labelled with the job id. Counters start at 0 when a driver starts (also after a restore), as
+Prometheus expects of a restarted process.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from metadata.errors import RegionalError
+from regional.runtime.metrics import MetricsSnapshot, MetricsSource
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
-
-    from regional.runtime.driver import JobDriver
 
 __all__ = ["JobCollector", "MetricsPortError", "job_registry", "serve_metrics"]
 
@@ -35,17 +36,18 @@ class MetricsPortError(RegionalError):
 
 
 class JobCollector:
-    """A Prometheus collector over one driver's metrics, read at every scrape."""
+    """A Prometheus collector over one job's published metrics: `snapshot` gives the latest
+    (read once per scrape), `now_ms` the driver's clock."""
 
-    def __init__(self, driver: JobDriver) -> None:
-        self.driver = driver
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], now_ms: Callable[[], int]) -> None:
+        self.snapshot = snapshot
+        self.now_ms = now_ms
 
     def collect(self) -> Iterable[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        d = self.driver
-        job = [d.job_id]
-        m = d.metrics
+        m = self.snapshot()
+        job = [m.job_id]
         done = CounterMetricFamily(
             "regional_checkpoints",
             "Completed checkpoints by kind since the driver started (Flink "
@@ -73,9 +75,9 @@ class JobCollector:
             "Records read by the sources (Flink numRecordsIn).",
             labels=["job"],
         )
-        records.add_metric(job, d.records_in_total)
+        records.add_metric(job, m.records_in)
         yield records
-        if d.pipeline.timed:  # event time
+        if m.event_time:
             late = CounterMetricFamily(
                 "regional_records_late",
                 "Records judged late in completed checkpoints, once per operator that judged "
@@ -106,7 +108,7 @@ class JobCollector:
         for unit, behind in m.unit_lag.items():
             lag.add_metric([*job, str(unit)], behind)
         yield lag
-        stuck_units = d.stuck_units()
+        stuck_units = m.stuck_units
         count = GaugeMetricFamily(
             "regional_stuck_units",
             "Units over max-unit-fallbacks that checkpoints complete without (stuck; the job "
@@ -121,7 +123,7 @@ class JobCollector:
             "only).",
             labels=["job", "unit", "reads"],
         )
-        now = d.clock.now_ms()
+        now = self.now_ms()
         for s in stuck_units:
             stuck.add_metric([*job, str(s.unit_id), ",".join(s.splits)], (now - s.since_ms) / 1000)
         yield stuck
@@ -142,40 +144,40 @@ class JobCollector:
             ref = m.oldest_ref_checkpoint_id
             oldest.add_metric(job, m.latest_completed_id if ref is None else ref)
             yield oldest
-        if d.last_event is not None and d.last_event.watermark_ms is not None:
+        if m.watermark_ms is not None:
             wm = GaugeMetricFamily(
                 "regional_watermark_seconds",
                 "The lowest event-time watermark of a unit fresh in the latest checkpoint "
                 "(seconds since the Unix epoch; +/-9.2e15 for +/-infinity), and the unit.",
                 labels=["job", "unit"],
             )
-            holder = str(d.last_event.watermark_unit)
-            wm.add_metric([*job, holder], d.last_event.watermark_ms / 1000)
+            wm.add_metric([*job, str(m.watermark_unit)], m.watermark_ms / 1000)
             yield wm
-        if d.last_event is not None:
+        if m.last_checkpoint_seconds is not None:
             duration = GaugeMetricFamily(
                 "regional_last_checkpoint_duration_seconds",
                 "From the latest checkpoint's trigger to its outcome (Flink "
                 "lastCheckpointDuration, in seconds).",
                 labels=["job"],
             )
-            duration.add_metric(job, d.last_event.seconds)
+            duration.add_metric(job, m.last_checkpoint_seconds)
             yield duration
 
 
-def job_registry(driver: JobDriver) -> CollectorRegistry:
-    """A registry of its own holding only `driver`'s metrics."""
+def job_registry(source: MetricsSource) -> CollectorRegistry:
+    """A registry of its own holding only the metrics `source` (a `JobDriver`) publishes."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(driver))
+    registry.register(JobCollector(source.published_metrics, source.now_ms))
     return registry
 
 
 @contextlib.contextmanager
-def serve_metrics(driver: JobDriver, *, port: int, host: str = "127.0.0.1") -> Iterator[int]:
-    """Serve `driver`'s metrics on http://HOST:PORT/metrics while the block runs; yields the
-    port (0 picks a free one). Raises `MetricsPortError` when the port cannot be bound."""
+def serve_metrics(source: MetricsSource, *, port: int, host: str = "127.0.0.1") -> Iterator[int]:
+    """Serve the metrics `source` (a `JobDriver`) publishes on http://HOST:PORT/metrics while
+    the block runs; yields the port (0 picks a free one). Raises `MetricsPortError` when the
+    port cannot be bound."""
     try:
         from prometheus_client import start_http_server
     except ImportError as exc:
@@ -184,7 +186,7 @@ def serve_metrics(driver: JobDriver, *, port: int, host: str = "127.0.0.1") -> I
             "pip install 'regional-checkpoints[prometheus]'"
         ) from exc
     try:
-        server, thread = start_http_server(port, addr=host, registry=job_registry(driver))
+        server, thread = start_http_server(port, addr=host, registry=job_registry(source))
     except OSError as exc:
         raise MetricsPortError(
             f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; pick a free port "

@@ -2,15 +2,19 @@
 
 `Simulation` runs the real `JobDriver` — the real `CheckpointCoordinator`, `SplitEnumerator`,
 `CommitCoordinator`, metadata writes, restore and cleaner — over an in-memory checkpoint root,
-with a simulated dispatcher and clock instead of Spark. The job: N units, each a source
-subtask `("src", u)` reading splits of numbered records and a sink subtask `("sink", u)` staging
-its records into an `InMemoryTableSink`. Units are stateless between epochs, as Spark tasks are:
-every epoch restores from the states the coordinator hands out. A vertex has at most 32,768
+with a simulated clock instead of the wall clock, and its units run on the record path
+production runs: the in-process dispatcher (`runtime.local`) hands them to the task side
+(`run_units`), as a Spark task would. The job: N units, each a source subtask `("src", u)`
+reading splits of numbered records and a sink subtask `("sink", u)` staging them through the
+sink writer into an `InMemoryTableSink` (each row a `(split, n)` tuple). Units are stateless
+between epochs, as Spark tasks are: every epoch restores from the states the coordinator hands
+out (their sources' positions; they keep no operator state). A vertex has at most 32,768
 subtasks (Flink's bound on max parallelism), so more units are spread over several equal
 source→sink chains (`chain_vertices`): `src`/`sink`, then `src-1`/`sink-1`, and so on, each
 chain reading its own splits and committing to the same table.
 
-Faults: a unit declines, hangs past its deadline, or acks late from a fenced attempt; the
+Faults: a unit declines (without running), hangs past its deadline, or acks late from a fenced
+attempt (it runs, and its ack reaches the driver after the checkpoint was decided); the
 driver crashes before any numbered coordinator call (`crash_before`; calls counted over the
 whole run), and once its lease of the job root expired a new driver restores from the latest
 restorable checkpoint in storage, as `regional run` would. Every trigger and decision is
@@ -39,7 +43,7 @@ import pyarrow as pa
 from fsspec.implementations.memory import MemoryFileSystem
 from pyarrow import fs as pafs
 
-from metadata.model import CheckpointKind, CheckpointMetadata, SplitState, SubtaskState
+from metadata.model import CheckpointKind, CheckpointMetadata
 from metadata.storage import JobStorage
 from regional.coordinator import (
     AbortCheckpoint,
@@ -49,13 +53,16 @@ from regional.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from regional.coordinator.messages import Ack, AckBatch, Answer, Decline, UnitWork, answers_of
+from regional.coordinator.messages import Ack, Answer, Decline, UnitWork, answers_of
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import JobFailedError
 from regional.graph.job_graph import MAX_PARALLELISM_UPPER_BOUND
 from regional.policy import Policy
 from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
+from regional.sinks.base import WriteContext
 from regional.sinks.memory import InMemoryTableSink
 from regional.sources.base import ReadResult
 
@@ -166,14 +173,22 @@ class _Crash(Exception):
     """The simulated driver process died."""
 
 
+#: The simulated records: `{"split": split, "n": n}`.
+_RECORD = pa.schema([("split", pa.string()), ("n", pa.int64())])
+
+
 class _NumberedSource:
-    """`splits` of `records_per_split` records `(split, n)` each (never ending when not
-    `bounded`); the position is the next record number."""
+    """`splits` of `records_per_split` records `{"split": split, "n": n}` each (never ending when
+    not `bounded`); the position is the next record number."""
 
     def __init__(self, splits: Sequence[str], records_per_split: int, bounded: bool) -> None:
         self.splits = list(splits)
         self.records_per_split = records_per_split
         self._bounded = bounded
+        # the columns records are sliced from (building small Arrow arrays costs more than
+        # everything else a simulated unit does)
+        self._numbers = pa.array(range(records_per_split if bounded else 1024), pa.int64())
+        self._names: dict[str, pa.Array] = {}
 
     @property
     def bounded(self) -> bool:
@@ -182,24 +197,56 @@ class _NumberedSource:
     def discover(self) -> list[str]:
         return list(self.splits)
 
-    def advance(self, split: str, position: bytes, budget: int) -> tuple[list[Any], bytes, bool]:
-        """The records from `position` (up to `budget`), the next position, and whether the
-        split is done."""
+    def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
+        """The records from `position` (up to `max_records`), the next position, and whether
+        the split is done."""
         start = int(position or b"0")
-        end = start + budget
+        end = start + max_records
         if self._bounded:
             end = min(end, self.records_per_split)
-        rows = [(split, n) for n in range(start, end)]
-        return rows, str(end).encode(), self._bounded and end >= self.records_per_split
+        finished = self._bounded and end >= self.records_per_split
+        if end <= start:
+            return ReadResult([], str(start).encode(), finished)
+        if end > len(self._numbers):  # one column of record numbers, sliced by every split
+            self._numbers = pa.array(range(max(end, 2 * len(self._numbers))), pa.int64())
+        n = end - start
+        split = self._names.get(split_id)
+        if split is None or len(split) < n:  # the split's name, repeated (building it is slow)
+            split = self._names[split_id] = pa.array([split_id] * n, pa.string())
+        numbers = self._numbers.slice(start, n)
+        batch = pa.RecordBatch.from_arrays([split.slice(0, n), numbers], schema=_RECORD)
+        return ReadResult([batch], str(end).encode(), finished)
 
-    def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
-        rows, after, finished = self.advance(split_id, position, max_records)
-        batch = pa.RecordBatch.from_pylist([{"split": s, "n": n} for s, n in rows])
-        return ReadResult([batch] if rows else [], after, finished)
+
+class _NumberedTable(InMemoryTableSink):
+    """The table every chain's sink commits to: staged through the sink writer's path
+    (`write`), each row kept as its `(split, n)` tuple; with `keep_rows` False it stages
+    nothing (benchmarks: memory stays flat)."""
+
+    def __init__(self, keep_rows: bool = True) -> None:
+        super().__init__()
+        self.keep_rows = keep_rows
+
+    def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
+        if not self.keep_rows:
+            return ()
+        rows = [
+            row
+            for b in batches
+            for row in zip(b.column("split").to_pylist(), b.column("n").to_pylist(), strict=True)
+        ]
+        if not rows:
+            return ()
+        c = context
+        path = f"chk-{c.checkpoint_id}/u{c.unit_id}-{c.vertex_id}-{c.index}-a{c.attempt}.data"
+        return (self.stage(path, rows),)
 
 
 class _SimDispatcher:
-    """Runs unit work in-process as the task side would, with scheduled faults."""
+    """The simulation's dispatcher: each unit runs the task side production runs
+    (`InProcessDispatcher`, on the simulated clock), unless the fault schedule makes it decline
+    (without running), hang (never answers) or ack late (it runs, and its ack is handed to the
+    driver after the checkpoint was decided). A dispatch that hung ends at its deadline."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -212,72 +259,39 @@ class _SimDispatcher:
         self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
     ) -> Dispatch:
         sim = self.sim
-        answers: list[Answer] = []
-        acks: list[Ack] = []  # packed into batches
-        size = 0 if isolated else sim.ack_batch
-        hung = False
+        declined: list[Answer] = []
+        running: list[UnitWork] = []
+        late: list[UnitWork] = []
         for work in works:
             fault = sim.fault(work.checkpoint_id, work.unit_id)
             sim.unit_ran(work.unit_id)
             if fault == "decline":
-                answers.append(Decline(work.checkpoint_id, work.unit_id, work.attempt, "injected"))
-                continue
-            hung |= fault in ("hang", "late_ack")
-            if fault == "hang":
-                continue
-            ack = self._epoch(work)
-            (self.late if fault == "late_ack" else acks if size else answers).append(ack)
+                declined.append(Decline(work.checkpoint_id, work.unit_id, work.attempt, "injected"))
+            elif fault == "late_ack":
+                late.append(work)
+            elif fault != "hang":
+                running.append(work)
+        size = 0 if isolated else sim.ack_batch
+        tasks = -(-len(running) // size) if size else 1
+        clock = sim.clock.now_ms
+        ran = InProcessDispatcher(sim.env, tasks=tasks, pack_acks=bool(size), clock=clock).run(
+            running, deadline_ms, isolated=isolated
+        )
+        if late:
+            self.late += answers_of(
+                InProcessDispatcher(sim.env, clock=clock).run(late, deadline_ms).arrived()
+            )
+        answers = ran.answers + declined
+        if size == 0:  # every answer on its own, in unit order
+            order = {w.unit_id: k for k, w in enumerate(works)}
+            answers.sort(key=lambda a: order[a.unit])
+        batches = list(ran.batches)
         if sim.rng is not None:
             sim.rng.shuffle(answers)
-            sim.rng.shuffle(acks)
+            sim.rng.shuffle(batches)
+        hung = len(running) + len(declined) < len(works)
         sim.clock.now = deadline_ms if hung else sim.clock.now + 10
-        batches = [AckBatch.of(acks[k : k + size]) for k in range(0, len(acks), size or 1)]
         return Dispatch(answers, batches=batches)
-
-    def _epoch(self, work: UnitWork) -> Ack:
-        """Read the unit's splits from its restored positions, stage the records, snapshot."""
-        sim = self.sim
-        states: list[SubtaskState] = []
-        rows: list[Any] = []
-        for s in work.restore:
-            source = sim.source_of.get(s.vertex_id)
-            if source is not None:
-                positions = {x.split_id: x.position for x in s.split_states}
-                for v, i, split in work.new_splits:
-                    if (v, i) == (s.vertex_id, s.index):
-                        positions.setdefault(split, b"")
-                budget = sim.records_per_epoch
-                kept = []
-                for split, position in positions.items():
-                    got, position, finished = source.advance(split, position, budget)
-                    rows += got
-                    budget -= len(got)
-                    if not finished:
-                        kept.append(SplitState(split, position))
-                states.append(
-                    SubtaskState(
-                        s.vertex_id,
-                        s.index,
-                        work.unit_id,
-                        split_states=tuple(kept),
-                        attempt=work.attempt,
-                    )
-                )
-            else:
-                committables: tuple[bytes, ...] = ()
-                if rows and sim.stage_output:
-                    path = f"chk-{work.checkpoint_id}/u{work.unit_id}-a{work.attempt}.data"
-                    committables = (sim.sink.stage(path, rows),)
-                states.append(
-                    SubtaskState(
-                        s.vertex_id,
-                        s.index,
-                        work.unit_id,
-                        committables=committables,
-                        attempt=work.attempt,
-                    )
-                )
-        return Ack(work.checkpoint_id, work.unit_id, work.attempt, tuple(states), len(rows))
 
 
 class _SimClock:
@@ -349,15 +363,17 @@ class Simulation:
     `max_checkpoints` were triggered.
 
     Input: `splits_per_unit * num_units` splits of `records_per_split` records, read
-    `records_per_epoch` per unit and epoch (`bounded=False`: one never-ending split per unit).
+    `records_per_epoch` per unit and epoch, shared fairly among its splits as every source
+    subtask shares its budget (`bounded=False`: one never-ending split per unit).
     `crash_before`: coordinator call numbers (1, 2, ... counted over the whole run) before
     which the driver crashes; a new driver then restores the latest restorable checkpoint in
     `restore_mode`. `interval_ms`: simulated time between epochs. `shuffle_seed`: deliver
     answers in a random order. `fail_commits`: the sink fails that many commits first.
     `stage_output=False` stages no sink files (benchmarks: keeps memory flat). `ack_batch`:
-    the dispatcher packs the acks of each dispatch (not of units re-run alone) into `AckBatch`es
-    of this many, as a Spark task packs its partition's, handed over before the declines; 0:
-    every answer on its own, in unit order.
+    the units of each dispatch (not units re-run alone) run in tasks of at most this many
+    (near-equal contiguous slices), each task's acks packed into one `AckBatch`, as a Spark
+    task packs its partition's, handed over before the declines; 0: one task, every answer on
+    its own, in unit order.
     Above 32,768 units the job has several chains (`chain_vertices`); `source` is the first
     chain's, `sources` all of them (the splits of chain c follow those of chain c - 1).
     """
@@ -393,14 +409,12 @@ class Simulation:
         restore = msgspec.structs.replace(policy.restore, mode=restore_mode)
         self.policy = msgspec.structs.replace(policy, restore=restore)
         self.crash_before = frozenset(crash_before)
-        self.records_per_epoch = records_per_epoch
-        self.stage_output = stage_output
         self.ack_batch = ack_batch
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._interval = interval_ms / 1000
         self._bounded = bounded
         per_unit = splits_per_unit if bounded else 1
-        self.sink = InMemoryTableSink()  # every chain's sink commits to this table
+        self.sink = _NumberedTable(stage_output)  # every chain's sink commits to this table
         self.sink.fail_next_commits = fail_commits
         self.pipeline = Pipeline(job_id, records_per_epoch=records_per_epoch)
         self.source_of: dict[str, _NumberedSource] = {}
@@ -421,6 +435,10 @@ class Simulation:
             job_id,
             filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(memory)),
         )
+        # The task side: the simulated units keep no operator state (sources' positions only),
+        # so it never reads or writes the checkpoint root (an in-memory one the driver holds);
+        # no unit timer either: a simulated unit hangs only when the schedule says so.
+        self.env = TaskEnv(self.storage.root, job_id, self.pipeline, unit_timeout=0)
         self.clock = _SimClock()
         # no renewal thread in simulated time: a lease that outlasts an epoch run to its deadline
         self._lease_ttl = 3 * self.policy.checkpointing.timeout
@@ -428,6 +446,16 @@ class Simulation:
         self.step = 0
         self._since_durable = [0] * num_units
         self.result = SimResult([], [], [], [], [])
+
+    @property
+    def records_per_epoch(self) -> int:
+        """How many records each unit reads per epoch (the pipeline's; may be changed between
+        runs)."""
+        return self.pipeline.records_per_epoch
+
+    @records_per_epoch.setter
+    def records_per_epoch(self, n: int) -> None:
+        self.pipeline.records_per_epoch = n
 
     # --- what the dispatcher and the driver report ------------------------------------------
 
