@@ -16,7 +16,7 @@ from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, AckBatch, UnitWork, answers_of
 from regional.dataflow.pipeline import Pipeline
 from regional.runtime.driver import JobDriver
-from regional.runtime.local import InProcessDispatcher, round_robin, task_slices
+from regional.runtime.local import InProcessDispatcher, round_robin
 from regional.runtime.task import TaskEnv
 from regional.sinks.memory import InMemoryTableSink
 from regional.sources.generator import GeneratorSource
@@ -61,11 +61,7 @@ class _Clock:
 
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(0, 40), tasks=st.integers(1, 12))
-def test_slices_cover_every_unit_once_in_order_in_near_equal_tasks(n: int, tasks: int) -> None:
-    slices = task_slices(list(range(n)), tasks)
-    assert [u for s in slices for u in s] == list(range(n))
-    assert len(slices) == min(n, tasks) and all(slices)
-    assert max(map(len, slices), default=0) - min(map(len, slices), default=0) <= 1
+def test_round_robin_covers_every_unit_once_by_unit_id(n: int, tasks: int) -> None:
     spread = round_robin([UnitWork(1, 1, u, ()) for u in range(n)], tasks)
     assert sorted(w.unit_id for t in spread for w in t) == list(range(n))
     assert all(len({w.unit_id % tasks for w in t}) == 1 for t in spread)

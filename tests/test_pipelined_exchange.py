@@ -6,7 +6,6 @@ The units run in this process on the driver's dispatch thread (a dispatcher that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +20,13 @@ from metadata.format import segment_checksum
 from metadata.storage import JobStorage
 from regional.coordinator import TriggerCheckpoint
 from regional.coordinator.decisions import Commit
-from regional.coordinator.messages import UnitWork
 from regional.dataflow import exchange
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.policy import load_policy
-from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import JobDriver
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
-from regional.runtime.task import TaskEnv, run_units
-
-
-class _Background:
-    """Runs the units in this process; `background_safe`, so `run()` pipelines its epochs."""
-
-    background_safe = True
-
-    def __init__(self, env: TaskEnv) -> None:
-        self.env = env
-
-    def start(self) -> None:
-        return None
-
-    def run(
-        self, works: Sequence[UnitWork], deadline_ms: int, *, isolated: bool = False
-    ) -> Dispatch:
-        return Dispatch(run_units(self.env, works))
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 
 
 def _driver(tmp_path: Path, faults: Faults | None = None, **kw: Any) -> JobDriver:
@@ -58,7 +39,12 @@ def _driver(tmp_path: Path, faults: Faults | None = None, **kw: Any) -> JobDrive
     faults = faults or Faults()
     env = TaskEnv(root, "orders", p, unit_timeout=30, faults=faults.unit_faults())
     return JobDriver(
-        p, _Background(env), storage=JobStorage(root, "orders"), policy=policy, faults=faults, **kw
+        p,
+        InProcessDispatcher(env, background_safe=True),
+        storage=JobStorage(root, "orders"),
+        policy=policy,
+        faults=faults,
+        **kw,
     )
 
 

@@ -3,44 +3,29 @@ runs an epoch's units with the task side Spark runs (`regional.runtime.task.run_
 task after another, without Spark. Driver-level tests and the simulation (`runtime.sim`) use it,
 so they exercise the record path production runs.
 
-Like `SparkDispatcher`, it spreads the units over `tasks` contiguous slices of near-equal size
-(as `parallelize` slices a list) and, with `pack_acks`, hands each task's acks over as one
-`AckBatch`. The epoch deadline is kept as a cancelled Spark job keeps it: a task that starts
-at or after the deadline is not run, and the answers of a task that ends after it are lost; the
-coordinator declines those units as timed out.
+Like `SparkDispatcher`, it spreads each stage's units over `tasks` tasks in contiguous slices
+of near-equal size (`regional.runtime.dispatch.spread_over_tasks`) and, with `pack_acks`,
+hands each task's acks over as one `AckBatch`. The epoch deadline is kept as a cancelled Spark
+job keeps it: a task that starts at or after the deadline is not run, and the answers of a task
+that ends after it are lost; the coordinator declines those units as timed out.
 
->>> task_slices([1, 2, 3, 4, 5], 2)
-[[1, 2], [3, 4, 5]]
->>> task_slices([1, 2], 4)
-[[1], [2]]
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
 
 from regional.coordinator.messages import AckBatch, Answer, UnitWork, packed
-from regional.runtime.dispatch import Dispatch
+from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.task import TaskEnv, run_units
 
-__all__ = ["InProcessDispatcher", "round_robin", "task_slices", "wall_clock_ms"]
-
-T = TypeVar("T")
+__all__ = ["InProcessDispatcher", "round_robin", "wall_clock_ms"]
 
 
 def wall_clock_ms() -> int:
     """The driver's clock (`driver.SystemClock`): milliseconds since the Unix epoch."""
     return int(time.time() * 1000)
-
-
-def task_slices(works: Sequence[T], tasks: int) -> list[list[T]]:
-    """`works` in at most `tasks` contiguous slices of near-equal size, none empty (as
-    `SparkDispatcher` slices an epoch's units over its tasks)."""
-    n = len(works)
-    parts = max(1, min(tasks, n))
-    return [list(works[i * n // parts : (i + 1) * n // parts]) for i in range(parts) if n]
 
 
 def round_robin(works: Sequence[UnitWork], tasks: int) -> list[list[UnitWork]]:
@@ -104,7 +89,7 @@ class InProcessDispatcher:
         elif self.interleaved:
             slices = round_robin(works, self.tasks)
         else:
-            slices = task_slices(works, self.tasks)
+            slices = [s for s in spread_over_tasks(works, self.tasks) if s]
         answers: list[Answer] = []
         batches: list[AckBatch] = []
         for task in slices:
