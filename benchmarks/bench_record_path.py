@@ -9,26 +9,38 @@ Shapes (regions x records per region and epoch):
   in a loop, per region.
 * `keyed`: generator -> map -> key_by(split-scoped).process(count per key) -> sink, the same
   two ways (the state restored from and snapshotted to bytes every epoch, as the task does).
+* `exchange` (the whole job in this process, storage included): generator -> map ->
+  ``key_by(key, partitions=P)`` -> process(count per key) -> Parquet table, one
+  `JobDriver.epoch()` at a time over the in-process dispatcher (2 tasks, as `local[2]`): the
+  task side, the exchange's segments and commits, state files, metadata; plain Python: the
+  same map and running count per key over the same records.
 
 Prints microseconds per unit and per record of each variant and the ratio to plain Python.
-The issue's targets: a forward unit of 10 records <= 50 us; a keyed stage <= 2x plain Python.
+The issue's targets: a forward unit of 10 records <= 50 us; a keyed stage after an exchange
+<= 2x plain Python at 64 x 5,000.
 
     .venv/bin/python -m benchmarks.bench_record_path [--shapes 1024x10,64x5000] [--epochs 5]
-        [--quick]
+        [--partitions 64] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from metadata.model import SplitState, SubtaskState
+from metadata.storage import JobStorage
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.unit_epoch import UnitEpoch
 from regional.dataflow.walker import TaskUnit, run_task_epoch, run_unit_epoch
+from regional.policy import load_policy
+from regional.runtime.driver import JobDriver
+from regional.runtime.local import InProcessDispatcher
+from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
 
@@ -63,6 +75,33 @@ def job(kind: str, regions: int, records: int) -> Pipeline:
         s = s.key_by(lambda r: r["key"]).process(counted, name="count")
     s.sink(ParquetSink("/nonexistent/bench"), name="out")
     return p
+
+
+def exchange_driver(work: str, regions: int, records: int, partitions: int) -> JobDriver:
+    """The exchange job over the in-process dispatcher (2 tasks), started."""
+    p = Pipeline("bench-exchange", records_per_epoch=records)
+    src = p.source(
+        GeneratorSource(regions, record, records_per_split=10**9), parallelism=regions, name="src"
+    )
+    (
+        src.map(doubled, name="doubled")
+        .filter(kept, name="kept")
+        .key_by(record_key, partitions=partitions, name="by-key")
+        .process(counted, name="count")
+        .sink(ParquetSink(f"{work}/table"), name="out")
+    )
+    root = f"{work}/ckpt"
+    policy = load_policy(env={}, overrides={"checkpointing": {"timeout": "600 s"}}).policy
+    env = TaskEnv(root, "bench", p, unit_timeout=600)
+    driver = JobDriver(
+        p, InProcessDispatcher(env, tasks=2), storage=JobStorage(root, "bench"), policy=policy
+    )
+    driver.start()
+    return driver
+
+
+def record_key(r: dict[str, int]) -> int:
+    return r["key"]
 
 
 def plain(kind: str, regions: int, records: int, epoch: int, counts: list[dict[int, int]]) -> int:
@@ -146,6 +185,27 @@ def together(units: Units) -> int:
     return units.keep(epochs)
 
 
+def measure_exchange(regions: int, records: int, partitions: int, epochs: int) -> dict[str, float]:
+    """`JobDriver.epoch()` of the exchange job against plain Python, interleaved. The first
+    epoch of the job only writes (its readers read from the next one on): two warm-up epochs."""
+    with tempfile.TemporaryDirectory() as work:
+        driver = exchange_driver(work, regions, records, partitions)
+        counts: list[dict[int, int]] = [{} for _ in range(regions)]
+        seconds: dict[str, list[float]] = {"epoch": [], "plain": []}
+        for e in range(epochs + 2):
+            for name in ("epoch", "plain") if e % 2 else ("plain", "epoch"):
+                started = time.perf_counter()
+                if name == "epoch":
+                    driver.epoch()
+                else:
+                    plain("keyed", regions, records, e, counts)
+                if e >= 2:
+                    seconds[name].append(time.perf_counter() - started)
+        driver.cleaning.close()
+        driver.lease.release()
+    return {k: statistics.median(v) for k, v in seconds.items()}
+
+
 def measure(kind: str, regions: int, records: int, epochs: int) -> dict[str, float]:
     runs: dict[str, Callable[[int], int]] = {}
     walkers = {"alone": Units(job(kind, regions, records), regions)}
@@ -171,10 +231,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1024x10,64x5000", help="REGIONSxRECORDS, comma-separated")
     ap.add_argument("--epochs", type=int, default=5, help="measured epochs (after 1 warm-up)")
+    ap.add_argument("--partitions", type=int, default=64, help="the exchange's partitions")
     ap.add_argument("--quick", action="store_true", help="2 measured epochs, 256x10 and 16x2000")
     args = ap.parse_args()
     if args.quick:
-        args.epochs, args.shapes = 2, "256x10,16x2000"
+        args.epochs, args.shapes, args.partitions = 2, "256x10,16x2000", 16
     print(f"{'job':8} {'shape':10} {'variant':6} {'us/unit':>9} {'us/record':>10} {'x plain':>8}")
     for kind in ("forward", "keyed"):
         for shape in args.shapes.split(","):
@@ -186,6 +247,15 @@ def main() -> None:
                     f"{kind:8} {shape:10} {variant:6} {s / regions * 1e6:9.1f} "
                     f"{s / (regions * records) * 1e6:10.2f} {s / got['plain']:8.2f}"
                 )
+    for shape in args.shapes.split(","):
+        regions, records = (int(x) for x in shape.split("x"))
+        got = measure_exchange(regions, records, args.partitions, args.epochs)
+        for variant in ("epoch", "plain"):
+            s = got[variant]
+            print(
+                f"{'exchange':8} {shape:10} {variant:6} {s / regions * 1e6:9.1f} "
+                f"{s / (regions * records) * 1e6:10.2f} {s / got['plain']:8.2f}"
+            )
 
 
 if __name__ == "__main__":
