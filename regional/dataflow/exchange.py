@@ -104,7 +104,7 @@ from metadata.watermarks import (
 )
 from regional.dataflow.columnar_aggregates import groupable
 from regional.dataflow.event_time import reader_watermark, released_writers
-from regional.dataflow.partitioning import partition_of
+from regional.dataflow.partitioning import Placement
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
 from regional.sinks.merging import FilePart, kept_ranges, take_ranges
@@ -522,6 +522,7 @@ class ExchangeWriter(_Bound, StagedSink):
         self.partitions = partitions
         self.path = ""
         self._filesystem = None
+        self._placed: Placement | None = None
         #: One at a time, in (checkpoint, writer) order: a reader never passes a segment that
         #: an interrupted commit publishes later.
         self.area = StagingArea(
@@ -545,52 +546,62 @@ class ExchangeWriter(_Bound, StagedSink):
     def partition(self, records: Iterable[Any], partitions: int) -> dict[int, list[Any]]:
         """Records grouped by the partition of their key (partition order, record order kept)."""
         out: dict[int, list[Any]] = defaultdict(list)
-        key = self.key
+        key, place = self.key, self._placement(partitions).of
         for record in records:
-            out[partition_of(key(record), partitions)].append(record)
+            out[place(key(record))].append(record)
         return dict(sorted(out.items()))
+
+    def _placement(self, partitions: int) -> Placement:
+        """The writer's `Placement` among `partitions` (kept: keys recur epoch after epoch)."""
+        placement = self._placed
+        if placement is None or placement.partitions != partitions:
+            placement = self._placed = Placement(partitions)
+        return placement
 
     def partition_tables(
         self, parts: Sequence[Sequence[pa.RecordBatch]]
     ) -> list[dict[int, pa.Table]]:
         """Each part's records as one table per partition of their keys (partition order,
-        record order kept). A field key (`key_by("user")`) whose column every batch has, of a
-        type Arrow groups as Python does (`columnar_aggregates.groupable`), with one schema
-        for all batches, is placed with one hash per distinct key and Arrow filters; any other
-        goes record by record (`partition`), as Python records and back."""
-        field = getattr(self.key, "field", None)
-        batches = [b for part in parts for b in part]
-        schemas = {b.schema.remove_metadata() for b in batches}
-        if (
-            not isinstance(field, str)
-            or len(schemas) != 1
-            or field not in batches[0].schema.names
-            or not groupable(batches[0].schema.field(field).type)
-        ):
-            return [
-                {
-                    q: pa.Table.from_pylist(rows)
-                    for q, rows in self.partition(
-                        [r for b in part for r in b.to_pylist()], self.partitions
-                    ).items()
-                }
-                for part in parts
-            ]
+        record order kept), cut from the part's table in Arrow (one stable sort by partition,
+        one take): each distinct key is hashed once (`Placement`), where `partition` would
+        hash it per record, and places its records as `partition` does. The keys: a field
+        key's column (`key_by("user")`; dictionary-encoded where Arrow groups as Python does,
+        `columnar_aggregates.groupable`, else as Python values), or the key function called
+        on each record (user work). A part whose batches differ in schema goes record by
+        record (`partition`), as Python records and back."""
         out: list[dict[int, pa.Table]] = []
         for part in parts:
-            table = pa.Table.from_batches(part, schema=batches[0].schema).replace_schema_metadata()
-            if not table.num_rows:
+            schemas = {b.schema.remove_metadata() for b in part}
+            if len(schemas) > 1:
+                rows = [r for b in part for r in b.to_pylist()]
+                out.append(
+                    {
+                        q: pa.Table.from_pylist(mine)
+                        for q, mine in self.partition(rows, self.partitions).items()
+                    }
+                )
+                continue
+            table = pa.Table.from_batches(part, schema=schemas.pop()) if part else None
+            if table is None or not table.num_rows:
                 out.append({})
                 continue
-            keys = pc.dictionary_encode(table.column(field), null_encoding="encode")
-            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-            placed = np.array(
-                [partition_of(k, self.partitions) for k in keys.dictionary.to_pylist()],
-                dtype=np.int64,
-            )
-            of_row = placed[np.asarray(keys.indices, dtype=np.int64)]
-            out.append({int(q): table.filter(pa.array(of_row == q)) for q in np.unique(of_row)})
+            out.append(_cut(table, self._placed_rows(table)))
         return out
+
+    def _placed_rows(self, table: pa.Table) -> np.ndarray:
+        """The partition of each row of `table` (int64)."""
+        place = self._placement(self.partitions)
+        field = getattr(self.key, "field", None)
+        if isinstance(field, str) and field in table.column_names:
+            column = table.column(field)
+            if not groupable(column.type):  # floats, lists, ...: Python values, one column
+                return place.of_keys(column.to_pylist())
+            keys = pc.dictionary_encode(column, null_encoding="encode")
+            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            placed = place.of_keys(keys.dictionary.to_pylist())
+            return placed[np.asarray(keys.indices, dtype=np.int64)]
+        key = self.key
+        return place.of_keys([key(r) for r in table.to_pylist()])
 
     def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Stage this epoch's records of writer subtask `context.index`, one file per partition
@@ -876,6 +887,24 @@ class ExchangeWriter(_Bound, StagedSink):
         return bool(fs.get_file_info(base).type == pafs.FileType.Directory)
 
 
+def _cut(table: pa.Table, placed: np.ndarray) -> dict[int, pa.Table]:
+    """`table`'s rows by partition (`placed`: each row's), in partition order, each
+    partition's rows in table order; the schema kept, its metadata dropped."""
+    table = table.replace_schema_metadata()
+    first = int(placed[0])
+    if bool((placed == first).all()):
+        return {first: table}
+    order = np.argsort(placed, kind="stable")
+    ordered = placed[order]
+    partitions, starts = np.unique(ordered, return_index=True)
+    taken = table.take(pa.array(order, pa.int64()))
+    ends = [*starts[1:].tolist(), len(ordered)]
+    return {
+        int(q): taken.slice(int(a), int(b) - int(a))
+        for q, a, b in zip(partitions.tolist(), starts.tolist(), ends, strict=True)
+    }
+
+
 def _one_table(pieces: Sequence[pa.Table], reader: str) -> pa.Table:
     """Several writers' rows of one partition as one table (a merged segment). Units convert
     their records on their own (each list with the union of its fields), so their columns
@@ -923,8 +952,9 @@ def repartition(
         moved += zip(published, origins, records, strict=True)
     moved.sort(key=lambda m: m[0])  # stable
     grouped: dict[int, list[tuple[SegmentName, int | None, Any]]] = defaultdict(list)
+    place = Placement(new_layout).of
     for m in moved:
-        grouped[partition_of(target.key(m[2]), new_layout)].append(m)
+        grouped[place(target.key(m[2]))].append(m)
     out_fs, out_base = target._fs()
     files, sizes, checksums = [], [], []
     for partition in range(new_layout):
