@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from metadata.errors import OutsideRootError
 
-__all__ = ["check_confined", "is_confined"]
+__all__ = ["check_confined", "confined_entries", "is_confined"]
 
 
 def is_confined(root: str, full: str) -> bool:
@@ -62,3 +62,34 @@ def check_confined(
         f"regional never reads, writes or deletes through a link out of the {what}: remove "
         "the link"
     )
+
+
+def confined_entries(
+    root: str,
+    rel: str,
+    keep: Callable[[os.DirEntry[str]], bool],
+    *,
+    what: str = "job root",
+    describe: Callable[[str], str] | None = None,
+    checked: bool = False,
+) -> list[os.DirEntry[str]]:
+    """The entries of the local directory `root/rel` that `keep` keeps ([] when the directory
+    does not exist), none of them leading out of `root`: the directory is checked once
+    (`check_confined`; not when `checked`: an entry of an earlier such listing), then only the
+    kept entries that are symbolic links (their type from the listing itself, no `lstat`
+    each), each as `check_confined` would (`OutsideRootError` naming the link). An entry that
+    is no link sits in a confined directory, so resolving each listed path would find nothing
+    more: a listing costs one resolution, not one per entry."""
+    if not checked:
+        check_confined(root, rel, what=what, describe=describe)
+    directory = f"{root.rstrip('/')}/{rel}" if rel else root
+    try:
+        with os.scandir(directory) as listing:
+            entries = [e for e in listing if keep(e)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    prefix = f"{rel}/" if rel else ""
+    for entry in entries:
+        if entry.is_symlink():
+            check_confined(root, prefix + entry.name, what=what, describe=describe)
+    return entries

@@ -74,8 +74,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.commit_log import CommitRecord, FileCheck, read_records
-from metadata.confine import check_confined
+from metadata.commit_log import CommitRecord, FileCheck, RecordCache
+from metadata.confine import confined_entries
 from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
@@ -236,17 +236,8 @@ def _job_root(base: str) -> tuple[str, str]:
     return posixpath.dirname(posixpath.dirname(base)), "job root"
 
 
-def _check_inside(fs: pafs.FileSystem, base: str, full: str, reader: str) -> str:
-    """`full`, unless on a local disk it leads out of the exchange's job root through a
-    symbolic link (`metadata.confine`): then `CommitError` naming the link."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        root, what = _job_root(base)
-        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
-        try:
-            check_confined(root, rel, what=what, describe=lambda _: f"exchange {reader!r}: {full}")
-        except OutsideRootError as exc:
-            raise CommitError(str(exc)) from None
-    return full
+#: The exchange commit records this process decoded (every reader subtask reads the same).
+_RECORDS = RecordCache()
 
 
 class _Bound:
@@ -269,16 +260,36 @@ class _Bound:
         return pafs.LocalFileSystem(), self.path.rstrip("/")
 
     def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
-        """The published segments of one partition, in cursor order."""
+        """The published segments of one partition, in cursor order. On a local disk the
+        partition directory is resolved once and, of its segments, only symbolic links are
+        (`metadata.confine.confined_entries`): none leads out of the job root."""
         fs, base = self._fs()
-        directory = _check_inside(fs, base, f"{base}/n{layout}/p{partition}", self.reader)
-        selector = pafs.FileSelector(directory, allow_not_found=True)
+        directory = f"{base}/n{layout}/p{partition}"
         out = []
-        for info in fs.get_file_info(selector):
-            segment = segment_name(_name(info))
-            if segment is not None and info.type == pafs.FileType.File:
-                _check_inside(fs, base, info.path, self.reader)  # a segment linked out
+        if isinstance(fs, pafs.LocalFileSystem):
+            root, what = _job_root(base)
+            rel = directory[len(root) + 1 :] if directory.startswith(root + "/") else ""
+            try:
+                entries = confined_entries(
+                    root,
+                    rel,
+                    lambda e: segment_name(e.name) is not None and e.is_file(),
+                    what=what,
+                    describe=lambda r: f"exchange {self.reader!r}: {root}/{r}",
+                )
+            except OutsideRootError as exc:
+                raise CommitError(str(exc)) from None
+            for entry in entries:
+                segment = segment_name(entry.name)
+                assert segment is not None
+                info = pafs.FileInfo(entry.path, pafs.FileType.File, size=entry.stat().st_size)
                 out.append((segment, info))
+        else:
+            selector = pafs.FileSelector(directory, allow_not_found=True)
+            for info in fs.get_file_info(selector):
+                segment = segment_name(_name(info))
+                if segment is not None and info.type == pafs.FileType.File:
+                    out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
 
     def committed(
@@ -289,18 +300,21 @@ class _Bound:
         committed from the writer's commit records (`metadata.commit_log`) and checks each
         exists with its recorded size. A published segment whose record is not written yet
         (a commit in progress) ends the list. `CommitError` naming the segment when one is
-        missing, resized, or published without a record before recorded ones."""
+        missing, resized, or published without a record before recorded ones. The records
+        are decoded once per process and indexed by partition (`_RECORDS`), so a reader
+        costs what its own partition holds, not what every partition does."""
         fs, base = self._fs()
         listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
-        prefix = f"n{layout}/p{partition}/"
+        here = f"n{layout}/p{partition}"
+        prefix = f"{here}/"
         try:
-            records = read_records(fs, base, since=cursor.checkpoint_id)
+            records = _RECORDS.records(fs, base, since=cursor.checkpoint_id)
         except (MetadataError, OutsideRootError) as exc:
             raise CommitError(f"exchange {self.reader!r}: {exc}") from None
         expected: dict[SegmentName, FileCheck] = {}
         for record in records:
-            for file, recorded in record.expected().items():
-                segment = segment_name(file[len(prefix) :]) if file.startswith(prefix) else None
+            for file, recorded in record.expected_in(here).items():
+                segment = segment_name(file)
                 if segment is not None and not cursor.passed(segment):
                     expected[segment] = recorded
         newest = max(expected, default=None)
@@ -343,7 +357,7 @@ class _Bound:
                 f"record (checkpoint {check.identifier}) holds: it was damaged or replaced. "
                 "Put the committed file back, or restore a checkpoint whose readers had read it"
             )
-        return pq.read_table(pa.BufferReader(data))
+        return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
 
 
 class ExchangeReader(_Bound):
@@ -914,9 +928,7 @@ def _one_table(pieces: Sequence[pa.Table], reader: str) -> pa.Table:
     first = pieces[0].schema
     if all(p.schema.equals(first) for p in pieces[1:]):  # the usual case
         return pa.concat_tables(pieces)
-    same, refused = conformed(
-        [b for p in pieces for b in p.to_batches()], f"exchange {reader!r}"
-    )
+    same, refused = conformed([b for p in pieces for b in p.to_batches()], f"exchange {reader!r}")
     if refused:
         raise refused[0][1]
     return pa.Table.from_batches(same)
