@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import posixpath
 import re
@@ -137,6 +138,28 @@ ORIGIN_KEY = b"regional.origin_watermark"
 #: The column of each row's origin watermark in a merged segment whose writers had different
 #: watermarks before the epoch (readers drop it: records never carry it).
 ORIGIN_COLUMN = "__regional_origin_watermark__"
+
+
+class _StagedName(NamedTuple):
+    """What a staged file's name says: where it is published (relative to the exchange
+    directory; None: not a name the exchange stages) and its place in publish order."""
+
+    published: str | None
+    order: tuple[int, int, int]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _staged_name(name: str) -> _StagedName:
+    """`_StagedName` of a staged file's base name (parsed once: a commit, its published
+    paths and its order all ask, per staged file)."""
+    if (mark := _STAGED_MARK.fullmatch(name)) is not None:
+        y, w, wm = int(mark[1]), int(mark[2]), int(mark[3])
+        return _StagedName(f"{WATERMARK_DIR}/{mark_name(y, w, wm)}", (y, w, 1))
+    if (m := _STAGED_NAME.fullmatch(name)) is not None:
+        segment = SegmentName(int(m[3]), int(m[4]))
+        published = f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
+        return _StagedName(published, (segment.checkpoint_id, segment.writer, 0))
+    return _StagedName(None, (0, 0, 0))
 
 
 class WatermarkView(NamedTuple):
@@ -759,16 +782,14 @@ class ExchangeWriter(_Bound, StagedSink):
         return SinkRetention("", "parquet", self.path)
 
     def _published(self, staged: str) -> str:
-        if (mark := _STAGED_MARK.fullmatch(posixpath.basename(staged))) is not None:
-            return f"{WATERMARK_DIR}/{mark_name(int(mark[1]), int(mark[2]), int(mark[3]))}"
-        m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
-        if m is None:
+        """Where staged file `staged` is published, relative to the exchange directory."""
+        published = _staged_name(posixpath.basename(staged)).published
+        if published is None:
             raise CommitError(
                 f"exchange {self.reader!r}: staged file {staged!r} is not named "
                 "n<N>-p<q>-c<checkpoint>-w<writer>-...staged; it was tampered with"
             )
-        segment = SegmentName(int(m[3]), int(m[4]))
-        return f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
+        return published
 
     def published_paths(self, committables: Iterable[bytes]) -> list[str]:
         """Where a commit of `committables` publishes their segments, relative to the job
@@ -780,11 +801,7 @@ class ExchangeWriter(_Bound, StagedSink):
     def _order(self, staged: str) -> tuple[int, int, int]:
         """(checkpoint, writer, 0) for a segment, (checkpoint, writer, 1) for a watermark mark:
         a mark is published after its writer's segments of the same commit."""
-        name = posixpath.basename(staged)
-        if (mark := _STAGED_MARK.fullmatch(name)) is not None:
-            return (int(mark[1]), int(mark[2]), 1)
-        m = _STAGED_NAME.fullmatch(name)
-        return (int(m[3]), int(m[4]), 0) if m else (0, 0, 0)
+        return _staged_name(posixpath.basename(staged)).order
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo commits after `identifier` (`StagingArea.rollback`), then delete every
