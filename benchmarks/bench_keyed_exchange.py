@@ -7,7 +7,10 @@ One job per shape, the same Python work on both sides, side by side in one run (
   (`JobDriver.epoch()`, one at a time), and the same job's pipelined `run()` per epoch;
 * **plain Spark**: a two-stage RDD job per epoch: ``mapPartitions`` (the generator and the map,
   as (key, record) pairs) -> ``partitionBy(P)`` -> ``mapPartitions`` (the running count per
-  key in a dict, a record at a time) -> one Parquet file per task.
+  key in a dict, a record at a time) -> one Parquet file per task;
+* **plain Spark, one partition per core**: the same with ``partitionBy(<Spark tasks>)`` (P
+  reduce tasks cost Spark a task each; regional runs its P reader subtasks in as many Spark
+  tasks as there are cores).
 
 Shapes are ``REGIONSxRECORDS[:P]`` (source splits x records per split and epoch, exchange
 partitions; default `64x5000:64,16x20000:16,1024x10:64,1024x10:1024`). Regional and plain
@@ -129,13 +132,16 @@ def _plain_count(epoch: int, out: str):  # type: ignore[no-untyped-def,unused-ig
     return run
 
 
-def plain_epoch(sc: Any, shape: Shape, keys: int, tasks: int, epoch: int, out: str) -> float:
-    """One epoch of the plain two-stage Spark job; its wall seconds."""
+def plain_epoch(
+    sc: Any, shape: Shape, keys: int, tasks: int, epoch: int, out: str, reducers: int = 0
+) -> float:
+    """One epoch of the plain two-stage Spark job (`reducers` reduce tasks, default P); its
+    wall seconds."""
     started = time.perf_counter()
     (
         sc.parallelize(range(shape.regions), tasks)
         .mapPartitions(_plain_map(shape.records, epoch, keys))
-        .partitionBy(shape.partitions)
+        .partitionBy(reducers or shape.partitions)
         .mapPartitionsWithIndex(_plain_count(epoch, out))
         .collect()
     )
@@ -153,15 +159,21 @@ def run_shape(
     job = keyed_job(f"keyed-{tag}", shape, keys, f"{work}/table-{tag}")
     rt = SparkRuntime(job, spark, root=f"{work}/ckpt-{tag}", tasks=tasks)
     rt.start()
-    wall: dict[str, list[float]] = {"regional": [], "plain": []}
+    os.makedirs(f"{plain_dir}-cores")
+    steps = ["regional", "plain", "plain, per core"]
+    wall: dict[str, list[float]] = {name: [] for name in steps}
     warm = 2
     try:
         for epoch in range(warm + epochs):
             seconds: dict[str, float] = {}
-            order = ["regional", "plain"] if epoch % 2 == 0 else ["plain", "regional"]
-            for name in order:
+            turn = epoch % len(steps)  # the order rotates: the first of a round is slower
+            for name in steps[turn:] + steps[:turn]:
                 if name == "plain":
                     seconds[name] = plain_epoch(sc, shape, keys, tasks, epoch, plain_dir)
+                elif name == "plain, per core":
+                    seconds[name] = plain_epoch(
+                        sc, shape, keys, tasks, epoch, f"{plain_dir}-cores", reducers=tasks
+                    )
                 else:
                     started = time.perf_counter()
                     rt.epoch()
@@ -214,6 +226,8 @@ def main() -> None:
             "regional": f"{m['regional']:.3f}",
             "plain": f"{m['plain']:.3f}",
             "ratio": f"{m['regional'] / m['plain']:.2f}",
+            "cores": f"{m['plain, per core']:.3f}",
+            "cores_ratio": f"{m['regional'] / m['plain, per core']:.2f}",
             "run": f"{m['regional run()']:.3f}",
             "block": f"{m['plain, in a row']:.3f}",
             "run_ratio": f"{m['regional run()'] / m['plain, in a row']:.2f}",
@@ -222,6 +236,7 @@ def main() -> None:
     ]
     print_table([("shape", "shape", "<20"), ("regional", "epoch() s", ">10"),
                  ("plain", "plain s", ">8"), ("ratio", "ratio", ">6"),
+                 ("cores", "per core s", ">11"), ("cores_ratio", "ratio", ">6"),
                  ("run", "run() s", ">8"), ("block", "plain s", ">8"),
                  ("run_ratio", "ratio", ">6")], rows)  # fmt: skip
     suffix = "-quick" if args.quick else ""
@@ -231,6 +246,9 @@ def main() -> None:
         config={"shapes": args.shapes, "epochs": args.epochs, "keys": args.keys, "tasks": tasks},
         epoch_s=results,
         ratio={label: m["regional"] / m["plain"] for label, m in results.items()},
+        ratio_per_core={
+            label: m["regional"] / m["plain, per core"] for label, m in results.items()
+        },
         run_ratio={
             label: m["regional run()"] / m["plain, in a row"] for label, m in results.items()
         },

@@ -687,31 +687,35 @@ class ExchangeWriter(_Bound, StagedSink):
         tail = f"{first.run_id or 'run'}-a{first.attempt}-{uuid.uuid4().hex[:8]}"
         grouped = self.partition_tables([parts[i][1] for i in order])
         out: list[list[bytes]] = [[] for _ in parts]
-        for partition in sorted({q for g in grouped for q in g}):
-            pieces = [g[partition] for g in grouped if partition in g]
-            counts = [g[partition].num_rows if partition in g else 0 for g in grouped]
+        present: dict[int, list[tuple[int, pa.Table]]] = defaultdict(list)  # by partition
+        for k, g in enumerate(grouped):  # k: the part's place in writer order
+            for q, rows in g.items():
+                present[q].append((k, rows))
+        for partition in sorted(present):
+            mine = present[partition]  # O(the writers with rows here), not O(writers)
+            pieces = [rows for _, rows in mine]
             table = pieces[0] if len(pieces) == 1 else _one_table(pieces, self.reader)
             timed = self._origin(
-                [parts[i][0] for i, n in zip(order, counts, strict=True) if n],
-                [n for n in counts if n],
-                table,
+                [parts[order[k]][0] for k, _ in mine], [t.num_rows for t in pieces], table
             )
             if timed is not None:  # event time: which writers' rows, for the reader's marks
-                listed = ",".join(f"{w}:{n}" for w, n in zip(writers, counts, strict=True))
+                counts = dict.fromkeys(range(len(order)), 0)
+                counts.update((k, rows.num_rows) for k, rows in mine)
+                listed = ",".join(f"{w}:{counts[k]}" for k, w in enumerate(writers))
                 meta = {**(timed.schema.metadata or {}), WRITERS_KEY: listed.encode()}
                 table = timed.replace_schema_metadata(meta)
             places: list[FilePart | None] = []
             start = 0
-            for n in counts:
-                places.append(FilePart(start, n, table.num_rows) if n else None)
-                start += n
+            for rows in pieces:
+                places.append(FilePart(start, rows.num_rows, table.num_rows))
+                start += rows.num_rows
             stem = (
                 f"n{self.partitions}-p{partition}-c{first.checkpoint_id:020d}-"
                 f"w{first.index:05d}-{tail}"
             )
             staged = self.area.stage_merged(first.job_id, stem, table, places)
-            for i, committables in zip(order, staged, strict=True):
-                out[i] += committables
+            for (k, _), committables in zip(mine, staged, strict=True):
+                out[order[k]] += committables
         for i, (c, _) in enumerate(parts):
             if c.watermarks is not None:  # the mark, published after the segment of its rows
                 stem = f"wm-c{c.checkpoint_id:020d}-w{c.index:05d}-{c.watermarks[1]}-{tail}"
