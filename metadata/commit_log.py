@@ -218,7 +218,7 @@ class RecordCache:
     directory (`IndexedRecord`), so a reader picks its own files without decoding or walking
     the others. At most `capacity` records are kept (the least recently read go first)."""
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, capacity: int = 32) -> None:
         self.capacity = capacity
         self._kept: OrderedDict[str, tuple[bytes, IndexedRecord]] = OrderedDict()
         self._lock = threading.Lock()
