@@ -215,7 +215,10 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="regional-bench-keyed-exchange-")
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
     tasks = spark.sparkContext.defaultParallelism
-    results = {s.label: run_shape(spark, work, s, args.keys, args.epochs, tasks) for s in shapes}
+    results = {}
+    for shape in shapes:  # each shape's medians as soon as it is measured
+        results[shape.label] = m = run_shape(spark, work, shape, args.keys, args.epochs, tasks)
+        print(f"{shape.label}: " + ", ".join(f"{k} {v:.3f} s" for k, v in m.items()), flush=True)
     print(
         f"\nSpark master {args.master} ({tasks} tasks); medians of {args.epochs} interleaved "
         f"epochs after 2 warm-up epochs; {args.keys} keys; {os.cpu_count()} CPUs\n"
