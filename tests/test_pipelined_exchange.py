@@ -107,7 +107,7 @@ def test_a_commit_that_completes_while_a_reader_lists_is_read_now_or_next_time(
     writer = ExchangeWriter("x", lambda r: r, 1)
     writer.bind(str(tmp_path / "x"), None)
     _record(writer, 1, _segment(tmp_path, 1))
-    real = exchange.read_records
+    real = exchange._RECORDS.records
 
     def commit() -> None:
         if not (tmp_path / "x" / "n1" / "p0" / SegmentName(2, 0).file_name()).exists():
@@ -121,7 +121,7 @@ def test_a_commit_that_completes_while_a_reader_lists_is_read_now_or_next_time(
             commit()
         return records
 
-    monkeypatch.setattr(exchange, "read_records", commit_meanwhile)
+    monkeypatch.setattr(exchange._RECORDS, "records", commit_meanwhile)
     both = [SegmentName(1, 0), SegmentName(2, 0)]
     first = reader.committed(1, 0, Cursor(0, 0, 0))
     assert [s for s, _, _ in first] == (both if when == "before" else both[:1])

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import posixpath
 import re
@@ -74,8 +75,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.commit_log import CommitRecord, FileCheck, read_records
-from metadata.confine import check_confined
+from metadata.commit_log import CommitRecord, FileCheck, RecordCache
+from metadata.confine import confined_entries
 from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
@@ -104,7 +105,7 @@ from metadata.watermarks import (
 )
 from regional.dataflow.columnar_aggregates import groupable
 from regional.dataflow.event_time import reader_watermark, released_writers
-from regional.dataflow.partitioning import partition_of
+from regional.dataflow.partitioning import Placement
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
 from regional.sinks.merging import FilePart, kept_ranges, take_ranges
@@ -137,6 +138,28 @@ ORIGIN_KEY = b"regional.origin_watermark"
 #: The column of each row's origin watermark in a merged segment whose writers had different
 #: watermarks before the epoch (readers drop it: records never carry it).
 ORIGIN_COLUMN = "__regional_origin_watermark__"
+
+
+class _StagedName(NamedTuple):
+    """What a staged file's name says: where it is published (relative to the exchange
+    directory; None: not a name the exchange stages) and its place in publish order."""
+
+    published: str | None
+    order: tuple[int, int, int]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _staged_name(name: str) -> _StagedName:
+    """`_StagedName` of a staged file's base name (parsed once: a commit, its published
+    paths and its order all ask, per staged file)."""
+    if (mark := _STAGED_MARK.fullmatch(name)) is not None:
+        y, w, wm = int(mark[1]), int(mark[2]), int(mark[3])
+        return _StagedName(f"{WATERMARK_DIR}/{mark_name(y, w, wm)}", (y, w, 1))
+    if (m := _STAGED_NAME.fullmatch(name)) is not None:
+        segment = SegmentName(int(m[3]), int(m[4]))
+        published = f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
+        return _StagedName(published, (segment.checkpoint_id, segment.writer, 0))
+    return _StagedName(None, (0, 0, 0))
 
 
 class WatermarkView(NamedTuple):
@@ -236,17 +259,8 @@ def _job_root(base: str) -> tuple[str, str]:
     return posixpath.dirname(posixpath.dirname(base)), "job root"
 
 
-def _check_inside(fs: pafs.FileSystem, base: str, full: str, reader: str) -> str:
-    """`full`, unless on a local disk it leads out of the exchange's job root through a
-    symbolic link (`metadata.confine`): then `CommitError` naming the link."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        root, what = _job_root(base)
-        rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
-        try:
-            check_confined(root, rel, what=what, describe=lambda _: f"exchange {reader!r}: {full}")
-        except OutsideRootError as exc:
-            raise CommitError(str(exc)) from None
-    return full
+#: The exchange commit records this process decoded (every reader subtask reads the same).
+_RECORDS = RecordCache()
 
 
 class _Bound:
@@ -269,16 +283,36 @@ class _Bound:
         return pafs.LocalFileSystem(), self.path.rstrip("/")
 
     def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
-        """The published segments of one partition, in cursor order."""
+        """The published segments of one partition, in cursor order. On a local disk the
+        partition directory is resolved once and, of its segments, only symbolic links are
+        (`metadata.confine.confined_entries`): none leads out of the job root."""
         fs, base = self._fs()
-        directory = _check_inside(fs, base, f"{base}/n{layout}/p{partition}", self.reader)
-        selector = pafs.FileSelector(directory, allow_not_found=True)
+        directory = f"{base}/n{layout}/p{partition}"
         out = []
-        for info in fs.get_file_info(selector):
-            segment = segment_name(_name(info))
-            if segment is not None and info.type == pafs.FileType.File:
-                _check_inside(fs, base, info.path, self.reader)  # a segment linked out
+        if isinstance(fs, pafs.LocalFileSystem):
+            root, what = _job_root(base)
+            rel = directory[len(root) + 1 :] if directory.startswith(root + "/") else ""
+            try:
+                entries = confined_entries(
+                    root,
+                    rel,
+                    lambda e: segment_name(e.name) is not None and e.is_file(),
+                    what=what,
+                    describe=lambda r: f"exchange {self.reader!r}: {root}/{r}",
+                )
+            except OutsideRootError as exc:
+                raise CommitError(str(exc)) from None
+            for entry in entries:
+                segment = segment_name(entry.name)
+                assert segment is not None
+                info = pafs.FileInfo(entry.path, pafs.FileType.File, size=entry.stat().st_size)
                 out.append((segment, info))
+        else:
+            selector = pafs.FileSelector(directory, allow_not_found=True)
+            for info in fs.get_file_info(selector):
+                segment = segment_name(_name(info))
+                if segment is not None and info.type == pafs.FileType.File:
+                    out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
 
     def committed(
@@ -289,22 +323,25 @@ class _Bound:
         committed from the writer's commit records (`metadata.commit_log`) and checks each
         exists with its recorded size. A published segment whose record is not written yet
         (a commit in progress) ends the list. `CommitError` naming the segment when one is
-        missing, resized, or published without a record before recorded ones."""
+        missing, resized, or published without a record before recorded ones. The records
+        are decoded once per process and indexed by partition (`_RECORDS`), so a reader
+        costs what its own partition holds, not what every partition does."""
         fs, base = self._fs()
-        prefix = f"n{layout}/p{partition}/"
+        here = f"n{layout}/p{partition}"
+        prefix = f"{here}/"
         # the records before the listing: a commit publishes its segments before it writes
         # its record, so every segment a record read here names is listed below, while one a
         # commit in progress published meanwhile has no record and ends the list (a pipelined
         # run's readers list while the previous epoch commits)
         try:
-            records = read_records(fs, base, since=cursor.checkpoint_id)
+            records = _RECORDS.records(fs, base, since=cursor.checkpoint_id)
         except (MetadataError, OutsideRootError) as exc:
             raise CommitError(f"exchange {self.reader!r}: {exc}") from None
         listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
         expected: dict[SegmentName, FileCheck] = {}
         for record in records:
-            for file, recorded in record.expected().items():
-                segment = segment_name(file[len(prefix) :]) if file.startswith(prefix) else None
+            for file, recorded in record.expected_in(here).items():
+                segment = segment_name(file)
                 if segment is not None and not cursor.passed(segment):
                     expected[segment] = recorded
         newest = max(expected, default=None)
@@ -347,7 +384,7 @@ class _Bound:
                 f"record (checkpoint {check.identifier}) holds: it was damaged or replaced. "
                 "Put the committed file back, or restore a checkpoint whose readers had read it"
             )
-        return pq.read_table(pa.BufferReader(data))
+        return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
 
 
 class ExchangeReader(_Bound):
@@ -526,6 +563,7 @@ class ExchangeWriter(_Bound, StagedSink):
         self.partitions = partitions
         self.path = ""
         self._filesystem = None
+        self._placed: Placement | None = None
         #: One at a time, in (checkpoint, writer) order: a reader never passes a segment that
         #: an interrupted commit publishes later.
         self.area = StagingArea(
@@ -549,52 +587,62 @@ class ExchangeWriter(_Bound, StagedSink):
     def partition(self, records: Iterable[Any], partitions: int) -> dict[int, list[Any]]:
         """Records grouped by the partition of their key (partition order, record order kept)."""
         out: dict[int, list[Any]] = defaultdict(list)
-        key = self.key
+        key, place = self.key, self._placement(partitions).of
         for record in records:
-            out[partition_of(key(record), partitions)].append(record)
+            out[place(key(record))].append(record)
         return dict(sorted(out.items()))
+
+    def _placement(self, partitions: int) -> Placement:
+        """The writer's `Placement` among `partitions` (kept: keys recur epoch after epoch)."""
+        placement = self._placed
+        if placement is None or placement.partitions != partitions:
+            placement = self._placed = Placement(partitions)
+        return placement
 
     def partition_tables(
         self, parts: Sequence[Sequence[pa.RecordBatch]]
     ) -> list[dict[int, pa.Table]]:
         """Each part's records as one table per partition of their keys (partition order,
-        record order kept). A field key (`key_by("user")`) whose column every batch has, of a
-        type Arrow groups as Python does (`columnar_aggregates.groupable`), with one schema
-        for all batches, is placed with one hash per distinct key and Arrow filters; any other
-        goes record by record (`partition`), as Python records and back."""
-        field = getattr(self.key, "field", None)
-        batches = [b for part in parts for b in part]
-        schemas = {b.schema.remove_metadata() for b in batches}
-        if (
-            not isinstance(field, str)
-            or len(schemas) != 1
-            or field not in batches[0].schema.names
-            or not groupable(batches[0].schema.field(field).type)
-        ):
-            return [
-                {
-                    q: pa.Table.from_pylist(rows)
-                    for q, rows in self.partition(
-                        [r for b in part for r in b.to_pylist()], self.partitions
-                    ).items()
-                }
-                for part in parts
-            ]
+        record order kept), cut from the part's table in Arrow (one stable sort by partition,
+        one take): each distinct key is hashed once (`Placement`), where `partition` would
+        hash it per record, and places its records as `partition` does. The keys: a field
+        key's column (`key_by("user")`; dictionary-encoded where Arrow groups as Python does,
+        `columnar_aggregates.groupable`, else as Python values), or the key function called
+        on each record (user work). A part whose batches differ in schema goes record by
+        record (`partition`), as Python records and back."""
         out: list[dict[int, pa.Table]] = []
         for part in parts:
-            table = pa.Table.from_batches(part, schema=batches[0].schema).replace_schema_metadata()
-            if not table.num_rows:
+            schemas = {b.schema.remove_metadata() for b in part}
+            if len(schemas) > 1:
+                rows = [r for b in part for r in b.to_pylist()]
+                out.append(
+                    {
+                        q: pa.Table.from_pylist(mine)
+                        for q, mine in self.partition(rows, self.partitions).items()
+                    }
+                )
+                continue
+            table = pa.Table.from_batches(part, schema=schemas.pop()) if part else None
+            if table is None or not table.num_rows:
                 out.append({})
                 continue
-            keys = pc.dictionary_encode(table.column(field), null_encoding="encode")
-            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-            placed = np.array(
-                [partition_of(k, self.partitions) for k in keys.dictionary.to_pylist()],
-                dtype=np.int64,
-            )
-            of_row = placed[np.asarray(keys.indices, dtype=np.int64)]
-            out.append({int(q): table.filter(pa.array(of_row == q)) for q in np.unique(of_row)})
+            out.append(_cut(table, self._placed_rows(table)))
         return out
+
+    def _placed_rows(self, table: pa.Table) -> np.ndarray:
+        """The partition of each row of `table` (int64)."""
+        place = self._placement(self.partitions)
+        field = getattr(self.key, "field", None)
+        if isinstance(field, str) and field in table.column_names:
+            column = table.column(field)
+            if not groupable(column.type):  # floats, lists, ...: Python values, one column
+                return place.of_keys(column.to_pylist())
+            keys = pc.dictionary_encode(column, null_encoding="encode")
+            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            placed = place.of_keys(keys.dictionary.to_pylist())
+            return placed[np.asarray(keys.indices, dtype=np.int64)]
+        key = self.key
+        return place.of_keys([key(r) for r in table.to_pylist()])
 
     def write(self, batches: Sequence[pa.RecordBatch], context: WriteContext) -> tuple[bytes, ...]:
         """Stage this epoch's records of writer subtask `context.index`, one file per partition
@@ -643,31 +691,35 @@ class ExchangeWriter(_Bound, StagedSink):
         tail = f"{first.run_id or 'run'}-a{first.attempt}-{uuid.uuid4().hex[:8]}"
         grouped = self.partition_tables([parts[i][1] for i in order])
         out: list[list[bytes]] = [[] for _ in parts]
-        for partition in sorted({q for g in grouped for q in g}):
-            pieces = [g[partition] for g in grouped if partition in g]
-            counts = [g[partition].num_rows if partition in g else 0 for g in grouped]
+        present: dict[int, list[tuple[int, pa.Table]]] = defaultdict(list)  # by partition
+        for k, g in enumerate(grouped):  # k: the part's place in writer order
+            for q, rows in g.items():
+                present[q].append((k, rows))
+        for partition in sorted(present):
+            mine = present[partition]  # O(the writers with rows here), not O(writers)
+            pieces = [rows for _, rows in mine]
             table = pieces[0] if len(pieces) == 1 else _one_table(pieces, self.reader)
             timed = self._origin(
-                [parts[i][0] for i, n in zip(order, counts, strict=True) if n],
-                [n for n in counts if n],
-                table,
+                [parts[order[k]][0] for k, _ in mine], [t.num_rows for t in pieces], table
             )
             if timed is not None:  # event time: which writers' rows, for the reader's marks
-                listed = ",".join(f"{w}:{n}" for w, n in zip(writers, counts, strict=True))
+                counts = dict.fromkeys(range(len(order)), 0)
+                counts.update((k, rows.num_rows) for k, rows in mine)
+                listed = ",".join(f"{w}:{counts[k]}" for k, w in enumerate(writers))
                 meta = {**(timed.schema.metadata or {}), WRITERS_KEY: listed.encode()}
                 table = timed.replace_schema_metadata(meta)
             places: list[FilePart | None] = []
             start = 0
-            for n in counts:
-                places.append(FilePart(start, n, table.num_rows) if n else None)
-                start += n
+            for rows in pieces:
+                places.append(FilePart(start, rows.num_rows, table.num_rows))
+                start += rows.num_rows
             stem = (
                 f"n{self.partitions}-p{partition}-c{first.checkpoint_id:020d}-"
                 f"w{first.index:05d}-{tail}"
             )
             staged = self.area.stage_merged(first.job_id, stem, table, places)
-            for i, committables in zip(order, staged, strict=True):
-                out[i] += committables
+            for (k, _), committables in zip(mine, staged, strict=True):
+                out[order[k]] += committables
         for i, (c, _) in enumerate(parts):
             if c.watermarks is not None:  # the mark, published after the segment of its rows
                 stem = f"wm-c{c.checkpoint_id:020d}-w{c.index:05d}-{c.watermarks[1]}-{tail}"
@@ -738,16 +790,14 @@ class ExchangeWriter(_Bound, StagedSink):
         return SinkRetention("", "parquet", self.path)
 
     def _published(self, staged: str) -> str:
-        if (mark := _STAGED_MARK.fullmatch(posixpath.basename(staged))) is not None:
-            return f"{WATERMARK_DIR}/{mark_name(int(mark[1]), int(mark[2]), int(mark[3]))}"
-        m = _STAGED_NAME.fullmatch(posixpath.basename(staged))
-        if m is None:
+        """Where staged file `staged` is published, relative to the exchange directory."""
+        published = _staged_name(posixpath.basename(staged)).published
+        if published is None:
             raise CommitError(
                 f"exchange {self.reader!r}: staged file {staged!r} is not named "
                 "n<N>-p<q>-c<checkpoint>-w<writer>-...staged; it was tampered with"
             )
-        segment = SegmentName(int(m[3]), int(m[4]))
-        return f"n{int(m[1])}/p{int(m[2])}/{segment.file_name()}"
+        return published
 
     def published_paths(self, committables: Iterable[bytes]) -> list[str]:
         """Where a commit of `committables` publishes their segments, relative to the job
@@ -759,11 +809,7 @@ class ExchangeWriter(_Bound, StagedSink):
     def _order(self, staged: str) -> tuple[int, int, int]:
         """(checkpoint, writer, 0) for a segment, (checkpoint, writer, 1) for a watermark mark:
         a mark is published after its writer's segments of the same commit."""
-        name = posixpath.basename(staged)
-        if (mark := _STAGED_MARK.fullmatch(name)) is not None:
-            return (int(mark[1]), int(mark[2]), 1)
-        m = _STAGED_NAME.fullmatch(name)
-        return (int(m[3]), int(m[4]), 0) if m else (0, 0, 0)
+        return _staged_name(posixpath.basename(staged)).order
 
     def rollback(self, commit_user: str, identifier: int) -> list[int]:
         """Undo commits after `identifier` (`StagingArea.rollback`), then delete every
@@ -880,6 +926,24 @@ class ExchangeWriter(_Bound, StagedSink):
         return bool(fs.get_file_info(base).type == pafs.FileType.Directory)
 
 
+def _cut(table: pa.Table, placed: np.ndarray) -> dict[int, pa.Table]:
+    """`table`'s rows by partition (`placed`: each row's), in partition order, each
+    partition's rows in table order; the schema kept, its metadata dropped."""
+    table = table.replace_schema_metadata()
+    first = int(placed[0])
+    if bool((placed == first).all()):
+        return {first: table}
+    order = np.argsort(placed, kind="stable")
+    ordered = placed[order]
+    partitions, starts = np.unique(ordered, return_index=True)
+    taken = table.take(pa.array(order, pa.int64()))
+    ends = [*starts[1:].tolist(), len(ordered)]
+    return {
+        int(q): taken.slice(int(a), int(b) - int(a))
+        for q, a, b in zip(partitions.tolist(), starts.tolist(), ends, strict=True)
+    }
+
+
 def _one_table(pieces: Sequence[pa.Table], reader: str) -> pa.Table:
     """Several writers' rows of one partition as one table (a merged segment). Units convert
     their records on their own (each list with the union of its fields), so their columns
@@ -925,8 +989,9 @@ def repartition(
         moved += zip(published, origins, records, strict=True)
     moved.sort(key=lambda m: m[0])  # stable
     grouped: dict[int, list[tuple[SegmentName, int | None, Any]]] = defaultdict(list)
+    place = Placement(new_layout).of
     for m in moved:
-        grouped[partition_of(target.key(m[2]), new_layout)].append(m)
+        grouped[place(target.key(m[2]))].append(m)
     out_fs, out_base = target._fs()
     files, sizes, checksums = [], [], []
     for partition in range(new_layout):

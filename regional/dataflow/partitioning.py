@@ -20,16 +20,24 @@ what `msgspec.msgpack` encodes: str, int, float, bool, None, bytes, and tuples o
 True
 >>> [partition_of(k, 16) for k in (7, 7.0, (7,), [7.0], 1, True, "7")]
 [13, 13, 12, 12, 13, 13, 11]
+
+A writer places many records of few keys: `Placement` hashes each distinct key once and places
+every other record of it from memory, exactly as `partition_of` would.
+
+>>> Placement(16).of_keys([7, "c07", 7.0, (7,), 7]).tolist()
+[13, 10, 13, 12, 13]
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+import numpy as np
 
-__all__ = ["key_bytes", "normal_key", "partition_of"]
+__all__ = ["Placement", "key_bytes", "normal_key", "partition_of"]
 
 _encode = msgspec.msgpack.Encoder().encode
 _INTEGRAL = (-(2**63), 2**64)  # the ints msgpack encodes
@@ -69,3 +77,46 @@ def partition_of(key: Any, partitions: int) -> int:
     msgpack cannot encode it."""
     digest = hashlib.blake2b(key_bytes(key), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
+
+
+#: Key types whose placement follows from (type, value): equal values of one of these types
+#: encode alike (the only two equal floats that differ, 0.0 and -0.0, both place as 0).
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+class Placement:
+    """`partition_of(key, partitions)` for many keys, each distinct key hashed once.
+
+    A key is remembered by its type and value when that decides its encoding (str, int,
+    float, bool, bytes, None: `_PLAIN`), else by its encoding (`key_bytes`: a tuple, a
+    datetime, ...), so a remembered partition is always the one `partition_of` gives: the
+    placement of a key never depends on the keys placed before it. At most `remember` keys are
+    kept (then forgotten all at once): keys change over a job's life."""
+
+    __slots__ = ("_known", "partitions", "remember")
+
+    def __init__(self, partitions: int, *, remember: int = 1 << 16) -> None:
+        self.partitions = partitions
+        self.remember = remember
+        self._known: dict[Any, int] = {}
+
+    def of(self, key: Any) -> int:
+        """The partition of `key` (`partition_of`; `TypeError` as it raises)."""
+        t = type(key)
+        token = (t, key) if t in _PLAIN else key_bytes(key)
+        known = self._known.get(token)
+        if known is None:
+            known = partition_of(key, self.partitions)
+            if len(self._known) >= self.remember:
+                self._known.clear()
+            self._known[token] = known
+        return known
+
+    def of_keys(self, keys: Iterable[Any]) -> np.ndarray:
+        """The partition of each key, in order (int64)."""
+        of, known, plain = self.of, self._known, _PLAIN
+        placed = [
+            q if type(k) in plain and (q := known.get((type(k), k))) is not None else of(k)
+            for k in keys
+        ]
+        return np.array(placed, dtype=np.int64)

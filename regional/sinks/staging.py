@@ -35,7 +35,7 @@ import posixpath
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -43,12 +43,12 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from metadata.commit_log import COMMIT_GROUP, COMMITS, GROUP_NAME, RECORD_NAME, CommitRecord
-from metadata.confine import check_confined
+from metadata.confine import ConfinedPaths, check_confined
 from metadata.errors import OutsideRootError
 from metadata.format import DECODE_FAILURES, segment_checksum
 from metadata.layout import name_problem, path_problem
 from regional.errors import CommitError
-from regional.sinks.durability import StagedFiles, fsync_path
+from regional.sinks.durability import FSYNC_THREADS, StagedFiles, fsync_path
 from regional.sinks.merging import (
     DiscardedParts,
     FilePart,
@@ -166,6 +166,12 @@ class StagingArea:
         self._latest: dict[str, int | None] = {}  # commit user -> latest identifier, once read
         self._staged = StagedFiles()  # local staged files not durable yet (`sync`)
         self._discarded = DiscardedParts()  # parts of merged staged files discarded so far
+        #: The committables `files` decoded last, and what it gave (frozen StagedFiles).
+        self._files_memo: tuple[tuple[bytes, ...], tuple[StagedFile, ...]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the memo of `files` (an area shipped to a task)."""
+        return {**self.__dict__, "_files_memo": None}
 
     @classmethod
     def at(cls, path: str, describe: str) -> StagingArea:
@@ -188,6 +194,25 @@ class StagingArea:
         except OutsideRootError as exc:
             raise CommitError(str(exc)) from None
         return full
+
+    def _inside_each(self, fs: pafs.FileSystem) -> Callable[[str], str]:
+        """`inside` for the many paths of one commit: each directory resolved once
+        (`metadata.confine.ConfinedPaths`), the same paths refused with the same errors."""
+        if not isinstance(fs, pafs.LocalFileSystem):
+            return lambda full: full
+        base = self.location()[1]
+        root, what = self.confine_to(base) if self.confine_to else (base, self.noun)
+        paths = ConfinedPaths(root, what=what)
+
+        def inside(full: str) -> str:
+            rel = full[len(root) + 1 :] if full.startswith(root + "/") else ""
+            try:
+                paths.check(rel, describe=lambda _: f"{self.describe}: {full}")
+            except OutsideRootError as exc:
+                raise CommitError(str(exc)) from None
+            return full
+
+        return inside
 
     def forget(self) -> None:
         """Drop what is kept in memory (the directory moved: `ExchangeWriter.bind`)."""
@@ -295,8 +320,12 @@ class StagingArea:
     def files(self, committables: Iterable[bytes]) -> list[StagedFile]:
         """The committables, decoded, each naming a staged file (`CommitError` otherwise: they
         come from checkpoint state), in publish order."""
+        given = tuple(committables)
+        memo = self._files_memo  # a commit, its published paths: the same committables
+        if memo is not None and memo[0] == given:
+            return list(memo[1])
         items = []
-        for c in committables:
+        for c in given:
             try:
                 item = msgspec.msgpack.decode(c, type=StagedFile)
             except DECODE_FAILURES as exc:
@@ -310,6 +339,7 @@ class StagingArea:
         if self.order is not None:
             order = self.order
             items.sort(key=lambda i: (order(i.file), i.file))
+        self._files_memo = (given, tuple(items))
         return items
 
     def _check_staged(self, file: str) -> None:
@@ -349,17 +379,20 @@ class StagingArea:
             outputs.append(_Output(i.file, staged, self.published(staged), rows, -1, "", keep))
         return outputs
 
-    def _where(self, outputs: Sequence[_Output]) -> list[tuple[bool, bool]]:
+    def _where(
+        self, outputs: Sequence[_Output], inside: Callable[[str], str] | None = None
+    ) -> list[tuple[bool, bool]]:
         """For each output: (its source staged file exists, its published file exists). One
         call for the sources; the published name is looked up only where the source is gone
         (a commit retried after a crash), so a usual commit asks once per file."""
         fs, base = self.location()
         if not outputs:
             return []
-        infos = fs.get_file_info([self.inside(fs, f"{base}/{o.source}") for o in outputs])
+        inside = inside or self._inside_each(fs)
+        infos = fs.get_file_info([inside(f"{base}/{o.source}") for o in outputs])
         staged = [i.type == pafs.FileType.File for i in infos]
         gone = [o.target for o, here in zip(outputs, staged, strict=True) if not here]
-        infos = fs.get_file_info([self.inside(fs, f"{base}/{t}") for t in gone]) if gone else []
+        infos = fs.get_file_info([inside(f"{base}/{t}") for t in gone]) if gone else []
         published = {t for t, i in zip(gone, infos, strict=True) if i.type == pafs.FileType.File}
         return [(here, o.target in published) for o, here in zip(outputs, staged, strict=True)]
 
@@ -392,25 +425,29 @@ class StagingArea:
                 f"{self.describe}: commit {identifier} of user {commit_user!r} is not after its "
                 f"latest commit {latest}; commits must be in checkpoint order"
             )
+        fs, base = self.location()
+        inside = self._inside_each(fs)
         outputs = self._outputs(self.files(committables))
-        where = self._where(outputs)
+        where = self._where(outputs, inside)
         if missing := [o.source for o, (s, p) in zip(outputs, where, strict=True) if not (s or p)]:
             raise CommitError(
                 f"{self.describe}: cannot commit checkpoint {identifier}: data file(s) "
                 f"{', '.join(missing[:5])} are missing (were they deleted?); nothing was "
                 "committed; restore from a newer checkpoint or restore the files"
             )
-        fs, base = self.location()
         local = isinstance(fs, pafs.LocalFileSystem)
         outputs = [
             self._rewrite(fs, o, staged) if o.keep is not None else o
             for o, (staged, _) in zip(outputs, where, strict=True)
         ]
         moves = [
-            (self.inside(fs, f"{base}/{o.staged}"), self.inside(fs, f"{base}/{o.target}"))
+            (inside(f"{base}/{o.staged}"), inside(f"{base}/{o.target}"))
             for o, (staged, _) in zip(outputs, where, strict=True)
             if staged and o.staged != o.target  # else published already
         ]
+        if self.make_dirs:  # each directory once, not once per file
+            for directory in dict.fromkeys(posixpath.dirname(t) for _, t in moves):
+                fs.create_dir(directory, recursive=True)
         if self.publish_threads > 1 and len(moves) > 1 and not local:
             threads = min(self.publish_threads, len(moves))
             with ThreadPoolExecutor(threads, thread_name_prefix="publish") as pool:
@@ -418,9 +455,19 @@ class StagingArea:
         else:
             for staged_path, target_path in moves:
                 self._publish(fs, staged_path, target_path)
-        if local and outputs:
-            for directory in sorted({posixpath.dirname(o.target) for o in outputs}):
-                fsync_path(f"{base}/{directory}".rstrip("/"))
+        if local and outputs:  # the renames durable, one fsync per directory (threads merge
+            # their journal commits: an exchange publishes into one directory per partition)
+            directories = [
+                f"{base}/{d}".rstrip("/")
+                for d in dict.fromkeys(posixpath.dirname(o.target) for o in outputs)
+            ]
+            if len(directories) > 1:
+                threads = min(FSYNC_THREADS, len(directories))
+                with ThreadPoolExecutor(threads, thread_name_prefix="fsync") as pool:
+                    list(pool.map(fsync_path, directories))  # re-raises
+            else:
+                for directory in directories:
+                    fsync_path(directory)
         known = all(o.size >= 0 and o.checksum for o in outputs)
         record = CommitRecord(
             commit_user,
@@ -474,9 +521,7 @@ class StagingArea:
                 out.write(data)
 
     def _publish(self, fs: pafs.FileSystem, staged: str, target: str) -> None:
-        if self.make_dirs:
-            fs.create_dir(posixpath.dirname(target), recursive=True)
-        fs.move(staged, target)
+        fs.move(staged, target)  # its directory exists (`commit` made each once)
 
     def _record_path(self, base: str, commit_user: str, identifier: int) -> str:
         group = identifier // COMMIT_GROUP * COMMIT_GROUP
