@@ -61,6 +61,7 @@ __all__ = [
     "RunSummary",
     "SparkDispatcher",
     "SparkRuntime",
+    "attempt_refused",
     "task_env",
 ]
 
@@ -160,6 +161,23 @@ def _work_of(blob: bytes) -> list[UnitWork]:
     """A task's work from its blob (a module function: the task's closure, pickled by value,
     refers to it by name; a Decoder itself does not pickle)."""
     return _WORKS.decode(blob)
+
+
+def attempt_refused(works: Sequence[UnitWork], attempt: int) -> list[Answer] | None:
+    """Spark's attempt policy: a task Spark runs again (`attempt` > 0, after a failed attempt)
+    runs none of its units, every one declines, so a region is never re-run behind the
+    coordinator's back (DESIGN §4 rule 9); None for a first attempt (its units run)."""
+    if attempt <= 0:
+        return None
+    return [
+        Decline(
+            w.checkpoint_id,
+            w.unit_id,
+            w.attempt,
+            f"spark task attempt {attempt} refused: units run once per attempt",
+        )
+        for w in works
+    ]
 
 
 def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
