@@ -34,6 +34,7 @@ from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.state import OperatorState
+from regional.dataflow.state_provider import StateBytes, StateProvider, restored_state
 from regional.dataflow.unit_epoch import (
     UnitEpoch,
     dead_letters_of,
@@ -55,12 +56,12 @@ _T = TypeVar("_T")
 class TaskUnit:
     """One unit of a task's pass: its subtasks as restored (one per vertex), the splits the
     enumerator assigned it now (vertex, index, split), the source vertices whose input ended,
-    and `state_of` (an operator subtask's restored state bytes and where they are)."""
+    and `state_of` (its operator subtasks' restored states: `regional.dataflow.state_provider`)."""
 
     restore: Mapping[str, SubtaskState]
     new_splits: Sequence[tuple[str, int, str]]
     ended: Collection[str]
-    state_of: Callable[[SubtaskState], tuple[bytes, str]]
+    state_of: StateProvider | StateBytes
 
 
 def shares_pass(pipeline: Pipeline, vertices: Collection[str]) -> bool:
@@ -253,8 +254,9 @@ def _restored(
     for u, unit in enumerate(units):
         started = time.perf_counter()
         with _failing(u):
-            data, where = unit.state_of(unit.restore[vertex_id])
-            state = operator.restore(data, codec=pipeline.state_codec, source=where)
+            state = restored_state(
+                unit.state_of, operator, unit.restore[vertex_id], pipeline.state_codec
+            )
         results[u].restore_s += time.perf_counter() - started
         assert state is not None
         if state.lists:
@@ -301,6 +303,7 @@ def _snapshot(
         result.encode_s += time.perf_counter() - started
         if blob is not None:
             result.snapshots[vertex_id] = blob
+            result.states[vertex_id] = mine
 
 
 @contextlib.contextmanager

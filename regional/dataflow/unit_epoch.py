@@ -41,7 +41,8 @@ from regional.dataflow.failures import raised_on
 from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.pipeline import Pipeline, VertexSpec
-from regional.dataflow.state import KEY_SCOPE
+from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state_provider import StateBytes, StateProvider, restored_state
 from regional.sinks.base import WatermarkSink
 from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch, TimedSource, num_records
@@ -224,6 +225,8 @@ class UnitEpoch:
 
     split_states: dict[str, tuple[SplitState, ...]] = dataclasses.field(default_factory=dict)
     snapshots: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    #: the operator states the snapshots encode, as the epoch left them (kept hot: DESIGN §6)
+    states: dict[str, OperatorState] = dataclasses.field(default_factory=dict)
     sink_batches: dict[str, list[Batch]] = dataclasses.field(default_factory=dict)
     sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     records_in: int = 0
@@ -335,7 +338,7 @@ def run_unit_epoch(
     checkpoint_id: int,
     new_splits: Iterable[tuple[str, int, str]],
     ended: Collection[str],
-    state_of: Callable[[SubtaskState], tuple[bytes, str]],
+    state_of: StateProvider | StateBytes,
     now_ms: int,
     idle_timeout_ms: int | None = None,
     exclude_after: int | None = None,
@@ -343,8 +346,8 @@ def run_unit_epoch(
 ) -> UnitEpoch:
     """Run one epoch of the unit whose subtasks (one per vertex, as restored) are `restore`:
     `new_splits` are (vertex, index, split) the enumerator assigned now, `ended` the source
-    vertices whose input has ended, `state_of` an operator subtask's restored state bytes and
-    a description of where they are (for errors); `after_sources` is called once the sources
+    vertices whose input has ended, `state_of` restores an operator subtask's state
+    (`regional.dataflow.state_provider`); `after_sources` is called once the sources
     have read (injected faults). Raises what a source or user function raised (the unit
     declines) unless dead letters take it."""
     result = UnitEpoch()
@@ -402,8 +405,7 @@ def run_unit_epoch(
             state = None
             if operator.stateful:
                 started = time.perf_counter()
-                data, where = state_of(old)
-                state = operator.restore(data, codec=pipeline.state_codec, source=where)
+                state = restored_state(state_of, operator, old, pipeline.state_codec)
                 result.restore_s += time.perf_counter() - started
             outputs[vertex_id], out_origins = operator.run_inputs(
                 [
@@ -421,6 +423,8 @@ def run_unit_epoch(
             result.encode_s += time.perf_counter() - started
             if blob is not None:
                 result.snapshots[vertex_id] = blob
+                if state is not None:
+                    result.states[vertex_id] = state
             continue
         # a sink, or the dead letters of this part of the graph
         if spec.dead_letter:

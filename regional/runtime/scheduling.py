@@ -21,10 +21,10 @@ from typing import Any, Protocol
 from regional.coordinator.messages import UnitWork
 from regional.dataflow.failures import failure_line
 from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state_provider import StateBytes, StateProvider
 from regional.dataflow.task_epoch import TaskUnit, UnitFailed, shares_pass
 from regional.dataflow.unit_epoch import UnitEpoch
 from regional.runtime.faults import UnitFaults
-from regional.runtime.state_reads import StateBytes
 
 __all__ = ["PASS_TRIES", "Passed", "RunPass", "Timeout", "UnitTimeout", "alarms", "run_passes"]
 
@@ -94,7 +94,7 @@ RunPass = Callable[..., "list[UnitEpoch] | None"]
 def run_passes(
     pipeline: Pipeline,
     works: Sequence[UnitWork],
-    state_of: StateBytes,
+    state_of: StateProvider | StateBytes,
     timeout: Timeout,
     *,
     run_pass: RunPass,

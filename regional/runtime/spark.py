@@ -47,6 +47,7 @@ from regional.policy import Policy
 from regional.runtime.dispatch import Dispatch
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
+from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES
 from regional.runtime.spark_errors import spark_failure
 from regional.runtime.task import TaskEnv, run_units
 
@@ -348,6 +349,8 @@ def task_env(
     merge_state: bool = True,
     merge_sink_files: bool = True,
     task_pass: bool = True,
+    hot_state: bool = True,
+    hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
 ) -> TaskEnv:
     """What every task of the job is shipped, from the driver's policy and options."""
     region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
@@ -364,6 +367,8 @@ def task_env(
         merge_state=merge_state,
         merge_sink_files=merge_sink_files,
         task_pass=task_pass,
+        hot_state=hot_state,
+        hot_state_bytes=hot_state_bytes,
         exclude_after=event_time["exclude_after"],
         idle_timeout_ms=event_time["idle_timeout_ms"],
     )
@@ -382,7 +387,12 @@ class SparkRuntime(JobDriver):
     `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
     sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit. `task_pass`
     (default on) runs a task's units in one pass where they can (`regional.dataflow.
-    task_epoch`, DESIGN §6); off, one unit at a time.
+    task_epoch`, DESIGN §6); off, one unit at a time. `hot_state` (default on) keeps the
+    operator states a unit acked decoded in its Python worker, so the unit's next epoch in that
+    worker (`spark.python.worker.reuse`, Spark's default) restores them without decoding when
+    the coordinator names exactly the state they encode (`regional.runtime.hot_state`, DESIGN
+    §6); `hot_state_bytes` is each worker's budget, counted at the snapshots' sizes (default
+    64 MiB; decoded objects take several times that); off, every epoch decodes its state.
     """
 
     def __init__(
@@ -397,6 +407,8 @@ class SparkRuntime(JobDriver):
         merge_state: bool = True,
         merge_sink_files: bool = True,
         task_pass: bool = True,
+        hot_state: bool = True,
+        hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
         **options: Unpack[DriverOptions],
     ) -> None:
         sc = spark.sparkContext
@@ -414,6 +426,8 @@ class SparkRuntime(JobDriver):
             merge_state=merge_state,
             merge_sink_files=merge_sink_files,
             task_pass=task_pass,
+            hot_state=hot_state,
+            hot_state_bytes=hot_state_bytes,
         )
         watch = options.get("watch")
         self.tasks = tasks or max(1, sc.defaultParallelism)

@@ -9,16 +9,14 @@ one per unit (on an object store: requests scale with tasks, not regions).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from metadata.model import StateHandle, SubtaskState
 from metadata.storage import JobStorage
 from regional.coordinator.messages import UnitWork
+from regional.dataflow.state_provider import StateBytes
 
-__all__ = ["RestoreReads", "StateBytes", "state_reader"]
-
-#: An operator subtask's restored state bytes and a description of where they are (for errors).
-StateBytes = Callable[[SubtaskState], tuple[bytes, str]]
+__all__ = ["RestoreReads", "state_reader"]
 
 
 class RestoreReads:

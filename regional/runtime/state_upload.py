@@ -32,6 +32,7 @@ from metadata.layout import state_file_path
 from metadata.model import StateHandle, SubtaskState
 from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, UnitWork
+from regional.runtime.hot_state import HotState
 from regional.sinks.base import WriteContext
 from regional.sources.base import Batch
 
@@ -76,6 +77,11 @@ class UnitSnapshot(msgspec.Struct):
     spool_offset: int = 0  # where its segments start in the task's spool file (merged uploads)
     #: what the unit's merging sinks stage after the task's last unit: (vertex, context, rows)
     sink_parts: list[tuple[str, WriteContext, list[Batch]]] = msgspec.field(default_factory=list)
+    #: the operator states its segments encode, by vertex id: kept hot once the unit acks
+    #: (`regional.runtime.hot_state`); empty when the task keeps no state hot
+    decoded: dict[str, HotState] = msgspec.field(default_factory=dict)
+    state_hits: int = 0  # operator subtasks restored from hot state
+    state_misses: int = 0  # operator subtasks restored by decoding their bytes
 
 
 def upload(
@@ -207,4 +213,6 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         upload_s=upload_s,
         records_late=snap.records_late,
         watermark=snap.watermark,
+        state_hits=snap.state_hits,
+        state_misses=snap.state_misses,
     )

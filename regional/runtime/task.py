@@ -56,9 +56,11 @@ from regional.dataflow.failures import (
     split_of_failure,
 )
 from regional.dataflow.pipeline import Pipeline
+from regional.dataflow.state_provider import StateBytes, StateProvider
 from regional.dataflow.task_epoch import run_task_epoch
 from regional.dataflow.unit_epoch import UnitEpoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
+from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES, HotState, HotStates, process_cache
 from regional.runtime.scheduling import PASS_TRIES, Passed, UnitTimeout, alarms, run_passes
 from regional.runtime.sink_staging import (
     Staged,
@@ -69,7 +71,7 @@ from regional.runtime.sink_staging import (
     sync_staged,
     with_committables,
 )
-from regional.runtime.state_reads import RestoreReads, StateBytes, state_reader
+from regional.runtime.state_reads import RestoreReads, state_reader
 from regional.runtime.state_upload import Spool, UnitSnapshot, UploadLatency, upload, upload_merged
 from regional.runtime.state_upload import ack as unit_ack
 from regional.sinks.base import MergingWriter, WriteContext
@@ -87,7 +89,12 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     id names the state files, so two drivers never write the same file).
 
     `upload_latency` injects slow storage; `upload_in_sync_phase` uploads inside the unit's
-    sync phase instead of the async thread pool (both for benchmarks, off by default)."""
+    sync phase instead of the async thread pool (both for benchmarks, off by default).
+
+    `hot_state` (on by default) keeps the operator states a unit acked decoded in the worker
+    process, so the unit's next epoch there restores them without decoding when the
+    coordinator names exactly the state they encode (`regional.runtime.hot_state`, DESIGN §6);
+    `hot_state_bytes` bounds them (counted at their snapshots' sizes)."""
 
     root: str
     job_id: str
@@ -109,6 +116,8 @@ class TaskEnv(msgspec.Struct, frozen=True, dict=True):
     #: run the operators once over the records of a task's units that can share a pass
     #: (`regional.dataflow.task_epoch`); False: one unit at a time
     task_pass: bool = True
+    hot_state: bool = True
+    hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: UnitSnapshot) -> Ack:
@@ -125,7 +134,7 @@ def _process(
     storage: JobStorage,
     work: UnitWork,
     spool: Spool | None = None,
-    state_of: StateBytes | None = None,
+    state_of: StateProvider | StateBytes | None = None,
     merging: frozenset[str] = frozenset(),
     ran: tuple[UnitEpoch, float] | None = None,
 ) -> UnitSnapshot:
@@ -135,7 +144,8 @@ def _process(
     (merged uploads), else to a local file of the unit's own. State files several of the
     task's units restore from are read once (`state_of`). The sink vertices in `merging` do not
     stage now: their rows wait in the snapshot (`sink_parts`) for the task's one merged file
-    per sink."""
+    per sink. With hot state (`state_of` a `HotStates`), the snapshot holds the decoded states
+    it encodes (`decoded`) and how many of the unit's subtasks restored hot state."""
     pipeline: Pipeline = env.pipeline
     if ran is not None:
         epoch, seconds = ran
@@ -203,7 +213,7 @@ def _process(
         with os.fdopen(fd, "wb") as f:
             for blob in blobs:
                 f.write(blob)
-    return UnitSnapshot(
+    snap = UnitSnapshot(
         work,
         local,
         seg_keys,
@@ -221,6 +231,13 @@ def _process(
         spool_offset,
         sink_parts,
     )
+    if isinstance(state_of, HotStates):
+        snap.decoded = {
+            vertex_id: HotState.of(state, epoch.snapshots[vertex_id])
+            for vertex_id, state in epoch.states.items()
+        }
+        snap.state_hits, snap.state_misses = state_of.counts(work.restore)
+    return snap
 
 
 def run_units(
@@ -248,7 +265,14 @@ def run_units(
     merged: list[tuple[int, UnitSnapshot]] = []  # units with segments in the spool, in its order
     staging: list[tuple[int, UnitSnapshot]] = []  # units with rows for the merged sink files
     spool = Spool() if env.merge_state and not env.upload_in_sync_phase else None
-    state_of = state_reader(storage, RestoreReads(works))
+    read = state_reader(storage, RestoreReads(works))
+    hot = (
+        HotStates(process_cache(env.hot_state_bytes), env.root, env.job_id, read)
+        if env.hot_state
+        else None
+    )
+    state_of = hot if hot is not None else read
+    acked: dict[int, UnitSnapshot] = {}  # the units whose states stay hot if they ack
     merging = (
         frozenset(
             v for v, spec in env.pipeline.sinks.items() if isinstance(spec.sink, MergingWriter)
@@ -285,9 +309,8 @@ def run_units(
                 spooled = spool.size if spool is not None else 0
                 try:
                     with timeout():
-                        snap = _process(
-                            env, storage, work, spool, state_of, merging, passed.epochs.get(at)
-                        )
+                        ran = passed.epochs.pop(at, None)  # its pass's epoch, let go after
+                        snap = _process(env, storage, work, spool, state_of, merging, ran)
                         inline = env.upload_in_sync_phase or not snap.seg_keys
                         if env.upload_in_sync_phase:  # the unit blocks until its upload is done
                             upload_started = time.monotonic()
@@ -307,6 +330,8 @@ def run_units(
                         raise
                     answers[at] = _decline(work, failure_line(failed_on), failure_trace(failed_on))
                 else:
+                    if snap.decoded:
+                        acked[at] = snap
                     if snap.sink_parts:
                         staging.append((at, snap))
                     if inline:
@@ -349,6 +374,11 @@ def run_units(
         if spool is not None:
             spool.close()
     ordered = sync_staged(env.pipeline, [answers[at] for at in range(len(works))])
+    if hot is not None:  # a unit's states stay hot only under the handles of its ack
+        for at, snap in acked.items():
+            final = ordered[at]
+            if isinstance(final, Ack):
+                hot.keep(final.states, snap.decoded)
     if on_answer is not None:
         for a in ordered:
             on_answer(a)
