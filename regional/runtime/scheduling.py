@@ -88,7 +88,7 @@ class Passed:
 
 
 #: Runs one pass (`regional.dataflow.task_epoch.run_task_epoch`'s signature).
-RunPass = Callable[..., "list[UnitEpoch] | None"]
+RunPass = Callable[..., list[UnitEpoch] | None]
 
 
 def run_passes(
