@@ -225,6 +225,27 @@ def test_a_hit_reads_nothing_from_checkpoint_storage(tmp_path: Path, monkeypatch
     assert reads == []
 
 
+def test_a_hit_does_not_read_the_segment_so_damage_is_found_by_the_next_decode(
+    tmp_path: Path,
+) -> None:
+    p = _pipeline(str(tmp_path / "t"))
+    env = TaskEnv(str(tmp_path / "ckpt"), "job", p, unit_timeout=30, run_id="r")
+    first = run_units(env, _first_works(p))
+    [handle] = first[0].states[1].handles  # type: ignore[union-attr]
+    full = f"{JobStorage(env.root, 'job').job_path}/{handle.path}"
+    with open(full, "r+b") as f:  # damaged after its upload was verified
+        f.seek(handle.offset)
+        byte = f.read(1)
+        f.seek(handle.offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    second = run_units(env, _next_works(first, 2))  # type: ignore[arg-type]
+    assert all(isinstance(a, Ack) and a.state_hits == 1 for a in second)  # the kept states
+    # a fallback to checkpoint 1 decodes its segments: the damage is found, naming the file
+    again = run_units(env, _next_works(first, 3))  # type: ignore[arg-type]
+    assert isinstance(again[0], Decline)
+    assert handle.path in again[0].reason and "checksum" in again[0].reason
+
+
 def test_a_unit_that_failed_after_restoring_decodes_its_bytes_and_commits_the_right_rows(
     tmp_path: Path,
 ) -> None:

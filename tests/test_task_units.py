@@ -87,6 +87,7 @@ def test_spark_task_retries_are_refused(env):
 
 
 def test_corrupt_restore_state_declines_naming_the_file(env):
+    env = msgspec.structs.replace(env, hot_state=False)  # a restore that decodes the bytes
     [ack] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     states = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in _states(ack))
     storage = JobStorage(env.root, "job")
