@@ -62,8 +62,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     local file), `upload_s` (uploading it, reading it back, verifying). With event time:
     `records_late`, the records its window operators judged late, and `watermark`, the unit's
     watermark (ms) after the epoch (DESIGN §4 rule 15). `state_hits` and `state_misses`: how
-    many of its operator subtasks restored state kept hot in the worker, and how many decoded
-    their bytes (DESIGN §6)."""
+    many of its operator subtasks with state restored it kept hot in the worker, and how many
+    decoded its bytes instead (DESIGN §6; both 0 with hot state off)."""
 
     checkpoint_id: int
     unit: int

@@ -22,7 +22,8 @@ decodes the bytes. The rules that keep it exact:
 * **bounded**: an LRU whose entries are counted at their snapshot's size, within
   `budget_bytes` (decoded Python objects take several times that).
 
-Counts of hits and misses go to each ack (`Ack.state_hits`, `Ack.state_misses`).
+Counts of hits and misses go to each ack (`Ack.state_hits`, `Ack.state_misses`; a subtask with
+no state to restore is neither; with hot state off both are 0).
 """
 
 from __future__ import annotations
