@@ -1,10 +1,8 @@
 """Hot state on Spark (DESIGN §6): with worker reuse, a unit whose next epoch runs in the
 Python worker that ran its last one restores the state that worker kept, without decoding;
 one that runs in another worker decodes its segment; the job commits exactly its rows either
-way. An epoch job of one task finds the one idle worker of a fresh session again (the test
-alone: every epoch after the first hits); Spark takes several idle workers in turn, so in a
-session that has more, a unit runs in another worker and decodes (the rule holds all the
-same)."""
+way. Which idle worker takes an epoch's task is Spark's choice, so the test checks the rule
+epoch by epoch against the worker each epoch's records name."""
 
 from __future__ import annotations
 
