@@ -15,6 +15,8 @@ core):
    task's units in one pass (DESIGN §6);
 2. **regional, no task pass**: the same with `task_pass=False` (each unit's record path run
    on its own, one unit after another);
+2b. **regional, state from bytes**: the same as 1 with `hot_state=False` (every epoch decodes
+   its operator state instead of taking what the worker kept: DESIGN §6);
 3. **regional, files per unit**: the same with `merge_state=False, merge_sink_files=False`
    (a state file and a staged file per unit: the layout before merging);
 4. **plain Spark**: one Spark job per epoch doing the same Python work without checkpoints
@@ -147,7 +149,9 @@ def run_shape(
     plain_dir = f"{work}/plain-{regions}x{records}"
     os.makedirs(plain_dir)
 
-    def runtime(name: str, merge: bool, task_pass: bool = True) -> SparkRuntime:
+    def runtime(
+        name: str, merge: bool, task_pass: bool = True, hot_state: bool = True
+    ) -> SparkRuntime:
         name = f"{name}-{regions}x{records}"
         job = map_job(name, regions=regions, records=records, table=f"{work}/{name}")
         rt = SparkRuntime(
@@ -158,6 +162,7 @@ def run_shape(
             merge_state=merge,
             merge_sink_files=merge,
             task_pass=task_pass,
+            hot_state=hot_state,
         )
         rt.start()  # warm the workers, restore (nothing)
         return rt
@@ -165,6 +170,7 @@ def run_shape(
     variants = {
         "merged": runtime("merged", True),
         "one by one": runtime("one-by-one", True, task_pass=False),
+        "from bytes": runtime("from-bytes", True, hot_state=False),
         "per-unit": runtime("per-unit", False),
     }
     wall: dict[str, list[float]] = {k: [] for k in (*variants, "plain", "floor")}
@@ -244,6 +250,7 @@ def main() -> None:
             ("plain, block", "plain Spark, same epochs in a row"),
             ("merged", "regional epoch(), files merged"),
             ("one by one", "regional epoch(), merged, no task pass"),
+            ("from bytes", "regional epoch(), merged, no hot state"),
             ("per-unit", "regional epoch(), files per unit"),
             ("plain", "plain Spark (one file per task)"),
             ("floor", "floor (trivial job, same tasks)"),
@@ -291,6 +298,25 @@ def main() -> None:
         [("shape", "shape", "<8"), ("part", "part", "<14"), ("ms", "ms", ">8")],
         [{**r, "ms": f"{r['ms']:.1f}"} for r in split],
     )
+    print("\nrestoring operator state: hot state against decoding every epoch (medians per epoch)")
+    restores = []
+    for shape, res in results.items():
+        for name in ("merged", "from bytes"):
+            timings = res["timings"][name]
+            restores.append(
+                {
+                    "shape": shape,
+                    "variant": "hot state" if name == "merged" else "from bytes",
+                    "ms": f"{_median(timings, 'task_restore_s') * 1000:.1f}",
+                    "hits": f"{_median(timings, 'task_state_hits'):g}",
+                    "misses": f"{_median(timings, 'task_state_misses'):g}",
+                }
+            )
+    print_table(
+        [("shape", "shape", "<8"), ("variant", "variant", "<11"), ("ms", "task-restore ms", ">16"),
+         ("hits", "hits", ">6"), ("misses", "misses", ">7")],
+        restores,
+    )  # fmt: skip
     suffix = "-quick" if args.quick else ""
     write_results(
         os.path.join(args.out, f"epoch{suffix}.json"),
@@ -303,6 +329,7 @@ def main() -> None:
         },
         files_per_checkpoint={shape: res["files"] for shape, res in results.items()},
         split_ms=split,
+        restores=restores,
     )
     spark.stop()
 

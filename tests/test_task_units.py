@@ -81,12 +81,17 @@ def test_hanging_unit_is_interrupted_by_its_timeout(env):
     assert answer == Decline(1, 0, 1, "timeout: unit ran over 0.3 s")
 
 
-def test_spark_task_retries_are_refused(env):
-    [answer] = run_units(env, [UnitWork(4, 2, 0, _initial())], spark_attempt=1)
+def test_spark_task_retries_are_refused():
+    from regional.runtime.spark import attempt_refused
+
+    works = [UnitWork(4, 2, 0, _initial())]
+    assert attempt_refused(works, 0) is None  # a first attempt runs its units
+    [answer] = attempt_refused(works, 1) or []
     assert answer == Decline(4, 0, 2, "spark task attempt 1 refused: units run once per attempt")
 
 
 def test_corrupt_restore_state_declines_naming_the_file(env):
+    env = msgspec.structs.replace(env, hot_state=False)  # a restore that decodes the bytes
     [ack] = run_units(env, [UnitWork(1, 1, 0, _initial(), (("src", 0, "g0"),))])
     states = tuple(msgspec.structs.replace(s, ref_checkpoint_id=1) for s in _states(ack))
     storage = JobStorage(env.root, "job")

@@ -61,7 +61,9 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     (sources, operators, staging sink files), `snapshot_s` (encoding the state and writing the
     local file), `upload_s` (uploading it, reading it back, verifying). With event time:
     `records_late`, the records its window operators judged late, and `watermark`, the unit's
-    watermark (ms) after the epoch (DESIGN §4 rule 15)."""
+    watermark (ms) after the epoch (DESIGN §4 rule 15). `state_hits` and `state_misses`: how
+    many of its operator subtasks with state restored it kept hot in the worker, and how many
+    decoded its bytes instead (DESIGN §6; both 0 with hot state off)."""
 
     checkpoint_id: int
     unit: int
@@ -77,6 +79,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     upload_s: float = 0.0
     records_late: int = 0  # records its window operators found late (event time)
     watermark: int | None = None  # its subtask watermark after the epoch (event time)
+    state_hits: int = 0  # operator subtasks restored from hot state (DESIGN §6)
+    state_misses: int = 0  # operator subtasks restored by decoding their bytes
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -28,6 +28,7 @@ from regional.dataflow.event_time import SplitWatermark, advance_split, subtask_
 from regional.dataflow.failures import raised_on
 from regional.dataflow.operators import Chunk
 from regional.dataflow.plan import PlannedVertex
+from regional.dataflow.state import OperatorState
 from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch, num_records
 
@@ -176,6 +177,8 @@ class UnitEpoch:
 
     split_states: dict[str, tuple[SplitState, ...]] = dataclasses.field(default_factory=dict)
     snapshots: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    #: the operator states the snapshots encode, as the epoch left them (kept hot: DESIGN §6)
+    states: dict[str, OperatorState] = dataclasses.field(default_factory=dict)
     sink_batches: dict[str, list[Batch]] = dataclasses.field(default_factory=dict)
     sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     records_in: int = 0

@@ -48,6 +48,7 @@ from regional.dataflow.keys import exchange_chunks
 from regional.dataflow.operators import Chunk
 from regional.dataflow.plan import Plan, PlannedVertex, Role, Shape, compile_plan
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.state_provider import StateBytes, StateProvider, restored_state
 from regional.dataflow.unit_epoch import UnitEpoch, read_source, sink_rows, start_of
 from regional.sources.base import num_records
 
@@ -70,12 +71,13 @@ _T = TypeVar("_T")
 class TaskUnit:
     """One unit of an epoch: its subtasks as restored (one per vertex), the splits the
     enumerator assigned it now (vertex, index, split), the source vertices whose input ended,
-    and `state_of` (an operator subtask's restored state bytes and where they are)."""
+    and `state_of`, which restores its operator subtasks' states
+    (`regional.dataflow.state_provider`: a provider, or a function giving a state's bytes)."""
 
     restore: Mapping[str, SubtaskState]
     new_splits: Sequence[tuple[str, int, str]]
     ended: Collection[str]
-    state_of: Callable[[SubtaskState], tuple[bytes, str]]
+    state_of: StateProvider | StateBytes
 
 
 class PassRefused(Exception):
@@ -311,8 +313,7 @@ class _Walk:
             if operator.stateful:
                 started = time.perf_counter()
                 with self._failing(u):
-                    data, where = unit.state_of(unit.restore[v.id])
-                    state = operator.restore(data, codec=codec, source=where)
+                    state = restored_state(unit.state_of, operator, unit.restore[v.id], codec)
                 result.restore_s += time.perf_counter() - started
             time_ = None if self.times is None else self.times[u]
             inputs = [
@@ -332,6 +333,7 @@ class _Walk:
                 result.encode_s += time.perf_counter() - started
                 if blob is not None:
                     result.snapshots[v.id] = blob
+                    result.states[v.id] = state
         self.outputs[v.id] = out
         if timed:
             self.origins[v.id] = out_origins
@@ -345,8 +347,7 @@ class _Walk:
         if self.single:
             unit = self.units[0]
             started = time.perf_counter()
-            data, where = unit.state_of(unit.restore[v.id])
-            state = operator.restore(data, codec=codec, source=where)
+            state = restored_state(unit.state_of, operator, unit.restore[v.id], codec)
             self.results[0].restore_s += time.perf_counter() - started
             return state
         keyed: dict[str, Any] = {}
@@ -354,8 +355,7 @@ class _Walk:
         for u, unit in enumerate(self.units):
             started = time.perf_counter()
             with self._failing(u):
-                data, where = unit.state_of(unit.restore[v.id])
-                mine = operator.restore(data, codec=codec, source=where)
+                mine = restored_state(unit.state_of, operator, unit.restore[v.id], codec)
             self.results[u].restore_s += time.perf_counter() - started
             assert mine is not None
             if mine.lists:
@@ -376,6 +376,7 @@ class _Walk:
             self.results[0].encode_s += time.perf_counter() - started
             if blob is not None:
                 self.results[0].snapshots[v.id] = blob
+                self.results[0].states[v.id] = state
             return
         if state.lists:
             raise PassRefused("subtask-level list state")
@@ -396,6 +397,7 @@ class _Walk:
             result.encode_s += time.perf_counter() - started
             if blob is not None:
                 result.snapshots[v.id] = blob
+                result.states[v.id] = mine
 
     def set_aside(self, v: PlannedVertex) -> None:
         """The dead letters of this part of the graph, each unit's own."""
@@ -520,7 +522,7 @@ def run_unit_epoch(
     checkpoint_id: int,
     new_splits: Iterable[tuple[str, int, str]],
     ended: Collection[str],
-    state_of: Callable[[SubtaskState], tuple[bytes, str]],
+    state_of: StateProvider | StateBytes,
     now_ms: int,
     idle_timeout_ms: int | None = None,
     exclude_after: int | None = None,

@@ -48,6 +48,7 @@ from regional.policy import Policy
 from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
+from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES
 from regional.runtime.spark_errors import spark_failure
 from regional.runtime.task import TaskEnv, run_units
 
@@ -62,6 +63,7 @@ __all__ = [
     "RunSummary",
     "SparkDispatcher",
     "SparkRuntime",
+    "attempt_refused",
     "task_env",
 ]
 
@@ -165,6 +167,23 @@ def _work_of(blob: bytes) -> list[UnitWork]:
     return _WORKS.decode(blob)
 
 
+def attempt_refused(works: Sequence[UnitWork], attempt: int) -> list[Answer] | None:
+    """Spark's attempt policy: a task Spark runs again (`attempt` > 0, after a failed attempt)
+    runs none of its units, every one declines, so a region is never re-run behind the
+    coordinator's back (DESIGN §4 rule 9); None for a first attempt (its units run)."""
+    if attempt <= 0:
+        return None
+    return [
+        Decline(
+            w.checkpoint_id,
+            w.unit_id,
+            w.attempt,
+            f"spark task attempt {attempt} refused: units run once per attempt",
+        )
+        for w in works
+    ]
+
+
 def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
     def run(it: Any) -> Any:
         from pyspark import TaskContext
@@ -173,7 +192,7 @@ def _epoch_partition(env: TaskEnv, acc: Any) -> Callable[[Any], Any]:
         works = [w for blob in it for w in _work_of(blob)]
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx is not None else 0
-        answers = run_units(env, works, spark_attempt=attempt)
+        answers = attempt_refused(works, attempt) or run_units(env, works)
         blob = msgspec.msgpack.encode(packed(answers))  # the acks as one AckBatch
         if works:  # one entry per task attempt: a retried task's answers come after
             acc.add({(works[0].checkpoint_id, works[0].unit_id, attempt): blob})
@@ -333,6 +352,8 @@ def task_env(
     merge_state: bool = True,
     merge_sink_files: bool = True,
     task_pass: bool = True,
+    hot_state: bool = True,
+    hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
 ) -> TaskEnv:
     """What every task of the job is shipped, from the driver's policy and options."""
     region_timeout = min(policy.checkpointing.timeout, policy.checkpointing.region.timeout)
@@ -349,6 +370,8 @@ def task_env(
         merge_state=merge_state,
         merge_sink_files=merge_sink_files,
         task_pass=task_pass,
+        hot_state=hot_state,
+        hot_state_bytes=hot_state_bytes,
         exclude_after=event_time["exclude_after"],
         idle_timeout_ms=event_time["idle_timeout_ms"],
     )
@@ -367,7 +390,12 @@ class SparkRuntime(JobDriver):
     `merge_sink_files` (default on) stages one data file per Spark task, sink and epoch for the
     sinks that merge (`regional.sinks.base.MergingWriter`); off, one per unit. `task_pass`
     (default on) runs a task's units in one pass where they can (`regional.dataflow.
-    walker`, DESIGN §6); off, one unit at a time.
+    walker`, DESIGN §6); off, one unit at a time. `hot_state` (default on) keeps the
+    operator states a unit acked decoded in its Python worker, so the unit's next epoch in that
+    worker (`spark.python.worker.reuse`, Spark's default) restores them without decoding when
+    the coordinator names exactly the state they encode (`regional.runtime.hot_state`, DESIGN
+    §6); `hot_state_bytes` is each worker's budget, counted at the snapshots' sizes (default
+    64 MiB; decoded objects take several times that); off, every epoch decodes its state.
     """
 
     def __init__(
@@ -382,6 +410,8 @@ class SparkRuntime(JobDriver):
         merge_state: bool = True,
         merge_sink_files: bool = True,
         task_pass: bool = True,
+        hot_state: bool = True,
+        hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
         **options: Unpack[DriverOptions],
     ) -> None:
         sc = spark.sparkContext
@@ -399,6 +429,8 @@ class SparkRuntime(JobDriver):
             merge_state=merge_state,
             merge_sink_files=merge_sink_files,
             task_pass=task_pass,
+            hot_state=hot_state,
+            hot_state_bytes=hot_state_bytes,
         )
         watch = options.get("watch")
         self.tasks = tasks or max(1, sc.defaultParallelism)

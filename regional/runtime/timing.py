@@ -39,7 +39,9 @@ class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
 
     Inside the dispatch, the acked units' task seconds per phase, summed over units (tasks run
     in parallel, so the sums may exceed `dispatch_s`; `regional.coordinator.messages.Ack`):
-    `task_restore_s`, `task_process_s`, `task_snapshot_s`, `task_upload_s`."""
+    `task_restore_s`, `task_process_s`, `task_snapshot_s`, `task_upload_s`; and how many of
+    their operator subtasks restored hot state or decoded bytes (`task_state_hits`,
+    `task_state_misses`: DESIGN §6)."""
 
     checkpoint_id: int
     plan_s: float = 0.0
@@ -55,6 +57,8 @@ class EpochTiming(msgspec.Struct, frozen=True, kw_only=True):
     task_process_s: float = 0.0
     task_snapshot_s: float = 0.0
     task_upload_s: float = 0.0
+    task_state_hits: int = 0
+    task_state_misses: int = 0
 
 
 class EpochStopwatch:
@@ -64,6 +68,7 @@ class EpochStopwatch:
         self._started = time.perf_counter()
         self._seconds = dict.fromkeys(PARTS, 0.0)
         self._tasks = dict.fromkeys(TASK_PARTS, 0.0)
+        self._state_hits = self._state_misses = 0
 
     def add_tasks(self, answers: Iterable[object]) -> None:
         """Add the task seconds per phase of the acks among `answers` (the answers that have
@@ -71,6 +76,8 @@ class EpochStopwatch:
         timed = [a for a in answers if hasattr(a, "restore_s")]
         for name, seconds in zip(TASK_PARTS, _TASK_SECONDS, strict=True):
             self._tasks[name] = sum(map(seconds, timed), self._tasks[name])
+        self._state_hits += sum(getattr(a, "state_hits", 0) for a in timed)
+        self._state_misses += sum(getattr(a, "state_misses", 0) for a in timed)
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -90,4 +97,6 @@ class EpochStopwatch:
             total_s=time.perf_counter() - self._started,
             **{f"{name}_s": s for name, s in self._seconds.items()},
             **{f"task_{name}_s": s for name, s in self._tasks.items()},
+            task_state_hits=self._state_hits,
+            task_state_misses=self._state_misses,
         )
