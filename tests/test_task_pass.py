@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from unit_chain import UnitChain
 
-from metadata.model import SplitState, SubtaskState
+from metadata.model import SubtaskState
 from regional.coordinator.messages import Ack, Decline, UnitWork
 from regional.dataflow.operators import records_of
 from regional.dataflow.pipeline import Pipeline
@@ -143,26 +144,9 @@ def test_a_pass_gives_every_unit_the_epoch_it_has_alone(
         per_epoch=per_epoch,
         dead_letters=dead_letters,
     )
-    vertices = [v for v in p.topological_order()]
-    positions: dict[int, tuple[SplitState, ...]] = {u: () for u in range(parallelism)}
-    blobs: dict[tuple[int, str], bytes] = {}
+    chain = UnitChain(p, parallelism, owners)
     for checkpoint in range(1, epochs + 1):
-        units = []
-        for u in range(parallelism):
-            new = (
-                tuple(("src", u, f"g{i}") for i, o in enumerate(owners) if o % parallelism == u)
-                if checkpoint == 1
-                else ()
-            )
-            restore = {
-                v: SubtaskState(v, u, u, split_states=positions[u] if v == "src" else ())
-                for v in vertices
-            }
-
-            def state_of(s: SubtaskState) -> tuple[bytes, str]:
-                return blobs.get((s.index, s.vertex_id), b""), f"state of {s.vertex_id}"
-
-            units.append(TaskUnit(restore, new, (), state_of))
+        units = chain.units(checkpoint)
         alone = []
         for unit in units:
             try:
@@ -197,8 +181,7 @@ def test_a_pass_gives_every_unit_the_epoch_it_has_alone(
         if len(left) < parallelism:
             return  # the failed units fall back: the next epoch restores them from before
         for u, epoch in zip(left, together, strict=True):
-            positions[u] = epoch.split_states.get("src", ())
-            blobs.update(((u, v), b) for v, b in epoch.snapshots.items())
+            chain.keep(u, epoch)
 
 
 def _listing(ctx: Any, r: dict[str, int]) -> Iterator[dict[str, int]]:

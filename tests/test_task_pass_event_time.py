@@ -10,8 +10,9 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from unit_chain import UnitChain
 
-from metadata.model import SplitState, SubtaskState
+from metadata.model import SubtaskState
 from regional.dataflow.operators import records_of
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.unit_epoch import UnitEpoch
@@ -94,26 +95,9 @@ def test_a_timed_pass_gives_every_unit_the_epoch_it_has_alone(
     parallelism: int, owners: list[int], per_split: int, per_epoch: int, epochs: int
 ) -> None:
     p = _pipeline(parallelism, len(owners), per_split, per_epoch)
-    vertices = list(p.topological_order())
-    positions: dict[int, tuple[SplitState, ...]] = {u: () for u in range(parallelism)}
-    blobs: dict[tuple[int, str], bytes] = {}
+    chain = UnitChain(p, parallelism, owners)
     for checkpoint in range(1, epochs + 1):
-        units = []
-        for u in range(parallelism):
-            new = (
-                tuple(("src", u, f"g{i}") for i, o in enumerate(owners) if o % parallelism == u)
-                if checkpoint == 1
-                else ()
-            )
-            restore = {
-                v: SubtaskState(v, u, u, split_states=positions[u] if v == "src" else ())
-                for v in vertices
-            }
-
-            def state_of(s: SubtaskState) -> tuple[bytes, str]:
-                return blobs.get((s.index, s.vertex_id), b""), f"state of {s.vertex_id}"
-
-            units.append(TaskUnit(restore, new, (), state_of))
+        units = chain.units(checkpoint)
         alone = [
             run_unit_epoch(
                 p,
@@ -132,8 +116,7 @@ def test_a_timed_pass_gives_every_unit_the_epoch_it_has_alone(
         for epoch in together:  # the user functions ran (no record is a dead letter)
             assert epoch.dead_lettered == 0 or epoch.late > 0
         for u, epoch in enumerate(together):
-            positions[u] = epoch.split_states.get("src", ())
-            blobs.update(((u, v), b) for v, b in epoch.snapshots.items())
+            chain.keep(u, epoch)
 
 
 def test_the_timed_pass_runs_windows_and_timers_per_unit_and_they_fire() -> None:
