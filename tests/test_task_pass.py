@@ -150,17 +150,7 @@ def test_a_pass_gives_every_unit_the_epoch_it_has_alone(
         alone = []
         for unit in units:
             try:
-                alone.append(
-                    run_unit_epoch(
-                        p,
-                        unit.restore,
-                        checkpoint_id=checkpoint,
-                        new_splits=unit.new_splits,
-                        ended=(),
-                        state_of=unit.state_of,
-                        now_ms=0,
-                    )
-                )
+                alone.append(chain.alone(p, unit, checkpoint))
             except ValueError as exc:  # without dead letters: this unit declines
                 alone.append(exc)  # type: ignore[arg-type]
         # a unit that fails alone fails the pass naming it, with the error it raises alone;

@@ -16,7 +16,7 @@ from metadata.model import SubtaskState
 from regional.dataflow.operators import records_of
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.unit_epoch import UnitEpoch
-from regional.dataflow.walker import TaskUnit, run_task_epoch, run_unit_epoch
+from regional.dataflow.walker import TaskUnit, run_task_epoch
 from regional.dataflow.windows import Tumbling, count
 from regional.sinks.parquet import ParquetSink
 from regional.sources.generator import GeneratorSource
@@ -98,18 +98,7 @@ def test_a_timed_pass_gives_every_unit_the_epoch_it_has_alone(
     chain = UnitChain(p, parallelism, owners)
     for checkpoint in range(1, epochs + 1):
         units = chain.units(checkpoint)
-        alone = [
-            run_unit_epoch(
-                p,
-                unit.restore,
-                checkpoint_id=checkpoint,
-                new_splits=unit.new_splits,
-                ended=(),
-                state_of=unit.state_of,
-                now_ms=NOW_MS,
-            )
-            for unit in units
-        ]
+        alone = [chain.alone(p, unit, checkpoint, NOW_MS) for unit in units]
         together = run_task_epoch(p, units, checkpoint_id=checkpoint, now_ms=NOW_MS)
         assert together is not None
         assert [_seen(t) for t in together] == [_seen(a) for a in alone]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from metadata.model import SplitState, SubtaskState
 from regional.dataflow.pipeline import Pipeline
 from regional.dataflow.unit_epoch import UnitEpoch
-from regional.dataflow.walker import TaskUnit
+from regional.dataflow.walker import TaskUnit, run_unit_epoch
 
 
 class UnitChain:
@@ -50,6 +50,20 @@ class UnitChain:
             }
             out.append(TaskUnit(restore, new, (), state_of))
         return out
+
+    def alone(
+        self, pipeline: Pipeline, unit: TaskUnit, checkpoint: int, now_ms: int = 0
+    ) -> UnitEpoch:
+        """`unit`'s epoch `checkpoint` run alone (`run_unit_epoch`)."""
+        return run_unit_epoch(
+            pipeline,
+            unit.restore,
+            checkpoint_id=checkpoint,
+            new_splits=unit.new_splits,
+            ended=(),
+            state_of=unit.state_of,
+            now_ms=now_ms,
+        )
 
     def keep(self, unit: int, epoch: UnitEpoch) -> None:
         """What unit `unit`'s next epoch restores: the positions and states `epoch` left."""
