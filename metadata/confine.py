@@ -123,6 +123,12 @@ class ConfinedPaths:
         self._inside.add(rel)
         return True
 
+    def check_directory(self, rel: str, *, describe: Callable[[str], str] | None = None) -> None:
+        """Raise `OutsideRootError` when directory `root/rel` resolves outside `root`
+        (proven from its parent's proof: one `lstat` for a directory not seen before)."""
+        if not self._confined(rel):
+            check_confined(self.root, rel, what=self.what, describe=describe)
+
     def check(self, rel: str, *, describe: Callable[[str], str] | None = None) -> None:
         """Raise `OutsideRootError` when `root/rel` resolves outside `root`."""
         parent, _, name = rel.rpartition("/")

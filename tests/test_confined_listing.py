@@ -75,3 +75,17 @@ def test_confined_entries_check_only_the_links_they_keep(root: str) -> None:
         confined_entries(root, "a/out", lambda e: True)
     assert str(through.value) == _outcome(lambda r: check_confined(root, r), "a/out")
     assert confined_entries(root, "a/missing", lambda e: True) == []
+
+
+@pytest.mark.parametrize("rel", PATHS)
+def test_a_directory_proven_from_its_parent_is_refused_as_check_confined_refuses(
+    root: str, rel: str
+) -> None:
+    """`ConfinedPaths.check_directory` (an exchange reader's partition directory within a
+    task) refuses exactly what `check_confined` does, whichever directories it knew before."""
+    expected = _outcome(lambda r: check_confined(root, r), rel)
+    assert _outcome(ConfinedPaths(root).check_directory, rel) == expected
+    warmed = ConfinedPaths(root)
+    for other in PATHS:
+        _outcome(warmed.check_directory, other)
+    assert _outcome(warmed.check_directory, rel) == expected

@@ -20,7 +20,7 @@ from metadata.format import segment_checksum
 from metadata.storage import JobStorage
 from regional.coordinator import TriggerCheckpoint
 from regional.coordinator.decisions import Commit
-from regional.dataflow import exchange
+from regional.dataflow import exchange_reads
 from regional.dataflow.exchange import ExchangeReader, ExchangeWriter
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
@@ -107,7 +107,7 @@ def test_a_commit_that_completes_while_a_reader_lists_is_read_now_or_next_time(
     writer = ExchangeWriter("x", lambda r: r, 1)
     writer.bind(str(tmp_path / "x"), None)
     _record(writer, 1, _segment(tmp_path, 1))
-    real = exchange._RECORDS.records
+    real = exchange_reads._DECODED.records
 
     def commit() -> None:
         if not (tmp_path / "x" / "n1" / "p0" / SegmentName(2, 0).file_name()).exists():
@@ -121,7 +121,7 @@ def test_a_commit_that_completes_while_a_reader_lists_is_read_now_or_next_time(
             commit()
         return records
 
-    monkeypatch.setattr(exchange._RECORDS, "records", commit_meanwhile)
+    monkeypatch.setattr(exchange_reads._DECODED, "records", commit_meanwhile)
     both = [SegmentName(1, 0), SegmentName(2, 0)]
     first = reader.committed(1, 0, Cursor(0, 0, 0))
     assert [s for s, _, _ in first] == (both if when == "before" else both[:1])

@@ -75,8 +75,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from metadata.commit_log import CommitRecord, FileCheck, RecordCache
-from metadata.confine import confined_entries
+from metadata.commit_log import CommitRecord, FileCheck
 from metadata.errors import MetadataError, OutsideRootError
 from metadata.exchange import (
     EXCHANGE_DIR,
@@ -105,6 +104,8 @@ from metadata.watermarks import (
 )
 from regional.dataflow.columnar_aggregates import groupable
 from regional.dataflow.event_time import reader_watermark, released_writers
+from regional.dataflow.exchange_reads import confined_listing
+from regional.dataflow.exchange_reads import records as committed_records
 from regional.dataflow.partitioning import Placement
 from regional.errors import CommitError, GraphError
 from regional.sinks.base import WriteContext
@@ -259,10 +260,6 @@ def _job_root(base: str) -> tuple[str, str]:
     return posixpath.dirname(posixpath.dirname(base)), "job root"
 
 
-#: The exchange commit records this process decoded (every reader subtask reads the same).
-_RECORDS = RecordCache()
-
-
 class _Bound:
     """The exchange directory, set by the driver (`bind`) before any task runs."""
 
@@ -284,8 +281,9 @@ class _Bound:
 
     def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
         """The published segments of one partition, in cursor order. On a local disk the
-        partition directory is resolved once and, of its segments, only symbolic links are
-        (`metadata.confine.confined_entries`): none leads out of the job root."""
+        partition directory is resolved once (once per task for its parents:
+        `regional.dataflow.exchange_reads.confined_listing`) and, of its segments, only
+        symbolic links are: none leads out of the job root."""
         fs, base = self._fs()
         directory = f"{base}/n{layout}/p{partition}"
         out = []
@@ -293,7 +291,7 @@ class _Bound:
             root, what = _job_root(base)
             rel = directory[len(root) + 1 :] if directory.startswith(root + "/") else ""
             try:
-                entries = confined_entries(
+                entries = confined_listing(
                     root,
                     rel,
                     lambda e: segment_name(e.name) is not None and e.is_file(),
@@ -324,8 +322,9 @@ class _Bound:
         exists with its recorded size. A published segment whose record is not written yet
         (a commit in progress) ends the list. `CommitError` naming the segment when one is
         missing, resized, or published without a record before recorded ones. The records
-        are decoded once per process and indexed by partition (`_RECORDS`), so a reader
-        costs what its own partition holds, not what every partition does."""
+        are decoded once per process and indexed by partition, and read once per task
+        (`regional.dataflow.exchange_reads`), so a reader costs what its own partition holds,
+        not what every partition does."""
         fs, base = self._fs()
         here = f"n{layout}/p{partition}"
         prefix = f"{here}/"
@@ -334,7 +333,7 @@ class _Bound:
         # commit in progress published meanwhile has no record and ends the list (a pipelined
         # run's readers list while the previous epoch commits)
         try:
-            records = _RECORDS.records(fs, base, since=cursor.checkpoint_id)
+            records = committed_records(fs, base, since=cursor.checkpoint_id)
         except (MetadataError, OutsideRootError) as exc:
             raise CommitError(f"exchange {self.reader!r}: {exc}") from None
         listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
@@ -689,30 +688,22 @@ class ExchangeWriter(_Bound, StagedSink):
             )
         first = parts[order[0]][0]
         tail = f"{first.run_id or 'run'}-a{first.attempt}-{uuid.uuid4().hex[:8]}"
-        grouped = self.partition_tables([parts[i][1] for i in order])
+        present = self._merged_partitions([parts[i][1] for i in order])
         out: list[list[bytes]] = [[] for _ in parts]
-        present: dict[int, list[tuple[int, pa.Table]]] = defaultdict(list)  # by partition
-        for k, g in enumerate(grouped):  # k: the part's place in writer order
-            for q, rows in g.items():
-                present[q].append((k, rows))
         for partition in sorted(present):
-            mine = present[partition]  # O(the writers with rows here), not O(writers)
-            pieces = [rows for _, rows in mine]
-            table = pieces[0] if len(pieces) == 1 else _one_table(pieces, self.reader)
-            timed = self._origin(
-                [parts[order[k]][0] for k, _ in mine], [t.num_rows for t in pieces], table
-            )
+            table, mine = present[partition]  # O(the writers with rows here), not O(writers)
+            timed = self._origin([parts[order[k]][0] for k, _ in mine], [n for _, n in mine], table)
             if timed is not None:  # event time: which writers' rows, for the reader's marks
                 counts = dict.fromkeys(range(len(order)), 0)
-                counts.update((k, rows.num_rows) for k, rows in mine)
+                counts.update(mine)
                 listed = ",".join(f"{w}:{counts[k]}" for k, w in enumerate(writers))
                 meta = {**(timed.schema.metadata or {}), WRITERS_KEY: listed.encode()}
                 table = timed.replace_schema_metadata(meta)
             places: list[FilePart | None] = []
             start = 0
-            for rows in pieces:
-                places.append(FilePart(start, rows.num_rows, table.num_rows))
-                start += rows.num_rows
+            for _, n in mine:
+                places.append(FilePart(start, n, table.num_rows))
+                start += n
             stem = (
                 f"n{self.partitions}-p{partition}-c{first.checkpoint_id:020d}-"
                 f"w{first.index:05d}-{tail}"
@@ -725,6 +716,54 @@ class ExchangeWriter(_Bound, StagedSink):
                 stem = f"wm-c{c.checkpoint_id:020d}-w{c.index:05d}-{c.watermarks[1]}-{tail}"
                 out[i].append(self.area.stage(c.job_id, stem, pa.table({})))
         return [tuple(c) for c in out]
+
+    def _merged_partitions(
+        self, parts: Sequence[Sequence[pa.RecordBatch]]
+    ) -> dict[int, tuple[pa.Table, list[tuple[int, int]]]]:
+        """Every part's rows (parts in writer order) by partition: per partition one table of
+        the rows of every part, part after part, each part's rows in order, and (part, rows)
+        of each part with rows there. When every batch has one schema (the usual case), the
+        parts are cut as one table: one placement, one sort, one take, however many writer
+        subtasks the task ran (a part cut on its own costs a sort and a take each: most of a
+        task's time at 1,024 writers of 10 records). Otherwise each part is cut on its own
+        (`partition_tables`) and a partition's pieces are unified (`_one_table`)."""
+        batches = [b for part in parts for b in part if b.num_rows]
+        schemas = {b.schema.remove_metadata() for b in batches}
+        if len(schemas) > 1:
+            present: dict[int, list[tuple[int, pa.Table]]] = defaultdict(list)
+            for k, g in enumerate(self.partition_tables(parts)):
+                for q, rows in g.items():
+                    present[q].append((k, rows))
+            return {
+                q: (
+                    pieces[0][1]
+                    if len(pieces) == 1
+                    else _one_table([rows for _, rows in pieces], self.reader),
+                    [(k, rows.num_rows) for k, rows in pieces],
+                )
+                for q, pieces in present.items()
+            }
+        if not batches:
+            return {}
+        table = pa.Table.from_batches(batches, schema=schemas.pop())
+        part_of = np.repeat(
+            np.arange(len(parts), dtype=np.int64),
+            [sum(b.num_rows for b in part) for part in parts],
+        )
+        placed = self._placed_rows(table)
+        order = np.argsort(placed, kind="stable")  # within a partition: part order, row order
+        ordered, part_of = placed[order], part_of[order]
+        taken = table.take(pa.array(order, pa.int64()))
+        partitions, starts = np.unique(ordered, return_index=True)
+        ends = [*starts[1:].tolist(), len(ordered)]
+        out = {}
+        for q, a, b in zip(partitions.tolist(), starts.tolist(), ends, strict=True):
+            holders, counts = np.unique(part_of[a:b], return_counts=True)
+            out[int(q)] = (
+                taken.slice(a, b - a),
+                list(zip(holders.tolist(), counts.tolist(), strict=True)),
+            )
+        return out
 
     @staticmethod
     def _origin(

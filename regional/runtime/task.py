@@ -50,6 +50,7 @@ import msgspec
 from metadata.model import SubtaskState
 from metadata.storage import JobStorage
 from regional.coordinator.messages import Ack, Answer, Decline, UnitWork
+from regional.dataflow.exchange_reads import task_reads
 from regional.dataflow.failures import (
     as_exception,
     failure_line,
@@ -275,6 +276,7 @@ def run_units(
         with (
             ThreadPoolExecutor(max(1, env.upload_threads), thread_name_prefix="upload") as pool,
             alarms(env.unit_timeout) as timeout,
+            task_reads(),  # the exchange readers of this task share their commit records
         ):
             passed = (
                 run_passes(
