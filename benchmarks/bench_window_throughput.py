@@ -14,13 +14,20 @@ within a file up to 3 s). Contenders, all reading the same files:
   call per record), to show what the columnar path buys;
 * `spark-ss`: ``readStream.parquet(...).withWatermark("ts", "5 seconds").groupBy(window("ts",
   "1 minute"), "key").count()``, append mode, Parquet sink, ``trigger(availableNow=True)``.
+* `spark-sql`: the same count as one Spark SQL batch job, ``read.parquet(...).groupBy(window(
+  "ts", "1 minute"), "key").count()`` written as Parquet: the issue's baseline (the regional
+  jobs' time should be at most 1.3x its time).
 
 Measured: records / seconds from the start of the run to its end (the regional jobs run to the
-end of their bounded input, Spark until its available-now query terminates). Every window both
-a regional job and Spark committed has the same count (checked); Spark's append mode leaves
-the windows its watermark has not passed unemitted at the end, so it commits fewer.
+end of their bounded input, Spark until its available-now query terminates or its batch job
+ends). Every window both a regional job and Spark committed has the same count (checked); the
+batch job and the regional jobs commit every window (checked); Spark's append mode leaves the
+windows its watermark has not passed unemitted at the end, so it commits fewer. With
+`--rounds N`, every contender runs N times, in an order rotated from round to round, and the
+median counts.
 
-    .venv/bin/python -m benchmarks.bench_window_throughput [--records 1000000] [--quick]
+    .venv/bin/python -m benchmarks.bench_window_throughput [--records 1000000] [--rounds 3]
+        [--quick]
 
 Run by hand (not a test); writes benchmarks/results/window-throughput.json.
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -87,11 +95,13 @@ def job(name: str, args: argparse.Namespace, data: str, table: str, *, columnar:
     return p
 
 
-def run_regional(spark: Any, args: argparse.Namespace, work: str, columnar: bool) -> dict[str, Any]:
+def run_regional(
+    spark: Any, args: argparse.Namespace, data: str, work: str, columnar: bool
+) -> dict[str, Any]:
     name = "columnar" if columnar else "record-wise"
     table = f"{work}/{name}-table"
     runtime = SparkRuntime(
-        job(name, args, f"{work}/input", table, columnar=columnar), spark, root=f"{work}/{name}"
+        job(name, args, data, table, columnar=columnar), spark, root=f"{work}/{name}"
     )
     started = time.perf_counter()
     summary = runtime.run()
@@ -101,13 +111,13 @@ def run_regional(spark: Any, args: argparse.Namespace, work: str, columnar: bool
     return {"mode": f"regional, {name}", "seconds": seconds, "rows": rows}
 
 
-def run_spark_ss(spark: Any, args: argparse.Namespace, work: str) -> dict[str, Any]:
+def run_spark_ss(spark: Any, args: argparse.Namespace, data: str, work: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     out = f"{work}/spark-ss-table"
     stream = (
         spark.readStream.schema("key LONG, ts TIMESTAMP")
-        .parquet(f"{work}/input")
+        .parquet(data)
         .withWatermark("ts", "5 seconds")
         .groupBy(F.window("ts", "1 minute"), "key")
         .count()
@@ -131,14 +141,47 @@ def run_spark_ss(spark: Any, args: argparse.Namespace, work: str) -> dict[str, A
     return {"mode": "spark-ss", "seconds": seconds, "rows": rows}
 
 
+def run_spark_sql(spark: Any, args: argparse.Namespace, data: str, work: str) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    out = f"{work}/spark-sql-table"
+    started = time.perf_counter()
+    (
+        spark.read.schema("key LONG, ts TIMESTAMP")
+        .parquet(data)
+        .groupBy(F.window("ts", "1 minute"), "key")
+        .count()
+        .selectExpr("key", "unix_millis(window.end) AS end", "count")
+        .write.mode("overwrite")
+        .parquet(out)
+    )
+    seconds = time.perf_counter() - started
+    rows = {(r["key"], r["end"]): r["count"] for r in spark.read.parquet(out).collect()}
+    return {"mode": "spark-sql", "seconds": seconds, "rows": rows}
+
+
 COLUMNS = (
     ("mode", "mode", "<22"),
     ("records", "records", ">9"),
     ("seconds", "seconds", ">8"),
     ("records_per_s", "records/s", ">10"),
     ("windows", "windows", ">8"),
-    ("vs_spark_ss", "vs Spark", ">8"),
+    ("vs_spark_ss", "vs Spark SS", ">11"),
+    ("x_spark_sql_time", "x Spark SQL time", ">16"),
 )
+
+CONTENDERS = ("regional, columnar", "regional, record-wise", "spark-ss", "spark-sql")
+
+
+def run_one(spark: Any, args: argparse.Namespace, work: str, mode: str) -> dict[str, Any]:
+    """One run of contender `mode` in a directory of its own under `work`."""
+    os.makedirs(work)
+    data = f"{os.path.dirname(work)}/input"
+    if mode == "spark-ss":
+        return run_spark_ss(spark, args, data, work)
+    if mode == "spark-sql":
+        return run_spark_sql(spark, args, data, work)
+    return run_regional(spark, args, data, work, columnar=mode == "regional, columnar")
 
 
 def main() -> None:
@@ -150,6 +193,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=60, help="minutes of event time")
     ap.add_argument("--per-epoch", type=int, default=100_000, help="records_per_epoch")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every contender (median)")
     ap.add_argument("--quick", action="store_true", help="100,000 records, 2 files, 2 subtasks")
     ap.add_argument("--out", default=RESULTS, help="directory for the JSON")
     args = ap.parse_args()
@@ -160,40 +204,48 @@ def main() -> None:
     spark = spark_session(args.master, log_file=f"{work}/spark.log")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+    seconds: dict[str, list[float]] = {m: [] for m in CONTENDERS}
+    got: dict[str, dict[Any, int]] = {}
     try:
-        runs = [
-            run_regional(spark, args, work, columnar=True),
-            run_regional(spark, args, work, columnar=False),
-            run_spark_ss(spark, args, work),
-        ]
+        for r in range(args.rounds):
+            for k in range(len(CONTENDERS)):
+                mode = CONTENDERS[(k + r) % len(CONTENDERS)]
+                run = run_one(spark, args, f"{work}/round{r}-{k}", mode)
+                seconds[mode].append(run["seconds"])
+                if got.setdefault(mode, run["rows"]) != run["rows"]:
+                    raise AssertionError(f"{mode}: round {r} committed other counts than round 0")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    spark_rows = runs[-1]["rows"]
-    for run in runs[:-1]:
-        for window in run["rows"].keys() & spark_rows.keys():
-            if run["rows"][window] != spark_rows[window]:
-                raise AssertionError(
-                    f"{run['mode']}: window {window} counted {run['rows'][window]}, Spark "
-                    f"{spark_rows[window]}"
-                )
-    assert runs[0]["rows"] == runs[1]["rows"], "the columnar and record-wise counts differ"
-    base = args.records / runs[-1]["seconds"]
+    for mode in CONTENDERS[:2]:
+        for spark_mode in ("spark-ss", "spark-sql"):
+            theirs = got[spark_mode]
+            for window in got[mode].keys() & theirs.keys():
+                if got[mode][window] != theirs[window]:
+                    raise AssertionError(
+                        f"{mode}: window {window} counted {got[mode][window]}, {spark_mode} "
+                        f"{theirs[window]}"
+                    )
+    assert got[CONTENDERS[0]] == got[CONTENDERS[1]], "the columnar and record-wise counts differ"
+    assert got[CONTENDERS[0]] == got["spark-sql"], "regional and the batch job commit other windows"
+    median = {m: statistics.median(s) for m, s in seconds.items()}
     rows = [
         {
-            "mode": r["mode"],
+            "mode": m,
             "records": args.records,
-            "seconds": round(r["seconds"], 2),
-            "records_per_s": round(args.records / r["seconds"]),
-            "windows": len(r["rows"]),
-            "vs_spark_ss": round(args.records / r["seconds"] / base, 2),
+            "seconds": round(median[m], 2),
+            "records_per_s": round(args.records / median[m]),
+            "windows": len(got[m]),
+            "vs_spark_ss": round(median["spark-ss"] / median[m], 2),
+            "x_spark_sql_time": round(median[m] / median["spark-sql"], 2),
         }
-        for r in runs
+        for m in CONTENDERS
     ]
     print(
         f"\n{args.records:,} records in {args.files} files, {args.keys} keys, {args.minutes} "
         f"minutes of event time, {args.partitions} window subtasks, records_per_epoch "
-        f"{args.per_epoch:,}, master {args.master}; every window committed by both agrees\n"
+        f"{args.per_epoch:,}, master {args.master}, median of {args.rounds} rounds in rotating "
+        "order; every window committed by two contenders agrees\n"
     )
     print_table(COLUMNS, rows)
     stem = "window-throughput-quick" if args.quick else "window-throughput"
