@@ -61,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import itertools
 import posixpath
 import re
 import uuid
@@ -201,15 +200,19 @@ def _origin_runs(table: pa.Table, start: int, rows: int, origin: int) -> list[tu
     has an origin column (a merged segment of writers with different watermarks)."""
     if ORIGIN_COLUMN not in table.column_names:
         return [(start, rows, origin)]
-    runs: list[tuple[int, int, int]] = []
-    at = start
-    for value, group in itertools.groupby(
-        table.column(ORIGIN_COLUMN).slice(start, rows).to_pylist()
-    ):
-        n = sum(1 for _ in group)
-        runs.append((at, n, origin if value is None else int(value)))
-        at += n
-    return runs
+    column = table.column(ORIGIN_COLUMN).slice(start, rows)
+    if not rows:
+        return []
+    # runs of equal values, nulls (the segment's origin) a value of their own, in numpy
+    values = np.asarray(column.fill_null(0), dtype=np.int64)
+    nulls = np.asarray(column.is_null(), dtype=bool)
+    changed = np.flatnonzero((values[1:] != values[:-1]) | (nulls[1:] != nulls[:-1])) + 1
+    firsts = [0, *changed.tolist()]
+    ends = [*changed.tolist(), rows]
+    return [
+        (start + a, b - a, origin if nulls[a] else int(values[a]))
+        for a, b in zip(firsts, ends, strict=True)
+    ]
 
 
 class _Unread(NamedTuple):
