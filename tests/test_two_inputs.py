@@ -12,8 +12,10 @@ import orders_job
 import pytest
 
 from metadata.storage import JobStorage
+from regional.dataflow.building import Keyed
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.keys import FieldKey
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.pipeline import KeyedStream, Pipeline
 from regional.dataflow.state import OperatorState
@@ -54,7 +56,8 @@ def _pipeline(out: str, *, partitions: int = 3) -> Pipeline:
         GeneratorSource(1, lambda s, n: {"k": n % 5, "n": 100 + n, "s": s}, records_per_split=7),
         name="b",
     )
-    ids = p._co_partition(left.key_by("k"), right.key_by("k"), partitions=partitions, name="j")
+    sides = Keyed(left.vertex_id, FieldKey("k")), Keyed(right.vertex_id, FieldKey("k"))
+    ids = p._co_partition(*sides, partitions=partitions, name="j")
     p._add("sides", "j", ids, operator=Sides()).sink(ParquetSink(out), name="out")
     return p
 
@@ -80,7 +83,8 @@ def test_a_side_already_partitioned_by_its_key_is_used_as_it_is() -> None:
     a = p.source(GeneratorSource(1, lambda s, n: {"k": n}, records_per_split=3), name="a")
     b = p.source(GeneratorSource(1, lambda s, n: {"k": n}, records_per_split=3), name="b")
     left = a.key_by("k", partitions=4, name="by-k")
-    assert p._co_partition(left, b.key_by("k"), partitions=None, name="j") == ("by-k", "j-right")
+    right = b.key_by("k")._keyed
+    assert p._co_partition(left._keyed, right, partitions=None, name="j") == ("by-k", "j-right")
     assert p.vertices["j-right"].parallelism == 4
 
 
@@ -119,5 +123,5 @@ def test_sides_that_cannot_be_partitioned_alike_are_refused_naming_the_fix(
     left, right, partitions = build(a, b)
     assert isinstance(left, KeyedStream)
     with pytest.raises(GraphError) as info:
-        p._co_partition(left, right, partitions=partitions, name="j")
+        p._co_partition(left._keyed, right._keyed, partitions=partitions, name="j")
     assert str(info.value) == message

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metadata.watermarks import MIN_WATERMARK, format_watermark
+from regional.dataflow.building import Build, Keyed
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, raised_on
@@ -46,8 +47,9 @@ from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.state_codec import StateTypeError
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
+from regional.errors import GraphError
 
-__all__ = ["Dedup", "DropDuplicates"]
+__all__ = ["Dedup", "DropDuplicates", "build_drop_duplicates"]
 
 _FIRST = "f"  # slot entry: the event time of the record let through last
 
@@ -197,3 +199,35 @@ class DropDuplicates(Operator):
         if floor is not None:
             floor[0] = max(floor[0], time.end.get(KEY_SCOPE, MIN_WATERMARK))
         return out, out_origins
+
+
+def build_drop_duplicates(
+    graph: Build,
+    keyed: Keyed,
+    *,
+    within: Any,
+    event_time: Callable[[Any], Any] | str | None,
+    on_late: str,
+    name: str | None,
+) -> str:
+    """Add deduplication of `keyed`'s records within `within` of event time
+    (`KeyedStream.drop_duplicates` says what it does); its vertex id. `GraphError` naming the
+    operator for any argument it cannot run with."""
+    from regional.dataflow.event_time import span_ms
+
+    what = f"drop_duplicates {name or '(unnamed)'!r}"
+    graph.late_policy(what, on_late)
+    try:
+        within_ms = span_ms(within, "within")
+    except ValueError as exc:
+        raise GraphError(f"{what}: {exc}") from None
+    time = graph.event_time_of(keyed.vertex_id, event_time, what)
+    op = DropDuplicates(
+        Dedup(within_ms=within_ms),
+        keyed.key,
+        time.fn,
+        field=time.field,
+        on_late=on_late,
+        scope=graph.key_scope(keyed.vertex_id, keyed.key, name),
+    )
+    return graph.add(op, name, (keyed.vertex_id,))

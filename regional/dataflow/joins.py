@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metadata.watermarks import MIN_WATERMARK, format_watermark
+from regional.dataflow.building import Build, Keyed
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, function_error, raised_on
@@ -70,6 +71,8 @@ __all__ = [
     "IntervalJoinSpec",
     "KeyedJoin",
     "NewRows",
+    "add_join",
+    "build_interval_join",
     "default_emit",
     "join_bound_ms",
 ]
@@ -417,3 +420,74 @@ class IntervalJoin(KeyedJoin):
         if self.spec.how in ("right", "outer"):
             out += [(None, r) for r in right]
         return out
+
+
+def build_interval_join(
+    graph: Build,
+    left: Any,
+    right: Any,
+    *,
+    between: tuple[Any, Any],
+    how: str,
+    emit: Callable[[Any, Any], Any] | None,
+    partitions: int | None,
+    on_late: str,
+    event_time: Callable[[Any], Any] | str | None,
+    other_event_time: Callable[[Any], Any] | str | None,
+    name: str | None,
+) -> str:
+    """Add an interval join of keyed streams `left` and `right` (`KeyedStream.interval_join`
+    says what it does); its vertex id. `GraphError` naming the join for any argument it
+    cannot run with."""
+    vid = graph.vertex_id("interval_join", name)
+    what = f"interval join {vid!r}"
+    sides = (graph.keyed(left, what), graph.keyed(right, what))
+    if how not in HOW:
+        raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
+    graph.late_policy(what, on_late)
+    if not isinstance(between, tuple | list) or len(between) != 2:
+        raise GraphError(
+            f"{what}: between={between!r}; give (lower, upper), e.g. ('0 s', '15 min')"
+        )
+    lower = join_bound_ms(between[0], f"{what}: lower bound")
+    upper = join_bound_ms(between[1], f"{what}: upper bound")
+    if lower > upper:
+        raise GraphError(
+            f"{what}: between={tuple(between)!r} has its lower bound above its upper one; "
+            "give (lower, upper) with lower <= upper"
+        )
+    spec = IntervalJoinSpec(between=(lower, upper), how=how, emit=emit)
+    return add_join(
+        graph,
+        sides,
+        lambda keys, times, fields: IntervalJoin(spec, keys, times, fields=fields, on_late=on_late),
+        vid=vid,
+        times=((event_time, f"{what} (left side)"), (other_event_time, f"{what} (right side)")),
+        partitions=partitions,
+    )
+
+
+def add_join(
+    graph: Build,
+    sides: tuple[Keyed, Keyed],
+    make: Callable[..., Operator],
+    *,
+    vid: str,
+    times: tuple[tuple[Any, str], tuple[Any, str]],
+    partitions: int | None,
+) -> str:
+    """Add a join of two keyed inputs: each side's event time (given, else its sources';
+    `times` pairs it with the side's name in errors), both sides partitioned alike
+    (`Build.co_partition`), and the operator `make(keys, time functions, time fields)` on
+    the two reader vertices; its vertex id."""
+    found = [
+        graph.event_time_of(side.vertex_id, given, what)
+        for side, (given, what) in zip(sides, times, strict=True)
+    ]
+    ids = graph.co_partition(sides[0], sides[1], partitions=partitions, name=vid)
+    op = make(
+        (sides[0].key, sides[1].key),
+        (found[0].fn, found[1].fn),
+        (found[0].field, found[1].field),
+    )
+    return graph.add(op, vid, ids)

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
+from regional.dataflow.building import Build, Keyed
 from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, raised_on
@@ -39,6 +40,8 @@ from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.timers import bind, fire_timers
 from regional.dataflow.window_operator import WindowSpec, run_windows
+from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
+from regional.errors import GraphError
 from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch
 
@@ -54,6 +57,9 @@ __all__ = [
     "Process",
     "RecordOperator",
     "WindowOp",
+    "build_apply_in_arrow",
+    "build_process",
+    "build_window",
     "records_of",
 ]
 
@@ -750,3 +756,72 @@ def _chunks_of(name: str, split: str, result: Any) -> list[Chunk]:
         )
     rows = list(result)
     return [(split, rows)] if rows else []
+
+
+def build_process(
+    graph: Build,
+    keyed: Keyed,
+    fn: Callable[[KeyedContext, Any], Iterable[Any] | None],
+    *,
+    on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None,
+    name: str | None,
+) -> str:
+    """Add `KeyedStream.process`; its vertex id (timers need event time upstream)."""
+    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
+    if on_timer is not None:
+        graph.event_time_of(keyed.vertex_id, None, name or "process")
+    op = Process(fn, keyed.key, scope=scope, on_timer=on_timer)
+    return graph.add(op, name, (keyed.vertex_id,))
+
+
+def build_apply_in_arrow(
+    graph: Build,
+    keyed: Keyed,
+    fn: Callable[[KeyedContext, pa.Table], Any],
+    *,
+    on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None,
+    name: str | None,
+) -> str:
+    """Add `KeyedStream.apply_in_arrow`; its vertex id (timers need event time upstream)."""
+    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
+    if on_timer is not None:
+        graph.event_time_of(keyed.vertex_id, None, name or "apply_in_arrow")
+    op = ApplyInArrow(fn, keyed.key, scope=scope, on_timer=on_timer)
+    return graph.add(op, name, (keyed.vertex_id,))
+
+
+def build_window(
+    graph: Build,
+    keyed: Keyed,
+    assigner: WindowAssigner,
+    *,
+    aggregate: Aggregate | None,
+    reduce: Callable[[Any, Any], Any] | None,
+    allowed_lateness: Any,
+    on_late: str,
+    emit: Callable[[Any, Window, Any], Any] | None,
+    event_time: Callable[[Any], Any] | str | None,
+    name: str | None,
+) -> str:
+    """Add `KeyedStream.window`; its vertex id. `GraphError` naming the window unless exactly
+    one of `aggregate` and `reduce` is given, for an `on_late` the pipeline cannot keep, or
+    without event time upstream."""
+    what = f"window {name or '(unnamed)'!r}"
+    if (aggregate is None) == (reduce is None):
+        raise GraphError(
+            f"{what}: give aggregate=<count(), sum_of('field') or an Aggregate> or "
+            "reduce=<a function of two records>, one of them"
+        )
+    graph.late_policy(what, on_late)
+    time = graph.event_time_of(keyed.vertex_id, event_time, what)
+    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
+    spec = WindowSpec(
+        assigner,
+        aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
+        time_of=time.fn,
+        time_field=time.field,
+        allowed_lateness=allowed_lateness,
+        on_late=on_late,
+        emit=emit,
+    )
+    return graph.add(WindowOp(spec, keyed.key, scope=scope), name, (keyed.vertex_id,))

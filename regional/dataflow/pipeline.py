@@ -33,24 +33,25 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
+from regional.dataflow.building import Keyed
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
 from regional.dataflow.keys import KeyLike, key_function
 from regional.dataflow.operators import (
-    ApplyInArrow,
     Chunk,
     Filter,
     FlatMap,
     Map,
     MapBatches,
     Operator,
-    Process,
-    WindowOp,
+    build_apply_in_arrow,
+    build_process,
+    build_window,
 )
 from regional.dataflow.state import KeyedContext
 from regional.dataflow.state_codec import PickledState, StateCodec
-from regional.dataflow.window_operator import ON_LATE, WindowSpec
-from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
+from regional.dataflow.window_operator import ON_LATE
+from regional.dataflow.windows import Aggregate, Window, WindowAssigner
 from regional.errors import GraphError
 from regional.graph.job_graph import Edge, JobGraph, Vertex
 from regional.sinks.base import Sink
@@ -304,6 +305,14 @@ class KeyedStream:
         self._stream = stream
         self._key = key
 
+    @property
+    def _keyed(self) -> Keyed:
+        return Keyed(self._stream.vertex_id, self._key)
+
+    @property
+    def _graph(self) -> _PipelineBuild:
+        return _PipelineBuild(self._stream.pipeline)
+
     if not TYPE_CHECKING:  # a type checker keeps reporting `KeyedStream.map` as missing
 
         def __getattr__(self, name: str) -> Any:
@@ -327,12 +336,8 @@ class KeyedStream:
         chain, per key after a keyed exchange) and list state. With `on_timer`, `ctx.timers`
         sets event-time and processing-time timers of the key, and `on_timer(ctx, ts)` is
         called when one is due (`regional.dataflow.timers`); its outputs join the stream."""
-        stream = self._stream
-        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
-        if on_timer is not None:
-            stream.pipeline._event_time_of(stream.vertex_id, None, name or "process")
-        op = Process(fn, self._key, scope=scope, on_timer=on_timer)
-        return stream.pipeline._add("process", name, (stream.vertex_id,), operator=op)
+        vid = build_process(self._graph, self._keyed, fn, on_timer=on_timer, name=name)
+        return Stream(self._stream.pipeline, vid)
 
     def apply_in_arrow(
         self,
@@ -347,12 +352,8 @@ class KeyedStream:
         and returns a Table, a RecordBatch, records or None; `ctx` is the key's state as in
         `process` (with `on_timer`, its timers). Key by a field name (``key_by("user")``) so
         the records are grouped as columns (`regional.dataflow.operators.ApplyInArrow`)."""
-        stream = self._stream
-        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
-        if on_timer is not None:
-            stream.pipeline._event_time_of(stream.vertex_id, None, name or "apply_in_arrow")
-        op = ApplyInArrow(fn, self._key, scope=scope, on_timer=on_timer)
-        return stream.pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
+        vid = build_apply_in_arrow(self._graph, self._keyed, fn, on_timer=on_timer, name=name)
+        return Stream(self._stream.pipeline, vid)
 
     def window(
         self,
@@ -376,28 +377,19 @@ class KeyedStream:
         time of a record is `event_time` (a field name or a function of a record), by default
         the source's `event_time`; a record without a usable one is a dead letter with
         ``on_error="dead-letter"``, else its unit declines naming the window and the record."""
-        stream = self._stream
-        pipeline = stream.pipeline
-        what = f"window {name or '(unnamed)'!r}"
-        if (aggregate is None) == (reduce is None):
-            raise GraphError(
-                f"{what}: give aggregate=<count(), sum_of('field') or an Aggregate> or "
-                "reduce=<a function of two records>, one of them"
-            )
-        pipeline._late_policy(what, on_late)
-        time = pipeline._event_time_of(stream.vertex_id, event_time, what)
-        scope = pipeline._key_scope(stream.vertex_id, self._key, name)
-        spec = WindowSpec(
+        vid = build_window(
+            self._graph,
+            self._keyed,
             assigner,
-            aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
-            time_of=time.fn,
-            time_field=time.field,
+            aggregate=aggregate,
+            reduce=reduce,
             allowed_lateness=allowed_lateness,
             on_late=on_late,
             emit=emit,
+            event_time=event_time,
+            name=name,
         )
-        op = WindowOp(spec, self._key, scope=scope)
-        return pipeline._add("window", name, (stream.vertex_id,), operator=op)
+        return Stream(self._stream.pipeline, vid)
 
     def interval_join(
         self,
@@ -424,40 +416,22 @@ class KeyedStream:
         ``on_late="dead-letter"`` a dead letter. Event times are the sources' unless given
         (`event_time`, `other_event_time`: a field name or a function of a record). The rule
         under faults: DESIGN §4 rule 17 (`regional.dataflow.joins`)."""
-        from regional.dataflow.joins import HOW, IntervalJoin, IntervalJoinSpec, join_bound_ms
+        from regional.dataflow.joins import build_interval_join
 
-        pipeline = self._stream.pipeline
-        vid = name or f"interval_join-{len(pipeline.vertices)}"
-        what = f"interval join {vid!r}"
-        if not isinstance(other, KeyedStream):
-            raise GraphError(
-                f"{what}: join with a keyed stream, e.g. other.key_by('id'); got "
-                f"{type(other).__name__}"
-            )
-        if how not in HOW:
-            raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
-        pipeline._late_policy(what, on_late)
-        if not isinstance(between, tuple | list) or len(between) != 2:
-            raise GraphError(
-                f"{what}: between={between!r}; give (lower, upper), e.g. ('0 s', '15 min')"
-            )
-        lower = join_bound_ms(between[0], f"{what}: lower bound")
-        upper = join_bound_ms(between[1], f"{what}: upper bound")
-        if lower > upper:
-            raise GraphError(
-                f"{what}: between={tuple(between)!r} has its lower bound above its upper one; "
-                "give (lower, upper) with lower <= upper"
-            )
-        spec = IntervalJoinSpec(between=(lower, upper), how=how, emit=emit)
-        return self._add_join(
+        vid = build_interval_join(
+            self._graph,
+            self,
             other,
-            lambda keys, times, fields: IntervalJoin(
-                spec, keys, times, fields=fields, on_late=on_late
-            ),
-            vid=vid,
-            sides=((event_time, f"{what} (left side)"), (other_event_time, f"{what} (right side)")),
+            between=between,
+            how=how,
+            emit=emit,
             partitions=partitions,
+            on_late=on_late,
+            event_time=event_time,
+            other_event_time=other_event_time,
+            name=name,
         )
+        return Stream(self._stream.pipeline, vid)
 
     def temporal_join(
         self,
@@ -483,65 +457,22 @@ class KeyedStream:
         read through keyed exchanges of `partitions` subtasks; late records are never
         joined (``on_late``, as in `window`). DESIGN §4 rule 18
         (`regional.dataflow.temporal_join`)."""
-        from regional.dataflow.temporal_join import (
-            HOW,
-            TemporalJoin,
-            TemporalJoinSpec,
-            delete_test,
-        )
+        from regional.dataflow.temporal_join import build_temporal_join
 
-        pipeline = self._stream.pipeline
-        vid = name or f"temporal_join-{len(pipeline.vertices)}"
-        what = f"temporal join {vid!r}"
-        if not isinstance(table, KeyedStream):
-            raise GraphError(
-                f"{what}: join with a keyed changelog stream, e.g. changes.key_by('user'); got "
-                f"{type(table).__name__}"
-            )
-        if how not in HOW:
-            raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
-        pipeline._late_policy(what, on_late)
-        if is_delete is not None and not (isinstance(is_delete, str) or callable(is_delete)):
-            raise GraphError(
-                f"{what}: is_delete={is_delete!r}; give a field name that is true for deletes "
-                "or a function of a change"
-            )
-        spec = TemporalJoinSpec(how=how, emit=emit, is_delete=delete_test(is_delete))
-        return self._add_join(
+        vid = build_temporal_join(
+            self._graph,
+            self,
             table,
-            lambda keys, times, fields: TemporalJoin(
-                spec, keys, times, fields=fields, on_late=on_late
-            ),
-            vid=vid,
-            sides=((event_time, f"{what} (stream)"), (table_event_time, f"{what} (changelog)")),
+            how=how,
+            emit=emit,
+            is_delete=is_delete,
             partitions=partitions,
+            on_late=on_late,
+            event_time=event_time,
+            table_event_time=table_event_time,
+            name=name,
         )
-
-    def _add_join(
-        self,
-        other: KeyedStream,
-        make: Callable[..., Operator],
-        *,
-        vid: str,
-        sides: tuple[tuple[Any, str], tuple[Any, str]],
-        partitions: int | None,
-    ) -> Stream:
-        """Add a join of this keyed stream with `other`: each side's event time (given, else
-        its sources'; `sides` pairs it with the side's name in errors), both sides partitioned
-        alike (`Pipeline._co_partition`), and the operator `make(keys, time functions,
-        time fields)` on the two reader vertices."""
-        pipeline = self._stream.pipeline
-        times = [
-            pipeline._event_time_of(side._stream.vertex_id, given, what)
-            for side, (given, what) in zip((self, other), sides, strict=True)
-        ]
-        ids = pipeline._co_partition(self, other, partitions=partitions, name=vid)
-        op = make(
-            (self._key, other._key),
-            (times[0].fn, times[1].fn),
-            (times[0].field, times[1].field),
-        )
-        return pipeline._add(op.kind, vid, ids, operator=op)
+        return Stream(self._stream.pipeline, vid)
 
     def drop_duplicates(
         self,
@@ -557,28 +488,17 @@ class KeyedStream:
         ``its time + within``. Late records are never let through (``on_late``, as in
         `window`). Per (split, key) on a forward chain, per key after a keyed exchange.
         DESIGN §4 rule 19 (`regional.dataflow.dedup`)."""
-        from regional.dataflow.dedup import Dedup, DropDuplicates
-        from regional.dataflow.event_time import span_ms
+        from regional.dataflow.dedup import build_drop_duplicates
 
-        stream = self._stream
-        pipeline = stream.pipeline
-        what = f"drop_duplicates {name or '(unnamed)'!r}"
-        pipeline._late_policy(what, on_late)
-        try:
-            within_ms = span_ms(within, "within")
-        except ValueError as exc:
-            raise GraphError(f"{what}: {exc}") from None
-        time = pipeline._event_time_of(stream.vertex_id, event_time, what)
-        scope = pipeline._key_scope(stream.vertex_id, self._key, name)
-        op = DropDuplicates(
-            Dedup(within_ms=within_ms),
-            self._key,
-            time.fn,
-            field=time.field,
+        vid = build_drop_duplicates(
+            self._graph,
+            self._keyed,
+            within=within,
+            event_time=event_time,
             on_late=on_late,
-            scope=scope,
+            name=name,
         )
-        return pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
+        return Stream(self._stream.pipeline, vid)
 
     def aggregate(
         self,
@@ -594,19 +514,46 @@ class KeyedStream:
         key after a keyed exchange (``key_by(k, partitions=N)``: one total per key). Built-ins
         on a field key (``key_by("user")``) run over Arrow columns. DESIGN §4 rule 21
         (`regional.dataflow.running_aggregate`)."""
-        from regional.dataflow.running_aggregate import RunningAggregate
+        from regional.dataflow.running_aggregate import build_aggregate
 
-        stream = self._stream
-        if not isinstance(agg, Aggregate):
-            called = " (call it: count(), not count)" if callable(agg) else ""
-            raise GraphError(
-                f"aggregate {name or '(unnamed)'!r}: agg={agg!r} is no aggregate{called}; give "
-                "count(), sum_of('field'), min_of('field'), max_of('field'), mean_of('field') "
-                "or an Aggregate(init, add, merge, result)"
-            )
-        scope = stream.pipeline._key_scope(stream.vertex_id, self._key, name)
-        op = RunningAggregate(agg, self._key, emit=emit, scope=scope)
-        return stream.pipeline._add(op.kind, name, (stream.vertex_id,), operator=op)
+        vid = build_aggregate(self._graph, self._keyed, agg, emit=emit, name=name)
+        return Stream(self._stream.pipeline, vid)
+
+
+class _PipelineBuild:
+    """`regional.dataflow.building.Build` over a pipeline: what operator builders use."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def keyed(
+        self, stream: object, what: str, *, want: str = "a keyed stream, e.g. other.key_by('id')"
+    ) -> Keyed:
+        if not isinstance(stream, KeyedStream):
+            raise GraphError(f"{what}: join with {want}; got {type(stream).__name__}")
+        return stream._keyed
+
+    def late_policy(self, what: str, on_late: str) -> None:
+        self.pipeline._late_policy(what, on_late)
+
+    def event_time_of(
+        self, vertex_id: str, given: Callable[[Any], Any] | str | None, what: str
+    ) -> EventTime:
+        return self.pipeline._event_time_of(vertex_id, given, what)
+
+    def key_scope(self, vertex_id: str, key: Callable[[Any], Any], name: str | None) -> str:
+        return self.pipeline._key_scope(vertex_id, key, name)
+
+    def co_partition(
+        self, left: Keyed, right: Keyed, *, partitions: int | None, name: str
+    ) -> tuple[str, str]:
+        return self.pipeline._co_partition(left, right, partitions=partitions, name=name)
+
+    def vertex_id(self, kind: str, name: str | None) -> str:
+        return name or f"{kind}-{len(self.pipeline.vertices)}"
+
+    def add(self, operator: Operator, name: str | None, inputs: tuple[str, ...]) -> str:
+        return self.pipeline._add(operator.kind, name, inputs, operator=operator).vertex_id
 
 
 class Pipeline:
@@ -863,8 +810,8 @@ class Pipeline:
 
     def _co_partition(
         self,
-        left: KeyedStream,
-        right: KeyedStream,
+        left: Keyed,
+        right: Keyed,
         *,
         partitions: int | None,
         name: str,
@@ -880,9 +827,9 @@ class Pipeline:
         from regional.dataflow.exchange import ExchangeWriter
 
         what = f"{name!r}"
-        if left._stream.vertex_id == right._stream.vertex_id:
+        if left.vertex_id == right.vertex_id:
             raise GraphError(
-                f"{what} joins stream {left._stream.vertex_id!r} with itself; key each side "
+                f"{what} joins stream {left.vertex_id!r} with itself; key each side "
                 "from the stream before the exchange (two exchanges of one stream are allowed)"
             )
         if partitions is not None and (
@@ -892,12 +839,12 @@ class Pipeline:
                 f"{what}: partitions={partitions!r}; give a whole number of subtasks, at least 1"
             )
 
-        def partitioned(side: KeyedStream) -> int | None:
-            spec = self.vertices[side._stream.vertex_id]
+        def partitioned(side: Keyed) -> int | None:
+            spec = self.vertices[side.vertex_id]
             if spec.exchange_from is None:
                 return None
             writer = self.vertices[spec.exchange_from].sink
-            if isinstance(writer, ExchangeWriter) and writer.key == side._key:
+            if isinstance(writer, ExchangeWriter) and writer.key == side.key:
                 return spec.parallelism
             return None
 
@@ -926,9 +873,11 @@ class Pipeline:
         ids = []
         for role, side in (("left", left), ("right", right)):
             if role in known:
-                ids.append(side._stream.vertex_id)
+                ids.append(side.vertex_id)
             else:
-                stream = side._stream.exchange(side._key, partitions=count, name=f"{name}-{role}")
+                stream = Stream(self, side.vertex_id).exchange(
+                    side.key, partitions=count, name=f"{name}-{role}"
+                )
                 ids.append(stream.vertex_id)
         return ids[0], ids[1]
 

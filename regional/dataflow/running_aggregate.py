@@ -36,14 +36,16 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
+from regional.dataflow.building import Build, Keyed
 from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value_column
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import OperatorState
 from regional.dataflow.windows import Aggregate
+from regional.errors import GraphError
 
-__all__ = ["RunningAggregate", "default_emit"]
+__all__ = ["RunningAggregate", "build_aggregate", "default_emit"]
 
 _RUNNING = "a"  # slot entry: the key's accumulator
 _ENCODE = msgspec.msgpack.Encoder()
@@ -185,3 +187,25 @@ class RunningAggregate(Operator):
                 slot = slots[key] = {}
             slot[_RUNNING] = acc
             scope.changed[key] = slot
+
+
+def build_aggregate(
+    graph: Build,
+    keyed: Keyed,
+    agg: Aggregate,
+    *,
+    emit: Callable[[Any, Any], Any] | None,
+    name: str | None,
+) -> str:
+    """Add a running aggregate of `keyed` (`KeyedStream.aggregate` says what it does); its
+    vertex id. `GraphError` naming the operator when `agg` is no aggregate."""
+    if not isinstance(agg, Aggregate):
+        called = " (call it: count(), not count)" if callable(agg) else ""
+        raise GraphError(
+            f"aggregate {name or '(unnamed)'!r}: agg={agg!r} is no aggregate{called}; give "
+            "count(), sum_of('field'), min_of('field'), max_of('field'), mean_of('field') "
+            "or an Aggregate(init, add, merge, result)"
+        )
+    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
+    op = RunningAggregate(agg, keyed.key, emit=emit, scope=scope)
+    return graph.add(op, name, (keyed.vertex_id,))

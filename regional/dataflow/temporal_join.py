@@ -47,13 +47,16 @@ from typing import Any
 import msgspec
 
 from metadata.watermarks import MAX_WATERMARK
+from regional.dataflow.building import Build
 from regional.dataflow.failures import function_error, function_name
-from regional.dataflow.joins import KeyedJoin, NewRows
+from regional.dataflow.joins import KeyedJoin, NewRows, add_join
+from regional.errors import GraphError
 
 __all__ = [
     "HOW",
     "TemporalJoin",
     "TemporalJoinSpec",
+    "build_temporal_join",
     "default_emit",
     "delete_test",
     "tie_order",
@@ -227,3 +230,43 @@ class TemporalJoin(KeyedJoin):
 
     def unmatched(self, keyless: tuple[list[Any], list[Any]]) -> list[tuple[Any, Any]]:
         return [(r, None) for r in keyless[0]] if self.spec.how == "left" else []
+
+
+def build_temporal_join(
+    graph: Build,
+    stream: Any,
+    table: Any,
+    *,
+    how: str,
+    emit: Callable[[Any, Any], Any] | None,
+    is_delete: Callable[[Any], Any] | str | None,
+    partitions: int | None,
+    on_late: str,
+    event_time: Callable[[Any], Any] | str | None,
+    table_event_time: Callable[[Any], Any] | str | None,
+    name: str | None,
+) -> str:
+    """Add a temporal join of keyed `stream` with the versioned table keyed changelog `table`
+    builds (`KeyedStream.temporal_join` says what it does); its vertex id. `GraphError`
+    naming the join for any argument it cannot run with."""
+    vid = graph.vertex_id("temporal_join", name)
+    what = f"temporal join {vid!r}"
+    left = graph.keyed(stream, what)
+    right = graph.keyed(table, what, want="a keyed changelog stream, e.g. changes.key_by('user')")
+    if how not in HOW:
+        raise GraphError(f"{what}: how={how!r}; use one of {', '.join(map(repr, HOW))}")
+    graph.late_policy(what, on_late)
+    if is_delete is not None and not (isinstance(is_delete, str) or callable(is_delete)):
+        raise GraphError(
+            f"{what}: is_delete={is_delete!r}; give a field name that is true for deletes "
+            "or a function of a change"
+        )
+    spec = TemporalJoinSpec(how=how, emit=emit, is_delete=delete_test(is_delete))
+    return add_join(
+        graph,
+        (left, right),
+        lambda keys, times, fields: TemporalJoin(spec, keys, times, fields=fields, on_late=on_late),
+        vid=vid,
+        times=((event_time, f"{what} (stream)"), (table_event_time, f"{what} (changelog)")),
+        partitions=partitions,
+    )
