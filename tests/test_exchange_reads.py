@@ -127,3 +127,33 @@ def test_a_partition_directory_that_links_out_is_refused_in_a_task(
         _read(reader, 1)
     assert str(in_task.value) == str(alone.value)
     assert "is a symbolic link to" in str(alone.value) and "remove the link" in str(alone.value)
+
+
+def test_a_passed_segment_the_cleaner_deletes_during_a_listing_is_no_error(
+    ends: tuple[ExchangeReader, ExchangeWriter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cleaner deletes segments every retained cursor has passed while tasks (and the
+    driver's backlog check) list: a reader never looks at the passed ones, and one that goes
+    between the listing and its size is left out; one the reader still needs is missing."""
+    from regional.dataflow import exchange
+
+    reader, writer = ends
+    for checkpoint in (1, 2, 3):
+        _commit(writer, checkpoint)
+    partition = Path(writer.path) / f"n{PARTITIONS}" / "p0"
+    real = exchange.confined_listing
+    gone: list[int] = []
+
+    def deleting_meanwhile(*args: Any, **kw: Any) -> Any:
+        entries = real(*args, **kw)
+        for checkpoint in gone:
+            (partition / SegmentName(checkpoint, 0).file_name()).unlink(missing_ok=True)
+        return entries
+
+    monkeypatch.setattr(exchange, "confined_listing", deleting_meanwhile)
+    gone.append(1)  # passed by a reader at checkpoint 2
+    assert _read(reader, 0, since=2) == [2, 3]
+    assert reader.backlog("n3-p0", Cursor(2).encode()).records == 2
+    gone.append(2)  # still needed by that reader
+    with pytest.raises(CommitError, match=r"committed with checkpoint 2, is missing"):
+        _read(reader, 0, since=2)

@@ -282,11 +282,17 @@ class _Bound:
             return pafs.FileSystem.from_uri(self.path)
         return pafs.LocalFileSystem(), self.path.rstrip("/")
 
-    def _segments(self, layout: int, partition: int) -> list[tuple[SegmentName, pafs.FileInfo]]:
-        """The published segments of one partition, in cursor order. On a local disk the
-        partition directory is resolved once (once per task for its parents:
-        `regional.dataflow.exchange_reads.confined_listing`) and, of its segments, only
-        symbolic links are: none leads out of the job root."""
+    def _segments(
+        self, layout: int, partition: int, *, after: Cursor | None = None
+    ) -> list[tuple[SegmentName, pafs.FileInfo]]:
+        """The published segments of one partition, in cursor order; with `after`, only those
+        a reader at that cursor has not passed (the others are never looked at: the cleaner may
+        be deleting them, and they cost a `stat` each). A segment that goes between the listing
+        and its `stat` is left out: the cleaner deletes only segments every retained cursor has
+        passed, and one a reader still needs is named missing from its commit record
+        (`committed`). On a local disk the partition directory is resolved once (once per task
+        for its parents: `regional.dataflow.exchange_reads.confined_listing`) and, of its
+        segments, only symbolic links are: none leads out of the job root."""
         fs, base = self._fs()
         directory = f"{base}/n{layout}/p{partition}"
         out = []
@@ -306,13 +312,20 @@ class _Bound:
             for entry in entries:
                 segment = segment_name(entry.name)
                 assert segment is not None
-                info = pafs.FileInfo(entry.path, pafs.FileType.File, size=entry.stat().st_size)
-                out.append((segment, info))
+                if after is not None and after.passed(segment):
+                    continue
+                try:
+                    size = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+                out.append((segment, pafs.FileInfo(entry.path, pafs.FileType.File, size=size)))
         else:
             selector = pafs.FileSelector(directory, allow_not_found=True)
             for info in fs.get_file_info(selector):
                 segment = segment_name(_name(info))
-                if segment is not None and info.type == pafs.FileType.File:
+                if segment is None or info.type != pafs.FileType.File:
+                    continue
+                if after is None or not after.passed(segment):
                     out.append((segment, info))
         return sorted(out, key=lambda t: t[0])
 
@@ -339,7 +352,7 @@ class _Bound:
             records = committed_records(fs, base, since=cursor.checkpoint_id)
         except (MetadataError, OutsideRootError) as exc:
             raise CommitError(f"exchange {self.reader!r}: {exc}") from None
-        listed = {s: i for s, i in self._segments(layout, partition) if not cursor.passed(s)}
+        listed = dict(self._segments(layout, partition, after=cursor))
         expected: dict[SegmentName, FileCheck] = {}
         for record in records:
             for file, recorded in record.expected_in(here).items():
@@ -526,7 +539,7 @@ class ExchangeReader(_Bound):
         is inside it (the writers whose rows of it are read, `metadata.exchange.writers_read`)
         or it is a moved backlog (where its first unread row was first published,
         `metadata.exchange.first_published`)."""
-        unread = [(s, i) for s, i in self._segments(layout, partition) if not cursor.passed(s)]
+        unread = self._segments(layout, partition, after=cursor)
         if not unread:
             return mark_reached(None)
         first, info = unread[0]
@@ -934,8 +947,8 @@ class ExchangeWriter(_Bound, StagedSink):
         out = []
         for partition in range(layout):
             cursor = cursors.get(partition, Cursor())
-            for segment, info in self._segments(layout, partition):
-                if not cursor.passed(segment) and segment.checkpoint_id <= checkpoint_id:
+            for segment, info in self._segments(layout, partition, after=cursor):
+                if segment.checkpoint_id <= checkpoint_id:
                     relative = f"n{layout}/p{partition}/{segment.file_name()}"
                     out.append(_Unread(segment, cursor.first_row(segment), info.path, relative))
         files: dict[str, list[StagedFile]] = {}  # the parts of a merged segment, by its file
