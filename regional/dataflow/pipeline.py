@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
+from regional.dataflow.fitted_source import fitted
 from regional.dataflow.keys import KeyLike, key_function
 from regional.dataflow.operators import (
     ApplyInArrow,
@@ -665,8 +666,14 @@ class Pipeline:
         event_time: Callable[[Any], Any] | str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        schema: Any = None,
     ) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits.
+
+        With `schema` (a `pyarrow.Schema`, a msgspec Struct class or a dataclass), every
+        record is fitted to it (`regional.dataflow.schema`): the stream carries the schema
+        (`Stream.schema`, for `where`/`select`/`sql`), and a record that does not fit is a
+        dead letter of the source (or declines its unit) naming the field and both types.
 
         With `event_time` (the name of the field holding a record's time, e.g. `"ts"`, or a
         function of a record; giving a datetime, naive = UTC, or an int of ms since the
@@ -689,6 +696,8 @@ class Pipeline:
                 et = EventTime(event_time, max_out_of_orderness, idle_timeout)
             except (TypeError, ValueError) as exc:
                 raise GraphError(f"source {name or '(unnamed)'!r}: {exc}") from None
+        if schema is not None:
+            source = fitted(source, schema, name or f"source-{len(self.vertices)}")
         return self._add("source", name, (), source=source, parallelism=parallelism, event_time=et)
 
     def _late_policy(self, what: str, on_late: str) -> None:

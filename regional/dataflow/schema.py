@@ -1,0 +1,293 @@
+"""Schemas of streams: what a stage's records look like, as a `pyarrow.Schema`.
+
+A source can declare the schema of its records (`Pipeline.source(src, schema=...)`): a
+`pyarrow.Schema`, a msgspec `Struct` class or a dataclass (`schema_of`). Every record it reads
+is then fitted to that schema (`fit`) before any operator sees it, and the stream carries it
+(`Stream.schema`; the plan vertex's `schema`), which the expression stages
+(`regional.dataflow.expressions`) type their expressions against.
+
+The rule for a record (DESIGN §8):
+
+* a field of the schema the record lacks, or holds as null, is null when the field is
+  nullable, and makes the record a misfit when it is not (a *required* field);
+* a value of another type than its field's is cast when the cast loses nothing (an int to a
+  wider int, an int to a double that holds it exactly, ISO text to a timestamp or date);
+  anything else (text to a number, a fraction to an int, an overflow, a number to text) makes
+  the record a misfit;
+* fields the schema does not name are dropped (what Spark's ``from_json`` with a schema does).
+
+A misfit is never a crash and never a silent null: it is a `SchemaMismatch` naming the field,
+the expected and the found type, and the pipeline's ``on_error`` rule applies (a dead letter
+of the source, or the unit declines naming it).
+
+>>> import dataclasses
+>>> @dataclasses.dataclass
+... class Order:
+...     id: int
+...     amount: float
+...     note: str | None = None
+>>> schema_of(Order)
+id: int64 not null
+amount: double not null
+note: string
+>>> batch, misfits = fit([{"id": 1, "amount": 2}, {"id": "x", "amount": 1.0}], schema_of(Order))
+>>> batch.to_pylist()
+[{'id': 1, 'amount': 2.0, 'note': None}]
+>>> [(m.index, str(m.error)) for m in misfits]
+[(1, "field 'id': expected int64, found string ('x')")]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from regional.sources.base import Batch
+
+__all__ = ["Misfit", "SchemaMismatch", "fit", "schema_of"]
+
+
+class SchemaMismatch(ValueError):
+    """A record that does not fit its stream's declared schema: names the field, the expected
+    and the found type."""
+
+
+class Misfit(NamedTuple):
+    """Record `index` of a batch (its place in the input) does not fit: `record` as read,
+    `error` saying why."""
+
+    index: int
+    record: Any
+    error: SchemaMismatch
+
+
+_PYTHON_TYPES: dict[Any, pa.DataType] = {
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    bool: pa.bool_(),
+    bytes: pa.binary(),
+    datetime.datetime: pa.timestamp("us", "UTC"),
+    datetime.date: pa.date32(),
+    decimal.Decimal: pa.decimal128(38, 18),
+}
+
+
+def _arrow_type(annotation: Any, where: str) -> tuple[pa.DataType, bool]:
+    """The Arrow type of a field annotation and whether it is nullable (``X | None``)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(annotation)) == 2:
+            return _arrow_type(args[0], where)[0], True
+    elif origin in (list, Sequence):
+        (item,) = typing.get_args(annotation) or (Any,)
+        inner, nullable = _arrow_type(item, where)
+        return pa.list_(pa.field("item", inner, nullable=nullable)), False
+    elif annotation in _PYTHON_TYPES:
+        return _PYTHON_TYPES[annotation], False
+    elif isinstance(annotation, type) and (
+        dataclasses.is_dataclass(annotation) or issubclass(annotation, msgspec.Struct)
+    ):
+        return pa.struct(list(schema_of(annotation))), False
+    raise TypeError(
+        f"{where}: no Arrow type for {annotation!r}; use int, float, str, bool, bytes, "
+        "datetime, date, Decimal, list[...], a nested dataclass or Struct, or X | None, or "
+        "give a pyarrow.Schema"
+    )
+
+
+def schema_of(declared: Any) -> pa.Schema:
+    """The `pyarrow.Schema` `declared` stands for: itself, or the fields of a msgspec
+    `Struct` class or a dataclass in order (``X | None`` nullable, the rest required).
+    `TypeError` naming the field for a type with no Arrow counterpart."""
+    if isinstance(declared, pa.Schema):
+        return declared
+    if isinstance(declared, type) and issubclass(declared, msgspec.Struct):
+        hints = typing.get_type_hints(declared)
+        names = declared.__struct_fields__
+    elif isinstance(declared, type) and dataclasses.is_dataclass(declared):
+        hints = typing.get_type_hints(declared)
+        names = tuple(f.name for f in dataclasses.fields(declared))
+    else:
+        raise TypeError(
+            f"schema={declared!r}: give a pyarrow.Schema, a msgspec Struct class or a "
+            "dataclass"
+        )
+    fields = []
+    for name in names:
+        arrow, nullable = _arrow_type(hints[name], f"field {name!r} of {declared.__name__}")
+        fields.append(pa.field(name, arrow, nullable=nullable))
+    return pa.schema(fields)
+
+
+def _castable(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether values of `found` may be cast to `expected` (the cast itself still checks
+    each value loses nothing): numbers among numbers (not bool), text to time, nulls to
+    anything, and nested types pyarrow casts field by field."""
+    if found == expected or pa.types.is_null(found):
+        return True
+    number = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+    if any(t(found) for t in number) and any(t(expected) for t in number):
+        return not (pa.types.is_floating(found) and not pa.types.is_floating(expected))
+    if pa.types.is_string(found) or pa.types.is_large_string(found):
+        return (
+            pa.types.is_timestamp(expected)
+            or pa.types.is_date(expected)
+            or pa.types.is_large_string(expected)
+            or pa.types.is_string(expected)
+        )
+    if pa.types.is_timestamp(found) and pa.types.is_timestamp(expected):
+        return True
+    nested = (pa.types.is_struct, pa.types.is_list, pa.types.is_large_list)
+    return any(t(found) and t(expected) for t in nested)
+
+
+def _value_text(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _mismatch(name: str, expected: pa.DataType, found: Any, value: Any) -> SchemaMismatch:
+    return SchemaMismatch(f"field {name!r}: expected {expected}, found {found} ({_value_text(value)})")
+
+
+def _lossless(column: pa.Array, expected: pa.DataType) -> pa.Array:
+    """`column` cast to `expected`, refusing any loss (`pyarrow` raises); text without a
+    zone offset cast to a timestamp with a zone is read as UTC (regional's rule for naive
+    times)."""
+    try:
+        return pc.cast(column, expected, safe=True)
+    except pa.ArrowInvalid:
+        if not (pa.types.is_timestamp(expected) and expected.tz and pa.types.is_string(column.type)):
+            raise
+    naive = pc.cast(column, pa.timestamp(expected.unit), safe=True)
+    return pc.cast(pc.assume_timezone(naive, "UTC"), expected)
+
+
+def _cast_column(
+    name: str, column: pa.Array, expected: pa.DataType, bad: dict[int, SchemaMismatch]
+) -> pa.Array:
+    """`column` cast to `expected`, losslessly; the rows it cannot cast go into `bad` (by row)
+    and are null in the result."""
+    if column.type == expected:
+        return column
+    if not _castable(column.type, expected):
+        for i, value in enumerate(column.to_pylist()):
+            if value is not None:
+                bad.setdefault(i, _mismatch(name, expected, column.type, value))
+        return pa.nulls(len(column), expected)
+    try:
+        return _lossless(column, expected)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    values = []
+    for i in range(len(column)):  # only when the cast failed: find the rows it failed on
+        one = column.slice(i, 1)
+        try:
+            values.append(_lossless(one, expected)[0])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            bad.setdefault(i, _mismatch(name, expected, column.type, one[0].as_py()))
+            values.append(pa.scalar(None, expected))
+    return pa.array([v.as_py() for v in values], expected)
+
+
+def _fit_batch(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.RecordBatch, list[Misfit]]:
+    bad: dict[int, SchemaMismatch] = {}
+    columns = []
+    for field in schema:
+        at = batch.schema.get_field_index(field.name)
+        if at < 0:
+            column = pa.nulls(batch.num_rows, field.type)
+        else:
+            column = _cast_column(field.name, batch.column(at), field.type, bad)
+        if not field.nullable and column.null_count:
+            found = "no such field" if at < 0 else "null or no such field"
+            for i in pc.indices_nonzero(pc.is_null(column)).to_pylist():
+                bad.setdefault(
+                    i,
+                    SchemaMismatch(
+                        f"field {field.name!r}: expected {field.type} (required), found {found}"
+                    ),
+                )
+        columns.append(column)
+    out = pa.RecordBatch.from_arrays(columns, schema=schema)
+    if not bad:
+        return out, []
+    keep = pa.array([i not in bad for i in range(batch.num_rows)])
+    rows = [batch.slice(i, 1).to_pylist()[0] for i in sorted(bad)]
+    misfits = [Misfit(i, row, bad[i]) for i, row in zip(sorted(bad), rows, strict=True)]
+    return out.filter(keep), misfits
+
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError)
+
+
+def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch, list[Misfit]]:
+    """`fit` for Python records: each field's values become one column of the type Arrow
+    infers for them, then fitted as a batch; a record is looked at alone only when a column
+    holds values of types no one Arrow type takes (`_fit_one`)."""
+    objects = all(isinstance(r, dict) for r in records)
+    columns = {}
+    if objects:
+        for name in schema.names:
+            values = [r.get(name) for r in records]
+            if all(v is None for v in values):
+                continue  # a missing column: `_fit_batch` judges it
+            try:
+                columns[name] = pa.array(values)
+            except _ARROW_ERRORS:
+                break
+        else:
+            return _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
+    fitted: list[pa.RecordBatch] = []
+    misfits: list[Misfit] = []
+    for i, record in enumerate(records):
+        one, error = _fit_one(record, schema)
+        if one is not None:
+            fitted.append(one)
+        else:
+            assert error is not None
+            misfits.append(Misfit(i, record, error))
+    if not fitted:
+        return pa.RecordBatch.from_pylist([], schema=schema), misfits
+    return pa.Table.from_batches(fitted, schema).combine_chunks().to_batches()[0], misfits
+
+
+def _fit_one(record: Any, schema: pa.Schema) -> tuple[pa.RecordBatch | None, SchemaMismatch | None]:
+    """One Python record fitted to `schema`: its one-row batch, or why it does not fit."""
+    if not isinstance(record, dict):
+        return None, SchemaMismatch(
+            f"the record is a {type(record).__name__}, not an object with the fields "
+            f"{', '.join(schema.names)}"
+        )
+    columns = {}
+    for field in schema:
+        value = record.get(field.name)
+        if value is None:
+            continue
+        try:
+            columns[field.name] = pa.array([value])
+        except _ARROW_ERRORS:
+            return None, _mismatch(field.name, field.type, type(value).__name__, value)
+    batch, misfits = _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
+    return (batch, None) if not misfits else (None, misfits[0].error)
+
+
+def fit(data: Batch, schema: pa.Schema) -> tuple[pa.RecordBatch, list[Misfit]]:
+    """The records of `data` (a record batch or a list of records) that fit `schema`, as a
+    batch of exactly that schema, and the ones that do not (`Misfit`, by their index in
+    `data`), by the rule of this module. Vectorised: a record is looked at alone only when
+    a column of its batch cannot be converted whole."""
+    if isinstance(data, pa.RecordBatch):
+        return _fit_batch(data, schema)
+    return _fit_records(list(data), schema)
