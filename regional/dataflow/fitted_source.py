@@ -30,6 +30,11 @@ class FittedSource:
         self.name = name
 
     @property
+    def output_schema(self) -> pa.Schema:
+        """The schema of every batch read (the plan vertex's `schema`)."""
+        return self.schema
+
+    @property
     def bounded(self) -> bool:
         return self.source.bounded
 
@@ -44,7 +49,7 @@ class FittedSource:
         batches: list[Batch] = []
         for data in result.batches:
             count = num_records(data)
-            ordinals = []
+            ordinals: list[int] = []
             while len(ordinals) < count:
                 if ordinal not in undecoded:
                     ordinals.append(ordinal)
@@ -52,7 +57,7 @@ class FittedSource:
             batch, misfits = fit(data, self.schema)
             if batch.num_rows:
                 batches.append(batch)
-            poison += [self._poison(split_id, ordinals[m.index], m.record, m.error) for m in misfits]
+            poison += [self._poison(split_id, ordinals[m.at], m.record, m.error) for m in misfits]
         poison.sort(key=lambda p: p.ordinal)
         return ReadResult(batches, result.position, result.finished, tuple(poison))
 

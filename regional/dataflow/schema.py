@@ -33,7 +33,7 @@ note: string
 >>> batch, misfits = fit([{"id": 1, "amount": 2}, {"id": "x", "amount": 1.0}], schema_of(Order))
 >>> batch.to_pylist()
 [{'id': 1, 'amount': 2.0, 'note': None}]
->>> [(m.index, str(m.error)) for m in misfits]
+>>> [(m.at, str(m.error)) for m in misfits]
 [(1, "field 'id': expected int64, found string ('x')")]
 """
 
@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 
 from regional.sources.base import Batch
 
-__all__ = ["Misfit", "SchemaMismatch", "fit", "schema_of"]
+__all__ = ["Misfit", "SchemaMismatch", "fit", "one_batch", "produced_schema", "schema_of"]
 
 
 class SchemaMismatch(ValueError):
@@ -62,10 +62,10 @@ class SchemaMismatch(ValueError):
 
 
 class Misfit(NamedTuple):
-    """Record `index` of a batch (its place in the input) does not fit: `record` as read,
+    """Record `at` of a batch (its place in the input) does not fit: `record` as read,
     `error` saying why."""
 
-    index: int
+    at: int
     record: Any
     error: SchemaMismatch
 
@@ -120,8 +120,7 @@ def schema_of(declared: Any) -> pa.Schema:
         names = tuple(f.name for f in dataclasses.fields(declared))
     else:
         raise TypeError(
-            f"schema={declared!r}: give a pyarrow.Schema, a msgspec Struct class or a "
-            "dataclass"
+            f"schema={declared!r}: give a pyarrow.Schema, a msgspec Struct class or a dataclass"
         )
     fields = []
     for name in names:
@@ -158,7 +157,9 @@ def _value_text(value: Any) -> str:
 
 
 def _mismatch(name: str, expected: pa.DataType, found: Any, value: Any) -> SchemaMismatch:
-    return SchemaMismatch(f"field {name!r}: expected {expected}, found {found} ({_value_text(value)})")
+    return SchemaMismatch(
+        f"field {name!r}: expected {expected}, found {found} ({_value_text(value)})"
+    )
 
 
 def _lossless(column: pa.Array, expected: pa.DataType) -> pa.Array:
@@ -168,7 +169,9 @@ def _lossless(column: pa.Array, expected: pa.DataType) -> pa.Array:
     try:
         return pc.cast(column, expected, safe=True)
     except pa.ArrowInvalid:
-        if not (pa.types.is_timestamp(expected) and expected.tz and pa.types.is_string(column.type)):
+        if not (
+            pa.types.is_timestamp(expected) and expected.tz and pa.types.is_string(column.type)
+        ):
             raise
     naive = pc.cast(column, pa.timestamp(expected.unit), safe=True)
     return pc.cast(pc.assume_timezone(naive, "UTC"), expected)
@@ -211,12 +214,12 @@ def _fit_batch(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.RecordBatch
         else:
             column = _cast_column(field.name, batch.column(at), field.type, bad)
         if not field.nullable and column.null_count:
-            found = "no such field" if at < 0 else "null or no such field"
             for i in pc.indices_nonzero(pc.is_null(column)).to_pylist():
                 bad.setdefault(
                     i,
                     SchemaMismatch(
-                        f"field {field.name!r}: expected {field.type} (required), found {found}"
+                        f"field {field.name!r}: expected {field.type} (required), found no "
+                        "value (null or missing)"
                     ),
                 )
         columns.append(column)
@@ -240,15 +243,13 @@ def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch,
     columns = {}
     if objects:
         for name in schema.names:
-            values = [r.get(name) for r in records]
-            if all(v is None for v in values):
-                continue  # a missing column: `_fit_batch` judges it
-            try:
-                columns[name] = pa.array(values)
+            try:  # a field no record has is a column of nulls: `_fit_batch` judges it
+                columns[name] = pa.array([r.get(name) for r in records])
             except _ARROW_ERRORS:
                 break
         else:
-            return _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
+            batch, found = _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
+            return batch, [Misfit(m.at, records[m.at], m.error) for m in found]
     fitted: list[pa.RecordBatch] = []
     misfits: list[Misfit] = []
     for i, record in enumerate(records):
@@ -260,7 +261,7 @@ def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch,
             misfits.append(Misfit(i, record, error))
     if not fitted:
         return pa.RecordBatch.from_pylist([], schema=schema), misfits
-    return pa.Table.from_batches(fitted, schema).combine_chunks().to_batches()[0], misfits
+    return one_batch(fitted, schema), misfits
 
 
 def _fit_one(record: Any, schema: pa.Schema) -> tuple[pa.RecordBatch | None, SchemaMismatch | None]:
@@ -273,14 +274,26 @@ def _fit_one(record: Any, schema: pa.Schema) -> tuple[pa.RecordBatch | None, Sch
     columns = {}
     for field in schema:
         value = record.get(field.name)
-        if value is None:
-            continue
         try:
             columns[field.name] = pa.array([value])
         except _ARROW_ERRORS:
             return None, _mismatch(field.name, field.type, type(value).__name__, value)
     batch, misfits = _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
     return (batch, None) if not misfits else (None, misfits[0].error)
+
+
+def one_batch(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
+    """`batches` (all of `schema`) as one record batch (pyarrow 18 has no `concat_batches`)."""
+    table = pa.Table.from_batches(batches, schema).combine_chunks()
+    found = table.to_batches()
+    return found[0] if found else pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def produced_schema(vertex: object) -> pa.Schema | None:
+    """The schema a vertex's source or operator produces (its `output_schema`: a source read
+    with ``schema=``, an expression stage), or None when it does not say."""
+    found = getattr(vertex, "output_schema", None)
+    return found if isinstance(found, pa.Schema) else None
 
 
 def fit(data: Batch, schema: pa.Schema) -> tuple[pa.RecordBatch, list[Misfit]]:
