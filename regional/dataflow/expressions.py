@@ -562,10 +562,27 @@ class _Compiler:
             what="round",
         )
 
+    def _common(self, node: exp.Expr, args: list[Compiled], what: str) -> list[Compiled]:
+        """`args` cast to one type, as Spark widens the branches of coalesce or CASE: all one
+        type already, else numbers to int64 (all integers) or double; NULLs take it."""
+        typed = [a.type for a in args if not pa.types.is_null(a.type)]
+        result = typed[0] if typed else pa.null()
+        if any(t != result for t in typed):
+            if not all(_numeric(t) for t in typed):
+                raise self.error(
+                    f"{self.at(node)}: {what} mixes {', '.join(str(t) for t in typed)}; CAST "
+                    "them to one type"
+                )
+            whole = all(pa.types.is_integer(t) for t in typed)
+            result = pa.int64() if whole else pa.float64()
+        return [
+            a if a.type == result else self.kernel(node, lambda v, t=result: _cast(v, t), a)
+            for a in args
+        ]
+
     def _Coalesce(self, node: exp.Coalesce) -> Compiled:
         args = [self.compile(node.this), *(self.compile(e) for e in node.expressions)]
-        typed = next((a.type for a in args if not pa.types.is_null(a.type)), pa.null())
-        args = [self._null_typed(a, typed) for a in args]
+        args = self._common(node, args, "coalesce")
         return self.kernel(node, pc.coalesce, *args, what="coalesce")
 
     def _Concat(self, node: exp.Concat) -> Compiled:
@@ -603,20 +620,8 @@ class _Compiler:
         values = [self.compile(v) for _, v in branches]
         if default is not None:
             values.append(self.compile(default))
-        typed = [v.type for v in values if not pa.types.is_null(v.type)]
-        result = typed[0] if typed else pa.null()
-        if any(t != result for t in typed):
-            if all(_numeric(t) for t in typed):
-                result = pa.int64() if all(pa.types.is_integer(t) for t in typed) else pa.float64()
-            else:
-                raise self.error(
-                    f"{self.at(node)}: its branches are "
-                    f"{', '.join(str(t) for t in typed)}; CAST them to one type"
-                )
-        values = [
-            v if v.type == result else self.kernel(node, lambda x, t=result: _cast(x, t), v)
-            for v in values
-        ]
+        values = self._common(node, values, "CASE")
+        result = values[0].type
         names = [f"c{i}" for i in range(len(conditions))]
         count = len(conditions)
         has_default = default is not None

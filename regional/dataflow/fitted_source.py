@@ -18,7 +18,7 @@ from regional.dataflow.schema import SchemaMismatch, fit, schema_of
 from regional.errors import GraphError
 from regional.sources.base import Batch, PoisonRecord, ReadResult, Source, num_records
 
-__all__ = ["FittedSource", "fitted"]
+__all__ = ["FittedSource", "RowsFitter", "fitted"]
 
 
 class FittedSource:
@@ -89,4 +89,21 @@ def fitted(source: Source, declared: Any, name: str) -> FittedSource:
         schema = schema_of(declared)
     except TypeError as exc:
         raise GraphError(f"source {name!r}: {exc}") from None
+    fitting = getattr(source, "fitting", None)
+    if callable(fitting):  # it decodes rows itself (FileSource): the schema judges them there
+        source = fitting(RowsFitter(schema))
     return FittedSource(source, schema, name=name)
+
+
+class RowsFitter:
+    """`fit` of decoded rows to `schema`, in the shape a source's `fitting` hook takes
+    (`regional.sources.files.RowsFit`): the rows that fit, and (index, why) of the others."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+
+    def __call__(
+        self, rows: list[dict[str, Any]]
+    ) -> tuple[pa.RecordBatch, list[tuple[int, Exception]]]:
+        batch, misfits = fit(rows, self.schema)
+        return batch, [(m.at, m.error) for m in misfits]
