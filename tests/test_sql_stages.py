@@ -211,11 +211,7 @@ def _fits(value: Any, field: pa.Field) -> bool:
         return False
     if pa.types.is_integer(t):
         bits = t.bit_width
-        return (
-            (isinstance(value, int) or float(value).is_integer())
-            and not isinstance(value, float)
-            and -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
-        )
+        return float(value).is_integer() and -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
     return isinstance(value, float) or abs(value) <= 2**53  # a double holds it exactly
 
 

@@ -11,9 +11,10 @@ The rule for a record (DESIGN §8):
 * a field of the schema the record lacks, or holds as null, is null when the field is
   nullable, and makes the record a misfit when it is not (a *required* field);
 * a value of another type than its field's is cast when the cast loses nothing (an int to a
-  wider int, an int to a double that holds it exactly, ISO text to a timestamp or date);
-  anything else (text to a number, a fraction to an int, an overflow, a number to text) makes
-  the record a misfit;
+  wider int, an int to a double that holds it exactly, a whole double to an int, ISO text to a
+  timestamp or date); anything else (text to a number, a fraction to an int, an overflow, a
+  number to text, a bool to a number) makes the record a misfit. Whether a record fits never
+  depends on the records read with it;
 * fields the schema does not name are dropped (what Spark's ``from_json`` with a schema does).
 
 A misfit is never a crash and never a silent null: it is a `SchemaMismatch` naming the field,
@@ -137,7 +138,7 @@ def _castable(found: pa.DataType, expected: pa.DataType) -> bool:
         return True
     number = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
     if any(t(found) for t in number) and any(t(expected) for t in number):
-        return not (pa.types.is_floating(found) and not pa.types.is_floating(expected))
+        return True  # the cast refuses a fraction to an int, an overflow, a lost digit
     if pa.types.is_string(found) or pa.types.is_large_string(found):
         return (
             pa.types.is_timestamp(expected)
@@ -243,10 +244,18 @@ def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch,
     columns = {}
     if objects:
         for name in schema.names:
+            values = [r.get(name) for r in records]
             try:  # a field no record has is a column of nulls: `_fit_batch` judges it
-                columns[name] = pa.array([r.get(name) for r in records])
+                column = pa.array(values)
             except _ARROW_ERRORS:
                 break
+            if not pa.types.is_boolean(column.type) and any(type(v) is bool for v in values):
+                break  # Arrow reads False among numbers as 0: judge these records one by one
+            if pa.types.is_floating(column.type) and any(
+                type(v) is int and abs(v) > 2**53 for v in values
+            ):
+                break  # an int beside a float became a double that does not hold it
+            columns[name] = column
         else:
             batch, found = _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
             return batch, [Misfit(m.at, records[m.at], m.error) for m in found]
