@@ -26,7 +26,7 @@ from regional.dataflow.sql_stages import ExpressionFailed
 from regional.errors import GraphError
 from regional.policy import load_policy
 from regional.runtime.driver import JobDriver
-from regional.runtime.faults import Faults
+from regional.runtime.faults import DriverCrash, Faults
 from regional.runtime.local import InProcessDispatcher
 from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink, read_table
@@ -392,6 +392,21 @@ def test_a_sql_job_under_a_unit_fault_equals_a_fault_free_run_and_duckdb(tmp_pat
             "field 'amount': expected double, found string ('7 EUR')" in d["error_message"]
             for d in dead
         )
+
+
+def test_a_sql_job_restored_after_a_driver_crash_equals_a_fault_free_run(tmp_path):
+    clean = _drive(tmp_path, "clean")
+    with pytest.raises(DriverCrash):
+        _drive(tmp_path, "crashed", Faults(units={(2, 0): "fail"}, crash_at=(3, "after-metadata")))
+    resumed = _drive(tmp_path, "crashed")
+    assert clean.finished and resumed.finished and resumed.restored_from == 3
+    query = "SELECT id, user, twice, cents FROM read_parquet('{}/*.parquet') ORDER BY id"
+    rows = [
+        duckdb.sql(query.format(tmp_path / run / "out")).fetchall() for run in ("clean", "crashed")
+    ]
+    assert rows[0] == rows[1] and rows[0]
+    dead = read_table(str(tmp_path / "crashed" / "dead")).column("split_id").to_pylist()
+    assert sorted(dead) == ["g0", "g1", "g2"]  # each misfit once, across the crash
 
 
 def test_expression_errors_are_expression_errors():
