@@ -381,7 +381,32 @@ class _Compiler:
     def _binary(self, node: exp.Binary, fn: Callable[..., Value], what: str) -> Compiled:
         left, right = self.compile(node.this), self.compile(node.expression)
         left, right = self._null_typed(left, right.type), self._null_typed(right, left.type)
+        typed = self.kernel(node, fn, left, right, what=what)
+        left = self._literal_as(left, right, typed.type)
+        right = self._literal_as(right, left, typed.type)
         return self.kernel(node, fn, left, right, what=what)
+
+    def _literal_as(self, c: Compiled, other: Compiled, result: pa.DataType) -> Compiled:
+        """A numeric literal beside a numeric column, cast to the column's type when the
+        cast loses nothing and leaves the result's type as it was (``x > 0`` over doubles
+        compares with 0.0): the kernel then casts nothing per batch. Spark widens the same
+        way, so no result changes."""
+        if not (c.constant and not other.constant and c.type != other.type):
+            return c
+        if not (_numeric(c.type) and _numeric(other.type)):
+            return c
+        if not (pa.types.is_boolean(result) or result == other.type):
+            return c
+        if pa.types.is_floating(c.type) and not pa.types.is_floating(other.type):
+            return c  # `a > 0.5` over ints stays a comparison of doubles
+        value = c.evaluate(self.probe)
+        try:
+            cast = value.cast(other.type, safe=True)
+        except ARROW_ERRORS:
+            return c
+        if cast.as_py() != value.as_py():
+            return c
+        return Compiled(c.text, other.type, _Constant(cast))
 
     def _null_typed(self, c: Compiled, other: pa.DataType) -> Compiled:
         """A NULL literal typed as the other operand (Spark's NULL takes any type)."""
@@ -487,6 +512,8 @@ class _Compiler:
 
         def member(value: Value) -> Value:
             found = pc.is_in(value, value_set=value_set)
+            if not listed_null and isinstance(value, pa.Array) and not value.null_count:
+                return found  # no null to answer null for (the usual case: cheap)
             # null IN (...) is null; x IN (..., NULL) without a match is null too (Spark)
             unknown = pc.is_null(value)
             if listed_null:
