@@ -257,6 +257,24 @@ def test_a_misfit_names_the_field_and_both_types():
     ]
 
 
+def test_a_parquet_source_infers_its_schema_from_its_first_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from regional.sources.files import FileSource
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "v": [0.5, 1.5]}), tmp_path / "in" / "a.parquet")
+    p = Pipeline("infer")
+    src = p.source(FileSource(str(tmp_path / "in")), name="files", schema="infer")
+    assert src.schema == pa.schema([("id", pa.int64()), ("v", pa.float64())])
+    assert src.where("v > 1").schema == src.schema
+    empty = FileSource(str(tmp_path / "none"))
+    assert _error(lambda: p.source(empty, name="empty", schema="infer")).startswith(
+        "source 'empty': schema='infer' takes the schema of the first file of a "
+        "FileSource(format='parquet') that has one"
+    )
+
+
 # -- run time ---------------------------------------------------------------------------------
 
 

@@ -83,8 +83,17 @@ class FittedSource:
 
 def fitted(source: Source, declared: Any, name: str) -> FittedSource:
     """`source` read through `FittedSource` with the schema `declared` stands for
-    (`regional.dataflow.schema.schema_of`); `GraphError` naming the source when `declared` is
-    no schema."""
+    (`regional.dataflow.schema.schema_of`; ``"infer"``: the schema of a Parquet source's first
+    file); `GraphError` naming the source when `declared` is no schema."""
+    if isinstance(declared, str) and declared == "infer":
+        infer = getattr(source, "file_schema", None)
+        declared = infer() if callable(infer) else None
+        if declared is None:
+            raise GraphError(
+                f"source {name!r}: schema='infer' takes the schema of the first file of a "
+                "FileSource(format='parquet') that has one; declare it instead: schema=<a "
+                "pyarrow.Schema, msgspec Struct or dataclass>"
+            )
     try:
         schema = schema_of(declared)
     except TypeError as exc:

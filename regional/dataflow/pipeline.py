@@ -733,10 +733,11 @@ class Pipeline:
     ) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits.
 
-        With `schema` (a `pyarrow.Schema`, a msgspec Struct class or a dataclass), every
-        record is fitted to it (`regional.dataflow.schema`): the stream carries the schema
-        (`Stream.schema`, for `where`/`select`/`sql`), and a record that does not fit is a
-        dead letter of the source (or declines its unit) naming the field and both types.
+        With `schema` (a `pyarrow.Schema`, a msgspec Struct class or a dataclass; "infer":
+        the schema of a Parquet `FileSource`'s first file), every record is fitted to it
+        (`regional.dataflow.schema`): the stream carries the schema (`Stream.schema`, for
+        `where`/`select`/`sql`), and a record that does not fit is a dead letter of the
+        source (or declines its unit) naming the field and both types.
 
         With `event_time` (the name of the field holding a record's time, e.g. `"ts"`, or a
         function of a record; giving a datetime, naive = UTC, or an int of ms since the

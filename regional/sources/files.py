@@ -150,6 +150,19 @@ class FileSource:
     def bounded(self) -> bool:
         return self._bounded
 
+    def file_schema(self) -> pa.Schema | None:
+        """The Arrow schema of the first Parquet file (in split order), for
+        ``Pipeline.source(src, schema="infer")``; None for JSON lines (their types are
+        inferred per read, so declare them) or when there is no file yet."""
+        if self.format != "parquet":
+            return None
+        files = self.discover()
+        if not files:
+            return None
+        fs, path = self._path(files[0])
+        with fs.open_input_file(path) as f:
+            return pq.read_schema(f).remove_metadata()
+
     def fitting(self, fit: RowsFit) -> FileSource:
         """This source, with the JSON-lines rows it has to decode line by line (their types
         disagree) handed to `fit` (`Pipeline.source(..., schema=...)`: the declared schema
