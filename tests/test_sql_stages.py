@@ -336,6 +336,56 @@ def test_null_semantics_follow_spark():
     ]
 
 
+def test_times_from_numbers_and_text_and_back():
+    import datetime
+
+    schema = pa.schema([("ms", pa.int64()), ("t", pa.string())])
+    src = Pipeline("sql").source(GeneratorSource(1, lambda s, n: {}), schema=schema)
+    batch = pa.RecordBatch.from_pydict(
+        {"ms": [1_700_000_000_123, -1], "t": ["2024-01-01T10:00:00", "2024-01-01 00:00:01Z"]},
+        schema=schema,
+    )
+    got = _run(
+        src.select(
+            "timestamp_millis(ms) AS at",
+            "unix_millis(timestamp_millis(ms)) AS back",
+            "unix_seconds(to_timestamp(t)) AS secs",
+            "to_date(t) AS day",
+        ),
+        batch,
+        None,
+    )
+    utc = datetime.timezone.utc
+    assert got == [
+        {
+            "at": datetime.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=utc),
+            "back": 1_700_000_000_123,
+            "secs": 1_704_103_200,
+            "day": datetime.date(2024, 1, 1),
+        },
+        {
+            "at": datetime.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=utc),
+            "back": -1,
+            "secs": 1_704_067_201,
+            "day": datetime.date(2024, 1, 1),
+        },
+    ]
+    assert "use timestamp_seconds(x), timestamp_millis(x)" in _error(
+        lambda: src.select("CAST(ms AS TIMESTAMP) AS t")
+    )
+
+
+def test_with_columns_replaces_a_column_in_place_and_select_star_keeps_all():
+    orders = _stream(schema=ORDERS)
+    replaced = orders.with_columns(amount="amount * 2", big="amount > 10")
+    assert replaced.schema.names == ["id", "user", "amount", "country", "big"]
+    batch = pa.RecordBatch.from_pylist([_order(0, 1)], schema=ORDERS)
+    assert _run(replaced, batch, None) == [{**_order(0, 1), "amount": 54.0, "big": True}]
+    star = orders.select("*", "upper(user) AS u")
+    assert star.schema.names == [*ORDERS.names, "u"]
+    assert "more than one column 'user'" in _error(lambda: orders.select("*", "user"))
+
+
 # -- end to end -------------------------------------------------------------------------------
 
 

@@ -251,7 +251,10 @@ def _cast(value: Value, to: pa.DataType) -> Value:
     try:
         return pc.cast(value, options=options)
     except pa.ArrowInvalid:
-        if not (pa.types.is_timestamp(to) and to.tz and pa.types.is_string(value.type)):
+        text = pa.types.is_string(value.type)
+        if text and pa.types.is_date(to):  # '2024-01-01T10:00:00' is a date to Spark too
+            return pc.cast(_cast(value, pa.timestamp("us", "UTC")), to)
+        if not (text and pa.types.is_timestamp(to) and to.tz):
             raise
     naive = pc.cast(value, pa.timestamp(to.unit))
     return pc.cast(pc.assume_timezone(naive, "UTC"), to)
@@ -300,17 +303,21 @@ class _Compiler:
     def compile(self, node: exp.Expr) -> Compiled:
         handler = getattr(self, f"_{type(node).__name__}", None)
         if handler is None:
-            name = node.sql("spark") if not isinstance(node, exp.Anonymous) else node.this
-            kind = "function" if isinstance(node, exp.Func) else "construct"
-            raise self.error(
-                f"the {kind} {name!r} in {self.text!r} is not supported in a SQL stage (it "
-                "supports column references, literals, + - * /, comparisons, AND/OR/NOT, IN, "
-                "BETWEEN, IS [NOT] NULL, LIKE, CASE/if, CAST/try_cast, coalesce, upper, "
-                "lower, length, abs, round, concat, to_timestamp, to_date); use map_batches "
-                "for the rest"
-            )
+            raise self._unsupported(node)
         compiled: Compiled = handler(node)
         return compiled
+
+    def _unsupported(self, node: exp.Expr) -> ExpressionError:
+        name = node.sql("spark")
+        kind = "function" if isinstance(node, exp.Func) else "construct"
+        return self.error(
+            f"the {kind} {name!r} in {self.text!r} is not supported in a SQL stage (it "
+            "supports column references, literals, + - * /, comparisons, AND/OR/NOT, IN, "
+            "BETWEEN, IS [NOT] NULL, LIKE, CASE/if, CAST/try_cast, coalesce, upper, "
+            "lower, length, abs, round, concat, to_timestamp, to_date, timestamp_seconds/"
+            "millis/micros, unix_seconds/millis); use map_batches "
+            "for the rest"
+        )
 
     def kernel(
         self, node: exp.Expr, fn: Callable[..., Value], *args: Compiled, what: str = ""
@@ -540,13 +547,65 @@ class _Compiler:
     def _Cast(self, node: exp.Cast) -> Compiled:
         to = _arrow_type_of(node.args["to"], f"stage {self.stage!r}: {self.text!r}")
         inner = self._null_typed(self.compile(node.this), to)
+        self._time_cast(node, inner.type, to)
         return self.kernel(node, lambda v: _cast(v, to), inner, what="CAST")
+
+    def _time_cast(self, node: exp.Expr, found: pa.DataType, to: pa.DataType) -> None:
+        """Refuse a CAST between numbers and timestamps: Spark's ANSI mode refuses it too
+        (and Arrow would read the number as microseconds, Spark's legacy mode as seconds)."""
+        times = (pa.types.is_timestamp(found), pa.types.is_timestamp(to))
+        if (times[1] and _numeric(found)) or (times[0] and _numeric(to)):
+            raise self.error(
+                f"{self.at(node)}: CAST between {found} and {to} is not allowed (as in Spark's "
+                "ANSI mode); use timestamp_seconds(x), timestamp_millis(x) or "
+                "timestamp_micros(x), or unix_seconds(ts) / unix_millis(ts)"
+            )
+
+    def _Anonymous(self, node: exp.Anonymous) -> Compiled:
+        """Functions sqlglot does not model: the timestamp_<unit>(number) family."""
+        name = str(node.this).lower()
+        units = {"timestamp_seconds": "s", "timestamp_millis": "ms", "timestamp_micros": "us"}
+        if name not in units or len(node.expressions) != 1:
+            raise self._unsupported(node)
+        inner = self.compile(node.expressions[0])
+        if not pa.types.is_integer(inner.type):
+            raise self.error(f"{self.at(node)}: {name} takes a whole number, not {inner.type}")
+        unit = units[name]
+        typed, stamp = pa.int64(), pa.timestamp("us", "UTC")
+        scale = {"s": 1_000_000, "ms": 1_000, "us": 1}[unit]
+
+        def to_time(v: Value) -> Value:
+            micros = pc.multiply_checked(_cast(v, typed), scale)
+            return pc.cast(micros, stamp)
+
+        return self.kernel(node, to_time, inner, what=name)
+
+    def _unix(self, node: exp.Expr, per_second: int, what: str) -> Compiled:
+        inner = self.compile(node.this)
+        if not pa.types.is_timestamp(inner.type):
+            raise self.error(f"{self.at(node)}: {what} takes a timestamp, not {inner.type}")
+        micros = pa.timestamp("us", inner.type.tz)
+        divisor = 1_000_000 // per_second
+
+        def since_epoch(v: Value) -> Value:
+            count = pc.cast(pc.cast(v, micros), pa.int64())
+            # floor division, as Spark: -1 µs is second -1
+            return pc.floor(pc.divide(pc.cast(count, pa.float64()), divisor)).cast(pa.int64())
+
+        return self.kernel(node, since_epoch, inner, what=what)
+
+    def _UnixSeconds(self, node: exp.Expr) -> Compiled:
+        return self._unix(node, 1, "unix_seconds")
+
+    def _UnixMillis(self, node: exp.Expr) -> Compiled:
+        return self._unix(node, 1_000, "unix_millis")
 
     def _TryCast(self, node: exp.TryCast) -> Compiled:
         if not node.args.get("safe"):  # Spark's CAST: sqlglot models it as TryCast
             return self._Cast(node)
         to = _arrow_type_of(node.args["to"], f"stage {self.stage!r}: {self.text!r}")
         inner = self._null_typed(self.compile(node.this), to)
+        self._time_cast(node, inner.type, to)
         return self.kernel(node, lambda v: _try_cast(v, to), inner, what="try_cast")
 
     def _TsOrDsToDate(self, node: exp.TsOrDsToDate) -> Compiled:
