@@ -355,7 +355,7 @@ def test_times_from_numbers_and_text_and_back():
         batch,
         None,
     )
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     assert got == [
         {
             "at": datetime.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=utc),
