@@ -275,8 +275,9 @@ class FileSource:
                     ordinals.append(i)
                     continue
             poison.append(self._poison(split_id, i, n, line, why))
-        if self._fit is not None:
-            fitted, rejected = self._fit(rows)
+        fit = getattr(self, "_fit", None)  # a FileSource pickled before `fitting` had none
+        if fit is not None:
+            fitted, rejected = fit(rows)
             table = pa.Table.from_batches([fitted])
             unfit = {at: f"not of the declared schema ({error})" for at, error in rejected}
         else:
