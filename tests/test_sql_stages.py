@@ -479,3 +479,22 @@ def test_a_sql_job_restored_after_a_driver_crash_equals_a_fault_free_run(tmp_pat
 
 def test_expression_errors_are_expression_errors():
     assert issubclass(ExpressionError, GraphError)
+
+
+def test_regional_regions_shows_each_vertex_schema(tmp_path, capsys):
+    from regional.cli import main
+
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import pyarrow as pa\n"
+        "from regional import GeneratorSource, ParquetSink, Pipeline\n"
+        "pipeline = Pipeline('cli')\n"
+        "orders = pipeline.source(GeneratorSource(2, lambda s, n: {'id': n}), name='orders',\n"
+        "                         schema=pa.schema([('id', pa.int64())]))\n"
+        "orders.select('id', 'id * 2 AS twice', name='twice').sink(\n"
+        f"    ParquetSink({str(tmp_path / 'out')!r}), name='out')\n"
+    )
+    assert main(["regions", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "schema of orders: id int64\nschema of twice: id int64, twice int64\n" in out
+    assert "schema of out" not in out
