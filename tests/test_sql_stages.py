@@ -6,6 +6,7 @@ a unit fault (no Spark here: tests/test_sql_stages_spark.py compares with Spark 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -498,3 +499,69 @@ def test_regional_regions_shows_each_vertex_schema(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "schema of orders: id int64\nschema of twice: id int64, twice int64\n" in out
     assert "schema of out" not in out
+
+
+def test_a_misfit_is_numbered_among_the_records_of_its_read_around_undecodable_ones():
+    from regional.dataflow.fitted_source import FittedSource
+    from regional.sources.base import PoisonRecord, ReadResult
+
+    class Read:
+        bounded = True
+
+        def discover(self) -> list[str]:
+            return ["s"]
+
+        def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
+            # records 0..5 of the read: 1 and 4 could not be decoded by the source itself
+            poison = tuple(PoisonRecord(i, {"raw": i}, ValueError("bad")) for i in (1, 4))
+            batches = [[{"id": 0}, {"id": "two"}], [{"id": 3}, {"id": None}]]
+            return ReadResult(batches, b"6", True, poison)
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    result = FittedSource(Read(), schema, name="orders").read("s", b"", 10)
+    assert [(p.ordinal, p.record) for p in result.poison] == [
+        (1, {"raw": 1}),
+        (2, {"id": "two"}),
+        (4, {"raw": 4}),
+        (5, {"id": None}),
+    ]
+    assert str(result.poison[1].error) == (
+        "source 'orders', split 's', record 2 of the read: field 'id': expected int64, found "
+        "string ('two'); fix the record, or declare the field's type as it comes (or nullable) "
+        "in schema=..."
+    )
+    assert [b.to_pylist() for b in result.batches] == [[{"id": 0}], [{"id": 3}]]
+    assert (result.position, result.finished) == (b"6", True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"a": st.none() | st.integers(-5, 5), "s": st.none() | st.sampled_from(["1", "x"])}
+        ),
+        max_size=12,
+    ),
+    st.lists(st.integers(0, 12), max_size=4),
+)
+def test_a_stage_gives_the_same_rows_however_its_input_is_cut_into_chunks(rows, cuts):
+    schema = pa.schema([("a", pa.int64()), ("s", pa.string())])
+    src = Pipeline("sql").source(GeneratorSource(1, lambda s, n: {}), schema=schema)
+    stage = src.sql("SELECT a * 2 AS d, CAST(s AS INT) AS n FROM input WHERE a > -3", name="q")
+    op = compile_plan(src.pipeline).vertices["q"].operator
+    bounds = sorted({0, len(rows), *(c for c in cuts if c <= len(rows))})
+    chunks = [
+        ("s0", pa.RecordBatch.from_pylist(rows[lo:hi], schema=schema))
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    whole = DeadLetters(1, {"s0": "0"})
+    cut = DeadLetters(1, {"s0": "0"})
+    one, _ = op.run(
+        [("s0", pa.RecordBatch.from_pylist(rows, schema=schema))], None, None, whole, None
+    )
+    many, _ = op.run(chunks, None, None, cut, None)
+    assert [r for _, b in one for r in b.to_pylist()] == [r for _, b in many for r in b.to_pylist()]
+    assert [(d["record_index"], d["record"]) for d in whole.rows(("q",))] == [
+        (d["record_index"], d["record"]) for d in cut.rows(("q",))
+    ]
+    assert stage.schema == pa.schema([("d", pa.int64()), ("n", pa.int32())])
