@@ -565,3 +565,30 @@ def test_a_stage_gives_the_same_rows_however_its_input_is_cut_into_chunks(rows, 
         (d["record_index"], d["record"]) for d in cut.rows(("q",))
     ]
     assert stage.schema == pa.schema([("d", pa.int64()), ("n", pa.int32())])
+
+
+def test_a_kafka_json_value_is_declared_as_a_struct_and_read_by_field():
+    value = pa.struct(
+        [pa.field("user", pa.string()), pa.field("amount", pa.float64(), nullable=False)]
+    )
+    envelope = pa.schema([("offset", pa.int64()), ("value", value)])
+    records = [
+        {"offset": 0, "value": {"user": "u", "amount": 5, "extra": True}},
+        {"offset": 1, "value": {"user": "v", "amount": "5 EUR"}},
+        {"offset": 2, "value": {"user": "w"}},
+        {"offset": 3, "value": {"user": "x", "amount": False}},
+    ]
+    batch, misfits = fit(records, envelope)
+    assert [str(m.error) for m in misfits] == [
+        "field 'value.amount': expected double, found string ('5 EUR')",
+        "field 'value.amount': expected double (required), found no value (null or missing)",
+        "field 'value.amount': expected double, found bool (False)",
+    ]
+    src = Pipeline("kafka").source(GeneratorSource(1, lambda s, n: {}), schema=envelope)
+    stage = src.sql("SELECT offset, value.user, value.amount * 2 AS twice FROM input", name="q")
+    assert stage.schema.names == ["offset", "user", "twice"]
+    assert _run(stage, batch, None) == [{"offset": 0, "user": "u", "twice": 10.0}]
+    assert _error(lambda: src.select("value.amout")) == (
+        "stage 'select-2': no field 'amout' in 'value.amout': 'value' has the fields user, "
+        "amount; did you mean 'amount'?"
+    )

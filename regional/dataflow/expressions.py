@@ -354,12 +354,12 @@ class _Compiler:
     # -- leaves -----------------------------------------------------------------------------
 
     def _Column(self, node: exp.Column) -> Compiled:
-        name = node.name
-        if node.table and node.table != "input":
-            raise self.error(
-                f"{self.at(node)} names a table {node.table!r}; a stage "
-                "reads one stream: write the column alone (or input.<column>)"
-            )
+        """A column, or a field of a struct column (``value.amount``: a Kafka JSON value);
+        ``input.`` before it names the stream."""
+        parts = [p.name for p in node.parts]
+        if len(parts) > 1 and parts[0] == "input" and "input" not in self.schema.names:
+            parts = parts[1:]
+        name = parts[0]
         index = self.schema.get_field_index(name)
         if index < 0:
             close = difflib.get_close_matches(name, self.schema.names, n=1)
@@ -368,7 +368,29 @@ class _Compiler:
                 f"unknown column {name!r} in {self.text!r}{hint} The columns are: "
                 f"{', '.join(self.schema.names)}"
             )
-        return Compiled(name, self.schema.field(index).type, lambda b: b.column(index))
+        column = Compiled(name, self.schema.field(index).type, lambda b: b.column(index))
+        for field in parts[1:]:
+            column = self._field_of(node, column, field)
+        return column
+
+    def _Dot(self, node: exp.Dot) -> Compiled:
+        return self._field_of(node, self.compile(node.this), node.expression.name)
+
+    def _field_of(self, node: exp.Expr, struct: Compiled, name: str) -> Compiled:
+        """Field `name` of the struct `struct` (null where the struct is null)."""
+        kind = struct.type
+        names = [f.name for f in kind] if pa.types.is_struct(kind) else []
+        if name not in names:
+            where = (
+                f"{struct.text!r} is {kind}"
+                if not names
+                else (f"{struct.text!r} has the fields {', '.join(names)}")
+            )
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise self.error(f"no field {name!r} in {self.text!r}: {where}{hint}")
+        at = [names.index(name)]
+        return self.kernel(node, lambda v: pc.struct_field(v, at), struct, what=".")
 
     def _Literal(self, node: exp.Literal) -> Compiled:
         value = _literal(node)

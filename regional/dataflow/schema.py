@@ -205,25 +205,60 @@ def _cast_column(
     return pa.array([v.as_py() for v in values], expected)
 
 
+def _fit_field(
+    path: str,
+    column: pa.Array | None,
+    field: pa.Field,
+    rows: int,
+    bad: dict[int, SchemaMismatch],
+    present: pa.Array | None = None,
+) -> pa.Array:
+    """`column` (None: the records lack the field) fitted to `field`, whose name in the
+    record is `path` (``value.amount`` in a struct); rows that misfit go into `bad`. A
+    required field must have a value where its parent has one (`present`)."""
+    if column is None:
+        out = pa.nulls(rows, field.type)
+    elif pa.types.is_struct(field.type) and pa.types.is_struct(column.type):
+        out = _fit_struct(path, column, field.type, bad)
+    else:
+        out = _cast_column(path, column, field.type, bad)
+    if not field.nullable and out.null_count:
+        missing = pc.is_null(out)
+        if present is not None:
+            missing = pc.and_(missing, present)
+        for i in pc.indices_nonzero(missing).to_pylist():
+            bad.setdefault(
+                i,
+                SchemaMismatch(
+                    f"field {path!r}: expected {field.type} (required), found no value (null "
+                    "or missing)"
+                ),
+            )
+    return out
+
+
+def _fit_struct(
+    path: str, column: pa.StructArray, expected: pa.StructType, bad: dict[int, SchemaMismatch]
+) -> pa.Array:
+    """A struct column fitted to `expected` by the same rule as a record, field by field
+    (missing children null, extra children dropped, each child cast losslessly)."""
+    present = pc.is_valid(column)
+    children = dict(zip([f.name for f in column.type], column.flatten(), strict=True))
+    fields = [expected.field(i) for i in range(expected.num_fields)]
+    arrays = [
+        _fit_field(f"{path}.{f.name}", children.get(f.name), f, len(column), bad, present)
+        for f in fields
+    ]
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=pc.invert(present))
+
+
 def _fit_batch(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.RecordBatch, list[Misfit]]:
     bad: dict[int, SchemaMismatch] = {}
     columns = []
     for field in schema:
         at = batch.schema.get_field_index(field.name)
-        if at < 0:
-            column = pa.nulls(batch.num_rows, field.type)
-        else:
-            column = _cast_column(field.name, batch.column(at), field.type, bad)
-        if not field.nullable and column.null_count:
-            for i in pc.indices_nonzero(pc.is_null(column)).to_pylist():
-                bad.setdefault(
-                    i,
-                    SchemaMismatch(
-                        f"field {field.name!r}: expected {field.type} (required), found no "
-                        "value (null or missing)"
-                    ),
-                )
-        columns.append(column)
+        column = batch.column(at) if at >= 0 else None
+        columns.append(_fit_field(field.name, column, field, batch.num_rows, bad))
     out = pa.RecordBatch.from_arrays(columns, schema=schema)
     if not bad:
         return out, []
@@ -249,12 +284,8 @@ def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch,
                 column = pa.array(values)
             except _ARROW_ERRORS:
                 break
-            if not pa.types.is_boolean(column.type) and any(type(v) is bool for v in values):
-                break  # Arrow reads False among numbers as 0: judge these records one by one
-            if pa.types.is_floating(column.type) and any(
-                type(v) is int and abs(v) > 2**53 for v in values
-            ):
-                break  # an int beside a float became a double that does not hold it
+            if _inferred_lossily(values, column.type):
+                break  # judge these records one by one
             columns[name] = column
         else:
             batch, found = _fit_batch(pa.RecordBatch.from_pydict(columns), schema)
@@ -271,6 +302,21 @@ def _fit_records(records: list[Any], schema: pa.Schema) -> tuple[pa.RecordBatch,
     if not fitted:
         return pa.RecordBatch.from_pylist([], schema=schema), misfits
     return one_batch(fitted, schema), misfits
+
+
+def _inferred_lossily(values: list[Any], inferred: pa.DataType) -> bool:
+    """Whether Arrow's inference of `values` as `inferred` changed a value: a bool among
+    numbers read as 0 or 1, an int beside floats read as a double that does not hold it
+    (looked for inside structs and lists too)."""
+    if pa.types.is_struct(inferred):
+        objects = [v for v in values if isinstance(v, dict)]
+        return any(_inferred_lossily([v.get(f.name) for v in objects], f.type) for f in inferred)
+    if pa.types.is_list(inferred) or pa.types.is_large_list(inferred):
+        items = [x for v in values if isinstance(v, list | tuple) for x in v]
+        return _inferred_lossily(items, inferred.value_type)
+    if not pa.types.is_boolean(inferred) and any(type(v) is bool for v in values):
+        return True
+    return pa.types.is_floating(inferred) and any(type(v) is int and abs(v) > 2**53 for v in values)
 
 
 def _fit_one(record: Any, schema: pa.Schema) -> tuple[pa.RecordBatch | None, SchemaMismatch | None]:
