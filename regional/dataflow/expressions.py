@@ -3,10 +3,10 @@ once to `pyarrow.compute` kernel calls, evaluated over a whole batch per call (n
 record).
 
 Why this engine (DESIGN §6, measured by `benchmarks/bench_expressions.py`): a ``WHERE`` and a
-``SELECT`` of three expressions cost about 0.13 ms per batch of 10 rows and 0.03 µs per record
-at 20,000 rows this way, against about 2 ms per call for DuckDB over a registered Arrow batch
-(one reused connection), 0.6 ms for polars and 0.2 ms for an Acero plan: a task's batches are
-small and many, so the fixed cost per call decides.
+``SELECT`` of three expressions cost about 0.1 ms per batch of 10 or 1,000 rows and 0.03-0.05 µs
+per record at 20,000 rows this way, against about 3 ms per call for DuckDB over a registered
+Arrow batch (one reused connection), 0.6-0.9 ms for polars and 0.2-0.3 ms for an Acero plan: a
+task's batches are small and many, so the fixed cost per call decides.
 
 `compile_where(text, schema, stage=...)` gives a `Predicate` and `Projection.of_select(items,
 schema, stage=...)` a `Projection`; both check everything a pipeline can get wrong when it is
