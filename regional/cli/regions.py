@@ -70,8 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def show_regions(args: argparse.Namespace) -> int:
     """Load, analyse and print `args.graph` (a `.py` file: the graph of its `pipeline`)."""
+    schemas: dict[str, str] = {}
     if args.graph.suffix == ".py":
-        graph = _pipeline_graph(args.graph, args.checkpoint_dir)
+        graph, schemas = _pipeline_graph(args.graph, args.checkpoint_dir)
     else:
         graph = load_graph(args.graph)
     plan = analyse(graph)
@@ -95,6 +96,10 @@ def show_regions(args: argparse.Namespace) -> int:
         if len(vertices) < len(graph.vertices):
             say(f"... {len(graph.vertices) - len(vertices)} more vertices (--limit 0 shows all)")
         say()
+    for vertex, schema in list(schemas.items())[:limit]:
+        say(f"schema of {vertex}: {schema}")
+    if schemas:
+        say()
     shown = min(limit or plan.num_units, plan.num_units)
     rows = [_unit_row(plan, u) for u in range(shown)]
     table = pa.table(
@@ -111,14 +116,16 @@ def show_regions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pipeline_graph(file: Path, checkpoint_dir: str | None) -> JobGraph:
+def _pipeline_graph(file: Path, checkpoint_dir: str | None) -> tuple[JobGraph, dict[str, str]]:
     """The job graph of the `pipeline` a PIPELINE.py defines, loaded as `regional run` loads
     it (`regional.cli.run.load_pipeline_file`), with `REGIONAL_CHECKPOINT_DIR` set while it
     loads, as `run` sets it: `checkpoint_dir`, else the root `regional run FILE` uses without
     options (`default_checkpoint_root`; only named, never created); `GraphError` naming the
-    file otherwise."""
+    file otherwise. With it, the schema of each vertex that has one (`PlannedVertex.schema`),
+    as text."""
     from regional.cli.run import default_checkpoint_root, load_pipeline_file
     from regional.dataflow.pipeline import Pipeline
+    from regional.dataflow.plan import compile_plan
 
     before = os.environ.get(CHECKPOINT_DIR_ENV)
     os.environ[CHECKPOINT_DIR_ENV] = checkpoint_dir or default_checkpoint_root(file)
@@ -135,7 +142,14 @@ def _pipeline_graph(file: Path, checkpoint_dir: str | None) -> JobGraph:
             f"{file} defines no module-level `pipeline` (a regional.Pipeline); assign one, "
             "e.g. `pipeline = Pipeline('clicks')`"
         )
-    return pipeline.job_graph()
+    graph = pipeline.job_graph()
+    planned = compile_plan(pipeline).vertices
+    schemas = {
+        v: ", ".join(f"{f.name} {f.type}" for f in schema)
+        for v in graph.topological_order()
+        if (schema := planned[v].schema) is not None
+    }
+    return graph, schemas
 
 
 def _vertex_table(plan: RegionPlan, ids: Sequence[str]) -> pa.Table:

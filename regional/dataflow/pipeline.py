@@ -36,6 +36,7 @@ import pyarrow as pa
 from regional.dataflow.building import Keyed
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
+from regional.dataflow.fitted_source import fitted
 from regional.dataflow.keys import KeyLike, key_function
 from regional.dataflow.operators import (
     Chunk,
@@ -48,6 +49,7 @@ from regional.dataflow.operators import (
     build_process,
     build_window,
 )
+from regional.dataflow.schema import produced_schema
 from regional.dataflow.state import KeyedContext
 from regional.dataflow.state_codec import PickledState, StateCodec
 from regional.dataflow.window_operator import ON_LATE
@@ -114,6 +116,10 @@ _UNKEYED_ONLY = (
     "flat_map",
     "filter",
     "map_batches",
+    "where",
+    "select",
+    "with_columns",
+    "sql",
     "key_by",
     "exchange",
     "union",
@@ -164,6 +170,64 @@ class Stream:
         else fails the unit with a `TypeError` naming the operator. With
         `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
         return self._then(MapBatches(fn), name)
+
+    # -- schemas and Spark SQL expression stages (regional.dataflow.sql_stages) -------------
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The schema of this stream's records: declared at its source (``schema=``) or
+        computed by an expression stage; None when unknown (after a record-wise operator)."""
+        spec = self.pipeline.vertices[self.vertex_id]
+        return produced_schema(spec.source if spec.source is not None else spec.operator)
+
+    def _sql_stage(self, kind: str, name: str | None, **what: Any) -> Stream:
+        """Add a `SqlStage` of `kind`, compiled against this stream's schema now (so every
+        error a pipeline can hold surfaces when it is built, naming the stage)."""
+        from regional.dataflow.sql_stages import SqlStage
+
+        vid = name or f"{kind}-{len(self.pipeline.vertices)}"
+        schema = self.schema
+        if schema is None:
+            raise GraphError(
+                f"{kind} {vid!r} after {self.vertex_id!r}: the stream has no schema, so its "
+                "columns are unknown; declare it at the source, p.source(src, "
+                "schema=<a pyarrow.Schema, msgspec Struct or dataclass>), and put SQL stages "
+                "before record-wise ones (map, filter, flat_map, process)"
+            )
+        return self._then(SqlStage(kind, schema, name=vid, **what), vid)
+
+    def where(self, condition: str, *, name: str | None = None) -> Stream:
+        """The records for which `condition` (a Spark SQL boolean expression over the
+        stream's columns, e.g. ``"amount > 0 AND country IN ('DE', 'FR')"``) is true;
+        PySpark's ``DataFrame.where``. Runs over each Arrow batch in one vectorised call."""
+        return self._sql_stage("where", name, where=condition)
+
+    def select(self, *columns: str, name: str | None = None) -> Stream:
+        """One output row per record with the columns `columns` name: column names and Spark
+        SQL expressions with an alias (``"user"``, ``"amount * 1.19 AS gross"``, ``"*"``),
+        as PySpark's ``selectExpr``."""
+        if not columns:
+            raise GraphError(f"select after {self.vertex_id!r}: name at least one column")
+        return self._sql_stage("select", name, select=columns)
+
+    def with_columns(
+        self, columns: dict[str, str] | None = None, /, *, name: str | None = None, **named: str
+    ) -> Stream:
+        """Every column, plus the columns given (name -> Spark SQL expression), which
+        replace a column of that name in place, as PySpark's ``withColumns``:
+        ``with_columns(gross="amount * 1.19")`` or ``with_columns({"gross": "..."})``
+        (the dict for a column called ``name``, which names the stage)."""
+        assign = {**(columns or {}), **named}
+        if not assign:
+            raise GraphError(f"with_columns after {self.vertex_id!r}: give name=expression")
+        return self._sql_stage("with_columns", name, assign=assign)
+
+    def sql(self, query: str, *, name: str | None = None) -> Stream:
+        """Row-wise Spark SQL over the stream, read as the table ``input``: ``SELECT ...
+        FROM input [WHERE ...]``. What would depend on how records are cut into epochs
+        (GROUP BY, ORDER BY, LIMIT, window functions, ``rand()``, ``now()``...) is refused
+        with the stateful operator to use instead (docs/guide/sql.md)."""
+        return self._sql_stage("sql", name, query=query)
 
     def key_by(
         self,
@@ -612,8 +676,15 @@ class Pipeline:
         event_time: Callable[[Any], Any] | str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        schema: Any = None,
     ) -> Stream:
         """A source vertex with `parallelism` subtasks reading `source`'s splits.
+
+        With `schema` (a `pyarrow.Schema`, a msgspec Struct class or a dataclass; "infer":
+        the schema of a Parquet `FileSource`'s first file), every record is fitted to it
+        (`regional.dataflow.schema`): the stream carries the schema (`Stream.schema`, for
+        `where`/`select`/`sql`), and a record that does not fit is a dead letter of the
+        source (or declines its unit) naming the field and both types.
 
         With `event_time` (the name of the field holding a record's time, e.g. `"ts"`, or a
         function of a record; giving a datetime, naive = UTC, or an int of ms since the
@@ -636,6 +707,8 @@ class Pipeline:
                 et = EventTime(event_time, max_out_of_orderness, idle_timeout)
             except (TypeError, ValueError) as exc:
                 raise GraphError(f"source {name or '(unnamed)'!r}: {exc}") from None
+        if schema is not None:
+            source = fitted(source, schema, name or f"source-{len(self.vertices)}")
         return self._add("source", name, (), source=source, parallelism=parallelism, event_time=et)
 
     def _late_policy(self, what: str, on_late: str) -> None:

@@ -22,7 +22,9 @@ looking for new files.
 
 from __future__ import annotations
 
+import copy
 import posixpath
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -35,7 +37,7 @@ from metadata.layout import name_problem
 from regional.sources import json_text
 from regional.sources.base import PoisonRecord, ReadResult
 
-__all__ = ["FileSource", "FileSourceError"]
+__all__ = ["FileSource", "FileSourceError", "RowsFit"]
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -60,6 +62,11 @@ class FileSourceError(RegionalError):
 
 #: A UTF-8 byte order mark, which some writers put at the start of a text file.
 _BOM = b"\xef\xbb\xbf"
+
+
+#: A declared schema's judgement of decoded rows: the rows that fit, as one batch, and the
+#: others as (index in the rows, why) (`regional.dataflow.fitted_source`).
+RowsFit = Callable[[list[dict[str, Any]]], tuple[pa.RecordBatch, list[tuple[int, Exception]]]]
 
 
 def _numbered_lines(data: bytes) -> list[tuple[int, bytes]]:
@@ -137,10 +144,33 @@ class FileSource:
         self._bounded = bounded
         self.batch_size = batch_size
         self._bounds = json_text.JsonBounds(max_line_bytes, max_depth)
+        self._fit: RowsFit | None = None
 
     @property
     def bounded(self) -> bool:
         return self._bounded
+
+    def file_schema(self) -> pa.Schema | None:
+        """The Arrow schema of the first Parquet file (in split order), for
+        ``Pipeline.source(src, schema="infer")``; None for JSON lines (their types are
+        inferred per read, so declare them) or when there is no file yet."""
+        if self.format != "parquet":
+            return None
+        files = self.discover()
+        if not files:
+            return None
+        fs, path = self._path(files[0])
+        with fs.open_input_file(path) as f:
+            return pq.read_schema(f).remove_metadata()
+
+    def fitting(self, fit: RowsFit) -> FileSource:
+        """This source, with the JSON-lines rows it has to decode line by line (their types
+        disagree) handed to `fit` (`Pipeline.source(..., schema=...)`: the declared schema
+        judges them): a row `fit` rejects is a poison record naming `fit`'s reason, instead
+        of one whose types disagree with the rows before it."""
+        fitted = copy.copy(self)
+        fitted._fit = fit
+        return fitted
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         return (
@@ -245,10 +275,16 @@ class FileSource:
                     ordinals.append(i)
                     continue
             poison.append(self._poison(split_id, i, n, line, why))
-        table, unfit = _arrow_rows(rows)
+        fit = getattr(self, "_fit", None)  # a FileSource pickled before `fitting` had none
+        if fit is not None:
+            fitted, rejected = fit(rows)
+            table = pa.Table.from_batches([fitted])
+            unfit = {at: f"not of the declared schema ({error})" for at, error in rejected}
+        else:
+            table, unfit = _arrow_rows(rows)
+            unfit = {at: f"not an Arrow row beside the others ({why})" for at, why in unfit.items()}
         for at, why in unfit.items():
             n, line = lines[ordinals[at]]
-            why = f"not an Arrow row beside the others ({why})"
             poison.append(self._poison(split_id, ordinals[at], n, line, why))
         poison.sort(key=lambda p: p.ordinal)
         return table, tuple(poison)
