@@ -67,8 +67,6 @@ def test_a_run_with_the_pass_equals_one_without_it(
 ) -> None:
     with_pass = _run(tmp_path / "pass", task_pass=True, faults=Faults(units=faults))
     alone = _run(tmp_path / "alone", task_pass=False, faults=Faults(units=faults))
-    # the checkpoints both runs took are alike; the run may end one epoch later when the
-    # driver's end-of-input check meets the cleaner deleting a read segment ("cannot list its
-    # backlog ... then not now", `epoch_plan.drained_exchanges`)
-    both = min(len(with_pass), len(alone))
-    assert with_pass[:both] == alone[:both] and abs(len(with_pass) - len(alone)) <= 1
+    # checkpoint by checkpoint alike (the driver's end-of-input check never looks at the
+    # segments the cleaner deletes meanwhile: `ExchangeReader._segments(after=...)`)
+    assert with_pass == alone
