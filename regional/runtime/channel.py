@@ -600,4 +600,6 @@ class ChannelServer:
             for attempt in list(self.fencing.live.values()):
                 self._cut(attempt)
             self.changed.notify_all()
+        with contextlib.suppress(OSError):  # wakes the accept thread (a close alone does not)
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()

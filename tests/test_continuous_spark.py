@@ -1,0 +1,148 @@
+"""Continuous mode on the shared local[2] session (`regional.runtime.continuous`): a keyed job
+run by two long-lived tasks commits exactly the rows micro-epoch mode commits, restores hot
+state every epoch after the first; a failing unit falls back while its task keeps running; a
+Python worker that dies loses only its own task, whose job the dispatcher resubmits (local mode
+never retries a task: dynamic submission) while the other task keeps committing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regional.coordinator.messages import Ack, Answer
+from regional.dataflow.pipeline import Pipeline
+from regional.policy import load_policy
+from regional.runtime.continuous import ContinuousDispatcher
+from regional.runtime.spark import Faults, SparkRuntime
+from regional.sinks.parquet import ParquetSink, read_table
+from regional.sources.generator import GeneratorSource
+
+pytestmark = pytest.mark.spark
+
+SPLITS, PER_SPLIT, PER_EPOCH = 4, 20, 5
+
+
+def _click(split: int, n: int) -> dict:
+    return {"split": split, "n": n, "user": f"u{(split + n) % 3}"}
+
+
+def _count(ctx: Any, record: dict) -> Any:
+    state = ctx.value_state("count", 0)
+    state.update(state.value() + 1)
+    yield {**record, "count": state.value()}
+
+
+def _pipeline(table: str) -> Pipeline:
+    p = Pipeline("job", records_per_epoch=PER_EPOCH)
+    src = p.source(
+        GeneratorSource(SPLITS, _click, records_per_split=PER_SPLIT), parallelism=4, name="src"
+    )
+    src.key_by(lambda r: r["user"]).process(_count, name="count").sink(
+        ParquetSink(table), name="out"
+    )
+    return p
+
+
+def _expected() -> list[tuple]:
+    rows = []
+    for split in range(SPLITS):
+        seen: Counter[str] = Counter()
+        for n in range(PER_SPLIT):
+            r = _click(split, n)
+            seen[r["user"]] += 1
+            rows.append((split, n, r["user"], seen[r["user"]]))
+    return sorted(rows)
+
+
+def _rows(table: str) -> list[tuple]:
+    t = read_table(table)
+    cols = [t.column(c).to_pylist() for c in ("split", "n", "user", "count")]
+    return sorted(zip(*cols, strict=True))
+
+
+class _Acks:
+    """Every unit's latest ack per checkpoint (an `EpochWatch`)."""
+
+    def __init__(self) -> None:
+        self.acks: dict[tuple[int, int], Ack] = {}
+
+    def epoch_started(self, checkpoint_id: int, units: Sequence[int]) -> None:
+        pass
+
+    def unit_answered(self, answer: Answer) -> None:
+        if isinstance(answer, Ack):
+            self.acks[answer.checkpoint_id, answer.unit] = answer
+
+
+def _run(spark: Any, tmp_path: Path, mode: str, faults: Faults | None = None):
+    table = str(tmp_path / mode / "table")
+    watch = _Acks()
+    policy = load_policy(
+        env={}, overrides={"checkpointing": {"region": {"timeout": "20 s"}}}
+    ).policy
+    rt = SparkRuntime(
+        _pipeline(table),
+        spark,
+        root=str(tmp_path / mode / "ckpt"),
+        mode=mode,
+        tasks=2,
+        policy=policy,
+        faults=faults,
+        watch=watch,
+    )
+    summary = rt.run()
+    assert summary.finished
+    return rt, summary, _rows(table), watch.acks
+
+
+def test_a_keyed_job_commits_the_micro_epoch_rows_with_hot_state_after_the_first_epoch(
+    spark, tmp_path
+):
+    _, micro, micro_rows, _ = _run(spark, tmp_path, "micro-epoch")
+    rt, summary, rows, acks = _run(spark, tmp_path, "continuous")
+    assert rows == micro_rows == _expected()
+    assert [c.kind for c in summary.checkpoints] == [c.kind for c in micro.checkpoints]
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    # two long-lived tasks served every epoch: submitted and connected once each, then stopped
+    assert Counter(e.kind for e in rt.dispatcher.events) == {"submitted": 2, "connected": 2}
+    for (cid, unit), ack in acks.items():
+        # `count` has state from the first epoch on; the task that ran it kept it decoded
+        assert (ack.state_hits, ack.state_misses) == ((0, 0) if cid == 1 else (1, 0)), (cid, unit)
+    assert {cid for cid, _ in acks} == set(range(1, len(summary.checkpoints) + 1))
+
+
+def test_a_failing_unit_falls_back_while_its_task_keeps_running(spark, tmp_path):
+    rt, summary, rows, acks = _run(spark, tmp_path, "continuous", Faults(units={(2, 1): "fail"}))
+    second = summary.checkpoints[1]
+    assert (second.kind, second.fallback_units) == ("regional", (1,))
+    assert "unit 1 fails checkpoint 2 (injected fault)" in second.causes[1]
+    assert rows == _expected()
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    assert Counter(e.kind for e in rt.dispatcher.events) == {"submitted": 2, "connected": 2}
+    # unit 1 failed at 2 before its state was restored, so the state of checkpoint 1 it falls
+    # back to is still hot in its task; every unit restores hot
+    assert all(acks[3, u].state_hits == 1 for u in range(SPLITS))
+
+
+def test_a_killed_python_worker_loses_only_its_task_which_is_resubmitted(spark, tmp_path):
+    rt, summary, rows, acks = _run(spark, tmp_path, "continuous", Faults(units={(2, 2): "crash"}))
+    second = summary.checkpoints[1]
+    # the lost task's other unit re-ran alone and committed; the crashing unit fell back
+    assert (second.kind, second.fallback_units) == ("regional", (2,))
+    assert second.causes[2].endswith("Python worker exited unexpectedly (crashed)")
+    assert all(c.kind == "global" for c in summary.checkpoints[2:])
+    assert rows == _expected()
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    events = [(e.kind, e.task) for e in rt.dispatcher.events]
+    lost = rt.dispatcher.placement.task_of[2]
+    other = 1 - lost
+    assert ("lost", lost) in events and ("ended", lost) in events
+    assert events.count(("submitted", lost)) == 2 and events.count(("connected", lost)) == 2
+    # the other task was never touched: one job, one attempt, hot state all along
+    assert events.count(("submitted", other)) == 1 and events.count(("connected", other)) == 1
+    mine = [u for u, t in rt.dispatcher.placement.task_of.items() if t == other]
+    assert all(acks[cid, u].state_hits == 1 for cid in (2, 3, 4) for u in mine)
