@@ -33,7 +33,6 @@ from regional.runtime.channel import (
     hello_mac,
     new_token,
 )
-from regional.runtime.continuous import UnitPlacement
 
 RUN = "run-1"
 
@@ -167,20 +166,6 @@ def test_a_lost_or_unsent_task_names_its_units():
         r.lost[1] == "task 1 (Spark attempt 0, task attempt id 3) lost: connection dropped "
         "(units 2, 3)"
     )
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(1, 8), st.lists(units, min_size=1, max_size=5))
-def test_units_stay_on_the_task_they_were_placed_on(tasks, epochs):
-    p = UnitPlacement(tasks)
-    placed: dict[int, int] = {}
-    for us in epochs:
-        ws = [UnitWork(1, 1, u, (SubtaskState("src", u, u),)) for u in us]
-        by_task = p.place(ws)
-        assert sorted(w.unit_id for t in by_task for w in t) == sorted(us)
-        for task, slice_ in enumerate(by_task):
-            for w in slice_:
-                assert placed.setdefault(w.unit_id, task) == task
 
 
 # --- the socket adapter on loopback ---------------------------------------------------------

@@ -6,6 +6,7 @@ never retries a task: dynamic submission) while the other task keeps committing.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,3 +147,32 @@ def test_a_killed_python_worker_loses_only_its_task_which_is_resubmitted(spark, 
     assert events.count(("submitted", other)) == 1 and events.count(("connected", other)) == 1
     mine = [u for u, t in rt.dispatcher.placement.task_of.items() if t == other]
     assert all(acks[cid, u].state_hits == 1 for cid in (2, 3, 4) for u in mine)
+
+
+def test_regional_run_continuous_commits_exactly_and_stops_its_tasks(
+    spark, tmp_path, capsys, monkeypatch
+):
+    import msgspec
+    from test_run_cli_spark import PIPELINE, SIBLING
+    from test_run_cli_spark import _expected as cli_expected
+    from test_run_cli_spark import _rows as cli_rows
+
+    from metadata.events import CheckpointEvent, Outcome
+    from regional.cli import main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("REGIONAL_CHECKPOINT_DIR", "unset")
+    (tmp_path / "run_cli_orders.py").write_text(SIBLING)
+    job = tmp_path / "job.py"
+    job.write_text(PIPELINE)
+    root = tmp_path / ".regional" / "checkpoints"
+    try:
+        assert main(["run", str(job), "--json", "--continuous"]) == 0
+    finally:
+        sys.modules.pop("run_cli_orders", None)
+    out = capsys.readouterr().out
+    events = [msgspec.json.decode(line, type=CheckpointEvent) for line in out.splitlines()]
+    assert [e.kind for e in events] == [Outcome.GLOBAL] * len(events)
+    assert cli_rows(str(root) + "-table") == cli_expected()
+    # the long-lived tasks returned: no job of this run is still active
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
