@@ -325,7 +325,6 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 stop_with_savepoint=args.stop_with_savepoint,
             )
     finally:
-        runtime.close()  # continuous mode: the long-lived tasks stop with the run
         for signum, handler in stop.items():
             signal.signal(signum, handler)
     if summary.savepoint is not None:

@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from regional.coordinator.messages import AckBatch, Answer, UnitWork
 from regional.coordinator.verdict import name_units
@@ -55,8 +55,7 @@ from regional.runtime.channel import (
     Work,
     new_token,
 )
-from regional.runtime.dispatch import Dispatch, spread_over_tasks
-from regional.runtime.spark import SparkDispatcher
+from regional.runtime.dispatch import Dispatch, TaskDispatcher, spread_over_tasks
 from regional.runtime.spark_errors import spark_failure
 from regional.runtime.task import TaskEnv
 
@@ -68,6 +67,7 @@ __all__ = [
     "ContinuousDispatcher",
     "ContinuousEvent",
     "ContinuousStartError",
+    "IsolatedRuns",
     "UnitPlacement",
 ]
 
@@ -78,6 +78,13 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 120.0
 #: How long `close` waits for the tasks to return before it cancels their jobs.
 STOP_TIMEOUT_S = 10.0
+
+
+class IsolatedRuns(TaskDispatcher, Protocol):
+    """Where units lost with a task are re-run alone (`SparkDispatcher`: a Spark job each),
+    shipped the same `env` as the long-lived tasks."""
+
+    env: TaskEnv
 
 
 class ContinuousStartError(RegionalError):
@@ -205,8 +212,10 @@ class _TaskJob:
 
 class ContinuousDispatcher:
     """Runs unit work in `tasks` long-lived Spark tasks on `sc` (implements
-    `regional.runtime.dispatch.TaskDispatcher`; see the module doc). The channel listens on
-    `host` (default `spark.driver.host`); `on_event` is told every `ContinuousEvent`."""
+    `regional.runtime.dispatch.TaskDispatcher`; see the module doc); units lost with a task
+    are re-run alone by `isolated` (`regional.runtime.spark.SparkRuntime` passes a
+    `SparkDispatcher`). The channel listens on `host` (default `spark.driver.host`);
+    `on_event` is told every `ContinuousEvent`."""
 
     #: `JobDriver.run` may dispatch from its dispatch thread while it commits (pipelined).
     background_safe = True
@@ -219,9 +228,9 @@ class ContinuousDispatcher:
         tasks: int,
         job_id: str,
         run_id: str,
+        isolated: IsolatedRuns,
         host: str | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        on_answer: Callable[[Answer], None] | None = None,
         on_event: Callable[[ContinuousEvent], None] | None = None,
     ) -> None:
         self.sc = sc
@@ -233,7 +242,7 @@ class ContinuousDispatcher:
         self.connect_timeout_s = connect_timeout_s
         self.on_event = on_event
         self.placement = UnitPlacement(tasks)
-        self.isolated = SparkDispatcher(sc, env, tasks=tasks, job_id=job_id, on_answer=on_answer)
+        self.isolated = isolated
         self.events: list[ContinuousEvent] = []
         self._token = new_token()
         self._server: ChannelServer | None = None

@@ -45,6 +45,7 @@ from regional.coordinator.messages import (
 )
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
+from regional.runtime.continuous import ContinuousDispatcher
 from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
@@ -55,8 +56,6 @@ from regional.runtime.task import TaskEnv, run_units
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
-
-    from regional.runtime.continuous import ContinuousDispatcher
 
 __all__ = [
     "CRASH_STEPS",
@@ -455,12 +454,12 @@ class SparkRuntime(JobDriver):
         on_answer = watch.unit_answered if watch is not None else None
         dispatcher: SparkDispatcher | ContinuousDispatcher
         if mode == "continuous":
-            from regional.runtime.continuous import ContinuousDispatcher
-
+            alone = SparkDispatcher(
+                sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
+            )
             dispatcher = ContinuousDispatcher(
-                sc, env, tasks=self.tasks, job_id=storage.job_id, run_id=run_id,
-                on_answer=on_answer,
-            )  # fmt: skip
+                sc, env, tasks=self.tasks, job_id=storage.job_id, run_id=run_id, isolated=alone
+            )
         else:
             dispatcher = SparkDispatcher(
                 sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
