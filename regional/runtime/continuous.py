@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 #: How long `start` waits for every task of the long job to connect (the first import of the
 #: task side in a fresh Python worker costs seconds; a cluster may still be starting executors).
 CONNECT_TIMEOUT_S = 120.0
+#: How long an epoch waits at most for a task that is not connected (a resubmitted task on a
+#: warm worker connects in well under a second; a fresh worker imports for a few seconds).
+RECONNECT_WAIT_S = 10.0
 #: How long `close` waits for the tasks to return before it cancels their jobs.
 STOP_TIMEOUT_S = 10.0
 
@@ -410,9 +413,10 @@ class ContinuousDispatcher:
         with server.changed:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
-            # a resubmitted task connects within a few hundred ms (its worker is warm); wait
-            # for it at most half of what is left to the deadline
-            until = time.time() + max(0.0, (deadline_ms / 1000 - time.time()) / 2)
+            # wait for a (re)submitted task to connect: at most half of what is left to the
+            # deadline, and at most RECONNECT_WAIT_S
+            left = max(0.0, (deadline_ms / 1000 - time.time()) / 2)
+            until = time.time() + min(left, RECONNECT_WAIT_S)
             while (
                 any(t not in server.fencing.live for t in needed)
                 and (left := until - time.time()) > 0
