@@ -176,3 +176,24 @@ def test_regional_run_continuous_commits_exactly_and_stops_its_tasks(
     assert cli_rows(str(root) + "-table") == cli_expected()
     # the long-lived tasks returned: no job of this run is still active
     assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
+def test_more_tasks_than_free_slots_fail_at_start_naming_them_and_give_the_slots_back(
+    spark, tmp_path
+):
+    from regional.runtime.continuous import ContinuousStartError
+    from regional.runtime.spark import SparkDispatcher, task_env
+
+    env = task_env(_pipeline(str(tmp_path / "t")), str(tmp_path), "job", load_policy(env={}).policy,
+                   Faults(), "run-x")  # fmt: skip
+    sc = spark.sparkContext
+    alone = SparkDispatcher(sc, env, tasks=3, job_id="job")
+    dispatcher = ContinuousDispatcher(
+        sc, env, tasks=3, job_id="job", run_id="run-x", isolated=alone, connect_timeout_s=3
+    )
+    with pytest.raises(ContinuousStartError) as failed:
+        dispatcher.start()  # local[2]: two slots for three long-lived tasks
+    message = str(failed.value)
+    assert "did not connect to the driver channel at 127.0.0.1:" in message
+    assert "run at most as many tasks as the cluster has free cores" in message
+    assert not sc.statusTracker().getActiveJobsIds()

@@ -284,6 +284,7 @@ class ContinuousDispatcher:
                 missing = sorted(set(range(self.tasks)) - set(server.fencing.live))
             if missing:
                 ended = [f"task {j.task}: {j.ended}" for j in self._jobs.values() if j.ended]
+                self._stop_tasks()  # the tasks that did connect give their slots back
                 raise ContinuousStartError(
                     f"continuous mode: tasks {missing} of job {self.job_id} did not connect to "
                     f"the driver channel at {server.address[0]}:{server.address[1]} within "
@@ -369,25 +370,31 @@ class ContinuousDispatcher:
         """Stop every task (`Stop`; their jobs end), cancel what does not stop in
         `STOP_TIMEOUT_S`, close the channel. A later `start` or `run` starts them again."""
         with self._lock:
-            server = self._server
-            if server is None:
-                return
-            with server.changed:
-                live = list(server.fencing.live.values())
-            for attempt in live:
-                server.send(attempt, Stop(self.run_id, "the dispatcher closed"))
-            until = time.monotonic() + STOP_TIMEOUT_S
-            for job in self._all_jobs:
-                job.thread.join(max(0.0, until - time.monotonic()))
-            for task in list(self._jobs):
-                self._cancel(task, "it did not stop when the dispatcher closed")
-            for job in self._all_jobs:
-                job.thread.join(STOP_TIMEOUT_S)
-            server.close()
-            self._server = None
-            self._jobs.clear()
-            self._all_jobs.clear()
-            self._seen.clear()
+            self._stop_tasks()
+
+    def _stop_tasks(self) -> None:
+        server = self._server
+        if server is None:
+            return
+        with server.changed:
+            live = list(server.fencing.live.values())
+        for attempt in live:
+            server.send(attempt, Stop(self.run_id, "the dispatcher closed"))
+        connected = {attempt.task for attempt in live}
+        for task in [t for t in self._jobs if t not in connected]:  # none to tell: cancel now
+            self._cancel(task, "the dispatcher closed before it connected")
+        until = time.monotonic() + STOP_TIMEOUT_S
+        for job in self._all_jobs:
+            job.thread.join(max(0.0, until - time.monotonic()))
+        for task in list(self._jobs):
+            self._cancel(task, "it did not stop when the dispatcher closed")
+        for job in self._all_jobs:
+            job.thread.join(STOP_TIMEOUT_S)
+        server.close()
+        self._server = None
+        self._jobs.clear()
+        self._all_jobs.clear()
+        self._seen.clear()
 
     # --- one epoch --------------------------------------------------------------------------
 
