@@ -261,3 +261,53 @@ def test_a_closing_driver_ends_the_task_side():
     assert ended.wait(5)
     with pytest.raises(OSError):
         socket.create_connection(server.address, timeout=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["answer", "lose"]),
+            st.integers(0, 3),
+            st.integers(0, 2),
+            st.integers(3, 5),
+            st.booleans(),
+        ),
+        max_size=30,
+    ),
+)
+def test_a_round_keeps_exactly_the_sent_attempts_first_answers_of_its_checkpoint(tasks, events):
+    """Whatever arrives, from whichever attempt (0: the one sent to, 1: an older one, 2: a
+    newer one), for whichever checkpoint: a task's answers count once, only from the attempt
+    its work went to and only for this checkpoint, and never after it was lost."""
+    r = EpochRound(RUN, 4)
+    sent = {t: TaskAttempt(t, 0, 10 * t + 5, t) for t in range(tasks)}
+    for t, a in sent.items():
+        r.sent(a, [UnitWork(4, 1, 100 * t + i, ()) for i in range(2)])
+    kept: dict[int, list] = {}
+    gone: set[int] = set()
+    for kind, t, which, cid, full in events:
+        if t >= tasks:
+            continue
+        a = sent[t]
+        attempt = (
+            a if which == 0 else TaskAttempt(t, which, a.task_attempt_id + (0, -1, 1)[which], 9)
+        )
+        us = (100 * t, 100 * t + 1) if full else (100 * t,)
+        if kind == "lose":
+            lost = r.lost_task(attempt)
+            assert lost == (which == 0 and t not in kept and t not in gone)
+            if lost:
+                gone.add(t)
+            continue
+        items = [AckBatch.of([Ack(cid, u, 1, ()) for u in us])]
+        why = r.take(Answers(RUN, cid, attempt.task_attempt_id, us, items), attempt)
+        ok = which == 0 and cid == 4 and full and t not in kept and t not in gone
+        assert (why is None) == ok, why
+        if ok:
+            kept[t] = items
+    assert r.arrived() == [i for t in r.answered for i in kept[t]]
+    assert set(r.answered) == set(kept) and set(r.lost) == gone
+    assert r.done == (set(kept) | gone == set(range(tasks)))
+    assert r.lost_units == sorted(100 * t + i for t in gone for i in range(2))
