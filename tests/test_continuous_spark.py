@@ -79,12 +79,13 @@ class _Acks:
             self.acks[answer.checkpoint_id, answer.unit] = answer
 
 
-def _run(spark: Any, tmp_path: Path, mode: str, faults: Faults | None = None):
+def _run(
+    spark: Any, tmp_path: Path, mode: str, faults: Faults | None = None, timeout: str = "20 s"
+):
     table = str(tmp_path / mode / "table")
     watch = _Acks()
-    policy = load_policy(
-        env={}, overrides={"checkpointing": {"region": {"timeout": "20 s"}}}
-    ).policy
+    region = {"timeout": timeout}
+    policy = load_policy(env={}, overrides={"checkpointing": {"region": region}}).policy
     rt = SparkRuntime(
         _pipeline(table),
         spark,
@@ -147,6 +148,25 @@ def test_a_killed_python_worker_loses_only_its_task_which_is_resubmitted(spark, 
     assert events.count(("submitted", other)) == 1 and events.count(("connected", other)) == 1
     mine = [u for u, t in rt.dispatcher.placement.task_of.items() if t == other]
     assert all(acks[cid, u].state_hits == 1 for cid in (2, 3, 4) for u in mine)
+
+
+def test_a_task_stuck_past_the_deadline_is_cancelled_alone_and_started_again(spark, tmp_path):
+    faults = Faults(units={(2, 2): "stall"})  # a C-level loop SIGALRM cannot break
+    rt, summary, rows, _ = _run(spark, tmp_path, "continuous", faults, timeout="3 s")
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    stuck = rt.dispatcher.placement.task_of[2]
+    mine = sorted(u for u, t in rt.dispatcher.placement.task_of.items() if t == stuck)
+    second = summary.checkpoints[1]
+    assert sorted(second.causes) == mine  # the stuck task's units, no other
+    assert all(second.causes[u].startswith("timeout: no answer after") for u in mine)
+    # the stuck task's new worker imports afresh, which may take longer than the next epoch's
+    # 3 s deadline on a loaded machine: its units fall back until it catches up, as they would
+    # in micro-epoch mode; the run ends exactly
+    assert summary.checkpoints[-1].kind == "global"
+    assert rows == _expected()
+    events = [(e.kind, e.task) for e in rt.dispatcher.events]
+    assert ("cancelled", stuck) in events and events.count(("submitted", stuck)) == 2
+    assert events.count(("submitted", 1 - stuck)) == 1  # the other task ran on
 
 
 def test_regional_run_continuous_commits_exactly_and_stops_its_tasks(

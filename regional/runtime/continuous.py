@@ -76,9 +76,6 @@ log = logging.getLogger(__name__)
 #: How long `start` waits for every task of the long job to connect (the first import of the
 #: task side in a fresh Python worker costs seconds; a cluster may still be starting executors).
 CONNECT_TIMEOUT_S = 120.0
-#: How long an epoch waits at most for a task that is not connected (a resubmitted task on a
-#: warm worker connects in well under a second; a fresh worker imports for a few seconds).
-RECONNECT_WAIT_S = 10.0
 #: How long `close` waits for the tasks to return before it cancels their jobs.
 STOP_TIMEOUT_S = 10.0
 
@@ -412,39 +409,30 @@ class ContinuousDispatcher:
             return self._round(works, deadline_ms)
 
     def _round(self, works: Sequence[UnitWork], deadline_ms: int) -> Dispatch:
+        """Send each task its works as soon as it is connected (a resubmitted task connects
+        during the epoch; the others do not wait for it), take the answers until every task
+        answered or was lost, or the deadline; a task not connected by then lost its units."""
         by_task = self.placement.place(works)
-        needed = [t for t, ws in enumerate(by_task) if ws]
-        self._keep_running(needed)
+        pending = {t: ws for t, ws in enumerate(by_task) if ws}  # not sent yet
+        self._keep_running(list(pending))
         server = self._channel()
         epoch = EpochRound(self.run_id, works[0].checkpoint_id)
         with server.changed:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
-            # wait for a (re)submitted task to connect: at most half of what is left to the
-            # deadline, and at most RECONNECT_WAIT_S
-            left = max(0.0, (deadline_ms / 1000 - time.time()) / 2)
-            until = time.time() + min(left, RECONNECT_WAIT_S)
-            while (
-                any(t not in server.fencing.live for t in needed)
-                and (left := until - time.time()) > 0
-            ):
-                server.changed.wait(min(left, 0.05))
-            self._note_connections(server)
+        while True:
             sends: list[tuple[TaskAttempt, Work]] = []
-            for task in needed:
-                units = [w.unit_id for w in by_task[task]]
-                attempt = server.fencing.live.get(task)
-                if attempt is None:
-                    epoch.unsent(task, units, f"task {task} of the long job is not connected")
-                else:
-                    sends.append((attempt, epoch.sent(attempt, by_task[task])))
-        for attempt, work in sends:
-            why = server.send(attempt, work)
-            if why is not None:
-                with server.changed:
-                    epoch.lost_task(attempt, why)
-        with server.changed:
-            while True:
+            with server.changed:
+                self._note_connections(server)
+                for task in [t for t in pending if t in server.fencing.live]:
+                    sends.append((server.fencing.live[task], epoch.sent(
+                        server.fencing.live[task], pending.pop(task))))  # fmt: skip
+            for attempt, work in sends:
+                why = server.send(attempt, work)
+                if why is not None:
+                    with server.changed:
+                        epoch.lost_task(attempt, why)
+            with server.changed:
                 for sender, message in server.inbox:
                     if isinstance(message, Answers):
                         fenced = epoch.take(message, sender)
@@ -456,16 +444,21 @@ class ContinuousDispatcher:
                         self._event("lost", gone.task, epoch.lost[gone.task])
                 server.dropped.clear()
                 left = deadline_ms / 1000 - time.time()
-                if epoch.done or left <= 0:
+                if (epoch.done and not pending) or left <= 0:
                     break
-                server.changed.wait(min(left, 0.5))
-            late = epoch.waiting
-        for task in late:  # stuck past the deadline: its job goes, the next epoch resubmits
-            units = self.placement_units(task, works)
+                # a connection, an answer or a drop notifies; poll briefly while tasks connect
+                server.changed.wait(min(left, 0.05 if pending else 0.5))
+        for task, ws in pending.items():
+            epoch.unsent(
+                task, [w.unit_id for w in ws], f"long-lived task {task} did not connect by "
+                "the epoch deadline (starting, or waiting for a free slot)",
+            )  # fmt: skip
+        for task in epoch.waiting:  # stuck past the deadline: its job goes, the next epoch
+            units = self._units_on(task, works)  # resubmits it
             self._cancel(task, f"no answer for {name_units(units)} by the epoch deadline")
         return _dispatch(epoch.arrived(), _error(epoch))
 
-    def placement_units(self, task: int, works: Sequence[UnitWork]) -> list[int]:
+    def _units_on(self, task: int, works: Sequence[UnitWork]) -> list[int]:
         """The units of `works` that run on task `task`."""
         return [w.unit_id for w in works if self.placement.task_of.get(w.unit_id) == task]
 
