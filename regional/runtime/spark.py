@@ -472,6 +472,7 @@ class SparkRuntime(JobDriver):
     def run(
         self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
     ) -> RunSummary:
+        """`JobDriver.run`; continuous mode's long-lived tasks stop when it returns."""
         try:
             return super().run(
                 max_checkpoints=max_checkpoints, stop_with_savepoint=stop_with_savepoint
@@ -480,6 +481,7 @@ class SparkRuntime(JobDriver):
             self.close()
 
     def savepoint(self) -> str:
+        """`JobDriver.savepoint`; continuous mode's long-lived tasks stop when it returns."""
         try:
             return super().savepoint()
         finally:
@@ -487,9 +489,8 @@ class SparkRuntime(JobDriver):
 
     def close(self) -> None:
         """Stop the long-lived tasks of continuous mode (a no-op in micro-epoch mode)."""
-        close = getattr(self.dispatcher, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.dispatcher, ContinuousDispatcher):
+            self.dispatcher.close()
 
     @property
     def env(self) -> TaskEnv:
@@ -502,4 +503,5 @@ class SparkRuntime(JobDriver):
 
     @property
     def _spark_dispatcher(self) -> SparkDispatcher | ContinuousDispatcher:
-        return self.dispatcher  # type: ignore[return-value]  # one of the two, by `mode`
+        assert isinstance(self.dispatcher, SparkDispatcher | ContinuousDispatcher)
+        return self.dispatcher
