@@ -165,7 +165,8 @@ def test_a_task_stuck_past_the_deadline_is_cancelled_alone_and_started_again(spa
     assert summary.checkpoints[-1].kind == "global"
     assert rows == _expected()
     events = [(e.kind, e.task) for e in rt.dispatcher.events]
-    assert ("cancelled", stuck) in events and events.count(("submitted", stuck)) == 2
+    # started again (more than once if its fresh worker missed the next deadline too)
+    assert ("cancelled", stuck) in events and events.count(("submitted", stuck)) >= 2
     assert events.count(("submitted", 1 - stuck)) == 1  # the other task ran on
 
 
