@@ -145,6 +145,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="end with a savepoint under <job root>/savepoints/: after --max-checkpoints, or on "
         "SIGTERM / Ctrl-C",
     )
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="continuous mode (first slice): long-lived Spark tasks, one per core, keep their "
+        "units and state across epochs and take each epoch's work over a driver channel "
+        "(default: micro-epoch mode, one Spark job per epoch)",
+    )
     parser.set_defaults(handler=run_pipeline)
 
 
@@ -301,6 +308,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         code_dir=str(args.file.absolute().parent),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        mode="continuous" if args.continuous else "micro-epoch",
     )
     stop = _on_stop_signals(runtime.request_stop, say) if args.stop_with_savepoint else {}
     try:

@@ -45,6 +45,7 @@ from regional.coordinator.messages import (
 )
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import Policy
+from regional.runtime.continuous import ContinuousDispatcher
 from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
 from regional.runtime.faults import CRASH_STEPS, DriverCrash, Faults
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CRASH_STEPS",
+    "MODES",
     "DriverCrash",
     "Faults",
     "RunSummary",
@@ -68,6 +70,8 @@ __all__ = [
 ]
 
 _OURS = frozenset({"regional", "metadata", "cleaner", "builtins", "__main__"})
+#: How `SparkRuntime` runs epochs on Spark: one job per epoch, or long-lived tasks.
+MODES = ("micro-epoch", "continuous")
 #: How often a running Spark job's finished tasks are looked at for live answers.
 ANSWER_POLL_S = 0.25
 
@@ -396,6 +400,13 @@ class SparkRuntime(JobDriver):
     the coordinator names exactly the state they encode (`regional.runtime.hot_state`, DESIGN
     §6); `hot_state_bytes` is each worker's budget, counted at the snapshots' sizes (default
     64 MiB; decoded objects take several times that); off, every epoch decodes its state.
+
+    `mode` is how epochs reach Spark: ``"micro-epoch"`` (the default) submits one Spark job
+    per epoch (`SparkDispatcher`); ``"continuous"`` keeps `tasks` long-lived tasks running, each
+    its own Spark job, and sends them each epoch's work over a driver channel
+    (`regional.runtime.continuous.ContinuousDispatcher`, DESIGN §6): units stay on their task,
+    so their state stays hot. Each long-lived task holds a core for the whole run. `run` and
+    `savepoint` stop the tasks when they return; after `start` and `epoch`, call `close`.
     """
 
     def __init__(
@@ -412,8 +423,14 @@ class SparkRuntime(JobDriver):
         task_pass: bool = True,
         hot_state: bool = True,
         hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
+        mode: str = "micro-epoch",
         **options: Unpack[DriverOptions],
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(
+                f"SparkRuntime mode {mode!r} for pipeline {pipeline.name!r}: use one of "
+                f"{', '.join(map(repr, MODES))} (micro-epoch is the default)"
+            )
         sc = spark.sparkContext
         shipped = _ship_modules_as_files(sc, code_dir) if code_dir else frozenset()
         _ship_user_code_by_value(pipeline, shipped)
@@ -434,16 +451,46 @@ class SparkRuntime(JobDriver):
         )
         watch = options.get("watch")
         self.tasks = tasks or max(1, sc.defaultParallelism)
-        dispatcher = SparkDispatcher(
-            sc,
-            env,
-            tasks=self.tasks,
-            job_id=storage.job_id,
-            on_answer=watch.unit_answered if watch is not None else None,
-        )
+        on_answer = watch.unit_answered if watch is not None else None
+        dispatcher: SparkDispatcher | ContinuousDispatcher
+        if mode == "continuous":
+            alone = SparkDispatcher(
+                sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
+            )
+            dispatcher = ContinuousDispatcher(
+                sc, env, tasks=self.tasks, job_id=storage.job_id, run_id=run_id, isolated=alone
+            )
+        else:
+            dispatcher = SparkDispatcher(
+                sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
+            )
         super().__init__(pipeline, dispatcher, storage=storage, **options)
+        self.mode = mode
         self.spark = spark
         self.root = root
+
+    def run(
+        self, *, max_checkpoints: int | None = None, stop_with_savepoint: bool = False
+    ) -> RunSummary:
+        """`JobDriver.run`; continuous mode's long-lived tasks stop when it returns."""
+        try:
+            return super().run(
+                max_checkpoints=max_checkpoints, stop_with_savepoint=stop_with_savepoint
+            )
+        finally:
+            self.close()
+
+    def savepoint(self) -> str:
+        """`JobDriver.savepoint`; continuous mode's long-lived tasks stop when it returns."""
+        try:
+            return super().savepoint()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the long-lived tasks of continuous mode (a no-op in micro-epoch mode)."""
+        if isinstance(self.dispatcher, ContinuousDispatcher):
+            self.dispatcher.close()
 
     @property
     def env(self) -> TaskEnv:
@@ -455,6 +502,6 @@ class SparkRuntime(JobDriver):
         self._spark_dispatcher.env = env
 
     @property
-    def _spark_dispatcher(self) -> SparkDispatcher:
-        assert isinstance(self.dispatcher, SparkDispatcher)
+    def _spark_dispatcher(self) -> SparkDispatcher | ContinuousDispatcher:
+        assert isinstance(self.dispatcher, SparkDispatcher | ContinuousDispatcher)
         return self.dispatcher
