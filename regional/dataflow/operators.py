@@ -766,12 +766,10 @@ def build_process(
     on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None,
     name: str | None,
 ) -> str:
-    """Add `KeyedStream.process`; its vertex id (timers need event time upstream)."""
-    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
-    if on_timer is not None:
-        graph.event_time_of(keyed.vertex_id, None, name or "process")
-    op = Process(fn, keyed.key, scope=scope, on_timer=on_timer)
-    return graph.add(op, name, (keyed.vertex_id,))
+    """Add `KeyedStream.process`; its vertex id."""
+    return _add_keyed(
+        graph, keyed, lambda scope: Process(fn, keyed.key, scope=scope, on_timer=on_timer), name
+    )
 
 
 def build_apply_in_arrow(
@@ -782,11 +780,23 @@ def build_apply_in_arrow(
     on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None,
     name: str | None,
 ) -> str:
-    """Add `KeyedStream.apply_in_arrow`; its vertex id (timers need event time upstream)."""
-    scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
-    if on_timer is not None:
-        graph.event_time_of(keyed.vertex_id, None, name or "apply_in_arrow")
-    op = ApplyInArrow(fn, keyed.key, scope=scope, on_timer=on_timer)
+    """Add `KeyedStream.apply_in_arrow`; its vertex id."""
+    return _add_keyed(
+        graph,
+        keyed,
+        lambda scope: ApplyInArrow(fn, keyed.key, scope=scope, on_timer=on_timer),
+        name,
+    )
+
+
+def _add_keyed(
+    graph: Build, keyed: Keyed, make: Callable[[str], Operator], name: str | None
+) -> str:
+    """Add the keyed operator `make(state scope)` reading `keyed`; one with timers needs event
+    time upstream (`GraphError` naming it otherwise)."""
+    op = make(graph.key_scope(keyed.vertex_id, keyed.key, name))
+    if op.timed:
+        graph.event_time_of(keyed.vertex_id, None, name or op.kind)
     return graph.add(op, name, (keyed.vertex_id,))
 
 
