@@ -7,7 +7,7 @@ import os
 import pkgutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -38,12 +38,40 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
 def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     modules = _modules()
     assert "regional.coordinator.messages" in modules and "regional.graph.regions" in modules
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        results = list(pool.map(lambda m: (m, _fresh(f"import {m}")), modules))
-    failures = {
-        m: r.stderr.strip().splitlines()[-1] for m, r in results if r.returncode != 0
-    }
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("imports_first.py"))],
+        input="\n".join(modules),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    failures = dict(line.split("\t", 1) for line in result.stdout.splitlines())
     assert failures == {}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the import check forks")
+def test_the_import_check_reports_a_cycle(tmp_path: Path) -> None:
+    """The forking check sees what a fresh interpreter sees: a cycle between two modules
+    fails when one of them is imported first, whichever order the check runs them in."""
+    package = tmp_path / "regional_cycle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from regional_cycle.b import B\nA = 1\n")
+    (package / "b.py").write_text("from regional_cycle.a import A\nB = 2\n")
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("imports_first.py")), "regional_cycle"],
+        input="regional_cycle.a\nregional_cycle.b",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    failures = dict(line.split("\t", 1) for line in result.stdout.splitlines())
+    assert sorted(failures) == ["regional_cycle.a", "regional_cycle.b"], result
+    assert "partially initialized module" in failures["regional_cycle.a"]
 
 
 def test_the_pure_core_loads_no_file_system_at_import() -> None:
