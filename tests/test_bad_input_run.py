@@ -36,7 +36,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("Spark was started for input known to be bad before it starts")
 
-    monkeypatch.setattr("regional.runtime.session.spark_session", refuse)
+    monkeypatch.setattr("regional.runtime.session.spark_context", refuse)
 
 
 def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -72,7 +72,7 @@ def no_spark(monkeypatch, tmp_path):
     restored after the test."""
     FakeRuntime.made.clear()
     monkeypatch.setattr(regional.runtime.spark, "SparkRuntime", FakeRuntime)
-    monkeypatch.setattr(regional.runtime.session, "spark_session", lambda *a, **k: None)
+    monkeypatch.setattr(regional.runtime.session, "spark_context", lambda *a, **k: None)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("REGIONAL_CHECKPOINT_DIR", "unset")
     temp = tmp_path / "tmp"

@@ -251,7 +251,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     from metadata.lease import ensure_free
     from metadata.storage import JobStorage
     from regional.runtime.faults import Faults
-    from regional.runtime.session import spark_session
+    from regional.runtime.session import spark_context
     from regional.runtime.spark import SparkRuntime
 
     storage = JobStorage(root, args.job_id or pipeline.name)
@@ -268,7 +268,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     info = sys.stderr if args.json else sys.stdout
     say = functools.partial(render.say, file=info)
     say(f"starting Spark ({args.master}); checkpoints under {root} ({origin})")
-    spark = spark_session(
+    spark = spark_context(
         args.master, verbose=args.verbose, log_file=log_file, extra=dict(args.conf)
     )
     plan = pipeline.regions()

@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 from regional.errors import RegionalError
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_MASTER", "SparkStartError", "quiet_conf", "spark_session", "start_failure"]
+__all__ = [
+    "DEFAULT_MASTER",
+    "SparkStartError",
+    "quiet_conf",
+    "spark_context",
+    "spark_session",
+    "start_failure",
+]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -79,6 +87,50 @@ def quiet_conf(*, verbose: bool = False) -> dict[str, str]:
     return conf
 
 
+def spark_context(
+    master: str = DEFAULT_MASTER,
+    *,
+    app_name: str = "regional",
+    verbose: bool = False,
+    log_file: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> SparkContext:
+    """Get or create the SparkContext `regional` runs on, without a SparkSession: pipelines
+    only submit jobs, and a session's SQL state costs seconds at start (`regional run` uses
+    this). If a context is already active it is returned as is (the caller's settings win).
+    `log_file` redirects the JVM's stdout/stderr to that file (a new context only)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkException
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return active
+    conf = SparkConf().setMaster(master).setAppName(app_name)
+    for key, value in {**quiet_conf(verbose=verbose), **(extra or {})}.items():
+        conf.set(key, str(value))
+    log_start = 0
+    try:
+        gateway = None
+        if log_file is not None:
+            from pyspark.java_gateway import launch_gateway
+
+            log = open(log_file, "ab")  # noqa: SIM115 - kept open for the JVM's lifetime
+            log_start = log.tell()
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        sc = SparkContext(conf=conf, gateway=gateway)
+    except (PySparkException, Py4JError) as exc:  # the JVM exited, or the context refused
+        # A Py4J error carries the Java exception; a JVM that exited left its reason in the log.
+        reason_in_log = log_file is not None and not isinstance(exc, Py4JError)
+        raise _start_error(master, exc, log_file, log_start if reason_in_log else None) from exc
+    if not verbose:
+        sc.setLogLevel("ERROR")
+    return sc
+
+
 def spark_session(
     master: str = DEFAULT_MASTER,
     *,
@@ -87,44 +139,19 @@ def spark_session(
     log_file: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> SparkSession:
-    """Get or create the SparkSession `regional` runs on.
+    """Get or create the SparkSession `regional` runs on (`spark_context`'s context, with a
+    session over it for the caller's own DataFrames).
 
     If a session is already active it is returned as is (the caller's settings win). `log_file`
     redirects the JVM's stdout/stderr to that file (a new session only).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-    from pyspark import SparkConf, SparkContext
-    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    conf = SparkConf().setMaster(master).setAppName(app_name)
-    for key, value in {**quiet_conf(verbose=verbose), **(extra or {})}.items():
-        conf.set(key, str(value))
-    log_start = 0
-    try:
-        if log_file is not None and SparkContext._active_spark_context is None:
-            from pyspark.java_gateway import launch_gateway
-
-            log = open(log_file, "ab")  # noqa: SIM115 - kept open for the JVM's lifetime
-            log_start = log.tell()
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-            sc = SparkContext(conf=conf, gateway=gateway)
-            session = SparkSession(sc)
-        else:
-            session = SparkSession.builder.config(conf=conf).getOrCreate()
-    except (PySparkException, Py4JError) as exc:  # the JVM exited, or the context refused
-        # A Py4J error carries the Java exception; a JVM that exited left its reason in the log.
-        reason_in_log = log_file is not None and not isinstance(exc, Py4JError)
-        raise _start_error(master, exc, log_file, log_start if reason_in_log else None) from exc
-    if not verbose:
-        session.sparkContext.setLogLevel("ERROR")
-    return session
+    sc = spark_context(master, app_name=app_name, verbose=verbose, log_file=log_file, extra=extra)
+    return SparkSession(sc)
 
 
 def _start_error(

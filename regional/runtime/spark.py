@@ -382,8 +382,9 @@ def task_env(
 
 
 class SparkRuntime(JobDriver):
-    """Runs `pipeline` on `spark` with checkpoints under `root` (local path or pyarrow.fs URI):
-    the one `JobDriver`, given a `SparkDispatcher`. Every `DriverOptions` key is a keyword
+    """Runs `pipeline` on `spark` (a SparkSession, or a bare SparkContext: only jobs are
+    submitted) with checkpoints under `root` (local path or pyarrow.fs URI): the one
+    `JobDriver`, given a `SparkDispatcher`. Every `DriverOptions` key is a keyword
     argument here too (policy, restore, progress, metrics, ...); the rest is Spark's own:
 
     `job_id` names the job's folder under `root` (default: the pipeline's name). `tasks` is
@@ -412,7 +413,7 @@ class SparkRuntime(JobDriver):
     def __init__(
         self,
         pipeline: Pipeline,
-        spark: SparkSession,
+        spark: SparkSession | SparkContext,
         *,
         root: str,
         job_id: str | None = None,
@@ -431,7 +432,9 @@ class SparkRuntime(JobDriver):
                 f"SparkRuntime mode {mode!r} for pipeline {pipeline.name!r}: use one of "
                 f"{', '.join(map(repr, MODES))} (micro-epoch is the default)"
             )
-        sc = spark.sparkContext
+        from pyspark import SparkContext
+
+        sc = spark if isinstance(spark, SparkContext) else spark.sparkContext
         shipped = _ship_modules_as_files(sc, code_dir) if code_dir else frozenset()
         _ship_user_code_by_value(pipeline, shipped)
         options["run_id"] = run_id = options.get("run_id") or new_run_id()
