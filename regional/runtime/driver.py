@@ -375,9 +375,11 @@ class JobDriver:
         """
         if self.metrics_port is None:
             return self._run(max_checkpoints, stop_with_savepoint)
+        from regional.graph.unit_names import names_of_plan
         from regional.runtime.prometheus import serve_metrics
 
-        with serve_metrics(self, port=self.metrics_port, host=self.metrics_host):
+        names = names_of_plan(self.plan).labels
+        with serve_metrics(self, port=self.metrics_port, host=self.metrics_host, names=names):
             return self._run(max_checkpoints, stop_with_savepoint)
 
     def _run(self, max_checkpoints: int | None, stop_with_savepoint: bool) -> RunSummary:
