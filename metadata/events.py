@@ -140,6 +140,9 @@ class CheckpointEvent(
     of fallback segments that failed (`checkpointing.file-merging.min-live-share`).
     `started` (added later, None in older events and in every event but a driver's first)
     says how the driver that wrote it started (`DriverStart`): the report's driver restarts.
+    `records_in` counts the records the sources read from the job's input;
+    `records_exchanged` (added later, 0 in older events, whose `records_in` counted them too)
+    the records the keyed exchanges' readers read in it.
     """
 
     job_id: str
@@ -169,6 +172,7 @@ class CheckpointEvent(
     watermark_unit: Count | None = None
     warnings: tuple[str, ...] = ()
     started: DriverStart | None = None
+    records_exchanged: Count = 0
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""

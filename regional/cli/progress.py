@@ -213,7 +213,7 @@ class LiveProgress:
             declined = len(self._answers) - len(acks)
             elapsed = self._now() - self._started
             if acks and elapsed > 0:
-                rate = sum(a.records_in for a in acks) / elapsed
+                rate = sum(a.records_in - a.records_exchanged for a in acks) / elapsed
             head = (
                 f"checkpoint {self.checkpoint_id} running: units answered "
                 f"{len(self._answers)}/{len(self._units)}, pending "

@@ -81,6 +81,7 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     watermark: int | None = None  # its subtask watermark after the epoch (event time)
     state_hits: int = 0  # operator subtasks restored from hot state (DESIGN §6)
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
+    records_exchanged: int = 0  # of records_in, those read from a keyed exchange
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -182,6 +182,9 @@ class UnitEpoch:
     sink_batches: dict[str, list[Batch]] = dataclasses.field(default_factory=dict)
     sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     records_in: int = 0
+    #: of `records_in`, those read from a keyed exchange (its reader: a `TimedSource`), not
+    #: from the job's input
+    records_exchanged: int = 0
     records_out: int = 0
     dead_lettered: int = 0
     late: int = 0

@@ -257,6 +257,8 @@ class _Walk:
             result = self.results[u]
             result.split_states[v.id] = read.split_states
             result.records_in += read.records_in
+            if v.timed is not None:  # a keyed exchange's reader: records already counted in
+                result.records_exchanged += read.records_in
             self.live[u].update(s.split_id for s in read.split_states)
             chunks += read.chunks
             if time_ is not None and read.watermarks is not None and read.origins is not None:

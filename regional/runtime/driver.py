@@ -187,6 +187,7 @@ class _Held:
     running: _Running
     records_in: int
     decisions: list[Decision]
+    records_exchanged: int = 0
 
 
 def new_run_id() -> str:
@@ -435,12 +436,12 @@ class JobDriver:
                     hold_commits=pool is not None and not last and not running.trigger.final,
                 )
                 if isinstance(out, _Held):
-                    if out.records_in > 0 and not self._stop_requested:
+                    if out.records_in + out.records_exchanged > 0 and not self._stop_requested:
                         held = out
                         continue
                     out = self._finish_held(out)
                 summary.checkpoints.append(out)
-                if out.records_in == 0 and not last:
+                if out.records_in + out.records_exchanged == 0 and not last:
                     self._idle_until(out.trigger_time_ms + round(self.interval * 1000))
             if held is not None:
                 summary.checkpoints.append(self._finish_held(held))
@@ -610,19 +611,22 @@ class JobDriver:
         watch.add_tasks(answers)
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(self.clock.now_ms(), trigger.deadline_ms))
-        records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
+        acks = [a for a in answers if isinstance(a, Ack)]
+        # the job's input only: a keyed exchange's reads are counted apart (issue 45)
+        exchanged = sum(a.records_exchanged for a in acks)
+        records_in = sum(a.records_in for a in acks) - exchanged
         self.faults.crash_point(cid, "after-acks")
         try:
             held = self.decisions.carry_out(
                 self.decisions.deferred + decisions, hold_commits=hold_commits
             )
         except JobFailedError as failed:  # the job's last event says why it failed
-            self._record(cid, records_in, running.trigger_ms, str(failed))
+            self._record(cid, records_in, running.trigger_ms, str(failed), exchanged)
             raise
         self._check_sources_finished()
         if held:
-            return _Held(running, records_in, held)
-        return self._record(cid, records_in, running.trigger_ms)
+            return _Held(running, records_in, held, exchanged)
+        return self._record(cid, records_in, running.trigger_ms, exchanged=exchanged)
 
     def _finish_held(self, held: _Held) -> CheckpointEvent:
         """Carry out an epoch's held commits and what follows them (in order, as `epoch` would
@@ -634,11 +638,11 @@ class JobDriver:
             try:
                 self.decisions.carry_out(held.decisions)
             except JobFailedError as failed:
-                self._record(cid, held.records_in, trigger_ms, str(failed))
+                self._record(cid, held.records_in, trigger_ms, str(failed), held.records_exchanged)
                 raise
             if self.coordinator.pending_checkpoint_id is None:  # never under a running epoch
                 self._check_sources_finished()
-            return self._record(cid, held.records_in, trigger_ms)
+            return self._record(cid, held.records_in, trigger_ms, exchanged=held.records_exchanged)
         finally:
             self._stopwatch = self.decisions.stopwatch = following
 
@@ -740,7 +744,12 @@ class JobDriver:
         return max((len(c.queued) for c in self.committers.values()), default=0)
 
     def _record(
-        self, cid: int, records_in: int, trigger_ms: int, failed: str | None = None
+        self,
+        cid: int,
+        records_in: int,
+        trigger_ms: int,
+        failed: str | None = None,
+        exchanged: int = 0,
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
@@ -768,6 +777,7 @@ class JobDriver:
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
+            records_exchanged=exchanged,
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
             warnings=o.warnings,

@@ -42,8 +42,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     `drop_duplicates`, once per operator that judged each (`CheckpointEvent.records_late`).
     Counters run since the driver started (a restored job starts them at 0).
 
-    What the job adds to the coordinator's: `job_id`; `records_in`, the records acked units read
-    since the driver started; `stuck_units` (DESIGN §4 rule 5), each with what it reads and
+    What the job adds to the coordinator's: `job_id`; `records_in`, the records acked units'
+    sources read from the job's input since the driver started (not what the keyed exchanges'
+    readers read); `stuck_units` (DESIGN §4 rule 5), each with what it reads and
     since when; `event_time`, whether the pipeline has event time (then `records_late` means
     something); and of the latest checkpoint outcome, `watermark_ms` (the lowest watermark of a
     unit fresh in it) with `watermark_unit`, and `last_checkpoint_seconds` (from its trigger to
@@ -151,6 +152,7 @@ def checkpoint_event(
     watermark: tuple[int | None, int | None] = (None, None),
     warnings: tuple[str, ...] = (),
     started: DriverStart | None = None,
+    records_exchanged: int = 0,
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
@@ -189,4 +191,5 @@ def checkpoint_event(
         watermark_unit=watermark[1],
         warnings=warnings,
         started=started,
+        records_exchanged=records_exchanged,
     )

@@ -82,6 +82,7 @@ class UnitSnapshot(msgspec.Struct):
     decoded: dict[str, HotState] = msgspec.field(default_factory=dict)
     state_hits: int = 0  # operator subtasks restored from hot state
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
+    records_exchanged: int = 0  # of records_in, those read from a keyed exchange
 
 
 def upload(
@@ -205,6 +206,7 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         tuple(states),
         records_in=snap.records_in,
         records_out=snap.records_out,
+        records_exchanged=snap.records_exchanged,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
         restore_s=snap.restore_s,

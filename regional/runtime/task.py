@@ -232,6 +232,7 @@ def _process(
         epoch.encode_s,
         spool_offset,
         sink_parts,
+        records_exchanged=epoch.records_exchanged,
     )
     if isinstance(state_of, HotStates):
         snap.decoded = {
