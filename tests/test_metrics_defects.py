@@ -39,3 +39,44 @@ def test_progress_records_count_the_source_records_only_not_the_exchange_reads(
     total = orders_job.FILES * orders_job.ORDERS_PER_FILE
     assert sum(e.records_in for e in events) == total
     assert sum(e.records_exchanged for e in events) == total
+
+
+def test_the_job_watermark_does_not_drop_to_minus_inf_when_a_subtask_runs_out_of_files(
+    tmp_path: Path,
+) -> None:
+    """A source subtask whose files all finished while another subtask still reads (its
+    source not finished yet) reads no split: its watermark is "nothing known" (-inf) and the
+    job's watermark, the lowest over the units, fell back to -inf near the end of a fault-free
+    run. A unit that reads no split holds nothing back now: it keeps its last watermark."""
+    import json
+
+    import orders_job
+
+    from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.files import FileSource
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name, n in (("a.jsonl", 3), ("b.jsonl", 60)):
+        rows = [json.dumps({"n": i, "ts": 1_000 * i}) for i in range(n)]
+        (inputs / name).write_text("\n".join(rows) + "\n")
+    p = Pipeline("wm", records_per_epoch=10)
+    p.source(
+        FileSource(str(inputs), format="jsonl"), parallelism=2, name="files", event_time="ts"
+    ).sink(ParquetSink(str(tmp_path / "out")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "wm", p, unit_timeout=30)
+    events: list[CheckpointEvent] = []
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "wm"))
+    driver.progress = events.append
+    assert driver.run().finished
+    marks = [e.watermark_ms for e in events]
+    assert marks[-1] == MAX_WATERMARK
+    first_known = next(i for i, m in enumerate(marks) if m != MIN_WATERMARK)
+    assert MIN_WATERMARK not in marks[first_known:], marks
+    known = [m for m in marks[first_known:] if m is not None]
+    assert known == sorted(known)  # never back: no split was given late here

@@ -29,6 +29,7 @@ from metadata.lease import JobLease, LeaseLostError
 from metadata.model import CheckpointKind, CheckpointMetadata, SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
+from metadata.watermarks import MIN_WATERMARK
 from regional.coordinator import (
     AbortCheckpoint,
     CheckpointCoordinator,
@@ -44,7 +45,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.coordinator.commit import CommitCoordinator, perform_commit, sink_retention
-from regional.coordinator.messages import Answer, Decline
+from regional.coordinator.messages import Ack, Answer, Decline
 from regional.dataflow.exchange import exchange_path
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, JobFailedError, RegionalError
@@ -92,6 +93,13 @@ class _Answered:
     dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
     late: dict[int, int] = dataclasses.field(default_factory=dict)
     watermarks: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def _reads_a_split(ack: Ack) -> bool:
+    """Whether `ack`'s unit holds a split: one that holds none (its source subtask's files all
+    finished while the source still runs) knows no watermark (-inf) and holds nothing back,
+    so the job's watermark keeps its last one rather than falling to -inf (issue 45)."""
+    return any(s.split_states for s in ack.states)
 
 
 class DecisionHandlers:
@@ -176,7 +184,8 @@ class DecisionHandlers:
                     dead_lettered.pop(a.unit, None)
                 if a.watermark is not None:  # event time: the unit's watermark and late count
                     seen = answered[cid]
-                    seen.watermarks[a.unit] = a.watermark
+                    if a.watermark != MIN_WATERMARK or _reads_a_split(a):
+                        seen.watermarks[a.unit] = a.watermark
                     seen.late[a.unit] = a.records_late
 
     def _outcome_of(
