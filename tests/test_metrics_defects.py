@@ -80,3 +80,44 @@ def test_the_job_watermark_does_not_drop_to_minus_inf_when_a_subtask_runs_out_of
     assert MIN_WATERMARK not in marks[first_known:], marks
     known = [m for m in marks[first_known:] if m is not None]
     assert known == sorted(known)  # never back: no split was given late here
+
+
+def test_after_a_restore_a_stuck_units_fallbacks_agree_with_its_lag(tmp_path: Path) -> None:
+    """After a restore the coordinator's streak of a stuck unit restarts at max-unit-fallbacks
+    (the limit's count), while its lag counts every checkpoint id since its owner: the stuck
+    line said "3 fallbacks in a row" where the unit lag was 4. The stuck line's number is the
+    unit's lag now, the same number as `inspect lag`, the events' unit_lag and the metric."""
+    import orders_job
+
+    from regional.policy import CheckpointingPolicy, Policy, RegionPolicy
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.faults import DriverCrash, Faults
+    from regional.runtime.task import TaskEnv
+
+    orders_job.write_orders(str(tmp_path / "orders"))
+    p = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
+    root = str(tmp_path / "ckpt")
+    policy = Policy(checkpointing=CheckpointingPolicy(region=RegionPolicy(max_unit_fallbacks=2)))
+    first = Faults(units={(c, 4): "fail" for c in (2, 3, 4, 5)}, crash_at=(5, "after-acks"))
+    env = TaskEnv(root, "orders", p, unit_timeout=30, faults=first.unit_faults())
+    driver = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "orders"),
+        faults=first, policy=policy,
+    )  # fmt: skip
+    try:
+        driver.run()
+    except DriverCrash:
+        pass
+    second = Faults(units={(c, 4): "fail" for c in range(5, 9)})
+    env = TaskEnv(root, "orders", p, unit_timeout=30, faults=second.unit_faults())
+    events: list[CheckpointEvent] = []
+    driver = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "orders"),
+        faults=second, policy=policy,
+    )  # fmt: skip
+    driver.progress = events.append
+    assert driver.run().finished
+    assert orders_job.rows(str(tmp_path / "table")) == orders_job.expected_rows()
+    stuck = [(e.checkpoint_id, s.fallbacks, e.unit_lag.get(4)) for e in events for s in e.stuck]
+    assert stuck, "unit 4 was stuck after the restore"
+    assert all(fallbacks == lag for _, fallbacks, lag in stuck), stuck

@@ -813,15 +813,19 @@ class JobDriver:
         return unit_reads(unit_id, self.layout, self.enumerators, self.coordinator, self._assigned)
 
     def stuck_units(self) -> tuple[StuckUnit, ...]:
-        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why."""
+        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why. Its
+        `fallbacks` is its lag (checkpoint ids since its owner: `inspect lag`, the events'
+        `unit_lag`, the metric), not the limit's streak, which a restore restarts at
+        max-unit-fallbacks and which skips aborted attempts (issue 45)."""
         c = self.coordinator
+        lag = c.metrics.unit_lag
         return tuple(
             StuckUnit(
                 unit_id=u,
                 splits=self.unit_reads(u),
                 since_ms=since,
                 owner_checkpoint_id=c.unit_owner(u),
-                fallbacks=c.limits.streak.get(u, 0),
+                fallbacks=lag.get(u, c.limits.streak.get(u, 0)),
                 cause=(c.last_cause.get(u, "").splitlines() or [""])[0],
             )
             for u, since in sorted(c.stuck_units.items())
