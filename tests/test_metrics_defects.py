@@ -121,3 +121,63 @@ def test_after_a_restore_a_stuck_units_fallbacks_agree_with_its_lag(tmp_path: Pa
     stuck = [(e.checkpoint_id, s.fallbacks, e.unit_lag.get(4)) for e in events for s in e.stuck]
     assert stuck, "unit 4 was stuck after the restore"
     assert all(fallbacks == lag for _, fallbacks, lag in stuck), stuck
+
+
+def test_records_in_and_out_per_operator_count_each_record_once_despite_fallbacks(
+    tmp_path: Path,
+) -> None:
+    """Records in / out per operator, as the units fresh in completed checkpoints counted
+    them: a unit that fell back re-reads its records later, and they count once."""
+    import orders_job
+
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.faults import Faults
+    from regional.runtime.task import TaskEnv
+
+    orders_job.write_orders(str(tmp_path / "orders"))
+    p = orders_job.pipeline(str(tmp_path / "orders"), str(tmp_path / "table"))
+    faults = Faults(units={(2, 1): "fail", (3, 4): "fail", (4, 4): "fail"})
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "orders", p, unit_timeout=30, faults=faults.unit_faults())
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "orders"))
+    assert driver.run().finished
+    assert orders_job.rows(str(tmp_path / "table")) == orders_job.expected_rows()
+    total = orders_job.FILES * orders_job.ORDERS_PER_FILE
+    assert driver.metrics.operator_records == {
+        "parse": (total, total, 0),
+        "totals": (total, total, 0),
+    }
+
+
+def test_dead_letters_by_reason_and_late_records_per_operator(tmp_path: Path) -> None:
+    """The windows job behind an exchange with a poison check upstream: the metrics count
+    the dead letters by reason and the late records per operator, as committed."""
+    import orders_job
+    import windows_job as job
+    from prometheus_client import generate_latest
+
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.prometheus import job_registry
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink, read_table
+
+    p = job.pipeline(
+        "tumbling", str(tmp_path / "table"), partitions=2, parallelism=job.SPLITS,
+        on_late="dead-letter", dead_letter=ParquetSink(str(tmp_path / "dead")), checked=True,
+    )  # fmt: skip
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "clicks", p, unit_timeout=30)
+    driver = JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "clicks"))
+    assert driver.run().finished
+    dead = read_table(str(tmp_path / "dead")).to_pylist()
+    late = sum(1 for r in dead if r["error_type"] == "LateRecord")
+    poison = sum(1 for r in dead if r["error_type"] == "ValueError")
+    assert late > 0 and poison > 0
+    m = driver.metrics
+    assert m.dead_letters_by_reason == {"late": late, "user function error": poison}
+    assert m.operator_records["win"][2] == late == m.records_late
+    clicks = job.SPLITS * job.PER_SPLIT
+    assert m.operator_records["check"] == (clicks, clicks - poison, 0)
+    text = generate_latest(job_registry(driver)).decode().splitlines()
+    assert f'regional_dead_letters_total{{job="clicks",reason="late"}} {float(late)}' in text
+    assert f'regional_operator_records_late_total{{job="clicks",operator="win"}} {late}.0' in text

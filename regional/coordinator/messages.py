@@ -82,6 +82,9 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     state_hits: int = 0  # operator subtasks restored from hot state (DESIGN §6)
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
     records_exchanged: int = 0  # of records_in, those read from a keyed exchange
+    #: per operator vertex: (records in, records out, records judged late) in the epoch
+    operators: dict[str, tuple[int, int, int]] = {}
+    dead_letter_types: dict[str, int] = {}  # its dead letters by error type
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

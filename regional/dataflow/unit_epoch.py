@@ -186,6 +186,10 @@ class UnitEpoch:
     #: from the job's input
     records_exchanged: int = 0
     records_out: int = 0
+    #: per operator vertex: [records in, records out, records judged late] (issue 45: the
+    #: per-operator metrics), and its dead letters by error type
+    operators: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    dead_letter_types: dict[str, int] = dataclasses.field(default_factory=dict)
     dead_lettered: int = 0
     late: int = 0
     watermark: int | None = None  # the unit's subtask watermark after the epoch

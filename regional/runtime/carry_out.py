@@ -93,6 +93,9 @@ class _Answered:
     dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
     late: dict[int, int] = dataclasses.field(default_factory=dict)
     watermarks: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: unit -> its ack's per-operator counts and dead letters by error type
+    operators: dict[int, dict[str, tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
+    dead_letter_types: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def _reads_a_split(ack: Ack) -> bool:
@@ -149,6 +152,10 @@ class DecisionHandlers:
         self.records_dead_lettered = 0
         #: records judged late by completed checkpoints since the driver started (event time)
         self.records_late = 0
+        #: per operator vertex: records in, out and judged late by the units fresh in
+        #: completed checkpoints since the driver started; dead letters by error type
+        self.operator_records: dict[str, list[int]] = {}
+        self.dead_letter_types: dict[str, int] = {}
         #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
         #: that fell back keeps the one its owner checkpoint holds)
         self.unit_watermarks: dict[int, int] = {}
@@ -173,6 +180,8 @@ class DecisionHandlers:
             if isinstance(a, Decline):
                 if dead_lettered:
                     dead_lettered.pop(a.unit, None)
+                answered[cid].operators.pop(a.unit, None)
+                answered[cid].dead_letter_types.pop(a.unit, None)
                 if a.trace:
                     tracebacks[a.unit] = a.trace
             else:
@@ -182,6 +191,10 @@ class DecisionHandlers:
                     dead_lettered[a.unit] = a.records_dead_lettered
                 elif dead_lettered:  # only units that dead-lettered are kept
                     dead_lettered.pop(a.unit, None)
+                if a.operators or a.dead_letter_types:
+                    seen = answered[cid]
+                    seen.operators[a.unit] = a.operators
+                    seen.dead_letter_types[a.unit] = a.dead_letter_types
                 if a.watermark is not None:  # event time: the unit's watermark and late count
                     seen = answered[cid]
                     if a.watermark != MIN_WATERMARK or _reads_a_split(a):
@@ -200,6 +213,20 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)  # 100,000 units: never a tuple scan per unit
             dead = sum(n for u, n in seen.dead_lettered.items() if u not in fell_back)
             self.records_dead_lettered += dead
+        if outcome is not Outcome.ABORTED and (seen.operators or seen.dead_letter_types):
+            fell_back = frozenset(fallback_units)
+            for u, counts in seen.operators.items():
+                if u not in fell_back:
+                    for vertex_id, numbers in counts.items():
+                        total = self.operator_records.setdefault(vertex_id, [0, 0, 0])
+                        for k, n in enumerate(numbers):
+                            total[k] += n
+            for u, types in seen.dead_letter_types.items():
+                if u not in fell_back:
+                    for error_type, n in types.items():
+                        self.dead_letter_types[error_type] = (
+                            self.dead_letter_types.get(error_type, 0) + n
+                        )
         late, low, holder = 0, None, None
         if outcome is not Outcome.ABORTED and seen.watermarks:
             fell_back = frozenset(fallback_units)

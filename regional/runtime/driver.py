@@ -726,6 +726,8 @@ class JobDriver:
             stuck_units=self.stuck_units(),
             event_time=self.pipeline.timed,
             last_event=self.last_event,
+            operator_records=self.decisions.operator_records,
+            dead_letter_types=self.decisions.dead_letter_types,
         )
 
     def published_metrics(self) -> MetricsSnapshot:

@@ -124,6 +124,33 @@ class JobCollector:
             )
             late.add_metric(job, m.records_late)
             yield late
+        per_operator = [
+            ("in", 0, "Records an operator took in, by operator (Flink numRecordsIn)."),
+            ("out", 1, "Records an operator gave out, by operator (Flink numRecordsOut)."),
+        ]
+        if m.event_time:
+            per_operator.append(
+                ("late", 2, "Records an operator judged late, by operator (windows, joins, "
+                 "drop_duplicates).")
+            )  # fmt: skip
+        for which, k, text in per_operator:
+            family = CounterMetricFamily(
+                f"regional_operator_records_{which}",
+                text + " Counted for the units fresh in completed checkpoints.",
+                labels=["job", "operator"],
+            )
+            for operator, counts in m.operator_records.items():
+                family.add_metric([*job, operator], counts[k])
+            yield family
+        dead = CounterMetricFamily(
+            "regional_dead_letters",
+            "Records set aside to the dead-letter sink in completed checkpoints, by reason "
+            "(late, bad event time, undecodable, user function error).",
+            labels=["job", "reason"],
+        )
+        for reason, n in m.dead_letters_by_reason.items():
+            dead.add_metric([*job, reason], n)
+        yield dead
         failures = CounterMetricFamily(
             "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
         )

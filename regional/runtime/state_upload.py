@@ -83,6 +83,9 @@ class UnitSnapshot(msgspec.Struct):
     state_hits: int = 0  # operator subtasks restored from hot state
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
     records_exchanged: int = 0  # of records_in, those read from a keyed exchange
+    #: per operator vertex: (records in, out, judged late); dead letters by error type
+    operators: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
+    dead_letter_types: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def upload(
@@ -207,6 +210,8 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         records_in=snap.records_in,
         records_out=snap.records_out,
         records_exchanged=snap.records_exchanged,
+        operators=snap.operators,
+        dead_letter_types=snap.dead_letter_types,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
         restore_s=snap.restore_s,

@@ -233,6 +233,8 @@ def _process(
         spool_offset,
         sink_parts,
         records_exchanged=epoch.records_exchanged,
+        operators={v: (c[0], c[1], c[2]) for v, c in epoch.operators.items()},
+        dead_letter_types=dict(epoch.dead_letter_types),
     )
     if isinstance(state_of, HotStates):
         snap.decoded = {
