@@ -82,6 +82,8 @@ def checkpoint_line(
         line += f"\n    {cause}"
     if len(causes) > 5:
         line += f"\n    +{len(causes) - 5} more (regional inspect ROOT events)"
+    for warning in r.warnings[:5]:
+        line += f"\n    warning: {warning}"
     stuck = r.stuck_lines(names=mentions)
     for s in stuck[:5]:
         line += f"\n    {s}"

@@ -396,6 +396,20 @@ def _grid_section(report: Report) -> str:
     )
 
 
+def _warnings_section(report: Report) -> str:
+    """What went wrong without failing a checkpoint (a stalled input, a failed compaction),
+    newest first; nothing when there was none."""
+    rows = report.warnings.to_pylist()
+    if not rows:
+        return ""
+    table = _table(
+        ["checkpoint", "warning"],
+        ([str(r["checkpoint_id"]), _e(r["warning"])] for r in reversed(rows[-TABLE_ROWS:])),
+        {0},
+    )
+    return f'<h2 id="warnings">Warnings ({len(rows)})</h2>' + table
+
+
 def _watermark_section(report: Report) -> str:
     """Event-time jobs only: per checkpoint the lowest unit watermark, who holds it, how far
     it is behind the checkpoint's trigger time, and the late records (newest last)."""
@@ -579,6 +593,7 @@ def render_html(report: Report) -> str:
         + "</div>"
         + "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
         + _stuck_section(report)
+        + _warnings_section(report)
         + _history_section(report)
         + _timeline_section(report)
         + _grid_section(report)

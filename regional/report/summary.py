@@ -140,6 +140,14 @@ DEAD_LETTER_HISTORY_SCHEMA = pa.schema(
         pa.field("records_late", pa.int64(), nullable=False),
     ]
 )
+#: Per checkpoint attempt, what went wrong without failing it (`CheckpointEvent.warnings`: a
+#: failed compaction, an operator whose input stalled while its state grew).
+WARNINGS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("warning", pa.string(), nullable=False),
+    ]
+)
 GRID_SCHEMA = pa.schema(
     [
         pa.field("checkpoint_id", pa.int64(), nullable=False),
@@ -228,6 +236,13 @@ class Report:
     dead_letters: pa.Table = dataclasses.field(
         default_factory=DEAD_LETTER_HISTORY_SCHEMA.empty_table
     )
+    warnings: pa.Table = dataclasses.field(default_factory=WARNINGS_SCHEMA.empty_table)
+
+
+def _warnings(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """Every event's warnings (`WARNINGS_SCHEMA`), oldest first."""
+    rows = [{"checkpoint_id": e.checkpoint_id, "warning": w} for e in events for w in e.warnings]
+    return pa.Table.from_pylist(rows, schema=WARNINGS_SCHEMA)
 
 
 def _watermarks(events: Iterable[CheckpointEvent]) -> pa.Table:
@@ -565,4 +580,5 @@ def build_report(
         episodes=_episodes(events, restarts, unit_names),
         restarts=restarts,
         dead_letters=_dead_letter_history(events),
+        warnings=_warnings(events),
     )

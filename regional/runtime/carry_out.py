@@ -53,6 +53,7 @@ from regional.policy import Policy
 from regional.runtime.cleaning import JobCleaning
 from regional.runtime.compaction import Compacted, compact
 from regional.runtime.faults import Faults
+from regional.runtime.stalled_inputs import StallWatch, operator_state_bytes
 from regional.runtime.timing import EpochStopwatch
 from regional.sinks.base import ReadInsideSink
 
@@ -156,6 +157,9 @@ class DecisionHandlers:
         #: completed checkpoints since the driver started; dead letters by error type
         self.operator_records: dict[str, list[int]] = {}
         self.dead_letter_types: dict[str, int] = {}
+        #: the stalled-input rule (`runtime.stalled_inputs`), set by the driver of a pipeline
+        #: with event time; its stalls become warnings of the checkpoint that finds them
+        self.stall_watch: StallWatch | None = None
         #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
         #: that fell back keeps the one its owner checkpoint holds)
         self.unit_watermarks: dict[int, int] = {}
@@ -335,7 +339,7 @@ class DecisionHandlers:
             self.coordinator.on_fallback_relocated(cid, compacted.moved)
         self.faults.crash_point(cid, "after-metadata")
         self.cleaning.completed(md)
-        self.outcomes[cid] = self._outcome_of(
+        outcome = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
@@ -343,6 +347,14 @@ class DecisionHandlers:
             checkpoint_id=cid,
             warnings=(compacted.warning,) if compacted.warning else (),
         )
+        watch = self.stall_watch
+        if watch is not None and self.unit_watermarks:
+            sizes = operator_state_bytes(md, watch.inputs)
+            stalls = watch.observe(cid, sizes, self.unit_watermarks)
+            if stalls:
+                warnings = outcome.warnings + tuple(s.message() for s in stalls)
+                outcome = dataclasses.replace(outcome, warnings=warnings)
+        self.outcomes[cid] = outcome
         return self.coordinator.on_metadata_durable(cid, self._now())
 
     def _compact(self, md: CheckpointMetadata) -> Compacted:

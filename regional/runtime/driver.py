@@ -81,6 +81,7 @@ from regional.runtime.restore import (
     roll_back_sinks,
     verify_exchanges,
 )
+from regional.runtime.stalled_inputs import StallWatch, watched_inputs
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
 __all__ = [
@@ -336,6 +337,8 @@ class JobDriver:
             now=self.now_ms,
             seen=self._seen,
         )
+        if pipeline.timed:  # an input whose watermark stalls while state grows: a warning
+            self.decisions.stall_watch = StallWatch(watched_inputs(pipeline, self.plan))
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
         self._stop_requested = False
@@ -715,6 +718,7 @@ class JobDriver:
     def metrics(self) -> MetricsSnapshot:
         """The job's metrics now: completions, aborts by rule, the latest checkpoint's
         `oldest_ref_checkpoint_id`, per-unit lag, commit lag, records read, stuck units."""
+        watch = self.decisions.stall_watch
         return metrics_snapshot(
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
@@ -728,6 +732,7 @@ class JobDriver:
             last_event=self.last_event,
             operator_records=self.decisions.operator_records,
             dead_letter_types=self.decisions.dead_letter_types,
+            stalled_inputs=() if watch is None else watch.stalled,
         )
 
     def published_metrics(self) -> MetricsSnapshot:

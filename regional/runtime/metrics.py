@@ -17,7 +17,7 @@ snapshot it published and its clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -52,7 +52,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     its outcome; None before the first). `operator_records`: per operator vertex, the records
     it took in, gave out and judged late in completed checkpoints (units that fell back left
     out); `dead_letters_by_reason`: the dead letters of completed checkpoints by reason
-    (`regional.report.dead_letters.reason_of`).
+    (`regional.report.dead_letters.reason_of`). `stalled_inputs`: the (operator, input)
+    pairs in a stall episode now (`regional.runtime.stalled_inputs`).
     """
 
     latest_completed_id: int | None
@@ -75,6 +76,7 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_checkpoint_seconds: float | None = None
     operator_records: dict[str, tuple[int, int, int]] = {}
     dead_letters_by_reason: dict[str, int] = {}
+    stalled_inputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def max_unit_lag(self) -> int:
@@ -108,6 +110,7 @@ def metrics_snapshot(
     last_event: CheckpointEvent | None = None,
     operator_records: Mapping[str, Sequence[int]] | None = None,
     dead_letter_types: Mapping[str, int] | None = None,
+    stalled_inputs: Iterable[tuple[str, str]] = (),
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics, and what the job adds to them (`last_event`: its
     latest checkpoint outcome), into a `MetricsSnapshot`."""
@@ -140,6 +143,7 @@ def metrics_snapshot(
             for v, c in sorted((operator_records or {}).items())
         },
         dead_letters_by_reason=_by_reason(dead_letter_types or {}),
+        stalled_inputs=tuple(sorted(stalled_inputs)),
     )
 
 

@@ -151,6 +151,17 @@ class JobCollector:
         for reason, n in m.dead_letters_by_reason.items():
             dead.add_metric([*job, reason], n)
         yield dead
+        if m.event_time:
+            stalled = GaugeMetricFamily(
+                "regional_stalled_input",
+                "1 for each operator input whose watermark has not advanced for "
+                "STALL_CHECKPOINTS checkpoints while the operator's state grew "
+                "(regional.runtime.stalled_inputs); only inputs stalled now.",
+                labels=["job", "operator", "input"],
+            )
+            for operator, name in m.stalled_inputs:
+                stalled.add_metric([*job, operator, name], 1)
+            yield stalled
         failures = CounterMetricFamily(
             "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
         )
