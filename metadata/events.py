@@ -142,7 +142,10 @@ class CheckpointEvent(
     says how the driver that wrote it started (`DriverStart`): the report's driver restarts.
     `records_in` counts the records the sources read from the job's input;
     `records_exchanged` (added later, 0 in older events, whose `records_in` counted them too)
-    the records the keyed exchanges' readers read in it.
+    the records the keyed exchanges' readers read in it. `records_behind` (added later, empty
+    in older events): the consumer lag after it, per source vertex and split, the records
+    between the position the job's next read starts at and the split's end (a Kafka
+    partition's end offset, a file's rows) as the source said when the split was last read.
     """
 
     job_id: str
@@ -173,6 +176,7 @@ class CheckpointEvent(
     warnings: tuple[str, ...] = ()
     started: DriverStart | None = None
     records_exchanged: Count = 0
+    records_behind: dict[str, dict[str, _Tally]] = {}
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""

@@ -104,6 +104,7 @@ def test_json_lines_are_the_events_and_nothing_else():
         "warnings": [],
         "started": None,
         "records_exchanged": 0,
+        "records_behind": {},
     }
 
 

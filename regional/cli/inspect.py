@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from cleaner.run import scan
 from metadata.errors import StorageError
-from metadata.events import events_table, read_events
+from metadata.events import CheckpointEvent, events_table, read_events
 from metadata.exchange import backlog_table
 from metadata.inspect import LAG_HELP, Inspector
 from metadata.model import CheckpointMetadata, SubtaskState
@@ -185,6 +186,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = getattr(inspector, args.view)()
     if args.view == "lag" and newest is not None:
         table = _lag_named(table, checkpoint_unit_names(newest), for_people=not args.json)
+        table = _lag_behind(table, newest, events)
     if args.view == "lag" and not args.json:
         table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
@@ -227,6 +229,37 @@ def _lag_named(lag: pa.Table, names: UnitNames, *, for_people: bool) -> pa.Table
         shown.append(parts + (" (finished)" if finished else ""))
     i = table.schema.get_field_index("reads")
     return table.set_column(i, pa.field("reads", pa.string()), pa.array(shown, pa.string()))
+
+
+def _lag_behind(
+    lag: pa.Table, checkpoint: CheckpointMetadata, events: Sequence[CheckpointEvent]
+) -> pa.Table:
+    """The lag view with each unit's consumer lag (`records_behind`, after `reads`): the
+    records between where its sources' next read starts and their splits' ends, as the
+    newest event recorded it (`CheckpointEvent.records_behind`: live, the latest epoch; after
+    the job ended, the last one); null for a unit that reads no source split or a job whose
+    sources do not say (an exchange reader's unit, older events)."""
+    newest = next((e for e in reversed(events) if e.records_behind), None)
+    behind = {} if newest is None else newest.records_behind
+    splits: dict[int, set[tuple[str, str]]] = {}
+    for s in checkpoint.subtasks:
+        if s.vertex_id in behind:
+            held = ((s.vertex_id, x.split_id) for x in s.split_states)
+            splits.setdefault(s.unit_id, set()).update(held)
+    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
+    for (vertex, index), assigned in _last_assigned(checkpoint).items():
+        unit = units.get((vertex, index))
+        if unit is not None and vertex in behind:
+            splits.setdefault(unit, set()).update((vertex, split) for split in assigned)
+    counts: list[int | None] = []
+    for unit in lag.column("unit_id").to_pylist():
+        known = [behind[v][x] for v, x in splits.get(unit, ()) if x in behind[v]]
+        counts.append(sum(known) if known else None)
+    return lag.add_column(
+        lag.schema.get_field_index("reads") + 1,
+        pa.field("records_behind", pa.int64()),
+        pa.array(counts, pa.int64()),
+    )
 
 
 def _time_behind_for_people(lag: pa.Table) -> pa.Table:

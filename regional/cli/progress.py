@@ -75,6 +75,8 @@ def checkpoint_line(
             )
         if r.records_late:
             line += f"  late {r.records_late}"
+    if r.records_behind:  # consumer lag: what the sources have not read yet
+        line += f"  behind {sum(n for s in r.records_behind.values() for n in s.values())}"
     if r.kind == Outcome.ABORTED:
         line += f"\n    {r.message}"
     causes = r.cause_lines(mentions)

@@ -85,6 +85,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     #: per operator vertex: (records in, records out, records judged late) in the epoch
     operators: dict[str, tuple[int, int, int]] = {}
     dead_letter_types: dict[str, int] = {}  # its dead letters by error type
+    #: per source vertex and split it read: records between its position and the split's end
+    behind: dict[str, dict[str, int]] = {}
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -259,6 +259,8 @@ class _Walk:
             result.records_in += read.records_in
             if v.timed is not None:  # a keyed exchange's reader: records already counted in
                 result.records_exchanged += read.records_in
+            elif read.behind:
+                result.behind.setdefault(v.id, {}).update(read.behind)
             self.live[u].update(s.split_id for s in read.split_states)
             chunks += read.chunks
             if time_ is not None and read.watermarks is not None and read.origins is not None:

@@ -97,6 +97,7 @@ class _Answered:
     #: unit -> its ack's per-operator counts and dead letters by error type
     operators: dict[int, dict[str, tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
     dead_letter_types: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    behind: dict[int, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
 
 
 def _reads_a_split(ack: Ack) -> bool:
@@ -160,6 +161,9 @@ class DecisionHandlers:
         #: the stalled-input rule (`runtime.stalled_inputs`), set by the driver of a pipeline
         #: with event time; its stalls become warnings of the checkpoint that finds them
         self.stall_watch: StallWatch | None = None
+        #: consumer lag: per source vertex and split, the records behind its end as the
+        #: latest completed checkpoint's fresh units read it (a fallback's stays as it was)
+        self.records_behind: dict[str, dict[str, int]] = {}
         #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
         #: that fell back keeps the one its owner checkpoint holds)
         self.unit_watermarks: dict[int, int] = {}
@@ -186,6 +190,7 @@ class DecisionHandlers:
                     dead_lettered.pop(a.unit, None)
                 answered[cid].operators.pop(a.unit, None)
                 answered[cid].dead_letter_types.pop(a.unit, None)
+                answered[cid].behind.pop(a.unit, None)
                 if a.trace:
                     tracebacks[a.unit] = a.trace
             else:
@@ -195,10 +200,11 @@ class DecisionHandlers:
                     dead_lettered[a.unit] = a.records_dead_lettered
                 elif dead_lettered:  # only units that dead-lettered are kept
                     dead_lettered.pop(a.unit, None)
-                if a.operators or a.dead_letter_types:
+                if a.operators or a.dead_letter_types or a.behind:
                     seen = answered[cid]
                     seen.operators[a.unit] = a.operators
                     seen.dead_letter_types[a.unit] = a.dead_letter_types
+                    seen.behind[a.unit] = a.behind
                 if a.watermark is not None:  # event time: the unit's watermark and late count
                     seen = answered[cid]
                     if a.watermark != MIN_WATERMARK or _reads_a_split(a):
@@ -217,8 +223,14 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)  # 100,000 units: never a tuple scan per unit
             dead = sum(n for u, n in seen.dead_lettered.items() if u not in fell_back)
             self.records_dead_lettered += dead
-        if outcome is not Outcome.ABORTED and (seen.operators or seen.dead_letter_types):
+        if outcome is not Outcome.ABORTED and (
+            seen.operators or seen.dead_letter_types or seen.behind
+        ):
             fell_back = frozenset(fallback_units)
+            for u, sources in seen.behind.items():
+                if u not in fell_back:
+                    for vertex_id, splits in sources.items():
+                        self.records_behind.setdefault(vertex_id, {}).update(splits)
             for u, counts in seen.operators.items():
                 if u not in fell_back:
                     for vertex_id, numbers in counts.items():

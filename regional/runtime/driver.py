@@ -733,6 +733,7 @@ class JobDriver:
             operator_records=self.decisions.operator_records,
             dead_letter_types=self.decisions.dead_letter_types,
             stalled_inputs=() if watch is None else watch.stalled,
+            records_behind=self.decisions.records_behind,
         )
 
     def published_metrics(self) -> MetricsSnapshot:

@@ -53,7 +53,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     it took in, gave out and judged late in completed checkpoints (units that fell back left
     out); `dead_letters_by_reason`: the dead letters of completed checkpoints by reason
     (`regional.report.dead_letters.reason_of`). `stalled_inputs`: the (operator, input)
-    pairs in a stall episode now (`regional.runtime.stalled_inputs`).
+    pairs in a stall episode now (`regional.runtime.stalled_inputs`). `records_behind`: the
+    consumer lag, per source vertex and split (`CheckpointEvent.records_behind`).
     """
 
     latest_completed_id: int | None
@@ -77,6 +78,7 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     operator_records: dict[str, tuple[int, int, int]] = {}
     dead_letters_by_reason: dict[str, int] = {}
     stalled_inputs: tuple[tuple[str, str], ...] = ()
+    records_behind: dict[str, dict[str, int]] = {}
 
     @property
     def max_unit_lag(self) -> int:
@@ -111,6 +113,7 @@ def metrics_snapshot(
     operator_records: Mapping[str, Sequence[int]] | None = None,
     dead_letter_types: Mapping[str, int] | None = None,
     stalled_inputs: Iterable[tuple[str, str]] = (),
+    records_behind: Mapping[str, Mapping[str, int]] | None = None,
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics, and what the job adds to them (`last_event`: its
     latest checkpoint outcome), into a `MetricsSnapshot`."""
@@ -144,6 +147,7 @@ def metrics_snapshot(
         },
         dead_letters_by_reason=_by_reason(dead_letter_types or {}),
         stalled_inputs=tuple(sorted(stalled_inputs)),
+        records_behind={v: dict(s) for v, s in (records_behind or {}).items()},
     )
 
 
@@ -217,4 +221,5 @@ def checkpoint_event(
         warnings=warnings,
         started=started,
         records_exchanged=records_exchanged,
+        records_behind=metrics.records_behind,
     )

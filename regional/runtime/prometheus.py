@@ -151,6 +151,17 @@ class JobCollector:
         for reason, n in m.dead_letters_by_reason.items():
             dead.add_metric([*job, reason], n)
         yield dead
+        backlog = GaugeMetricFamily(
+            "regional_source_records_behind",
+            "Consumer lag: records between where the job's next read of a split starts and the "
+            "split's end (a Kafka partition's end offset, a file's rows), as the latest "
+            "completed checkpoint's units read it (Flink records-lag).",
+            labels=["job", "source", "split"],
+        )
+        for source, splits in m.records_behind.items():
+            for split, n in splits.items():
+                backlog.add_metric([*job, source, split], n)
+        yield backlog
         if m.event_time:
             stalled = GaugeMetricFamily(
                 "regional_stalled_input",

@@ -86,6 +86,7 @@ class UnitSnapshot(msgspec.Struct):
     #: per operator vertex: (records in, out, judged late); dead letters by error type
     operators: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
     dead_letter_types: dict[str, int] = msgspec.field(default_factory=dict)
+    behind: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)  # consumer lag
 
 
 def upload(
@@ -212,6 +213,7 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         records_exchanged=snap.records_exchanged,
         operators=snap.operators,
         dead_letter_types=snap.dead_letter_types,
+        behind=snap.behind,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
         restore_s=snap.restore_s,
