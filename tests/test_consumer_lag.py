@@ -59,6 +59,9 @@ def test_files_behind_are_their_unread_rows_in_events_progress_metrics_and_inspe
     assert "  behind 25" in checkpoint_line(events[-1]).splitlines()[0]
     text = generate_latest(job_registry(driver)).decode().splitlines()  # type: ignore[arg-type]
     assert 'regional_source_records_behind{job="files",source="files",split="a.jsonl"} 20.0' in text
+    page = tmp_path / "report.html"
+    assert main(["inspect", root, "report", "--html", str(page)]) == 0
+    assert "Latest: 25 behind after checkpoint 2." in page.read_text()
     capsys.readouterr()
     assert main(["inspect", root, "lag", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

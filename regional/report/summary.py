@@ -140,6 +140,15 @@ DEAD_LETTER_HISTORY_SCHEMA = pa.schema(
         pa.field("records_late", pa.int64(), nullable=False),
     ]
 )
+#: Per checkpoint attempt that recorded a consumer lag: the records behind, in all and by source
+#: (`CheckpointEvent.records_behind`).
+BACKLOG_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("records_behind", pa.int64(), nullable=False),
+        pa.field("by_source", pa.map_(pa.string(), pa.int64()), nullable=False),
+    ]
+)
 #: Per checkpoint attempt, what went wrong without failing it (`CheckpointEvent.warnings`: a
 #: failed compaction, an operator whose input stalled while its state grew).
 WARNINGS_SCHEMA = pa.schema(
@@ -237,6 +246,24 @@ class Report:
         default_factory=DEAD_LETTER_HISTORY_SCHEMA.empty_table
     )
     warnings: pa.Table = dataclasses.field(default_factory=WARNINGS_SCHEMA.empty_table)
+    backlog: pa.Table = dataclasses.field(default_factory=BACKLOG_SCHEMA.empty_table)
+
+
+def _backlog(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """The consumer lag after every event that recorded one (`BACKLOG_SCHEMA`), oldest
+    first."""
+    rows = []
+    for e in events:
+        if e.records_behind:
+            by_source = {v: sum(s.values()) for v, s in sorted(e.records_behind.items())}
+            rows.append(
+                {
+                    "checkpoint_id": e.checkpoint_id,
+                    "records_behind": sum(by_source.values()),
+                    "by_source": list(by_source.items()),
+                }
+            )
+    return pa.Table.from_pylist(rows, schema=BACKLOG_SCHEMA)
 
 
 def _warnings(events: Iterable[CheckpointEvent]) -> pa.Table:
@@ -581,4 +608,5 @@ def build_report(
         restarts=restarts,
         dead_letters=_dead_letter_history(events),
         warnings=_warnings(events),
+        backlog=_backlog(events),
     )
