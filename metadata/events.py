@@ -30,7 +30,7 @@ True
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated
 
 import msgspec
@@ -140,6 +140,12 @@ class CheckpointEvent(
     of fallback segments that failed (`checkpointing.file-merging.min-live-share`).
     `started` (added later, None in older events and in every event but a driver's first)
     says how the driver that wrote it started (`DriverStart`): the report's driver restarts.
+    `records_in` counts the records the sources read from the job's input;
+    `records_exchanged` (added later, 0 in older events, whose `records_in` counted them too)
+    the records the keyed exchanges' readers read in it. `records_behind` (added later, empty
+    in older events): the consumer lag after it, per source vertex and split, the records
+    between the position the job's next read starts at and the split's end (a Kafka
+    partition's end offset, a file's rows) as the source said when the split was last read.
     """
 
     job_id: str
@@ -169,27 +175,34 @@ class CheckpointEvent(
     watermark_unit: Count | None = None
     warnings: tuple[str, ...] = ()
     started: DriverStart | None = None
+    records_exchanged: Count = 0
+    records_behind: dict[str, dict[str, _Tally]] = {}
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""
         return unit_name(unit_id, self.unit_reads.get(unit_id, ()))
 
-    def cause_lines(self) -> list[str]:
+    def cause_lines(self, names: Mapping[int, str] | None = None) -> list[str]:
         """One line per failed or fallen-back unit and why, for progress lines and reports:
-        ``unit 3 (events:3): declined: ValueError: boom`` (the first line of each cause)."""
+        ``unit 3 (events:3): declined: ValueError: boom`` (the first line of each cause); a
+        unit in `names` (unit -> name, from the pipeline) is named by it instead."""
+        names = names or {}
         return [
-            f"{self.unit_label(u)}: {(c.splitlines() or [''])[0]}"
+            f"{names.get(u) or self.unit_label(u)}: {(c.splitlines() or [''])[0]}"
             for u, c in sorted(self.causes.items())
         ]
 
-    def stuck_lines(self, now_ms: int | None = None) -> list[str]:
+    def stuck_lines(
+        self, now_ms: int | None = None, names: Mapping[int, str] | None = None
+    ) -> list[str]:
         """One line per stuck unit: ``stuck: unit 3 (events:3) for 2 min (on checkpoint 4's
         state; 5 fallbacks in a row): declined: ValueError: boom`` (the cause left out when
         `cause_lines` shows it already); how long is measured to `now_ms` (default: this
-        event's time)."""
+        event's time); a unit in `names` is named by it instead."""
         at = self.time_ms if now_ms is None else now_ms
+        names = names or {}
         return [
-            f"stuck: {s.name} for {_elapsed(at - s.since_ms)} (on "
+            f"stuck: {names.get(s.unit_id) or s.name} for {_elapsed(at - s.since_ms)} (on "
             + (
                 f"checkpoint {s.owner_checkpoint_id}'s state"
                 if s.owner_checkpoint_id

@@ -86,8 +86,10 @@ def test_inspect_dead_letters_prints_stored_strings_escaped_and_json_exact(
         "1",
         "1",
         "g0",
-        "(start)",
-        "#1",
+        "start",
+        "+",
+        "record",
+        "1",
         *terminal_text(row["sample"]).split(" "),
         *f"bad: {ESCAPED_FIRST_LINE}".split(" "),
     ]

@@ -300,7 +300,7 @@ def test_failing_upstream_units_never_stop_downstream_units_from_checkpointing(
     assert summary.finished
     by_id = {e.checkpoint_id: e for e in events}
     assert by_id[3].kind == "regional" and by_id[3].fallback_units == (0, 1, 2)
-    assert by_id[3].records_in > 0  # downstream read the segments committed by checkpoint 2
+    assert by_id[3].records_exchanged > 0  # downstream read the segments committed by checkpoint 2
     assert by_id[4].kind == "regional" and by_id[4].fallback_units == (3, 4, 5, 6)
     assert job.rows(str(tmp_path / "table")) == job.expected_rows()
 

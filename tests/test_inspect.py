@@ -299,7 +299,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
         (["checkpoints"], "checkpoint_id  kind      trigger_time", "5  regional  2025-11-22"),
         (["show", "5"], "unit_id  vertex_id  subtask_index  status", "0  map"),
         (["refs"], "checkpoint_id  owner_checkpoint_id  units", "5                    4  0"),
-        (["lag"], "unit_id  reads   status    owner_checkpoint_id", "0  part-0  fallback"),
+        (["lag"], "unit_id  unit_name  reads   records_behind  status", "0  source[0]  part-0"),
         (["summary"], "metric         count  min  median   max", "completed          5"),
         (["diff", "3", "5"], "vertex_id  subtask_index  unit_id  change", "map"),
     ],
@@ -331,7 +331,10 @@ def test_cli_views_as_json(job, capsys, view, expected) -> None:
     data = json.loads(out)
     assert expected.items() <= data[0].items()
     table = getattr(Inspector(CompletedCheckpointStore.load(storage)), view[0])(*map(int, view[1:]))
-    assert [list(row) for row in data] == [table.column_names] * table.num_rows
+    names = table.column_names
+    if view == ["lag"]:  # the CLI names each unit and adds its consumer lag
+        names = [names[0], "unit_name", names[1], "records_behind", *names[2:]]
+    assert [list(row) for row in data] == [names] * table.num_rows
 
 
 def test_cli_checkpoints_json_keys_and_times(job, capsys) -> None:
@@ -510,7 +513,7 @@ def test_lag_has_one_notion_of_lag_and_shows_stuck_units_from_the_event_log(job,
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert "consecutive_fallbacks" not in lines[0]
-    assert lines[2].split()[:4] == ["0", "part-0", "stuck", "4"]
+    assert lines[2].split()[:6] == ["0", "source[0]", "part-0", "-", "stuck", "4"]
     assert lines[-1] == LAG_HELP
     assert LAG_HELP.startswith(
         "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state"
@@ -686,14 +689,14 @@ def test_lag_text_shows_time_behind_in_human_units_and_json_keeps_ms(job, capsys
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [
-        "unit_id", "reads", "status", "owner_checkpoint_id", "checkpoints_behind",
-        "time_behind", "stuck_since", "reason",
+        "unit_id", "unit_name", "reads", "records_behind", "status", "owner_checkpoint_id",
+        "checkpoints_behind", "time_behind", "stuck_since", "reason",
     ]  # fmt: skip
-    assert [line.split()[:6] for line in lines[2:4]] == [
-        ["0", "part-0", "fallback", "4", "1", "10.0"],
-        ["1", "part-1", "fresh", "5", "0", "0"],
+    assert [line.split()[:8] for line in lines[2:4]] == [
+        ["0", "source[0]", "part-0", "-", "fallback", "4", "1", "10.0"],
+        ["1", "source[1]", "part-1", "-", "fresh", "5", "0", "0"],
     ]
-    assert lines[2].split()[6] == "s" and lines[3].split()[6] == "ms"
+    assert lines[2].split()[8] == "s" and lines[3].split()[8] == "ms"
     code, out, _ = run(capsys, root, "lag", "--json")
     assert code == 0
     assert [r["time_behind_ms"] for r in json.loads(out)] == [10_000, 0]

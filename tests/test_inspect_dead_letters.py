@@ -54,8 +54,8 @@ def test_dead_letters_are_counted_by_operator_and_reason_with_samples(
     assert len(rows) == 4  # two samples per group
     poison = [r for r in rows if r["operator"] == "check"]
     assert [(r["split"], r["position"], json.loads(r["sample"])["n"]) for r in poison] == [
-        ("g0", "(start) #13", 13),
-        ("g1", "(start) #13", 13),
+        ("g0", "start + record 13", 13),
+        ("g1", "start + record 13", 13),
     ]
     assert poison[0]["error"] == "click 13 of split 0 is poison"
     assert poison[0]["checkpoints"] == "1-7"

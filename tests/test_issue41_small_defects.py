@@ -154,14 +154,15 @@ def test_inspect_watermarks_says_ended_for_a_split_whose_input_ended(
         "vertex",
         "subtask",
         "unit",
+        "unit_name",
         "split",
         "watermark_ms",
         "watermark",
         "held_by",
     ]
-    assert [r.split()[:8] for r in rows] == [
-        ["3", "split", "src", "0", "0", "g0", "ended", "+inf"],
-        ["3", "split", "src", "1", "1", "g1", "ended", "+inf"],
+    assert [r.split()[:9] for r in rows] == [
+        ["3", "split", "src", "0", "0", "src[0]", "g0", "ended", "+inf"],
+        ["3", "split", "src", "1", "1", "src[1]", "g1", "ended", "+inf"],
     ]
     assert "9223372036854775807" not in "".join(rows)
     assert main(["inspect", root, "watermarks", "--json"]) == 0  # machines: the int64 +inf

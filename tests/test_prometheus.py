@@ -49,7 +49,7 @@ def test_scraped_during_a_run_with_regional_checkpoints_and_an_abort():
         f"regional_records_in_total{{{job}}}": 30.0,  # 4 units x 3 records, unit 1 declined twice
         f"regional_commit_failures_total{{{job}}}": 0.0,
         f"regional_commit_lag{{{job}}}": 0.0,
-        f'regional_unit_lag{{{job},unit="1"}}': 2.0,
+        f'regional_unit_lag{{{job},name="unit 1",unit="1"}}': 2.0,
         f"regional_stuck_units{{{job}}}": 0.0,
         f"regional_latest_completed_checkpoint_id{{{job}}}": 3.0,
         f"regional_oldest_ref_checkpoint_id{{{job}}}": 1.0,
@@ -107,7 +107,8 @@ def test_a_stuck_unit_is_a_gauge_named_by_what_it_reads():
     assert scraped[5][f"regional_stuck_units{{{job}}}"] == 1.0
     # stuck since checkpoint 3 completed: its scrape's 2 s wait and two more 2 s waits and two
     # 10 ms epochs later, on the driver's (simulated) clock
-    assert scraped[5][f'regional_unit_stuck_seconds{{{job},reads="s1",unit="1"}}'] == 6.02
+    stuck = f'regional_unit_stuck_seconds{{{job},name="unit 1",reads="s1",unit="1"}}'
+    assert scraped[5][stuck] == 6.02
 
 
 def test_a_scrape_during_an_epoch_sees_the_snapshot_published_after_the_previous_one():
@@ -162,14 +163,38 @@ def test_the_collector_reads_a_snapshot_and_a_clock_only():
         ),
     )  # fmt: skip
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(lambda: snapshot, lambda: 3_500))
+    registry.register(JobCollector(lambda: snapshot, lambda: 3_500, {4: "orders[1]"}))
     text = generate_latest(registry).decode()
     for sample in (
         'regional_records_in_total{job="j"} 42.0',
         'regional_records_late_total{job="j"} 3.0',
         'regional_oldest_ref_checkpoint_id{job="j"} 7.0',  # global: the latest itself
-        'regional_unit_stuck_seconds{job="j",reads="a,b",unit="4"} 2.5',
-        'regional_watermark_seconds{job="j",unit="2"} 5.0',
+        'regional_unit_stuck_seconds{job="j",name="orders[1]",reads="a,b",unit="4"} 2.5',
+        'regional_watermark_seconds{job="j",name="unit 2",unit="2"} 5.0',
         'regional_last_checkpoint_duration_seconds{job="j"} 0.5',
     ):
         assert sample in text.splitlines()
+
+
+def test_an_unknown_watermark_is_nan_and_an_ended_one_inf_not_9e15() -> None:
+    """Issue 45: a -inf watermark (no record read yet) was exported as -9.22e15 seconds, a
+    time 292 million years ago that a dashboard plots as a cliff. It is NaN (unknown) now,
+    and +inf (input ended) is +Inf."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK
+    from regional.runtime.metrics import MetricsSnapshot
+    from regional.runtime.prometheus import JobCollector
+
+    for ms, shown in ((MIN_WATERMARK, "NaN"), (MAX_WATERMARK, "+Inf"), (1_500, "1.5")):
+        snapshot = MetricsSnapshot(
+            job_id="j", latest_completed_id=1, regional_checkpoint_count=0,
+            global_checkpoint_count=1, savepoint_count=0, aborted_by_rule={},
+            oldest_ref_checkpoint_id=None, unit_lag={}, commit_lag=0, commit_failures=0,
+            event_time=True, watermark_ms=ms, watermark_unit=0,
+        )  # fmt: skip
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(JobCollector(lambda s=snapshot: s, lambda: 0, {0: "clicks[0]"}))
+        lines = generate_latest(registry).decode().splitlines()
+        assert f'regional_watermark_seconds{{job="j",name="clicks[0]",unit="0"}} {shown}' in lines

@@ -550,7 +550,7 @@ def test_a_real_job_leaves_its_stuck_episode_and_driver_restart_on_the_page(
     assert page.order[:2] == ["episodes", "restarts"]  # the history first
     [episode] = page.rows["episodes"]
     assert [episode[0], episode[1], episode[3], episode[4]] == [
-        "unit 4 (n4-p1)",
+        "by-customer[1] (unit 4)",
         "3-4",
         "declined: InjectedFault: unit 4 fails checkpoint 4 (injected fault)",
         "recovered at checkpoint 5",

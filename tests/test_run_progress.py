@@ -103,6 +103,8 @@ def test_json_lines_are_the_events_and_nothing_else():
         "unit_reads": {},
         "warnings": [],
         "started": None,
+        "records_exchanged": 0,
+        "records_behind": {},
     }
 
 

@@ -229,7 +229,8 @@ def test_events_progress_and_prometheus_show_late_records_and_the_lowest_waterma
     text = generate_latest(job_registry(driver)).decode()
     assert f'regional_records_late_total{{job="clicks"}} {float(len(_late(dead)))}' in text
     last = events[-1]
-    assert f'regional_watermark_seconds{{job="clicks",unit="{last.watermark_unit}"}}' in text
+    u = last.watermark_unit  # the unit's id and (no names given) its name label
+    assert f'regional_watermark_seconds{{job="clicks",name="unit {u}",unit="{u}"}} +Inf' in text
 
 
 def test_the_cleaner_deletes_superseded_watermark_marks_and_keeps_the_needed_ones(

@@ -19,14 +19,16 @@ and so are event files that do not.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from cleaner.run import scan
 from metadata.errors import StorageError
-from metadata.events import events_table, read_events
+from metadata.events import CheckpointEvent, events_table, read_events
 from metadata.exchange import backlog_table
 from metadata.inspect import LAG_HELP, Inspector
 from metadata.model import CheckpointMetadata, SubtaskState
@@ -41,6 +43,7 @@ from regional.cli.render import print_table, say
 from regional.coordinator.split_enumerator import last_assigned
 from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from regional.dataflow.state_codec import StateCodec, StateDecodeError
+from regional.graph.unit_names import UnitNames, names_of_subtasks, split_text
 from regional.report.dead_letters import dead_letter_view
 from regional.report.html import human_span, render_html
 from regional.report.state import state_view, stateful_subtasks
@@ -181,6 +184,9 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = inspector.diff(args.a, args.b)
     else:
         table = getattr(inspector, args.view)()
+    if args.view == "lag" and newest is not None:
+        table = _lag_named(table, checkpoint_unit_names(newest), for_people=not args.json)
+        table = _lag_behind(table, newest, events)
     if args.view == "lag" and not args.json:
         table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
@@ -189,6 +195,71 @@ def inspect_command(args: argparse.Namespace) -> int:
     if num_retained is not None and not args.json:
         say(retention.note(num_retained))
     return 0
+
+
+def checkpoint_unit_names(checkpoint: CheckpointMetadata) -> UnitNames:
+    """The units' names (`regional.graph.unit_names`) as `checkpoint` records them: its
+    subtasks' units, its sources found from their split enumerators' snapshots (a finished
+    source holds no split) or the splits they hold."""
+    sources = {v for v, data in checkpoint.coordinators.items() if last_assigned(data) is not None}
+    sources |= {s.vertex_id for s in checkpoint.subtasks if s.split_states}
+    return names_of_subtasks(
+        ((s.vertex_id, s.index, s.unit_id) for s in checkpoint.subtasks), sources
+    )
+
+
+def _lag_named(lag: pa.Table, names: UnitNames, *, for_people: bool) -> pa.Table:
+    """The lag view with each unit's name (`unit_name`, after `unit_id`); for people, its
+    `reads` in the sources' terms (``by-customer partition 1``, ``events partition 3``)."""
+    units = lag.column("unit_id").to_pylist()
+    table = lag.add_column(
+        1, pa.field("unit_name", pa.string()), pa.array([names[u] for u in units], pa.string())
+    )
+    if not for_people:
+        return table
+    shown: list[str | None] = []
+    for unit, reads in zip(units, table.column("reads").to_pylist(), strict=True):
+        if reads is None:
+            shown.append(None)
+            continue
+        text, finished = reads, reads.endswith(" (finished)")
+        if finished:
+            text = text[: -len(" (finished)")]
+        parts = ", ".join(names.reads_text(unit, split) for split in text.split(", "))
+        shown.append(parts + (" (finished)" if finished else ""))
+    i = table.schema.get_field_index("reads")
+    return table.set_column(i, pa.field("reads", pa.string()), pa.array(shown, pa.string()))
+
+
+def _lag_behind(
+    lag: pa.Table, checkpoint: CheckpointMetadata, events: Sequence[CheckpointEvent]
+) -> pa.Table:
+    """The lag view with each unit's consumer lag (`records_behind`, after `reads`): the
+    records between where its sources' next read starts and their splits' ends, as the
+    newest event recorded it (`CheckpointEvent.records_behind`: live, the latest epoch; after
+    the job ended, the last one); null for a unit that reads no source split or a job whose
+    sources do not say (an exchange reader's unit, older events)."""
+    newest = next((e for e in reversed(events) if e.records_behind), None)
+    behind = {} if newest is None else newest.records_behind
+    splits: dict[int, set[tuple[str, str]]] = {}
+    for s in checkpoint.subtasks:
+        if s.vertex_id in behind:
+            held = ((s.vertex_id, x.split_id) for x in s.split_states)
+            splits.setdefault(s.unit_id, set()).update(held)
+    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
+    for (vertex, index), assigned in _last_assigned(checkpoint).items():
+        unit = units.get((vertex, index))
+        if unit is not None and vertex in behind:
+            splits.setdefault(unit, set()).update((vertex, split) for split in assigned)
+    counts: list[int | None] = []
+    for unit in lag.column("unit_id").to_pylist():
+        known = [behind[v][x] for v, x in splits.get(unit, ()) if x in behind[v]]
+        counts.append(sum(known) if known else None)
+    return lag.add_column(
+        lag.schema.get_field_index("reads") + 1,
+        pa.field("records_behind", pa.int64()),
+        pa.array(counts, pa.int64()),
+    )
 
 
 def _time_behind_for_people(lag: pa.Table) -> pa.Table:
@@ -245,6 +316,7 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
         job_id=storage.job_id,
         notes=notes,
         retention_note=retention.note(num_retained),
+        names=None if (newest := store.latest()) is None else checkpoint_unit_names(newest),
     )
     page = render_html(report)
     if args.html == "-":
@@ -307,6 +379,7 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     # (its events record a watermark) shows them
     timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
     table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
+    table = _watermarks_named(table, checkpoint_unit_names(newest), for_people=not args.json)
     print_table(table if args.json else _watermarks_for_people(table), as_json=args.json)
     if not args.json and table.num_rows == 0:
         say(f"checkpoint {newest.checkpoint_id} has no source read with event time")
@@ -326,6 +399,42 @@ def watermark_ms_for_people(ms: int) -> str:
     if ms <= MIN_WATERMARK:
         return "none yet"
     return str(ms)
+
+
+_UNIT_MENTION = re.compile(r"\(unit (\d+)\)")
+
+
+def _watermarks_named(table: pa.Table, names: UnitNames, *, for_people: bool) -> pa.Table:
+    """The watermarks view with each row's unit name (`unit_name`, after `unit`); for people,
+    exchange partitions in the reader's terms (``paid-left partition 1``) and the writers in
+    `held_by` by their units' names (``writer 1 (files[1])``)."""
+    units = table.column("unit").to_pylist()
+    table = table.add_column(
+        table.schema.get_field_index("unit") + 1,
+        pa.field("unit_name", pa.string()),
+        pa.array([names[u] if u >= 0 else None for u in units], pa.string()),
+    )
+    if not for_people:
+        return table
+    splits = [
+        split_text(split, vertex) if kind == "exchange" else split
+        for kind, vertex, split in zip(
+            table.column("kind").to_pylist(),
+            table.column("vertex").to_pylist(),
+            table.column("split").to_pylist(),
+            strict=True,
+        )
+    ]
+    held = [
+        _UNIT_MENTION.sub(lambda m: f"({names[int(m[1])]})", text)
+        for text in table.column("held_by").to_pylist()
+    ]
+    table = table.set_column(
+        table.schema.get_field_index("split"), pa.field("split", pa.string()), pa.array(splits)
+    )
+    return table.set_column(
+        table.schema.get_field_index("held_by"), pa.field("held_by", pa.string()), pa.array(held)
+    )
 
 
 def _watermarks_for_people(table: pa.Table) -> pa.Table:
@@ -378,7 +487,14 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
     if not tables:
         return 0
     rows = pa.concat_tables(tables, promote_options="default")
-    print_table(dead_letter_view(rows, samples=args.samples), as_json=args.json)
+    names = checkpoint_unit_names(newest)
+    exchanges = {
+        s.vertex_id: names.exchanges[s.unit_id]
+        for s in newest.subtasks
+        if s.unit_id in names.exchanges
+    }
+    view = dead_letter_view(rows, samples=args.samples, exchanges=exchanges)
+    print_table(view, as_json=args.json)
     if not args.json:
         where = ", ".join(f"{s.location}" for s in sinks)
         say(

@@ -41,15 +41,22 @@ from metadata.events import CheckpointEvent, Outcome
 from metadata.watermarks import format_watermark
 from regional.cli.render import say, terminal_text
 from regional.coordinator.messages import Ack, Answer
+from regional.graph.unit_names import UnitNames
 
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
 
 
-def checkpoint_line(r: CheckpointEvent, previous_watermark: int | None = None) -> str:
+def checkpoint_line(
+    r: CheckpointEvent,
+    previous_watermark: int | None = None,
+    names: UnitNames | None = None,
+) -> str:
     """One line per checkpoint outcome, then the abort's explanation, why each unit fell
     back or failed and the units stuck (one line per unit, at most 5 of each, named by what
-    they read; the tracebacks are in the event log). A job watermark lower than the
+    they read: `names`, the pipeline's units' names, ``orders[1] (unit 1)``, else as the
+    event names them; the tracebacks are in the event log). A job watermark lower than the
     `previous_watermark` shown says why it may be."""
+    mentions = {} if names is None else {u: names.mention(u) for u in _mentioned(r)}
     fallback = ",".join(map(str, r.fallback_units)) or "-"
     line = (
         f"checkpoint {r.checkpoint_id:>4}  {r.kind:<8}  "
@@ -57,7 +64,9 @@ def checkpoint_line(r: CheckpointEvent, previous_watermark: int | None = None) -
         f"commit lag {r.commit_lag}  records {r.records_in:>7}  {r.seconds:5.2f} s"
     )
     if r.watermark_ms is not None:  # event time: the lowest unit watermark, and late records
-        line += f"  watermark {format_watermark(r.watermark_ms)} (unit {r.watermark_unit})"
+        unit = r.watermark_unit
+        held = f"unit {unit}" if names is None or unit is None else names.mention(unit)
+        line += f"  watermark {format_watermark(r.watermark_ms)} ({held})"
         if previous_watermark is not None and r.watermark_ms < previous_watermark:
             line += (
                 f" back from {format_watermark(previous_watermark)}: a unit's watermark is the "
@@ -66,19 +75,28 @@ def checkpoint_line(r: CheckpointEvent, previous_watermark: int | None = None) -
             )
         if r.records_late:
             line += f"  late {r.records_late}"
+    if r.records_behind:  # consumer lag: what the sources have not read yet
+        line += f"  behind {sum(n for s in r.records_behind.values() for n in s.values())}"
     if r.kind == Outcome.ABORTED:
         line += f"\n    {r.message}"
-    causes = r.cause_lines()
+    causes = r.cause_lines(mentions)
     for cause in causes[:5]:
         line += f"\n    {cause}"
     if len(causes) > 5:
         line += f"\n    +{len(causes) - 5} more (regional inspect ROOT events)"
-    stuck = r.stuck_lines()
+    for warning in r.warnings[:5]:
+        line += f"\n    warning: {warning}"
+    stuck = r.stuck_lines(names=mentions)
     for s in stuck[:5]:
         line += f"\n    {s}"
     if len(stuck) > 5:
         line += f"\n    +{len(stuck) - 5} more stuck (regional inspect ROOT lag)"
     return line
+
+
+def _mentioned(r: CheckpointEvent) -> set[int]:
+    """The units a progress line names: those with a cause, and the stuck ones."""
+    return set(r.causes) | {s.unit_id for s in r.stuck}
 
 
 class _Quiet:
@@ -103,14 +121,16 @@ class _Quiet:
 
 
 class PlainProgress(_Quiet):
-    """`checkpoint_line` per outcome on `out` (flushed: a pipe or a log file sees it at once)."""
+    """`checkpoint_line` per outcome on `out` (flushed: a pipe or a log file sees it at once),
+    units named by `names` (the pipeline's, `regional.graph.unit_names`) when given."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, names: UnitNames | None = None) -> None:
         self.out = out
+        self.names = names
         self._watermark: int | None = None  # the last one shown
 
     def __call__(self, event: CheckpointEvent) -> None:
-        say(checkpoint_line(event, self._watermark), file=self.out)
+        say(checkpoint_line(event, self._watermark, self.names), file=self.out)
         self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
 
 
@@ -130,8 +150,15 @@ class LiveProgress:
     them the running epoch: units answered / pending / falling back (declined), records/s and
     commit lag. `now` is the monotonic clock for records/s (tests pass a fake one)."""
 
-    def __init__(self, console: Console, *, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        names: UnitNames | None = None,
+    ) -> None:
         self.console = console
+        self.names = names
         self._now = now
         self.checkpoint_id: int | None = None
         self._units: tuple[int, ...] = ()
@@ -172,7 +199,7 @@ class LiveProgress:
             self._answers[answer.unit] = answer
 
     def __call__(self, event: CheckpointEvent) -> None:
-        line = checkpoint_line(event, self._watermark)
+        line = checkpoint_line(event, self._watermark, self.names)
         self.console.print(Text(terminal_text(line, lines=True)))
         self._watermark = event.watermark_ms if event.watermark_ms is not None else self._watermark
         self._commit_lag = event.commit_lag
@@ -190,7 +217,7 @@ class LiveProgress:
             declined = len(self._answers) - len(acks)
             elapsed = self._now() - self._started
             if acks and elapsed > 0:
-                rate = sum(a.records_in for a in acks) / elapsed
+                rate = sum(a.records_in - a.records_exchanged for a in acks) / elapsed
             head = (
                 f"checkpoint {self.checkpoint_id} running: units answered "
                 f"{len(self._answers)}/{len(self._units)}, pending "

@@ -40,6 +40,7 @@ from regional.cli import render
 from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError, UsageError
+from regional.graph.unit_names import UnitNames, names_of_plan
 from regional.policy import Policy, format_duration, load_policy, parse_interval
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     )
     if args.metrics_port is not None:
         say(f"metrics for Prometheus on http://{args.metrics_host}:{args.metrics_port}/metrics")
-    view = progress_view(args.json, sys.stdout)
+    view = progress_view(args.json, sys.stdout, names_of_plan(plan))
     faults = namespace.get("faults")
     runtime = SparkRuntime(
         pipeline,
@@ -394,13 +395,16 @@ def run_interval(given: float | None, policy: Policy) -> float:
     return policy.checkpointing.interval if given is None else given
 
 
-def progress_view(as_json: bool, out: TextIO) -> PlainProgress | JsonProgress | LiveProgress:
-    """`--json`: JSON lines; a terminal: the live `rich` view; else plain lines."""
+def progress_view(
+    as_json: bool, out: TextIO, names: UnitNames | None = None
+) -> PlainProgress | JsonProgress | LiveProgress:
+    """`--json`: JSON lines; a terminal: the live `rich` view; else plain lines (both naming
+    units by `names`)."""
     if as_json:
         return JsonProgress(out)
     if out.isatty():
-        return LiveProgress(Console(file=out))
-    return PlainProgress(out)
+        return LiveProgress(Console(file=out), names=names)
+    return PlainProgress(out, names)
 
 
 def run_summary_line(summary: RunSummary) -> str:

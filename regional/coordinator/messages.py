@@ -81,6 +81,12 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     watermark: int | None = None  # its subtask watermark after the epoch (event time)
     state_hits: int = 0  # operator subtasks restored from hot state (DESIGN §6)
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
+    records_exchanged: int = 0  # of records_in, those read from a keyed exchange
+    #: per operator vertex: (records in, records out, records judged late) in the epoch
+    operators: dict[str, tuple[int, int, int]] = {}
+    dead_letter_types: dict[str, int] = {}  # its dead letters by error type
+    #: per source vertex and split it read: records between its position and the split's end
+    behind: dict[str, dict[str, int]] = {}
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

@@ -44,13 +44,15 @@ def mark_of(mark: SplitWatermark | None) -> int:
 class SourceEpoch:
     """What reading one source subtask for an epoch gave: its chunks (and with event time
     their origin watermarks), the split states to keep, the records read, and the subtask's
-    watermark before and after the epoch (event time only)."""
+    watermark before and after the epoch (event time only); `behind`: per split read, the
+    records between its new position and its end, where the source says (`ReadResult`)."""
 
     chunks: list[Chunk]
     origins: list[int] | None
     split_states: tuple[SplitState, ...]
     records_in: int
     watermarks: tuple[int, int] | None
+    behind: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def read_source(
@@ -79,6 +81,7 @@ def read_source(
     origins: list[int] = []
     kept: list[SplitState] = []
     records_in = 0
+    behind: dict[str, int] = {}
     marks_before: dict[str, SplitWatermark | None] = {}
     marks_after: dict[str, SplitWatermark | None] = {}
     marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
@@ -113,6 +116,9 @@ def read_source(
                 records_in += n
             position = result.position
             finished = result.finished
+            remaining: int | None = getattr(result, "behind", None)  # a plain 3-tuple has none
+            if remaining is not None:
+                behind[split] = remaining
         if et is not None and time is not None:
             stamped = et.stamp(
                 [b for _, b in chunks[first:]],
@@ -141,7 +147,7 @@ def read_source(
             position = wrap_position(position, mark)
         kept.append(SplitState(split, position))
     if time is None:
-        return SourceEpoch(chunks, None, tuple(kept), records_in, None)
+        return SourceEpoch(chunks, None, tuple(kept), records_in, None, behind)
     idle = et.idle_timeout_ms if et is not None else None
     idle = idle_timeout_ms if idle is None else idle
     if timed is not None:
@@ -165,7 +171,7 @@ def read_source(
             ended=ended,
             idle_timeout_ms=idle,
         )
-    return SourceEpoch(chunks, origins, tuple(kept), records_in, (before, after))
+    return SourceEpoch(chunks, origins, tuple(kept), records_in, (before, after), behind)
 
 
 @dataclasses.dataclass
@@ -182,7 +188,16 @@ class UnitEpoch:
     sink_batches: dict[str, list[Batch]] = dataclasses.field(default_factory=dict)
     sink_watermarks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     records_in: int = 0
+    #: of `records_in`, those read from a keyed exchange (its reader: a `TimedSource`), not
+    #: from the job's input
+    records_exchanged: int = 0
     records_out: int = 0
+    #: per operator vertex: [records in, records out, records judged late] (issue 45: the
+    #: per-operator metrics), and its dead letters by error type
+    operators: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    dead_letter_types: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: per source vertex and split read: the records behind its end (consumer lag)
+    behind: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     dead_lettered: int = 0
     late: int = 0
     watermark: int | None = None  # the unit's subtask watermark after the epoch

@@ -257,6 +257,10 @@ class _Walk:
             result = self.results[u]
             result.split_states[v.id] = read.split_states
             result.records_in += read.records_in
+            if v.timed is not None:  # a keyed exchange's reader: records already counted in
+                result.records_exchanged += read.records_in
+            elif read.behind:
+                result.behind.setdefault(v.id, {}).update(read.behind)
             self.live[u].update(s.split_id for s in read.split_states)
             chunks += read.chunks
             if time_ is not None and read.watermarks is not None and read.origins is not None:
@@ -281,7 +285,13 @@ class _Walk:
             (self.outputs.get(i, []), None if time_ is None else self.origins.get(i, []))
             for i in v.inputs
         ]
+        late = time_.late if time_ is not None and self.single else 0
         out, out_origins = self._judged(operator.run_inputs, inputs, state, self.dead, time_)
+        for chunks, _ in inputs:
+            self._count(v.id, 0, chunks)
+        self._count(v.id, 1, out)
+        if time_ is not None and self.single and time_.late > late:
+            self._counts(v.id, 0)[2] += time_.late - late
         self.outputs[v.id] = out
         if out_origins is not None:
             self.origins[v.id] = out_origins
@@ -320,9 +330,15 @@ class _Walk:
                 (chunks, None if time_ is None else mine_origins[u][k])
                 for k, chunks in enumerate(mine[u])
             ]
+            late = time_.late if time_ is not None else 0
             produced, produced_origins = self._judged(
                 operator.run_inputs, inputs, state, self.dead, time_
             )
+            counts = self._counts(v.id, u)
+            counts[0] += sum(num_records(b) for chunks in mine[u] for _, b in chunks)
+            counts[1] += sum(num_records(b) for _, b in produced)
+            if time_ is not None:
+                counts[2] += time_.late - late
             out += produced
             if produced_origins is not None:
                 out_origins += produced_origins
@@ -337,6 +353,21 @@ class _Walk:
         self.outputs[v.id] = out
         if timed:
             self.origins[v.id] = out_origins
+
+    def _counts(self, vertex_id: str, unit: int) -> list[int]:
+        """Unit `unit`'s [in, out, late] counts of operator `vertex_id`."""
+        return self.results[unit].operators.setdefault(vertex_id, [0, 0, 0])
+
+    def _count(self, vertex_id: str, which: int, chunks: list[Chunk]) -> None:
+        """Add `chunks`' records to count `which` (0: in, 1: out) of operator `vertex_id`, per
+        unit holding each chunk's split (a pass; a split no unit holds is left out)."""
+        if self.single:
+            self._counts(vertex_id, 0)[which] += sum(num_records(b) for _, b in chunks)
+            return
+        for split, b in chunks:
+            holder = self.owner.get(split)
+            if holder is not None:
+                self._counts(vertex_id, holder)[which] += num_records(b)
 
     def restored(self, v: PlannedVertex) -> OperatorState | None:
         """The operator's restored state: a unit's own, or in a pass every unit's, their
@@ -407,6 +438,9 @@ class _Walk:
             batch = dead.batch(self.shape.fed[v.id])
             self.results[0].sink_batches[v.id] = [batch]
             self.results[0].dead_lettered += batch.num_rows
+            types = self.results[0].dead_letter_types
+            for error_type in batch.column("error_type").to_pylist():
+                types[error_type] = types.get(error_type, 0) + 1
             return
         letters: list[list[dict[str, Any]]] = [[] for _ in self.units]
         for row in dead.rows(self.shape.fed[v.id]):
@@ -414,6 +448,11 @@ class _Walk:
         for result, mine in zip(self.results, letters, strict=True):
             result.sink_batches[v.id] = [dead.batch_of(mine)]
             result.dead_lettered += len(mine)
+            for row in mine:
+                error_type = row["error_type"]
+                result.dead_letter_types[error_type] = (
+                    result.dead_letter_types.get(error_type, 0) + 1
+                )
 
     def sink(self, v: PlannedVertex) -> None:
         """A sink subtask's rows per unit (lists of records as the operators left them, or

@@ -9,7 +9,8 @@ location is recorded in every checkpoint, `CheckpointMetadata.sinks`) and groups
   ``bad event time`` (no usable event time), ``undecodable`` (a source could not decode the
   record), ``user function error`` (anything a user function raised);
 * per (operator, reason, error type): how many, the checkpoints they came in, and samples with
-  the source position.
+  the split and position in the source's own terms (`regional.graph.unit_names`: ``events
+  partition 3`` at ``offset 20 + record 2``, ``orders-03.jsonl`` at ``line 8``).
 
 A record late for two window operators is a dead letter of each: it is counted once per
 operator that judged it.
@@ -25,12 +26,17 @@ operator that judged it.
 >>> view = dead_letter_view(rows, samples=1)
 >>> view.select(["operator", "reason", "records", "checkpoints", "split", "position"]).to_pylist()
 [{'operator': 'minutes', 'reason': 'late', 'records': 2, 'checkpoints': '3-5', 'split': 'a', \
-'position': '10 #2'}]
+'position': 'position 10 + record 2'}]
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import pyarrow as pa
+
+from regional.graph.unit_names import at_text, split_text
 
 __all__ = ["REASONS", "dead_letter_view", "reason_of"]
 
@@ -73,12 +79,16 @@ def _cut(text: str) -> str:
     return text if len(text) <= _SAMPLE_CHARS else text[: _SAMPLE_CHARS - 3] + "..."
 
 
-def dead_letter_view(rows: pa.Table, *, samples: int = 1) -> pa.Table:
+def dead_letter_view(
+    rows: pa.Table, *, samples: int = 1, exchanges: Mapping[str, str] | None = None
+) -> pa.Table:
     """One row per sample (up to `samples` per group, in checkpoint order) of every (operator,
     reason, error type) group of dead-letter `rows`: the group's count and checkpoint range,
-    then the sample's split, position (``<position the epoch started at> #<index>``, where
-    ``(start)`` is the split's beginning), record and error message (its first line; both cut
-    to 120 characters)."""
+    then the sample's split and position in its source's terms (`split_text`, `at_text`: the
+    position its epoch started at and the record's index after it; an exchange partition
+    named by the exchange the operator reads, `exchanges`: operator -> exchange), record and
+    error message (its first line; both cut to 120 characters)."""
+    exchanges = exchanges or {}
     groups: dict[tuple[str, str, str], list[dict[str, object]]] = {}
     ordered = sorted(
         rows.to_pylist(),
@@ -104,8 +114,12 @@ def dead_letter_view(rows: pa.Table, *, samples: int = 1) -> pa.Table:
                     "error_type": error_type,
                     "records": len(members),
                     "checkpoints": span,
-                    "split": r["split_id"],
-                    "position": f"{r['split_position'] or '(start)'} #{r['record_index']}",
+                    "split": split_text(str(r["split_id"]), exchanges.get(operator)),
+                    "position": at_text(
+                        str(r["split_id"]),
+                        str(r["split_position"] or ""),
+                        int(cast(int, r["record_index"])),
+                    ),
                     "sample": _cut(record),
                     "error": _cut(message[0] if message else ""),
                 }

@@ -396,6 +396,60 @@ def _grid_section(report: Report) -> str:
     )
 
 
+def _backlog_section(report: Report) -> str:
+    """Consumer lag over the checkpoints (jobs whose sources say it): the records the sources
+    have not read yet, in all, after each checkpoint attempt; nothing when none said."""
+    rows = report.backlog.to_pylist()[-CHART_CHECKPOINTS:]
+    if not rows:
+        return ""
+    width, height, left = 960, 120, 64
+    top = max(max(r["records_behind"] for r in rows), 1)
+    step = (width - left) / len(rows)
+    points = " ".join(
+        f"{left + i * step:.1f},{height - r['records_behind'] / top * (height - 4):.1f}"
+        for i, r in enumerate(rows)
+    )
+    dots = "".join(
+        f'<rect x="{left + i * step:.1f}" y="0" width="{step:.1f}" height="{height}" '
+        f'fill="transparent"><title>checkpoint {r["checkpoint_id"]}: {r["records_behind"]} '
+        "records behind ("
+        + _e(", ".join(f"{source} {n}" for source, n in r["by_source"]))
+        + ")</title></rect>"
+        for i, r in enumerate(rows)
+    )
+    svg = (
+        f'<svg role="img" aria-label="consumer lag" width="{width}" height="{height + 18}" '
+        f'viewBox="0 0 {width} {height + 18}">'
+        f'<line class="axis" x1="{left}" y1="{height}" x2="{width}" y2="{height}"/>'
+        f'<text x="0" y="10">{top}</text><text x="0" y="{height}">0</text>'
+        f'<text x="{left}" y="{height + 14}">{rows[0]["checkpoint_id"]}</text>'
+        f'<text x="{width}" y="{height + 14}" text-anchor="end">{rows[-1]["checkpoint_id"]}</text>'
+        f'<polyline class="max" points="{points}"/>{dots}</svg>'
+    )
+    last = rows[-1]
+    return (
+        '<h2 id="backlog">Consumer lag</h2><p class="muted">Records the sources have not read '
+        "yet (a Kafka partition's end offset, a file's rows, minus where the next read starts), "
+        "after each checkpoint attempt (from the event log; per split: regional inspect ROOT "
+        f"lag). Latest: {last['records_behind']} behind after checkpoint "
+        f"{last['checkpoint_id']}.</p>{svg}"
+    )
+
+
+def _warnings_section(report: Report) -> str:
+    """What went wrong without failing a checkpoint (a stalled input, a failed compaction),
+    newest first; nothing when there was none."""
+    rows = report.warnings.to_pylist()
+    if not rows:
+        return ""
+    table = _table(
+        ["checkpoint", "warning"],
+        ([str(r["checkpoint_id"]), _e(r["warning"])] for r in reversed(rows[-TABLE_ROWS:])),
+        {0},
+    )
+    return f'<h2 id="warnings">Warnings ({len(rows)})</h2>' + table
+
+
 def _watermark_section(report: Report) -> str:
     """Event-time jobs only: per checkpoint the lowest unit watermark, who holds it, how far
     it is behind the checkpoint's trigger time, and the late records (newest last)."""
@@ -579,10 +633,12 @@ def render_html(report: Report) -> str:
         + "</div>"
         + "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
         + _stuck_section(report)
+        + _warnings_section(report)
         + _history_section(report)
         + _timeline_section(report)
         + _grid_section(report)
         + _lag_section(report)
+        + _backlog_section(report)
         + _watermark_section(report)
         + _retention_section(report)
         + _aborts_section(report)

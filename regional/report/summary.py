@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import pyarrow as pa
@@ -60,6 +60,7 @@ from metadata.events import CheckpointEvent, Outcome, events_table
 from metadata.inspect import checkpoints_table, show_table
 from metadata.model import CheckpointMetadata
 from regional.errors import RegionalError
+from regional.graph.unit_names import UnitNames
 
 __all__ = [
     "ABORTS_SCHEMA",
@@ -137,6 +138,23 @@ DEAD_LETTER_HISTORY_SCHEMA = pa.schema(
         pa.field("kind", pa.string(), nullable=False),
         pa.field("records_dead_lettered", pa.int64(), nullable=False),
         pa.field("records_late", pa.int64(), nullable=False),
+    ]
+)
+#: Per checkpoint attempt that recorded a consumer lag: the records behind, in all and by source
+#: (`CheckpointEvent.records_behind`).
+BACKLOG_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("records_behind", pa.int64(), nullable=False),
+        pa.field("by_source", pa.map_(pa.string(), pa.int64()), nullable=False),
+    ]
+)
+#: Per checkpoint attempt, what went wrong without failing it (`CheckpointEvent.warnings`: a
+#: failed compaction, an operator whose input stalled while its state grew).
+WARNINGS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("warning", pa.string(), nullable=False),
     ]
 )
 GRID_SCHEMA = pa.schema(
@@ -227,6 +245,31 @@ class Report:
     dead_letters: pa.Table = dataclasses.field(
         default_factory=DEAD_LETTER_HISTORY_SCHEMA.empty_table
     )
+    warnings: pa.Table = dataclasses.field(default_factory=WARNINGS_SCHEMA.empty_table)
+    backlog: pa.Table = dataclasses.field(default_factory=BACKLOG_SCHEMA.empty_table)
+
+
+def _backlog(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """The consumer lag after every event that recorded one (`BACKLOG_SCHEMA`), oldest
+    first."""
+    rows = []
+    for e in events:
+        if e.records_behind:
+            by_source = {v: sum(s.values()) for v, s in sorted(e.records_behind.items())}
+            rows.append(
+                {
+                    "checkpoint_id": e.checkpoint_id,
+                    "records_behind": sum(by_source.values()),
+                    "by_source": list(by_source.items()),
+                }
+            )
+    return pa.Table.from_pylist(rows, schema=BACKLOG_SCHEMA)
+
+
+def _warnings(events: Iterable[CheckpointEvent]) -> pa.Table:
+    """Every event's warnings (`WARNINGS_SCHEMA`), oldest first."""
+    rows = [{"checkpoint_id": e.checkpoint_id, "warning": w} for e in events for w in e.warnings]
+    return pa.Table.from_pylist(rows, schema=WARNINGS_SCHEMA)
 
 
 def _watermarks(events: Iterable[CheckpointEvent]) -> pa.Table:
@@ -375,13 +418,13 @@ def _aborts(events: Iterable[CheckpointEvent]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ABORTS_SCHEMA)
 
 
-def _stuck(events: Sequence[CheckpointEvent]) -> pa.Table:
+def _stuck(events: Sequence[CheckpointEvent], names: Mapping[int, str]) -> pa.Table:
     """The units stuck after the newest event, with what they read, since when and why."""
     newest = events[-1] if events else None
     rows = [
         {
             "unit_id": s.unit_id,
-            "name": s.name,
+            "name": names.get(s.unit_id, s.name),
             "since": s.since_ms,
             "owner_checkpoint_id": s.owner_checkpoint_id,
             "fallbacks": s.fallbacks,
@@ -439,7 +482,9 @@ def _restarts(events: Sequence[CheckpointEvent]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RESTART_SCHEMA)
 
 
-def _episodes(events: Sequence[CheckpointEvent], restarts: pa.Table) -> pa.Table:
+def _episodes(
+    events: Sequence[CheckpointEvent], restarts: pa.Table, names: Mapping[int, str]
+) -> pa.Table:
     """Every stuck episode (`EPISODE_SCHEMA`): per unit, the attempts in a row after which it
     was stuck, and how the episode ended."""
     restarted = set(restarts.column("first_checkpoint_id").to_pylist())
@@ -459,7 +504,7 @@ def _episodes(events: Sequence[CheckpointEvent], restarts: pa.Table) -> pa.Table
             if unit not in open_:
                 open_[unit] = {
                     "unit_id": unit,
-                    "name": st.name,
+                    "name": names.get(unit, st.name),
                     "first_checkpoint_id": e.checkpoint_id,
                     "since": st.since_ms,
                 }
@@ -487,14 +532,19 @@ def _dead_letter_history(events: Sequence[CheckpointEvent]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DEAD_LETTER_HISTORY_SCHEMA)
 
 
-def _unit_names(events: Sequence[CheckpointEvent]) -> dict[int, str]:
-    """unit -> `unit 3 (events:3)`, from what the events recorded each unit reads (newest
-    wins); units no event named are left out."""
-    names: dict[int, str] = {}
+def _unit_names(
+    events: Sequence[CheckpointEvent], names: UnitNames | None = None
+) -> dict[int, str]:
+    """unit -> its name in running text: by `names` (``orders[1] (unit 1)``,
+    `regional.graph.unit_names`) when the caller has them, else from what the events recorded
+    each unit reads (`unit 3 (events:3)`, newest wins); units no event named are left out."""
+    out: dict[int, str] = {}
     for e in events:
         for u in e.unit_reads:
-            names[u] = e.unit_label(u)
-    return names
+            out[u] = e.unit_label(u) if names is None else names.mention(u)
+        for st in e.stuck:
+            out[st.unit_id] = st.name if names is None else names.mention(st.unit_id)
+    return out
 
 
 def build_report(
@@ -505,9 +555,11 @@ def build_report(
     job_id: str,
     notes: Sequence[str] = (),
     retention_note: str = "",
+    names: UnitNames | None = None,
 ) -> Report:
     """The report's tables from the completed checkpoints (ascending), the event log and the
-    cleaner's plan (None: no retention section rows)."""
+    cleaner's plan (None: no retention section rows); units named by `names` (the newest
+    checkpoint's, `regional.graph.unit_names`) when given, else as the events name them."""
     completed = sorted(completed, key=lambda c: c.checkpoint_id)
     events = sorted(events, key=lambda e: e.checkpoint_id)
     ev_table = events_table(events)
@@ -533,6 +585,7 @@ def build_report(
         if u in in_grid
     ]
     restarts = _restarts(events)
+    unit_names = _unit_names(events, names)
     return Report(
         job_id=job_id,
         num_units=max(num_units, max(counts, default=-1) + 1),
@@ -548,10 +601,12 @@ def build_report(
         totals=TOTALS_SCHEMA.empty_table() if plan is None else retention_totals(plan),
         notes=tuple(notes),
         retention_note=retention_note,
-        stuck=_stuck(events),
-        unit_names=_unit_names(events),
+        stuck=_stuck(events, unit_names),
+        unit_names=unit_names,
         watermarks=_watermarks(events),
-        episodes=_episodes(events, restarts),
+        episodes=_episodes(events, restarts, unit_names),
         restarts=restarts,
         dead_letters=_dead_letter_history(events),
+        warnings=_warnings(events),
+        backlog=_backlog(events),
     )

@@ -29,6 +29,7 @@ from metadata.lease import JobLease, LeaseLostError
 from metadata.model import CheckpointKind, CheckpointMetadata, SinkRetention
 from metadata.savepoint import write_savepoint
 from metadata.storage import JobStorage
+from metadata.watermarks import MIN_WATERMARK
 from regional.coordinator import (
     AbortCheckpoint,
     CheckpointCoordinator,
@@ -44,7 +45,7 @@ from regional.coordinator import (
     WriteMetadata,
 )
 from regional.coordinator.commit import CommitCoordinator, perform_commit, sink_retention
-from regional.coordinator.messages import Answer, Decline
+from regional.coordinator.messages import Ack, Answer, Decline
 from regional.dataflow.exchange import exchange_path
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import CommitError, JobFailedError, RegionalError
@@ -52,6 +53,7 @@ from regional.policy import Policy
 from regional.runtime.cleaning import JobCleaning
 from regional.runtime.compaction import Compacted, compact
 from regional.runtime.faults import Faults
+from regional.runtime.stalled_inputs import StallWatch, operator_state_bytes
 from regional.runtime.timing import EpochStopwatch
 from regional.sinks.base import ReadInsideSink
 
@@ -92,6 +94,17 @@ class _Answered:
     dead_lettered: dict[int, int] = dataclasses.field(default_factory=dict)
     late: dict[int, int] = dataclasses.field(default_factory=dict)
     watermarks: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: unit -> its ack's per-operator counts and dead letters by error type
+    operators: dict[int, dict[str, tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
+    dead_letter_types: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    behind: dict[int, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
+
+
+def _reads_a_split(ack: Ack) -> bool:
+    """Whether `ack`'s unit holds a split: one that holds none (its source subtask's files all
+    finished while the source still runs) knows no watermark (-inf) and holds nothing back,
+    so the job's watermark keeps its last one rather than falling to -inf (issue 45)."""
+    return any(s.split_states for s in ack.states)
 
 
 class DecisionHandlers:
@@ -141,6 +154,16 @@ class DecisionHandlers:
         self.records_dead_lettered = 0
         #: records judged late by completed checkpoints since the driver started (event time)
         self.records_late = 0
+        #: per operator vertex: records in, out and judged late by the units fresh in
+        #: completed checkpoints since the driver started; dead letters by error type
+        self.operator_records: dict[str, list[int]] = {}
+        self.dead_letter_types: dict[str, int] = {}
+        #: the stalled-input rule (`runtime.stalled_inputs`), set by the driver of a pipeline
+        #: with event time; its stalls become warnings of the checkpoint that finds them
+        self.stall_watch: StallWatch | None = None
+        #: consumer lag: per source vertex and split, the records behind its end as the
+        #: latest completed checkpoint's fresh units read it (a fallback's stays as it was)
+        self.records_behind: dict[str, dict[str, int]] = {}
         #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
         #: that fell back keeps the one its owner checkpoint holds)
         self.unit_watermarks: dict[int, int] = {}
@@ -165,6 +188,9 @@ class DecisionHandlers:
             if isinstance(a, Decline):
                 if dead_lettered:
                     dead_lettered.pop(a.unit, None)
+                answered[cid].operators.pop(a.unit, None)
+                answered[cid].dead_letter_types.pop(a.unit, None)
+                answered[cid].behind.pop(a.unit, None)
                 if a.trace:
                     tracebacks[a.unit] = a.trace
             else:
@@ -174,9 +200,15 @@ class DecisionHandlers:
                     dead_lettered[a.unit] = a.records_dead_lettered
                 elif dead_lettered:  # only units that dead-lettered are kept
                     dead_lettered.pop(a.unit, None)
+                if a.operators or a.dead_letter_types or a.behind:
+                    seen = answered[cid]
+                    seen.operators[a.unit] = a.operators
+                    seen.dead_letter_types[a.unit] = a.dead_letter_types
+                    seen.behind[a.unit] = a.behind
                 if a.watermark is not None:  # event time: the unit's watermark and late count
                     seen = answered[cid]
-                    seen.watermarks[a.unit] = a.watermark
+                    if a.watermark != MIN_WATERMARK or _reads_a_split(a):
+                        seen.watermarks[a.unit] = a.watermark
                     seen.late[a.unit] = a.records_late
 
     def _outcome_of(
@@ -191,6 +223,26 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)  # 100,000 units: never a tuple scan per unit
             dead = sum(n for u, n in seen.dead_lettered.items() if u not in fell_back)
             self.records_dead_lettered += dead
+        if outcome is not Outcome.ABORTED and (
+            seen.operators or seen.dead_letter_types or seen.behind
+        ):
+            fell_back = frozenset(fallback_units)
+            for u, sources in seen.behind.items():
+                if u not in fell_back:
+                    for vertex_id, splits in sources.items():
+                        self.records_behind.setdefault(vertex_id, {}).update(splits)
+            for u, counts in seen.operators.items():
+                if u not in fell_back:
+                    for vertex_id, numbers in counts.items():
+                        total = self.operator_records.setdefault(vertex_id, [0, 0, 0])
+                        for k, n in enumerate(numbers):
+                            total[k] += n
+            for u, types in seen.dead_letter_types.items():
+                if u not in fell_back:
+                    for error_type, n in types.items():
+                        self.dead_letter_types[error_type] = (
+                            self.dead_letter_types.get(error_type, 0) + n
+                        )
         late, low, holder = 0, None, None
         if outcome is not Outcome.ABORTED and seen.watermarks:
             fell_back = frozenset(fallback_units)
@@ -299,7 +351,7 @@ class DecisionHandlers:
             self.coordinator.on_fallback_relocated(cid, compacted.moved)
         self.faults.crash_point(cid, "after-metadata")
         self.cleaning.completed(md)
-        self.outcomes[cid] = self._outcome_of(
+        outcome = self._outcome_of(
             Outcome.SAVEPOINT if d.savepoint is not None else Outcome(md.kind.value),
             tuple(u.unit_id for u in md.fallback_units),
             "; ".join(md.reasons),
@@ -307,6 +359,14 @@ class DecisionHandlers:
             checkpoint_id=cid,
             warnings=(compacted.warning,) if compacted.warning else (),
         )
+        watch = self.stall_watch
+        if watch is not None and self.unit_watermarks:
+            sizes = operator_state_bytes(md, watch.inputs)
+            stalls = watch.observe(cid, sizes, self.unit_watermarks)
+            if stalls:
+                warnings = outcome.warnings + tuple(s.message() for s in stalls)
+                outcome = dataclasses.replace(outcome, warnings=warnings)
+        self.outcomes[cid] = outcome
         return self.coordinator.on_metadata_durable(cid, self._now())
 
     def _compact(self, md: CheckpointMetadata) -> Compacted:

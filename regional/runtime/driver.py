@@ -81,6 +81,7 @@ from regional.runtime.restore import (
     roll_back_sinks,
     verify_exchanges,
 )
+from regional.runtime.stalled_inputs import StallWatch, watched_inputs
 from regional.runtime.timing import EpochStopwatch, EpochTiming
 
 __all__ = [
@@ -187,6 +188,7 @@ class _Held:
     running: _Running
     records_in: int
     decisions: list[Decision]
+    records_exchanged: int = 0
 
 
 def new_run_id() -> str:
@@ -335,6 +337,8 @@ class JobDriver:
             now=self.now_ms,
             seen=self._seen,
         )
+        if pipeline.timed:  # an input whose watermark stalls while state grows: a warning
+            self.decisions.stall_watch = StallWatch(watched_inputs(pipeline, self.plan))
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
         self._stop_requested = False
@@ -375,9 +379,11 @@ class JobDriver:
         """
         if self.metrics_port is None:
             return self._run(max_checkpoints, stop_with_savepoint)
+        from regional.graph.unit_names import names_of_plan
         from regional.runtime.prometheus import serve_metrics
 
-        with serve_metrics(self, port=self.metrics_port, host=self.metrics_host):
+        names = names_of_plan(self.plan).labels
+        with serve_metrics(self, port=self.metrics_port, host=self.metrics_host, names=names):
             return self._run(max_checkpoints, stop_with_savepoint)
 
     def _run(self, max_checkpoints: int | None, stop_with_savepoint: bool) -> RunSummary:
@@ -433,12 +439,12 @@ class JobDriver:
                     hold_commits=pool is not None and not last and not running.trigger.final,
                 )
                 if isinstance(out, _Held):
-                    if out.records_in > 0 and not self._stop_requested:
+                    if out.records_in + out.records_exchanged > 0 and not self._stop_requested:
                         held = out
                         continue
                     out = self._finish_held(out)
                 summary.checkpoints.append(out)
-                if out.records_in == 0 and not last:
+                if out.records_in + out.records_exchanged == 0 and not last:
                     self._idle_until(out.trigger_time_ms + round(self.interval * 1000))
             if held is not None:
                 summary.checkpoints.append(self._finish_held(held))
@@ -608,19 +614,22 @@ class JobDriver:
         watch.add_tasks(answers)
         if self.coordinator.pending_checkpoint_id == cid:
             decisions += self.coordinator.on_tick(max(self.clock.now_ms(), trigger.deadline_ms))
-        records_in = sum(a.records_in for a in answers if isinstance(a, Ack))
+        acks = [a for a in answers if isinstance(a, Ack)]
+        # the job's input only: a keyed exchange's reads are counted apart (issue 45)
+        exchanged = sum(a.records_exchanged for a in acks)
+        records_in = sum(a.records_in for a in acks) - exchanged
         self.faults.crash_point(cid, "after-acks")
         try:
             held = self.decisions.carry_out(
                 self.decisions.deferred + decisions, hold_commits=hold_commits
             )
         except JobFailedError as failed:  # the job's last event says why it failed
-            self._record(cid, records_in, running.trigger_ms, str(failed))
+            self._record(cid, records_in, running.trigger_ms, str(failed), exchanged)
             raise
         self._check_sources_finished()
         if held:
-            return _Held(running, records_in, held)
-        return self._record(cid, records_in, running.trigger_ms)
+            return _Held(running, records_in, held, exchanged)
+        return self._record(cid, records_in, running.trigger_ms, exchanged=exchanged)
 
     def _finish_held(self, held: _Held) -> CheckpointEvent:
         """Carry out an epoch's held commits and what follows them (in order, as `epoch` would
@@ -632,11 +641,11 @@ class JobDriver:
             try:
                 self.decisions.carry_out(held.decisions)
             except JobFailedError as failed:
-                self._record(cid, held.records_in, trigger_ms, str(failed))
+                self._record(cid, held.records_in, trigger_ms, str(failed), held.records_exchanged)
                 raise
             if self.coordinator.pending_checkpoint_id is None:  # never under a running epoch
                 self._check_sources_finished()
-            return self._record(cid, held.records_in, trigger_ms)
+            return self._record(cid, held.records_in, trigger_ms, exchanged=held.records_exchanged)
         finally:
             self._stopwatch = self.decisions.stopwatch = following
 
@@ -709,6 +718,7 @@ class JobDriver:
     def metrics(self) -> MetricsSnapshot:
         """The job's metrics now: completions, aborts by rule, the latest checkpoint's
         `oldest_ref_checkpoint_id`, per-unit lag, commit lag, records read, stuck units."""
+        watch = self.decisions.stall_watch
         return metrics_snapshot(
             self.coordinator.metrics,
             latest_completed_id=self.coordinator.latest_completed_id,
@@ -720,6 +730,10 @@ class JobDriver:
             stuck_units=self.stuck_units(),
             event_time=self.pipeline.timed,
             last_event=self.last_event,
+            operator_records=self.decisions.operator_records,
+            dead_letter_types=self.decisions.dead_letter_types,
+            stalled_inputs=() if watch is None else watch.stalled,
+            records_behind=self.decisions.records_behind,
         )
 
     def published_metrics(self) -> MetricsSnapshot:
@@ -738,7 +752,12 @@ class JobDriver:
         return max((len(c.queued) for c in self.committers.values()), default=0)
 
     def _record(
-        self, cid: int, records_in: int, trigger_ms: int, failed: str | None = None
+        self,
+        cid: int,
+        records_in: int,
+        trigger_ms: int,
+        failed: str | None = None,
+        exchanged: int = 0,
     ) -> CheckpointEvent:
         """The epoch's outcome: reported to `progress` and written to the event log (best
         effort: a failed write is logged, never fails the job)."""
@@ -766,6 +785,7 @@ class JobDriver:
             abort_rule=o.abort_rule,
             message=failed or o.message,
             records_in=records_in,
+            records_exchanged=exchanged,
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
             warnings=o.warnings,
@@ -801,15 +821,19 @@ class JobDriver:
         return unit_reads(unit_id, self.layout, self.enumerators, self.coordinator, self._assigned)
 
     def stuck_units(self) -> tuple[StuckUnit, ...]:
-        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why."""
+        """The units stuck now (DESIGN §4 rule 5), each with what it reads and why. Its
+        `fallbacks` is its lag (checkpoint ids since its owner: `inspect lag`, the events'
+        `unit_lag`, the metric), not the limit's streak, which a restore restarts at
+        max-unit-fallbacks and which skips aborted attempts (issue 45)."""
         c = self.coordinator
+        lag = c.metrics.unit_lag
         return tuple(
             StuckUnit(
                 unit_id=u,
                 splits=self.unit_reads(u),
                 since_ms=since,
                 owner_checkpoint_id=c.unit_owner(u),
-                fallbacks=c.limits.streak.get(u, 0),
+                fallbacks=lag.get(u, c.limits.streak.get(u, 0)),
                 cause=(c.last_cause.get(u, "").splitlines() or [""])[0],
             )
             for u, since in sorted(c.stuck_units.items())

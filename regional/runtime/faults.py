@@ -11,6 +11,23 @@ In production nothing here runs: `Faults()` is empty, the task side gets no `Uni
 Traceback (most recent call last):
 ...
 ValueError: fault 'explode' for unit 1 at checkpoint 2: use fail, hang, stall or crash
+
+A unit may be named as the CLI and the report show it (`regional.graph.unit_names`:
+``orders[1]``, ``orders⨝payments[3]``, ``paid[3]``); the names are resolved against the
+pipeline's units when the task-side hook is made:
+
+>>> from regional.dataflow.pipeline import Pipeline
+>>> from regional.sinks.memory import InMemoryTableSink
+>>> from regional.sources.generator import GeneratorSource
+>>> p = Pipeline("demo")
+>>> _ = p.source(GeneratorSource(2, lambda s, n: {"n": n}), parallelism=2, name="orders"
+...     ).sink(InMemoryTableSink(), name="out")
+>>> Faults(units={(2, "orders[1]"): "fail"}).unit_faults(p).kinds
+{(2, 1): 'fail'}
+>>> Faults(units={(2, "payments[0]"): "fail"}).unit_faults(p)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+regional.graph.unit_names.UnitNameError: no unit named 'payments[0]'; the job's units are ...
 """
 
 from __future__ import annotations
@@ -19,11 +36,16 @@ import dataclasses
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from regional.coordinator.messages import UnitWork
 from regional.errors import RegionalError
+from regional.graph.unit_names import names_of_plan
+
+if TYPE_CHECKING:
+    from regional.dataflow.pipeline import Pipeline
 
 __all__ = [
     "CRASH_STEPS",
@@ -80,11 +102,12 @@ class UnitFaults(msgspec.Struct, frozen=True):
 
 @dataclasses.dataclass(frozen=True)
 class Faults:
-    """Injected faults, off by default. `units` maps (checkpoint id, unit id) to one of
-    `UNIT_FAULTS`; `crash_at` is (checkpoint id, step in `CRASH_STEPS`); `hard` crashes by
+    """Injected faults, off by default. `units` maps (checkpoint id, unit) to one of
+    `UNIT_FAULTS`, the unit given by its id or its name (``orders[1]``: resolved by
+    `unit_faults`); `crash_at` is (checkpoint id, step in `CRASH_STEPS`); `hard` crashes by
     ending the driver process (`os._exit`) instead of raising `DriverCrash`."""
 
-    units: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
+    units: dict[tuple[int, int | str], str] = dataclasses.field(default_factory=dict)
     crash_at: tuple[int, str] | None = None
     hard: bool = False
 
@@ -100,9 +123,27 @@ class Faults:
                 f"crash step {self.crash_at[1]!r}: use one of {', '.join(CRASH_STEPS)}"
             )
 
-    def unit_faults(self) -> UnitFaults | None:
-        """The task-side hook, or None when no unit fault is injected (production)."""
-        return UnitFaults(dict(self.units)) if self.units else None
+    def unit_faults(self, pipeline: Pipeline | None = None) -> UnitFaults | None:
+        """The task-side hook, or None when no unit fault is injected (production). Units
+        named by name are resolved against `pipeline`'s units (needed only then); an unknown
+        name raises `UnitNameError` listing the names the pipeline's units have."""
+        if not self.units:
+            return None
+        kinds: dict[tuple[int, int], str] = {}
+        named = [unit for _, unit in self.units if not isinstance(unit, int)]
+        if named and pipeline is None:
+            raise ValueError(
+                f"fault for unit {named[0]!r}: a unit named by name needs the pipeline to "
+                "resolve it; call faults.unit_faults(pipeline)"
+            )
+        names = names_of_plan(pipeline.regions()) if named and pipeline is not None else None
+        for (cid, unit), what in self.units.items():
+            if names is not None:
+                kinds[cid, names.resolve(unit)] = what
+            else:
+                assert isinstance(unit, int)  # a name needs the pipeline: refused above
+                kinds[cid, unit] = what
+        return UnitFaults(kinds)
 
     def crash_point(self, checkpoint_id: int, step: str) -> None:
         """Stop the driver here if `crash_at` names this point."""

@@ -17,13 +17,14 @@ snapshot it published and its clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
 
 from metadata.events import CheckpointEvent, DriverStart, Outcome, StuckUnit
 from regional.coordinator import CoordinatorMetrics
+from regional.report.dead_letters import REASONS, reason_of
 
 __all__ = ["MetricsSnapshot", "MetricsSource", "checkpoint_event", "metrics_snapshot"]
 
@@ -42,12 +43,18 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     `drop_duplicates`, once per operator that judged each (`CheckpointEvent.records_late`).
     Counters run since the driver started (a restored job starts them at 0).
 
-    What the job adds to the coordinator's: `job_id`; `records_in`, the records acked units read
-    since the driver started; `stuck_units` (DESIGN §4 rule 5), each with what it reads and
+    What the job adds to the coordinator's: `job_id`; `records_in`, the records acked units'
+    sources read from the job's input since the driver started (not what the keyed exchanges'
+    readers read); `stuck_units` (DESIGN §4 rule 5), each with what it reads and
     since when; `event_time`, whether the pipeline has event time (then `records_late` means
     something); and of the latest checkpoint outcome, `watermark_ms` (the lowest watermark of a
     unit fresh in it) with `watermark_unit`, and `last_checkpoint_seconds` (from its trigger to
-    its outcome; None before the first).
+    its outcome; None before the first). `operator_records`: per operator vertex, the records
+    it took in, gave out and judged late in completed checkpoints (units that fell back left
+    out); `dead_letters_by_reason`: the dead letters of completed checkpoints by reason
+    (`regional.report.dead_letters.reason_of`). `stalled_inputs`: the (operator, input)
+    pairs in a stall episode now (`regional.runtime.stalled_inputs`). `records_behind`: the
+    consumer lag, per source vertex and split (`CheckpointEvent.records_behind`).
     """
 
     latest_completed_id: int | None
@@ -68,6 +75,10 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     watermark_ms: int | None = None
     watermark_unit: int | None = None
     last_checkpoint_seconds: float | None = None
+    operator_records: dict[str, tuple[int, int, int]] = {}
+    dead_letters_by_reason: dict[str, int] = {}
+    stalled_inputs: tuple[tuple[str, str], ...] = ()
+    records_behind: dict[str, dict[str, int]] = {}
 
     @property
     def max_unit_lag(self) -> int:
@@ -99,6 +110,10 @@ def metrics_snapshot(
     stuck_units: tuple[StuckUnit, ...] = (),
     event_time: bool = False,
     last_event: CheckpointEvent | None = None,
+    operator_records: Mapping[str, Sequence[int]] | None = None,
+    dead_letter_types: Mapping[str, int] | None = None,
+    stalled_inputs: Iterable[tuple[str, str]] = (),
+    records_behind: Mapping[str, Mapping[str, int]] | None = None,
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics, and what the job adds to them (`last_event`: its
     latest checkpoint outcome), into a `MetricsSnapshot`."""
@@ -126,7 +141,22 @@ def metrics_snapshot(
         watermark_ms=None if last_event is None else last_event.watermark_ms,
         watermark_unit=None if last_event is None else last_event.watermark_unit,
         last_checkpoint_seconds=None if last_event is None else last_event.seconds,
+        operator_records={
+            v: (int(c[0]), int(c[1]), int(c[2]))
+            for v, c in sorted((operator_records or {}).items())
+        },
+        dead_letters_by_reason=_by_reason(dead_letter_types or {}),
+        stalled_inputs=tuple(sorted(stalled_inputs)),
+        records_behind={v: dict(s) for v, s in (records_behind or {}).items()},
     )
+
+
+def _by_reason(types: Mapping[str, int]) -> dict[str, int]:
+    """Dead-letter counts by error type, summed by reason (`reason_of`), in `REASONS` order."""
+    out = dict.fromkeys(REASONS, 0)
+    for error_type, n in types.items():
+        out[reason_of(error_type)] += n
+    return {r: n for r, n in out.items() if n}
 
 
 def checkpoint_event(
@@ -151,6 +181,7 @@ def checkpoint_event(
     watermark: tuple[int | None, int | None] = (None, None),
     warnings: tuple[str, ...] = (),
     started: DriverStart | None = None,
+    records_exchanged: int = 0,
 ) -> CheckpointEvent:
     """The record of one checkpoint outcome with the metrics right after it.
 
@@ -189,4 +220,6 @@ def checkpoint_event(
         watermark_unit=watermark[1],
         warnings=warnings,
         started=started,
+        records_exchanged=records_exchanged,
+        records_behind=metrics.records_behind,
     )

@@ -11,22 +11,49 @@ to 127.0.0.1 unless told otherwise. Names follow Flink's and FLIP-600's where th
 "Metrics" maps them), in Prometheus's style: base units, `_total` on counters, every sample
 labelled with the job id. Counters start at 0 when a driver starts (also after a restore), as
 Prometheus expects of a restarted process.
+
+A unit's samples carry its id (`unit`, stable for dashboards and what `Faults` and the grid
+take) and its name (`name`: what it reads, `regional.graph.unit_names`, ``orders[1]``). A
+watermark no record has set yet is exported as NaN (unknown), one whose input ended as +Inf.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from metadata.errors import RegionalError
+from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from regional.runtime.metrics import MetricsSnapshot, MetricsSource
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
 
-__all__ = ["JobCollector", "MetricsPortError", "job_registry", "serve_metrics"]
+__all__ = [
+    "JobCollector",
+    "MetricsPortError",
+    "job_registry",
+    "serve_metrics",
+    "watermark_seconds",
+]
+
+
+def watermark_seconds(ms: int) -> float:
+    """A watermark as the gauge shows it: seconds since the Unix epoch; NaN when no record set
+    it yet (`MIN_WATERMARK`: unknown, not a time 292 million years ago), +Inf once its input
+    ended (`MAX_WATERMARK`).
+
+    >>> watermark_seconds(5_000), watermark_seconds(MIN_WATERMARK), watermark_seconds(MAX_WATERMARK)
+    (5.0, nan, inf)
+    """
+    if ms <= MIN_WATERMARK:
+        return math.nan
+    if ms >= MAX_WATERMARK:
+        return math.inf
+    return ms / 1000
 
 
 class MetricsPortError(RegionalError):
@@ -37,11 +64,21 @@ class MetricsPortError(RegionalError):
 
 class JobCollector:
     """A Prometheus collector over one job's published metrics: `snapshot` gives the latest
-    (read once per scrape), `now_ms` the driver's clock."""
+    (read once per scrape), `now_ms` the driver's clock, `names` each unit's name (unit id ->
+    ``orders[1]``; a unit left out is ``unit <id>``)."""
 
-    def __init__(self, snapshot: Callable[[], MetricsSnapshot], now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], MetricsSnapshot],
+        now_ms: Callable[[], int],
+        names: Mapping[int, str] | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.now_ms = now_ms
+        self.names = names or {}
+
+    def _name(self, unit: int | None) -> str:
+        return "" if unit is None else self.names.get(unit, f"unit {unit}")
 
     def collect(self) -> Iterable[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -87,6 +124,55 @@ class JobCollector:
             )
             late.add_metric(job, m.records_late)
             yield late
+        per_operator = [
+            ("in", 0, "Records an operator took in, by operator (Flink numRecordsIn)."),
+            ("out", 1, "Records an operator gave out, by operator (Flink numRecordsOut)."),
+        ]
+        if m.event_time:
+            per_operator.append(
+                ("late", 2, "Records an operator judged late, by operator (windows, joins, "
+                 "drop_duplicates).")
+            )  # fmt: skip
+        for which, k, text in per_operator:
+            family = CounterMetricFamily(
+                f"regional_operator_records_{which}",
+                text + " Counted for the units fresh in completed checkpoints.",
+                labels=["job", "operator"],
+            )
+            for operator, counts in m.operator_records.items():
+                family.add_metric([*job, operator], counts[k])
+            yield family
+        dead = CounterMetricFamily(
+            "regional_dead_letters",
+            "Records set aside to the dead-letter sink in completed checkpoints, by reason "
+            "(late, bad event time, undecodable, user function error).",
+            labels=["job", "reason"],
+        )
+        for reason, n in m.dead_letters_by_reason.items():
+            dead.add_metric([*job, reason], n)
+        yield dead
+        backlog = GaugeMetricFamily(
+            "regional_source_records_behind",
+            "Consumer lag: records between where the job's next read of a split starts and the "
+            "split's end (a Kafka partition's end offset, a file's rows), as the latest "
+            "completed checkpoint's units read it (Flink records-lag).",
+            labels=["job", "source", "split"],
+        )
+        for source, splits in m.records_behind.items():
+            for split, n in splits.items():
+                backlog.add_metric([*job, source, split], n)
+        yield backlog
+        if m.event_time:
+            stalled = GaugeMetricFamily(
+                "regional_stalled_input",
+                "1 for each operator input whose watermark has not advanced for "
+                "STALL_CHECKPOINTS checkpoints while the operator's state grew "
+                "(regional.runtime.stalled_inputs); only inputs stalled now.",
+                labels=["job", "operator", "input"],
+            )
+            for operator, name in m.stalled_inputs:
+                stalled.add_metric([*job, operator, name], 1)
+            yield stalled
         failures = CounterMetricFamily(
             "regional_commit_failures", "Failed commit attempts (retried).", labels=["job"]
         )
@@ -103,10 +189,10 @@ class JobCollector:
             "regional_unit_lag",
             "Checkpoint ids a unit's state is behind the latest completed one (units that lag "
             "only; aborted attempts count: the unit committed nothing in them either).",
-            labels=["job", "unit"],
+            labels=["job", "unit", "name"],
         )
         for unit, behind in m.unit_lag.items():
-            lag.add_metric([*job, str(unit)], behind)
+            lag.add_metric([*job, str(unit), self._name(unit)], behind)
         yield lag
         stuck_units = m.stuck_units
         count = GaugeMetricFamily(
@@ -121,11 +207,14 @@ class JobCollector:
             "regional_unit_stuck_seconds",
             "How long each stuck unit has been stuck, by unit and what it reads (stuck units "
             "only).",
-            labels=["job", "unit", "reads"],
+            labels=["job", "unit", "name", "reads"],
         )
         now = self.now_ms()
         for s in stuck_units:
-            stuck.add_metric([*job, str(s.unit_id), ",".join(s.splits)], (now - s.since_ms) / 1000)
+            stuck.add_metric(
+                [*job, str(s.unit_id), self._name(s.unit_id), ",".join(s.splits)],
+                (now - s.since_ms) / 1000,
+            )
         yield stuck
         if m.latest_completed_id is not None:
             latest = GaugeMetricFamily(
@@ -148,10 +237,14 @@ class JobCollector:
             wm = GaugeMetricFamily(
                 "regional_watermark_seconds",
                 "The lowest event-time watermark of a unit fresh in the latest checkpoint "
-                "(seconds since the Unix epoch; +/-9.2e15 for +/-infinity), and the unit.",
-                labels=["job", "unit"],
+                "(seconds since the Unix epoch; NaN: no record set it yet; +Inf: its input "
+                "ended), and the unit.",
+                labels=["job", "unit", "name"],
             )
-            wm.add_metric([*job, str(m.watermark_unit)], m.watermark_ms / 1000)
+            wm.add_metric(
+                [*job, str(m.watermark_unit), self._name(m.watermark_unit)],
+                watermark_seconds(m.watermark_ms),
+            )
             yield wm
         if m.last_checkpoint_seconds is not None:
             duration = GaugeMetricFamily(
@@ -164,20 +257,29 @@ class JobCollector:
             yield duration
 
 
-def job_registry(source: MetricsSource) -> CollectorRegistry:
-    """A registry of its own holding only the metrics `source` (a `JobDriver`) publishes."""
+def job_registry(
+    source: MetricsSource, names: Mapping[int, str] | None = None
+) -> CollectorRegistry:
+    """A registry of its own holding only the metrics `source` (a `JobDriver`) publishes,
+    units named by `names`."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(source.published_metrics, source.now_ms))
+    registry.register(JobCollector(source.published_metrics, source.now_ms, names))
     return registry
 
 
 @contextlib.contextmanager
-def serve_metrics(source: MetricsSource, *, port: int, host: str = "127.0.0.1") -> Iterator[int]:
+def serve_metrics(
+    source: MetricsSource,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    names: Mapping[int, str] | None = None,
+) -> Iterator[int]:
     """Serve the metrics `source` (a `JobDriver`) publishes on http://HOST:PORT/metrics while
-    the block runs; yields the port (0 picks a free one). Raises `MetricsPortError` when the
-    port cannot be bound."""
+    the block runs, units named by `names`; yields the port (0 picks a free one). Raises
+    `MetricsPortError` when the port cannot be bound."""
     try:
         from prometheus_client import start_http_server
     except ImportError as exc:
@@ -186,7 +288,7 @@ def serve_metrics(source: MetricsSource, *, port: int, host: str = "127.0.0.1") 
             "pip install 'regional-checkpoints[prometheus]'"
         ) from exc
     try:
-        server, thread = start_http_server(port, addr=host, registry=job_registry(source))
+        server, thread = start_http_server(port, addr=host, registry=job_registry(source, names))
     except OSError as exc:
         raise MetricsPortError(
             f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; pick a free port "

@@ -369,7 +369,7 @@ def task_env(
         # a packed task runs its units one after another: half the deadline per unit leaves
         # the others of a task with a hung unit time to finish before the epoch deadline
         unit_timeout=region_timeout / 2,
-        faults=faults.unit_faults(),
+        faults=faults.unit_faults(pipeline),
         run_id=run_id,
         merge_state=merge_state,
         merge_sink_files=merge_sink_files,

@@ -82,6 +82,11 @@ class UnitSnapshot(msgspec.Struct):
     decoded: dict[str, HotState] = msgspec.field(default_factory=dict)
     state_hits: int = 0  # operator subtasks restored from hot state
     state_misses: int = 0  # operator subtasks restored by decoding their bytes
+    records_exchanged: int = 0  # of records_in, those read from a keyed exchange
+    #: per operator vertex: (records in, out, judged late); dead letters by error type
+    operators: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
+    dead_letter_types: dict[str, int] = msgspec.field(default_factory=dict)
+    behind: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)  # consumer lag
 
 
 def upload(
@@ -205,6 +210,10 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         tuple(states),
         records_in=snap.records_in,
         records_out=snap.records_out,
+        records_exchanged=snap.records_exchanged,
+        operators=snap.operators,
+        dead_letter_types=snap.dead_letter_types,
+        behind=snap.behind,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
         restore_s=snap.restore_s,

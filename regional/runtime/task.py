@@ -232,6 +232,10 @@ def _process(
         epoch.encode_s,
         spool_offset,
         sink_parts,
+        records_exchanged=epoch.records_exchanged,
+        operators={v: (c[0], c[1], c[2]) for v, c in epoch.operators.items()},
+        dead_letter_types=dict(epoch.dead_letter_types),
+        behind={v: dict(splits) for v, splits in epoch.behind.items()},
     )
     if isinstance(state_of, HotStates):
         snap.decoded = {

@@ -48,12 +48,16 @@ class ReadResult(NamedTuple):
     """Batches read from a split, the position after them (past any poison record), whether
     the split is done, and the records it could not decode (`poison`). With
     `Pipeline(on_error="dead-letter")` each poison record becomes a dead-letter row and the unit
-    goes on; otherwise the first one's error declines the unit."""
+    goes on; otherwise the first one's error declines the unit. `behind`: how many records
+    lie between the position after the read and the split's end as the source knew it then
+    (a Kafka partition's end offset, a file's rows; None: the source does not say), the
+    consumer lag `regional inspect ROOT lag`, progress and metrics show."""
 
     batches: list[Batch]
     position: bytes
     finished: bool
     poison: tuple[PoisonRecord, ...] = ()
+    behind: int | None = None
 
 
 @runtime_checkable

@@ -356,5 +356,9 @@ class FileSource:
         part, end, total, poison = rows(split_id, start, max_records)
         batches = part.to_batches(max_chunksize=self.batch_size) if part.num_columns else []
         return ReadResult(
-            [b for b in batches if b.num_rows], str(end).encode(), end >= total, poison
+            [b for b in batches if b.num_rows],
+            str(end).encode(),
+            end >= total,
+            poison,
+            max(total - end, 0),
         )

@@ -391,19 +391,23 @@ class KafkaSource:
             if self.commit_group is not None and next_offset is not None:
                 self._commit_back(consumer, topic, partition, next_offset)
             if stop is not None and (next_offset or 0) >= stop:
-                return ReadResult([], encode_position(next_offset or stop, stop), True)
+                return ReadResult([], encode_position(next_offset or stop, stop), True, (), 0)
             if next_offset is not None:
                 tp.offset = next_offset
             else:
                 tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
             want = max_records if stop is None else min(max_records, stop - (next_offset or 0))
             messages = self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else []
-        if messages:
-            next_offset = int(messages[-1].offset() or 0) + 1
+            if messages:
+                next_offset = int(messages[-1].offset() or 0) + 1
+            # consumer lag: the partition's end offset now, minus where the next read starts
+            low, high = self._watermarks(consumer, tp, at)
         finished = stop is not None and next_offset is not None and next_offset >= stop
         good, poison = self._decode(messages)
         batches = [self._batch(*good)] if good[0] else []
-        return ReadResult(batches, encode_position(next_offset, stop), finished, poison)
+        start = low if self.start == "earliest" else high  # where a first read starts
+        behind = max(high - (start if next_offset is None else next_offset), 0)
+        return ReadResult(batches, encode_position(next_offset, stop), finished, poison, behind)
 
     def _decode(
         self, messages: list[Message]
