@@ -230,4 +230,5 @@ def build_drop_duplicates(
         on_late=on_late,
         scope=graph.key_scope(keyed.vertex_id, keyed.key, name),
     )
+    op.output_schema = graph.schema_of(keyed.vertex_id)  # the records it lets through
     return graph.add(op, name, (keyed.vertex_id,))

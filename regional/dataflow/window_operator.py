@@ -40,6 +40,7 @@ from regional.dataflow.event_time import EventTimeError, column_millis, record_t
 from regional.dataflow.failures import UserFunctionError
 from regional.dataflow.keys import read_key
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.stream_schemas import as_schema_rows
 from regional.dataflow.windows import (
     Aggregate,
     Sliding,
@@ -103,7 +104,10 @@ class WindowSpec:
         allowed_lateness: Any = 0,
         on_late: str = "drop",
         emit: Callable[[Any, Window, Any], Any] | None = None,
+        schema: pa.Schema | None = None,
     ) -> None:
+        #: the rows' schema when keyed by columns of a stream with one (rows are then a batch)
+        self.schema = schema
         self.assigner = assigner
         self.aggregate = aggregate
         self.time_of = time_of
@@ -345,7 +349,7 @@ def _fire(
                 for end, start, _, key, acc in fired
             ]
             split = scope if scope_kind == "split" else time.key_split
-            out.append((split, rows))
+            out.append((split, as_schema_rows(rows, spec.schema)))
             origins.append(time.start_of(scope))
     for scope in [s for s, slots in state.keyed.items() if not slots]:
         del state.keyed[scope]
