@@ -64,7 +64,8 @@ def make_clickstream(directory: str, *, files: int = 16, rows: int = 300) -> str
     return directory
 
 
-#: What a click is: the files are JSON lines; a line that does not fit is a dead letter.
+# --8<-- [start:pipeline]
+#: What a click is (the files are JSON lines; a line that does not fit is a misfit, named).
 CLICKS = pa.schema(
     [
         pa.field("user", pa.string(), nullable=False),
@@ -91,6 +92,7 @@ def build_pipeline(data_dir: str, table_dir: str) -> Pipeline:
     )
     per_user.sink(ParquetSink(table_dir), name="table")
     return p
+# --8<-- [end:pipeline]
 
 
 #: Unit 3 fails at checkpoints 2, 3 and 4 (an exception in the task: a decline).
