@@ -283,3 +283,28 @@ def test_count_distinct_counts_each_value_once_per_window_across_epochs() -> Non
         [{"k": "a", "ts": 3, "v": 1}, {"k": "a", "ts": 4, "v": 2}],
     ]
     assert [r["values"] for r in _window_rows(op, epochs, True)] == [2]
+
+
+def test_regional_regions_shows_the_schema_of_exchanges_and_windows(tmp_path, capsys) -> None:
+    from regional.cli import main
+
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import pyarrow as pa\n"
+        "from regional import GeneratorSource, ParquetSink, Pipeline\n"
+        "from regional.dataflow.windows import Tumbling, count\n"
+        "pipeline = Pipeline('cli')\n"
+        "rows = lambda s, n: {'user': str(n % 3), 'ts': n}\n"
+        "clicks = pipeline.source(GeneratorSource(2, rows), name='clicks', event_time='ts',\n"
+        "                         schema=pa.schema([('user', pa.string()), ('ts', pa.int64())]))\n"
+        "clicks.key_by('user', partitions=2, name='by-user').window(\n"
+        "    Tumbling('1 s'), aggregate=count(), name='w').sink(\n"
+        f"    ParquetSink({str(tmp_path / 'out')!r}), name='out')\n"
+    )
+    assert main(["regions", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "schema of by-user: user string, ts int64\n" in out
+    assert (
+        "schema of w: user string, window_start timestamp[us, tz=UTC], window_end "
+        "timestamp[us, tz=UTC], count int64\n"
+    ) in out
