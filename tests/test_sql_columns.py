@@ -224,20 +224,24 @@ _ROW = st.fixed_dictionaries(
 COLUMNS = pa.schema([("k", pa.string()), ("ts", pa.int64()), ("v", pa.int64())])
 
 
-def _window_rows(op: WindowOp, epochs: list[list[dict[str, Any]]], columns: bool) -> list[Any]:
-    """Every row `op` emits over `epochs` (each one chunk of split "p", the watermark moving
-    1 s per epoch, then to the end), its state through its snapshot between epochs."""
+def _window_rows(
+    op: WindowOp, epochs: list[list[dict[str, Any]]], schema: pa.Schema | None
+) -> list[Any]:
+    """Every row `op` emits over `epochs` (each one chunk of split "p": an Arrow batch of
+    `schema`, or the records when None; the watermark moving 1 s per epoch, then to the end),
+    its state through its snapshot between epochs."""
     blob, rows, watermark = b"", [], 0
     for n, records in enumerate([*epochs, []]):
         state = OperatorState.from_bytes(blob, operator=op.name)
         end = MAX_WATERMARK if n == len(epochs) else watermark + 1_000
-        data = pa.RecordBatch.from_pylist(records, schema=COLUMNS) if columns else records
+        data = records if schema is None else pa.RecordBatch.from_pylist(records, schema=schema)
         time = EpochTime(0, start={KEY_SCOPE: watermark}, end={KEY_SCOPE: end}, key_split="p")
         chunks = [("p", data)] if records else []
         out, _ = op.run(chunks, [watermark] * len(chunks), state, DeadLetters(n, {"p": "0"}), time)
         for _, batch in out:
-            assert not columns or batch.schema == op.output_schema
-            rows += batch.to_pylist() if columns else batch
+            if op.output_schema is not None:
+                assert batch.schema == op.output_schema
+            rows += batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
         blob, watermark = op.snapshot(state, ["p"]) or b"", end
     return rows
 
@@ -266,9 +270,9 @@ def test_a_windowed_aggregate_by_column_equals_the_record_wise_window_operator(
             "window_end": r["window_end"],
             agg.output_column: r["value"],
         }
-        for r in _window_rows(record_op, epochs, False)
+        for r in _window_rows(record_op, epochs, None)
     ]
-    assert _window_rows(column_op, epochs, True) == want
+    assert _window_rows(column_op, epochs, COLUMNS) == want
 
 
 def test_count_distinct_counts_each_value_once_per_window_across_epochs() -> None:
@@ -282,7 +286,7 @@ def test_count_distinct_counts_each_value_once_per_window_across_epochs() -> Non
         [{"k": "a", "ts": 1, "v": 1}, {"k": "a", "ts": 2, "v": None}],
         [{"k": "a", "ts": 3, "v": 1}, {"k": "a", "ts": 4, "v": 2}],
     ]
-    assert [r["values"] for r in _window_rows(op, epochs, True)] == [2]
+    assert [r["values"] for r in _window_rows(op, epochs, COLUMNS)] == [2]
 
 
 def test_regional_regions_shows_the_schema_of_exchanges_and_windows(tmp_path, capsys) -> None:
@@ -308,3 +312,35 @@ def test_regional_regions_shows_the_schema_of_exchanges_and_windows(tmp_path, ca
         "schema of w: user string, window_start timestamp[us, tz=UTC], window_end "
         "timestamp[us, tz=UTC], count int64\n"
     ) in out
+
+
+_ROW2 = st.fixed_dictionaries(
+    {
+        "k": _KEYS,
+        "k2": st.sampled_from([1, 2, None]),
+        "ts": st.integers(0, 5_000),
+        "v": st.one_of(st.none(), st.integers(-99, 99), st.sampled_from([0.1, 0.2, 0.3])),
+    }
+)
+COLUMNS2 = pa.schema([("k", pa.string()), ("k2", pa.int64()), ("ts", pa.int64()),
+                      ("v", pa.float64())])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(_ROW2, max_size=8), min_size=1, max_size=4),
+    st.sampled_from(["count", "sum", "mean", "max"]),
+)
+def test_a_window_keyed_by_two_columns_folds_columns_as_the_record_wise_path_adds_records(
+    epochs: list[list[dict[str, Any]]], kind: str
+) -> None:
+    from regional.dataflow.keys import FieldsKey
+
+    agg = {"count": count(), "sum": sum_of("v"), "mean": mean_of("v"), "max": max_of("v")}[kind]
+    rows = [[{**r, "v": None if r["v"] is None else float(r["v"])} for r in e] for e in epochs]
+    spec = WindowSpec(Sliding("2 s", "1 s"), agg, time_of=lambda r: r["ts"], time_field="ts")
+    by_columns = WindowOp(spec, FieldsKey(["k", "k2"]), name="w", scope="key")
+    record_spec = WindowSpec(Sliding("2 s", "1 s"), agg, time_of=lambda r: r["ts"])
+    record_wise = WindowOp(record_spec, lambda r: (r["k"], r["k2"]), name="w", scope="key")
+    got = _window_rows(by_columns, rows, COLUMNS2)
+    assert repr(got) == repr(_window_rows(record_wise, rows, None))
