@@ -13,10 +13,11 @@ x 5,000 and 16 x 20,000 (the default runs both). Contenders, reading the same fi
   minute"), "user").count()`` written as Parquet, one Spark SQL batch job.
 
 Measured: seconds from the start of a run to its end, `--rounds` runs of each in alternating
-order, the median counted; every window's count is checked equal between the two. Printed: the
-ratio regional / Spark per shape (the issue's target: <= 1.2x), and the machinery of the
-expression stages alone: µs per record of ``SqlStage.apply`` (where + select) over one batch of
-a file's size, without Spark (target <= 0.05 µs per record).
+order after one warm-up run of each on 8 x 2,000 (not counted), the median counted; every
+window's count is checked equal between the two. Printed: the ratio regional / Spark per shape
+(the issue's target: <= 1.2x), where the regional runs' time went (`EpochTiming`), and the
+machinery of the expression stages alone: µs per record of ``SqlStage.apply`` (where +
+select) over one batch of a file's size, without Spark (target <= 0.05 µs per record).
 
     .venv/bin/python -m benchmarks.bench_sql_pipeline [--rounds 3] [--quick]
 
@@ -44,6 +45,7 @@ from regional.dataflow.sql_stages import SqlStage
 from regional.dataflow.windows import Tumbling, count
 from regional.runtime.session import spark_session
 from regional.runtime.spark import SparkRuntime
+from regional.runtime.timing import EpochTiming
 from regional.sinks.parquet import ParquetSink, read_table
 from regional.sources.files import FileSource
 
@@ -61,6 +63,11 @@ ORDERS = pa.schema(
     ]
 )
 SHAPES = ((64, 5_000), (16, 20_000))
+#: Where a regional run's time goes (`EpochTiming`, summed over its epochs): the Spark jobs
+#: (`dispatch_s`; inside them the units' processing, summed over units in parallel tasks), the
+#: commits, the metadata and the whole epochs.
+PARTS = ("total_s", "dispatch_s", "task_process_s", "task_restore_s", "task_snapshot_s",
+         "task_upload_s", "commit_s", "metadata_s", "plan_s")  # fmt: skip
 
 
 def write_input(directory: str, files: int, per_file: int, args: argparse.Namespace) -> None:
@@ -107,14 +114,25 @@ def _ms(value: Any) -> int:
 
 def run_regional(
     spark: Any, data: str, work: str, files: int, per_file: int, args: argparse.Namespace
-) -> tuple[float, dict[Any, int]]:
+) -> tuple[float, dict[Any, int], dict[str, float]]:
+    """One run of the regional job: its seconds, its windows' counts, and where its epochs'
+    time went (summed over epochs: `regional.runtime.timing.EpochTiming`)."""
     table = f"{work}/table"
-    runtime = SparkRuntime(job(data, table, files, per_file, args), spark, root=f"{work}/ckpt")
+    timings: list[EpochTiming] = []
+
+    def progress(_: Any) -> None:
+        if runtime.last_timing is not None:
+            timings.append(runtime.last_timing)
+
+    pipeline = job(data, table, files, per_file, args)
+    runtime = SparkRuntime(pipeline, spark, root=f"{work}/ckpt", progress=progress)
     started = time.perf_counter()
     assert runtime.run().finished
     seconds = time.perf_counter() - started
+    parts = {part: sum(getattr(t, part) for t in timings) for part in PARTS}
+    parts["epochs"] = len(timings)
     rows = read_table(table).to_pylist()
-    return seconds, {(r["user"], _ms(r["window_end"])): r["count"] for r in rows}
+    return seconds, {(r["user"], _ms(r["window_end"])): r["count"] for r in rows}, parts
 
 
 def run_spark_sql(spark: Any, data: str, work: str) -> tuple[float, dict[Any, int]]:
@@ -167,6 +185,7 @@ def run_shape(spark: Any, files: int, per_file: int, args: argparse.Namespace) -
     try:
         write_input(data, files, per_file, args)
         seconds: dict[str, list[float]] = {"regional": [], "spark-sql": []}
+        parts: list[dict[str, float]] = []
         got: dict[str, dict[Any, int]] = {}
         for r in range(args.rounds):
             order = ("regional", "spark-sql") if r % 2 == 0 else ("spark-sql", "regional")
@@ -174,7 +193,8 @@ def run_shape(spark: Any, files: int, per_file: int, args: argparse.Namespace) -
                 where = f"{work}/round{r}-{k}"
                 os.makedirs(where)
                 if mode == "regional":
-                    took, rows = run_regional(spark, data, where, files, per_file, args)
+                    took, rows, spent = run_regional(spark, data, where, files, per_file, args)
+                    parts.append(spent)
                 else:
                     took, rows = run_spark_sql(spark, data, where)
                 seconds[mode].append(took)
@@ -199,6 +219,9 @@ def run_shape(spark: Any, files: int, per_file: int, args: argparse.Namespace) -
         "windows": len(got["regional"]),
         "expr_us_per_record": round(expr, 4),
         "rounds_s": {m: [round(x, 2) for x in s] for m, s in seconds.items()},
+        "regional_parts_s": {
+            k: round(statistics.median(p[k] for p in parts), 3) for k in (*PARTS, "epochs")
+        },
     }
 
 
@@ -220,6 +243,8 @@ def main() -> None:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     try:
+        if not args.quick:  # Spark's first jobs (JIT, class loading) are slow: not counted
+            run_shape(spark, 8, 2_000, argparse.Namespace(**{**vars(args), "rounds": 1}))
         rows = [run_shape(spark, files, per_file, args) for files, per_file in shapes]
     finally:
         spark.stop()
@@ -230,6 +255,11 @@ def main() -> None:
         "count equal between the two\n"
     )
     print_table(COLUMNS, rows)
+    print("\nwhere the regional runs' time went (median over rounds, summed over epochs; task_*")
+    print("are summed over units running in parallel tasks):")
+    for row in rows:
+        spent = ", ".join(f"{k} {v}" for k, v in row["regional_parts_s"].items())
+        print(f"  {row['shape']}: {spent}")
     stem = "sql-pipeline-quick" if args.quick else "sql-pipeline"
     write_results(
         f"{args.out}/{stem}.json",
