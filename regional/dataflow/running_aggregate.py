@@ -40,7 +40,7 @@ from regional.dataflow.building import Build, Keyed
 from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value_column
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
-from regional.dataflow.keys import key_columns
+from regional.dataflow.keys import FieldKey, key_columns
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import OperatorState
 from regional.dataflow.stream_schemas import KeyColumnsRow, as_schema_rows, running_schema
@@ -91,9 +91,12 @@ class RunningAggregate(Operator):
         self.aggregate = aggregate
         self.key = key
         self.emit = emit or default_emit
-        field = getattr(key, "field", None)
-        #: the key column when batches may be folded over Arrow columns (else None)
-        self.key_column = field if isinstance(field, str) and aggregate.columnar else None
+        columns = key_columns(key)
+        #: the key column (or the key's columns, a tuple) when batches may be folded over
+        #: Arrow columns (else None)
+        self.key_column: str | tuple[str, ...] | None = None
+        if columns is not None and aggregate.columnar:
+            self.key_column = columns[0] if isinstance(key, FieldKey) else columns
 
     def user_functions(self) -> tuple[Any, ...]:
         return (self.key, self.aggregate, self.emit)
@@ -184,7 +187,12 @@ class RunningAggregate(Operator):
             slot = slots.get(key)
             return MISSING if slot is None else slot[_RUNNING]
 
-        keys = batch.column(self.key_column)
+        column = self.key_column
+        keys = (
+            batch.column(column)
+            if isinstance(column, str)
+            else tuple(batch.column(c) for c in column)
+        )
         values = value_column(self.aggregate, batch)
         for key, _, acc in fold(self.aggregate, keys, values, None, current):
             slot = slots.get(key)
