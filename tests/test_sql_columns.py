@@ -213,6 +213,10 @@ def test_columns_that_do_not_line_up_are_refused_when_built_naming_both_schemas(
         "window '(unnamed)': the output would have the column 'user' twice; name the "
         "aggregate's column otherwise, e.g. count().alias('clicks')"
     )
+    no_time = orders.select("order_id", name="no-time")
+    assert _error(lambda: no_time.drop_duplicates(["order_id"], within="1 s", name="d")) == (
+        "drop_duplicates 'd': event_time: unknown column 'ts'; The columns are: order_id"
+    )
     with pytest.raises(ValueError, match="approximate distinct counts need a sketch library"):
         count_distinct("user", exact=False)
 

@@ -63,7 +63,12 @@ from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.partitioning import key_bytes
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.state_codec import StateTypeError
-from regional.dataflow.stream_schemas import JoinColumns, join_key_types, nested_join_schema
+from regional.dataflow.stream_schemas import (
+    JoinColumns,
+    event_time_column,
+    join_key_types,
+    nested_join_schema,
+)
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 from regional.errors import GraphError
 from regional.policy import parse_duration
@@ -512,6 +517,10 @@ def add_join(
         graph.event_time_of(side.vertex_id, given, what)
         for side, (given, what) in zip(sides, times, strict=True)
     ]
+    for side, time, (_, what) in zip(sides, found, times, strict=True):
+        side_schema = graph.schema_of(side.vertex_id)
+        if side_schema is not None and time.field is not None:
+            event_time_column(side_schema, time.field, what)
     ids = graph.co_partition(sides[0], sides[1], partitions=partitions, name=vid)
     op = make(
         (sides[0].key, sides[1].key),
