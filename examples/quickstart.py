@@ -92,6 +92,8 @@ def build_pipeline(data_dir: str, table_dir: str) -> Pipeline:
     )
     per_user.sink(ParquetSink(table_dir), name="table")
     return p
+
+
 # --8<-- [end:pipeline]
 
 
