@@ -8,6 +8,7 @@ through `spark.executorEnv.*`."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -45,23 +46,27 @@ def _run_quickstart(cluster, tmp_path: Path, root: str, *conf: str) -> subproces
 
 
 def _fault_free_rows(data_dir: Path) -> list[tuple]:
-    """What the quickstart must commit: every human click with its running count per user
-    within its input file (keyed state is scoped by split), in file order."""
-    rows = []
+    """What the quickstart must commit: per input file (keyed state is scoped by split), user
+    and 100 ms window of event time, the number of human clicks."""
+    counts: dict[tuple, int] = {}
     for path in sorted(data_dir.glob("clicks-*.jsonl")):
-        counts: dict[str, int] = {}
         for line in path.read_text().splitlines():
             click = json.loads(line)
-            if click["bot"]:
-                continue
-            counts[click["user"]] = counts.get(click["user"], 0) + 1
-            rows.append((click["user"], click["page"], click["ts"], counts[click["user"]]))
-    return sorted(rows)
+            if not click["bot"]:
+                start = click["ts"] - click["ts"] % 100
+                key = (path.name, click["user"], start, start + 100)
+                counts[key] = counts.get(key, 0) + 1
+    return sorted((user, s, e, n) for (_, user, s, e), n in counts.items())
 
 
 def _committed_rows(table: str) -> list[tuple]:
+    """(user, window start and end in ms, clicks) of the committed table, sorted."""
     t = read_table(table)
-    return sorted(zip(*(t.column(c).to_pylist() for c in ("user", "page", "ts", "n")), strict=True))
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    ms = [[(v - epoch) // dt.timedelta(milliseconds=1) for v in t.column(c).to_pylist()]
+          for c in ("window_start", "window_end")]  # fmt: skip
+    return sorted(zip(t.column("user").to_pylist(), *ms, t.column("clicks").to_pylist(),
+                      strict=True))  # fmt: skip
 
 
 def _apps(cluster) -> dict[str, dict]:
@@ -104,7 +109,7 @@ def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, 
     run = _run_quickstart(spark_cluster, tmp_path, root)
     _check_run(run, spark_cluster, before)
     want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
-    assert len(want) == 4341
+    assert len(want) == 1713
     assert _committed_rows(root + "-table") == want
     # the cleaner dropped checkpoints 1-4 and left the whole event log (and the lease's records)
     assert sorted(p.name for p in (tmp_path / "ckpt" / "quickstart").iterdir()) == [

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from regional.dataflow.event_time import EventTime
     from regional.dataflow.operators import Operator
 
@@ -59,6 +61,11 @@ class Build(Protocol):
     ) -> tuple[str, str]:
         """The reader vertices of `left` and `right` partitioned alike (a join's inputs),
         adding the keyed exchanges a side needs."""
+        ...
+
+    def schema_of(self, vertex_id: str) -> pa.Schema | None:
+        """The schema of the records vertex `vertex_id` produces (None: not known), which an
+        operator on columns checks its columns against and derives its own from."""
         ...
 
     def vertex_id(self, kind: str, name: str | None) -> str:

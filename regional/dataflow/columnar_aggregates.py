@@ -68,13 +68,15 @@ def _numeric(kind: pa.DataType) -> bool:
     )
 
 
-def can_fold(agg: Aggregate, batch: pa.RecordBatch, key_field: str) -> bool:
-    """True when `fold` gives for `batch`, keyed by column `key_field`, what adding its records
-    one by one to `agg`'s accumulators gives (see the module's rules)."""
+def can_fold(agg: Aggregate, batch: pa.RecordBatch, key_field: str | tuple[str, ...]) -> bool:
+    """True when `fold` gives for `batch`, keyed by column `key_field` (or by the tuple of the
+    columns it names), what adding its records one by one to `agg`'s accumulators gives (see
+    the module's rules)."""
     names = batch.schema.names
-    if agg.columnar not in COLUMNAR or key_field not in names:
+    fields = (key_field,) if isinstance(key_field, str) else key_field
+    if agg.columnar not in COLUMNAR or not all(f in names for f in fields):
         return False
-    if not groupable(batch.schema.field(key_field).type):
+    if not all(groupable(batch.schema.field(f).type) for f in fields):
         return False
     if agg.columnar == "count":
         return True
@@ -101,9 +103,23 @@ def value_column(agg: Aggregate, batch: pa.RecordBatch) -> pa.Array | None:
     return column.cast(pa.float64() if pa.types.is_floating(column.type) else pa.int64())
 
 
+def _key_columns(keys: pa.Array | tuple[pa.Array, ...]) -> dict[str, pa.Array]:
+    """The key column(s) as group-by columns: ``k`` for one, ``k0``, ``k1``... for a tuple."""
+    if isinstance(keys, tuple):
+        return {f"k{i}": k for i, k in enumerate(keys)}
+    return {"k": keys}
+
+
+def _group_keys(grouped: pa.Table, names: list[str]) -> list[Any]:
+    """The key of each group: its one key column's value, or the tuple of its columns'."""
+    if names == ["k"]:
+        return grouped.column("k").to_pylist()
+    return list(zip(*(grouped.column(n).to_pylist() for n in names), strict=True))
+
+
 def fold(
     agg: Aggregate,
-    keys: pa.Array,
+    keys: pa.Array | tuple[pa.Array, ...],
     values: pa.Array | None,
     starts: np.ndarray | None,
     current: Callable[[Any, int | None], Any],
@@ -111,9 +127,11 @@ def fold(
     """(key, window start, new accumulator) of every group of rows, by key (and window start
     when `starts` is given), in the order of their first row: the accumulator `current(key,
     start)` (`MISSING`: none yet) with the group's `values` (`value_column`; None for count)
-    added as `agg.add` would add them, in row order."""
+    added as `agg.add` would add them, in row order. `keys` is one column, or a tuple of
+    columns whose rows' tuples are the keys (``key_by(["user", "country"])``)."""
     kind = agg.columnar
-    columns: dict[str, Any] = {"k": keys}
+    columns: dict[str, Any] = _key_columns(keys)
+    key_names = list(columns)
     if starts is not None:
         columns["s"] = pa.array(starts, pa.int64())
     specs: list[tuple[Any, str]] = [([], "count_all")]
@@ -122,9 +140,9 @@ def fold(
         specs += {"sum": [("v", "sum")], "mean": [("v", "sum"), ("v", "count")]}.get(
             kind or "", [("v", kind or "")]
         )
-    by = [name for name in ("k", "s") if name in columns]
+    by = [*key_names, *(["s"] if "s" in columns else [])]
     grouped = pa.table(columns).group_by(by, use_threads=False).aggregate(specs)
-    group_keys = grouped.column("k").to_pylist()
+    group_keys = _group_keys(grouped, key_names)
     group_starts = (
         grouped.column("s").to_pylist() if starts is not None else [None] * len(group_keys)
     )
@@ -177,26 +195,29 @@ def _in_order(old: Any, floats: bool) -> bool:
 
 
 def _sums_after(
-    keys: pa.Array,
+    keys: pa.Array | tuple[pa.Array, ...],
     values: pa.Array,
     starts: np.ndarray | None,
     firsts: list[tuple[Any, int | None, Any]],
 ) -> dict[tuple[Any, int | None], float]:
     """Per (key, start) of `firsts`: its first value (an accumulator) plus its group's `values`
     added one by one in row order, as floats: the group-by again, the accumulators first."""
-    head: dict[str, Any] = {
-        "k": pa.array([k for k, _, _ in firsts], keys.type),
-        "v": pa.array([float(v) for _, _, v in firsts], pa.float64()),
-    }
-    rows: dict[str, Any] = {"k": keys, "v": values.cast(pa.float64(), safe=False)}
+    rows: dict[str, Any] = _key_columns(keys)
+    key_names = list(rows)
+    head: dict[str, Any] = {}
+    for i, name in enumerate(key_names):
+        firsts_of = [k if name == "k" else k[i] for k, _, _ in firsts]
+        head[name] = pa.array(firsts_of, rows[name].type)
+    head["v"] = pa.array([float(v) for _, _, v in firsts], pa.float64())
+    rows["v"] = values.cast(pa.float64(), safe=False)
     if starts is not None:
         head["s"] = pa.array([s for _, s, _ in firsts], pa.int64())
         rows["s"] = pa.array(starts, pa.int64())
-    by = [name for name in ("k", "s") if name in rows]
+    by = [*key_names, *(["s"] if starts is not None else [])]
     table = pa.concat_tables([pa.table(head).select(list(rows)), pa.table(rows)])
     summed = table.group_by(by, use_threads=False).aggregate([("v", "sum")])
     group_starts = summed.column("s").to_pylist() if starts is not None else None
-    group_keys = summed.column("k").to_pylist()
+    group_keys = _group_keys(summed, key_names)
     return {
         (k, None if group_starts is None else group_starts[i]): total
         for i, (k, total) in enumerate(

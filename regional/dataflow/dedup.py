@@ -46,6 +46,7 @@ from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.state_codec import StateTypeError
+from regional.dataflow.stream_schemas import event_time_column
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 from regional.errors import GraphError
 
@@ -222,6 +223,9 @@ def build_drop_duplicates(
     except ValueError as exc:
         raise GraphError(f"{what}: {exc}") from None
     time = graph.event_time_of(keyed.vertex_id, event_time, what)
+    schema = graph.schema_of(keyed.vertex_id)
+    if schema is not None and time.field is not None:
+        event_time_column(schema, time.field, what)
     op = DropDuplicates(
         Dedup(within_ms=within_ms),
         keyed.key,
@@ -230,4 +234,5 @@ def build_drop_duplicates(
         on_late=on_late,
         scope=graph.key_scope(keyed.vertex_id, keyed.key, name),
     )
+    op.output_schema = graph.schema_of(keyed.vertex_id)  # the records it lets through
     return graph.add(op, name, (keyed.vertex_id,))

@@ -50,17 +50,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from metadata.watermarks import MIN_WATERMARK, format_watermark
 from regional.dataflow.building import Build, Keyed
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, function_error, raised_on
-from regional.dataflow.keys import read_key
+from regional.dataflow.keys import key_columns, read_key
 from regional.dataflow.on_time import Lateness
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.partitioning import key_bytes
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.state_codec import StateTypeError
+from regional.dataflow.stream_schemas import (
+    JoinColumns,
+    event_time_column,
+    join_key_types,
+    nested_join_schema,
+)
 from regional.dataflow.window_operator import FIRED_WATERMARK, LateRecord
 from regional.errors import GraphError
 from regional.policy import parse_duration
@@ -464,7 +472,31 @@ def build_interval_join(
         vid=vid,
         times=((event_time, f"{what} (left side)"), (other_event_time, f"{what} (right side)")),
         partitions=partitions,
+        schema=join_schema(graph, sides, emit, ("left", "right"), how, what),
     )
+
+
+def join_schema(
+    graph: Build,
+    sides: tuple[Keyed, Keyed],
+    emit: Callable[[Any, Any], Any] | None,
+    names: tuple[str, str],
+    how: str,
+    what: str,
+) -> pa.Schema | None:
+    """The schema of a join's rows (`regional.dataflow.stream_schemas`): a join on a column's
+    (`JoinColumns`), the default emit's struct per side (`names`), None for the user's
+    `emit`. `GraphError` naming `what` and both schemas when the sides' key columns differ
+    in type."""
+    schemas = (graph.schema_of(sides[0].vertex_id), graph.schema_of(sides[1].vertex_id))
+    join_key_types(
+        schemas[0], schemas[1], (key_columns(sides[0].key), key_columns(sides[1].key)), what
+    )
+    if isinstance(emit, JoinColumns):
+        return emit.schema
+    if emit is None:
+        return nested_join_schema(schemas[0], schemas[1], names, how)
+    return None
 
 
 def add_join(
@@ -475,6 +507,7 @@ def add_join(
     vid: str,
     times: tuple[tuple[Any, str], tuple[Any, str]],
     partitions: int | None,
+    schema: pa.Schema | None = None,
 ) -> str:
     """Add a join of two keyed inputs: each side's event time (given, else its sources';
     `times` pairs it with the side's name in errors), both sides partitioned alike
@@ -484,10 +517,15 @@ def add_join(
         graph.event_time_of(side.vertex_id, given, what)
         for side, (given, what) in zip(sides, times, strict=True)
     ]
+    for side, time, (_, what) in zip(sides, found, times, strict=True):
+        side_schema = graph.schema_of(side.vertex_id)
+        if side_schema is not None and time.field is not None:
+            event_time_column(side_schema, time.field, what)
     ids = graph.co_partition(sides[0], sides[1], partitions=partitions, name=vid)
     op = make(
         (sides[0].key, sides[1].key),
         (found[0].fn, found[1].fn),
         (found[0].field, found[1].field),
     )
+    op.output_schema = schema
     return graph.add(op, vid, ids)

@@ -39,10 +39,20 @@ from regional.dataflow.failures import FIX, UserFunctionError, function_error, r
 from regional.dataflow.partitioning import key_bytes
 from regional.errors import GraphError
 
-__all__ = ["FieldKey", "KeyLike", "exchange_chunks", "exchange_key", "key_function", "read_key"]
+__all__ = [
+    "FieldKey",
+    "FieldsKey",
+    "KeyLike",
+    "exchange_chunks",
+    "exchange_key",
+    "key_columns",
+    "key_function",
+    "read_key",
+]
 
-#: What `key_by` and `exchange` take: a function of a record, or a field name.
-KeyLike = Callable[[Any], Any] | str
+#: What `key_by` and `exchange` take: a function of a record, a field name, or a list of
+#: field names (the key is then the tuple of their values).
+KeyLike = Callable[[Any], Any] | str | Sequence[str]
 
 
 class FieldKey:
@@ -66,13 +76,59 @@ class FieldKey:
         return f"FieldKey({self.field!r})"
 
 
+class FieldsKey:
+    """The key held in several fields of a record: the tuple of their values
+    (``key_by(["user", "country"])``)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: Sequence[str]) -> None:
+        self.fields = tuple(fields)
+
+    def __call__(self, record: Any) -> Any:
+        return tuple([record[f] for f in self.fields])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FieldsKey) and other.fields == self.fields
+
+    def __hash__(self) -> int:
+        return hash(("FieldsKey", self.fields))
+
+    def __repr__(self) -> str:
+        return f"FieldsKey({list(self.fields)!r})"
+
+
+def key_columns(key: Callable[[Any], Any]) -> tuple[str, ...] | None:
+    """The columns a key reads (a `FieldKey`'s one, a `FieldsKey`'s), None for a function.
+
+    >>> key_columns(key_function(["user", "country"])), key_columns(key_function("user"))
+    (('user', 'country'), ('user',))
+    """
+    if isinstance(key, FieldKey):
+        return (key.field,)
+    if isinstance(key, FieldsKey):
+        return key.fields
+    return None
+
+
 def key_function(key: KeyLike, what: str = "key_by") -> Callable[[Any], Any]:
-    """`key` as a function of a record: a field name becomes a `FieldKey`; `GraphError`
-    naming `what` for anything else that is not callable."""
+    """`key` as a function of a record: a field name becomes a `FieldKey`, a list of field
+    names a `FieldsKey` (one name: a `FieldKey`); `GraphError` naming `what` for anything
+    else that is not callable."""
     if isinstance(key, str):
         if not key:
             raise GraphError(f"{what}: the key field name is empty; give the field's name")
         return FieldKey(key)
+    if isinstance(key, list | tuple):
+        names = tuple(key)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise GraphError(
+                f"{what}: the key {key!r} is no list of field names; give at least one "
+                "non-empty name, e.g. ['user', 'country']"
+            )
+        if len(set(names)) < len(names):
+            raise GraphError(f"{what}: the key {list(names)!r} names a field twice")
+        return FieldKey(names[0]) if len(names) == 1 else FieldsKey(names)
     if not callable(key):
         raise GraphError(
             f"{what}: the key {key!r} is neither a field name nor callable; give a field "
@@ -81,7 +137,13 @@ def key_function(key: KeyLike, what: str = "key_by") -> Callable[[Any], Any]:
     return key
 
 
-def _missing(owner: str, key: FieldKey, record: Any) -> UserFunctionError:
+def _missing(owner: str, key: FieldKey | FieldsKey, record: Any) -> UserFunctionError:
+    if isinstance(key, FieldsKey):
+        fields = ", ".join(repr(f) for f in key.fields)
+        return UserFunctionError(
+            f"{owner}: a key field of {fields} is missing from record {record!r:.200}; give "
+            f"every record those fields, {FIX}"
+        )
     return UserFunctionError(
         f"{owner}: the key field {key.field!r} is missing from record {record!r:.200}; give "
         f"every record that field, {FIX}"
@@ -89,8 +151,15 @@ def _missing(owner: str, key: FieldKey, record: Any) -> UserFunctionError:
 
 
 def _unusable(owner: str, key: Any, record: Any, value: Any, why: str) -> UserFunctionError:
-    what = f"key field {key.field!r}" if isinstance(key, FieldKey) else "key function"
-    name = "" if isinstance(key, FieldKey) else f" {getattr(key, '__qualname__', repr(key))}"
+    what = (
+        f"key field {key.field!r}"
+        if isinstance(key, FieldKey)
+        else f"key fields {list(key.fields)!r}"
+        if isinstance(key, FieldsKey)
+        else "key function"
+    )
+    named = isinstance(key, FieldKey | FieldsKey)
+    name = "" if named else f" {getattr(key, '__qualname__', repr(key))}"
     return UserFunctionError(
         f"{owner}: the {what}{name} gave {value!r:.100} ({type(value).__name__}) for record "
         f"{record!r:.200}, which cannot be a key ({why}); key by a str, int, float, bool, "
@@ -104,7 +173,9 @@ def _applied(key: Callable[[Any], Any], record: Any, owner: str) -> Any:
     try:
         return key(record)
     except Exception as exc:
-        if isinstance(key, FieldKey) and isinstance(exc, KeyError | IndexError | TypeError):
+        if isinstance(key, FieldKey | FieldsKey) and isinstance(
+            exc, KeyError | IndexError | TypeError
+        ):
             raise _missing(owner, key, record) from exc
         raise function_error(owner, "key", key, record, exc) from exc
 

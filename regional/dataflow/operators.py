@@ -35,9 +35,10 @@ from regional.dataflow.building import Build, Keyed
 from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import UserFunctionError, raised_on
-from regional.dataflow.keys import read_key
+from regional.dataflow.keys import key_columns, read_key
 from regional.dataflow.state import KEY_SCOPE, KeyedContext, OperatorState
 from regional.dataflow.state_codec import StateCodec
+from regional.dataflow.stream_schemas import WindowRow, event_time_column, window_schema
 from regional.dataflow.timers import bind, fire_timers
 from regional.dataflow.window_operator import WindowSpec, run_windows
 from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
@@ -144,6 +145,8 @@ class Operator:
     #: walker`): its output chunks keep their input's split, and its state (if any) is
     #: keyed state per split, never subtask-level lists
     one_pass: ClassVar[bool] = False
+    #: the schema of the records it produces, where known (`regional.dataflow.stream_schemas`)
+    output_schema: pa.Schema | None = None
 
     def __init__(self, *, name: str = "", scope: str = "split") -> None:
         self.name = name
@@ -825,6 +828,13 @@ def build_window(
     graph.late_policy(what, on_late)
     time = graph.event_time_of(keyed.vertex_id, event_time, what)
     scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
+    schema, keys, out = graph.schema_of(keyed.vertex_id), key_columns(keyed.key), None
+    if schema is not None and time.field is not None:
+        event_time_column(schema, time.field, what)
+    if aggregate is not None and emit is None and schema is not None and keys is not None:
+        out = window_schema(schema, keys, aggregate, what)
+        if out is not None:
+            emit = WindowRow(keys, aggregate.output_column)
     spec = WindowSpec(
         assigner,
         aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]
@@ -833,5 +843,8 @@ def build_window(
         allowed_lateness=allowed_lateness,
         on_late=on_late,
         emit=emit,
+        schema=out,
     )
-    return graph.add(WindowOp(spec, keyed.key, scope=scope), name, (keyed.vertex_id,))
+    op = WindowOp(spec, keyed.key, scope=scope)
+    op.output_schema = out
+    return graph.add(op, name, (keyed.vertex_id,))

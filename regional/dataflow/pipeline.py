@@ -28,7 +28,7 @@ Keyed state comes in two scopes (`regional.dataflow.state`):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
@@ -37,7 +37,7 @@ from regional.dataflow.building import Keyed
 from regional.dataflow.dead_letters import DEAD_LETTERS, ON_ERROR
 from regional.dataflow.event_time import EventTime
 from regional.dataflow.fitted_source import fitted
-from regional.dataflow.keys import KeyLike, key_function
+from regional.dataflow.keys import KeyLike, key_columns, key_function
 from regional.dataflow.operators import (
     Chunk,
     Filter,
@@ -49,9 +49,15 @@ from regional.dataflow.operators import (
     build_process,
     build_window,
 )
-from regional.dataflow.schema import produced_schema
+from regional.dataflow.schema import produced_schema, schema_of
 from regional.dataflow.state import KeyedContext
 from regional.dataflow.state_codec import PickledState, StateCodec
+from regional.dataflow.stream_schemas import (
+    JoinColumns,
+    column_of,
+    describe,
+    same_schemas,
+)
 from regional.dataflow.window_operator import ON_LATE
 from regional.dataflow.windows import Aggregate, Window, WindowAssigner
 from regional.errors import GraphError
@@ -83,6 +89,9 @@ class VertexSpec:
     #: a sink placing records by key (an exchange's writer): the epoch judges each record's
     #: key before the sink gets it (`regional.dataflow.keys.exchange_chunks`)
     key: Callable[[Any], Any] | None = None
+    #: the schema of the records it produces (None: not known; a sink has none):
+    #: `regional.dataflow.stream_schemas` says how each vertex's follows from its inputs'
+    schema: pa.Schema | None = None
 
 
 class Exchange(NamedTuple):
@@ -106,9 +115,6 @@ _KEYED_ONLY = (
     "process",
     "window",
     "apply_in_arrow",
-    "interval_join",
-    "temporal_join",
-    "drop_duplicates",
     "aggregate",
 )
 _UNKEYED_ONLY = (
@@ -139,46 +145,67 @@ class Stream:
 
         def __getattr__(self, name: str) -> Any:
             if name in _KEYED_ONLY:
-                raise KeyedOnlyError(
-                    f"{name}(...) after {self.vertex_id!r}: {name} works on keyed records; key "
-                    f"the stream first, e.g. .key_by(lambda r: r['user']).{name}(...)"
-                )
+                raise self._keyed_only(name)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _then(self, op: Operator, name: str | None) -> Stream:
+    def _keyed_only(self, name: str) -> KeyedOnlyError:
+        return KeyedOnlyError(
+            f"{name}(...) after {self.vertex_id!r}: {name} works on keyed records; key "
+            f"the stream first, e.g. .key_by(lambda r: r['user']).{name}(...)"
+        )
+
+    def _then(self, op: Operator, name: str | None, schema: Any = None) -> Stream:
+        if schema is not None:
+            op.output_schema = _declared(schema, f"{op.kind} {name or '(unnamed)'!r}")
         return self.pipeline._add(op.kind, name, (self.vertex_id,), operator=op)
 
-    def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
-        """One output record per input record."""
-        return self._then(Map(fn), name)
+    def map(
+        self, fn: Callable[[Any], Any], *, name: str | None = None, schema: Any = None
+    ) -> Stream:
+        """One output record per input record. `schema` (a `pyarrow.Schema`, msgspec Struct
+        or dataclass) declares the records `fn` makes, for the SQL stages and operators on
+        columns after it; the first SQL stage after it fits them to it (a record that does
+        not fit is its dead letter, naming the field)."""
+        return self._then(Map(fn), name, schema)
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> Stream:
-        """Zero or more output records per input record."""
-        return self._then(FlatMap(fn), name)
+    def flat_map(
+        self,
+        fn: Callable[[Any], Iterable[Any]],
+        *,
+        name: str | None = None,
+        schema: Any = None,
+    ) -> Stream:
+        """Zero or more output records per input record (`schema`: as in `map`)."""
+        return self._then(FlatMap(fn), name, schema)
 
     def filter(self, fn: Callable[[Any], bool], *, name: str | None = None) -> Stream:
-        """The records for which `fn` is true."""
-        return self._then(Filter(fn), name)
+        """The records for which `fn` is true (the stream keeps its schema)."""
+        op = Filter(fn)
+        op.output_schema = self.schema
+        return self._then(op, name)
 
     def map_batches(
         self,
         fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table | None],
         *,
         name: str | None = None,
+        schema: Any = None,
     ) -> Stream:
         """One Arrow record batch in, a record batch or table out (vectorised work); anything
         else fails the unit with a `TypeError` naming the operator. With
-        `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole."""
-        return self._then(MapBatches(fn), name)
+        `on_error="dead-letter"`, a batch the function raises on is dead-lettered whole.
+        `schema`: as in `map`."""
+        return self._then(MapBatches(fn), name, schema)
 
     # -- schemas and Spark SQL expression stages (regional.dataflow.sql_stages) -------------
 
     @property
     def schema(self) -> pa.Schema | None:
-        """The schema of this stream's records: declared at its source (``schema=``) or
-        computed by an expression stage; None when unknown (after a record-wise operator)."""
-        spec = self.pipeline.vertices[self.vertex_id]
-        return produced_schema(spec.source if spec.source is not None else spec.operator)
+        """The schema of this stream's records: declared at its source (``schema=``), computed
+        by an expression stage or a stateful operator on columns, kept through an exchange
+        (`regional.dataflow.stream_schemas`); None when unknown (after a record-wise operator
+        not given ``schema=``)."""
+        return self.pipeline.vertices[self.vertex_id].schema
 
     def _sql_stage(self, kind: str, name: str | None, **what: Any) -> Stream:
         """Add a `SqlStage` of `kind`, compiled against this stream's schema now (so every
@@ -236,12 +263,15 @@ class Stream:
         partitions: int | None = None,
         name: str | None = None,
     ) -> KeyedStream:
-        """Key the records (by a function of a record, or a field name: ``key_by("user")``)
-        for a stateful `process`, `window` or `apply_in_arrow`. Without `partitions`, state is
+        """Key the records (by a function of a record, a column: ``key_by("user")``, or
+        columns: ``key_by(["user", "country"])``, whose key is the tuple of their values)
+        for a stateful `process`, `window`, `aggregate` or `apply_in_arrow`. On a stream with
+        a schema the columns are checked now (an unknown one names this stage, the column and
+        the columns there are). Without `partitions`, state is
         per (input split, key) on this forward chain; with `partitions=N`, a durable keyed
         exchange (`exchange`, named `name`) ends the stage first and state is per key,
         globally."""
-        key = key_function(key, f"key_by after {self.vertex_id!r}")
+        key = self._key(key, f"key_by after {self.vertex_id!r}")
         if partitions is None:
             if name is not None:
                 raise GraphError(
@@ -263,7 +293,7 @@ class Stream:
                 f"exchange after {self.vertex_id!r}: partitions={partitions!r}; give a whole "
                 "number of downstream subtasks, at least 1"
             )
-        key = key_function(key, f"exchange after {self.vertex_id!r}")
+        key = self._key(key, f"exchange after {self.vertex_id!r}")
         pipeline = self.pipeline
         reader = name or f"exchange-{len(pipeline.vertices)}"
         writer = f"{reader}-writer"
@@ -287,13 +317,155 @@ class Stream:
                 writers=pipeline.vertices[self.vertex_id].parallelism,
             ),
             exchange_from=writer,
+            schema=self.schema,
         )
         return stream
 
+    def _key(self, key: KeyLike, what: str) -> Callable[[Any], Any]:
+        """`key` as a key function (`regional.dataflow.keys.key_function`), its columns
+        checked against this stream's schema when it has one."""
+        function = key_function(key, what)
+        schema, columns = self.schema, key_columns(function)
+        if schema is not None and columns is not None:
+            for column in columns:
+                column_of(schema, column, what)
+        return function
+
     def union(self, *others: Stream, name: str | None = None) -> Stream:
-        """The records of this stream and `others` (same parallelism, forward edges)."""
-        ids = (self.vertex_id, *(o.vertex_id for o in others))
-        return self.pipeline._add("map", name, ids, operator=Map(_identity))
+        """The records of this stream and `others` (same parallelism, forward edges). Streams
+        with schemas must have the same one (refused when built, naming both); the union
+        has it, or none when some stream has none."""
+        streams = (self, *others)
+        what = f"union {name or '(unnamed)'!r} of {', '.join(repr(s.vertex_id) for s in streams)}"
+        schema = same_schemas([(s.vertex_id, s.schema) for s in streams], what)
+        op = Map(_identity)
+        op.output_schema = schema
+        return self.pipeline._add("map", name, tuple(s.vertex_id for s in streams), operator=op)
+
+    # -- stateful operators on columns (sugar: key both sides by the column) ------------------
+
+    def _on(self, other: Any, on: Any, what: str) -> tuple[pa.Schema, pa.Schema]:
+        """Both sides' schemas of a join of this stream with `other` on the column `on`;
+        `GraphError` naming `what` (and both schemas) when `other` is no stream, a side has
+        no schema, or `on` is not a column of both."""
+        if not isinstance(other, Stream):
+            raise GraphError(f"{what}: join with a stream; got {type(other).__name__}")
+        if not isinstance(on, str) or not on:
+            raise GraphError(f"{what}: on={on!r}; give the name of the column both sides have")
+        for side in (self, other):
+            if side.schema is None:
+                raise GraphError(
+                    f"{what}: on={on!r} joins on a column, but {side.vertex_id!r} has no "
+                    "schema; declare one at its source (p.source(src, schema=...)), or key "
+                    "both sides yourself: a.key_by(...).interval_join(b.key_by(...), ...)"
+                )
+        left, right = self.schema, other.schema
+        assert left is not None and right is not None
+        both = f"{self.vertex_id!r}: {describe(left)}; {other.vertex_id!r}: {describe(right)}"
+        for side, schema in ((self, left), (other, right)):
+            if schema.get_field_index(on) < 0:
+                raise GraphError(
+                    f"{what}: on={on!r} is not a column of {side.vertex_id!r}; both sides "
+                    f"need it ({both})"
+                )
+        return left, right
+
+    def interval_join(
+        self,
+        other: Stream,
+        *,
+        on: str | None = None,
+        between: tuple[Any, Any],
+        how: str = "inner",
+        partitions: int | None = None,
+        on_late: str = "drop",
+        event_time: Callable[[Any], Any] | str | None = None,
+        other_event_time: Callable[[Any], Any] | str | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """`KeyedStream.interval_join` on the column `on` of both streams (which must have a
+        schema with that column, of one type: refused when built, naming both schemas).
+        The rows: the key once, this stream's other columns, then `other`'s; a name both
+        have is prefixed ``left_`` / ``right_``; the side ``how`` may leave out is nullable
+        (`regional.dataflow.stream_schemas.JoinColumns`)."""
+        what = f"interval join {name or '(unnamed)'!r}"
+        if on is None:  # the keyed form, called on a stream not keyed
+            raise self._keyed_only("interval_join")
+        left, right = self._on(other, on, what)
+        if how not in ("inner", "left", "right", "outer"):
+            raise GraphError(f"{what}: how={how!r}; use 'inner', 'left', 'right' or 'outer'")
+        emit = JoinColumns(on, left, right, how, what)
+        return self.key_by(on).interval_join(
+            other.key_by(on),
+            between=between,
+            how=how,
+            emit=emit,
+            partitions=partitions,
+            on_late=on_late,
+            event_time=event_time,
+            other_event_time=other_event_time,
+            name=name,
+        )
+
+    def temporal_join(
+        self,
+        table: Stream,
+        *,
+        on: str | None = None,
+        how: str = "inner",
+        is_delete: Callable[[Any], Any] | str | None = None,
+        partitions: int | None = None,
+        on_late: str = "drop",
+        event_time: Callable[[Any], Any] | str | None = None,
+        table_event_time: Callable[[Any], Any] | str | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """`KeyedStream.temporal_join` on the column `on` of this stream and the changelog
+        `table` (both with a schema holding it, of one type). The rows: the key once, this
+        stream's other columns, then the version's; a name both have is prefixed ``left_``
+        / ``right_``; with ``how="left"`` the version's columns are nullable."""
+        what = f"temporal join {name or '(unnamed)'!r}"
+        if on is None:
+            raise self._keyed_only("temporal_join")
+        left, right = self._on(table, on, what)
+        if how not in ("inner", "left"):
+            raise GraphError(f"{what}: how={how!r}; use 'inner' or 'left'")
+        emit = JoinColumns(on, left, right, how, what)
+        return self.key_by(on).temporal_join(
+            table.key_by(on),
+            how=how,
+            emit=emit,
+            is_delete=is_delete,
+            partitions=partitions,
+            on_late=on_late,
+            event_time=event_time,
+            table_event_time=table_event_time,
+            name=name,
+        )
+
+    def drop_duplicates(
+        self,
+        subset: str | Sequence[str] | None = None,
+        *,
+        within: Any,
+        event_time: Callable[[Any], Any] | str | None = None,
+        on_late: str = "drop",
+        name: str | None = None,
+    ) -> Stream:
+        """`KeyedStream.drop_duplicates` keyed by the columns `subset` (``["id"]``, as
+        PySpark's ``dropDuplicatesWithinWatermark(["id"])``): a record whose columns equal
+        those of one let through within `within` of event time is dropped."""
+        what = f"drop_duplicates {name or '(unnamed)'!r}"
+        if subset is None:
+            raise self._keyed_only("drop_duplicates")
+        if callable(subset):
+            raise GraphError(
+                f"{what}: give the column names to compare, e.g. ['id'] (to compare by a "
+                "function, key the stream: .key_by(fn).drop_duplicates(within=...))"
+            )
+        return KeyedStream(self, self._key(subset, what)).drop_duplicates(
+            within=within, event_time=event_time, on_late=on_late, name=name
+        )
 
     def sink(self, sink: Sink, *, name: str | None = None) -> None:
         """Write the records to `sink` (e.g. `regional.sinks.parquet.ParquetSink`)."""
@@ -362,6 +534,14 @@ def _identity(record: Any) -> Any:
     return record
 
 
+def _declared(schema: Any, what: str) -> pa.Schema:
+    """The schema a user declared for an operator's output; `GraphError` naming `what`."""
+    try:
+        return schema_of(schema)
+    except TypeError as exc:
+        raise GraphError(f"{what}: {exc}") from None
+
+
 class KeyedStream:
     """A stream keyed by `key`: `process(fn)` runs `fn(ctx, record) -> iterable of outputs`."""
 
@@ -395,13 +575,26 @@ class KeyedStream:
         *,
         on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
         name: str | None = None,
+        schema: Any = None,
     ) -> Stream:
         """A stateful operator; `ctx` gives value/map state of the key (per split on a forward
         chain, per key after a keyed exchange) and list state. With `on_timer`, `ctx.timers`
         sets event-time and processing-time timers of the key, and `on_timer(ctx, ts)` is
-        called when one is due (`regional.dataflow.timers`); its outputs join the stream."""
+        called when one is due (`regional.dataflow.timers`); its outputs join the stream.
+        `schema` declares its outputs' schema, as in `Stream.map`."""
         vid = build_process(self._graph, self._keyed, fn, on_timer=on_timer, name=name)
-        return Stream(self._stream.pipeline, vid)
+        return self._declare(vid, schema)
+
+    def _declare(self, vid: str, schema: Any) -> Stream:
+        """The stream of vertex `vid`, whose records the user declared to be of `schema`."""
+        pipeline = self._stream.pipeline
+        if schema is not None:
+            spec = pipeline.vertices[vid]
+            declared = _declared(schema, f"{spec.operator.kind if spec.operator else ''} {vid!r}")
+            if spec.operator is not None:
+                spec.operator.output_schema = declared
+            pipeline.vertices[vid] = dataclasses.replace(spec, schema=declared)
+        return Stream(pipeline, vid)
 
     def apply_in_arrow(
         self,
@@ -409,15 +602,17 @@ class KeyedStream:
         *,
         on_timer: Callable[[KeyedContext, int], Iterable[Any] | None] | None = None,
         name: str | None = None,
+        schema: Any = None,
     ) -> Stream:
         """A stateful operator over Arrow tables, in the shape of PySpark's
         ``applyInPandasWithState``: `fn(ctx, table)` runs once per key and epoch with the
         key's records of the epoch as a `pyarrow.Table` (``table.to_pandas()`` for pandas)
         and returns a Table, a RecordBatch, records or None; `ctx` is the key's state as in
         `process` (with `on_timer`, its timers). Key by a field name (``key_by("user")``) so
-        the records are grouped as columns (`regional.dataflow.operators.ApplyInArrow`)."""
+        the records are grouped as columns (`regional.dataflow.operators.ApplyInArrow`).
+        `schema`: as in `Stream.map`."""
         vid = build_apply_in_arrow(self._graph, self._keyed, fn, on_timer=on_timer, name=name)
-        return Stream(self._stream.pipeline, vid)
+        return self._declare(vid, schema)
 
     def window(
         self,
@@ -613,6 +808,9 @@ class _PipelineBuild:
     ) -> tuple[str, str]:
         return self.pipeline._co_partition(left, right, partitions=partitions, name=name)
 
+    def schema_of(self, vertex_id: str) -> pa.Schema | None:
+        return self.pipeline.vertices[vertex_id].schema
+
     def vertex_id(self, kind: str, name: str | None) -> str:
         return name or f"{kind}-{len(self.pipeline.vertices)}"
 
@@ -792,6 +990,10 @@ class Pipeline:
                 )
             parallelism = sizes.pop()
         role = {"source": "source", "sink": "sink"}.get(kind, "operator")
+        if role != "sink" and "schema" not in what:
+            what["schema"] = produced_schema(
+                what["source"] if what.get("source") is not None else what.get("operator")
+            )
         if isinstance(what.get("operator"), Operator):
             what["operator"].name = vid
             what["operator"].input_ids = tuple(inputs)

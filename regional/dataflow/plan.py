@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from regional.dataflow.operators import Operator
-from regional.dataflow.schema import produced_schema
 from regional.sinks.base import Sink, WatermarkSink
 from regional.sources.base import Source, TimedSource
 
@@ -225,7 +224,7 @@ def _planned(spec: VertexSpec) -> PlannedVertex:
         timed=timed_source(spec.source) if spec.source is not None else None,
         marks=watermark_sink(spec.sink) if spec.sink is not None else None,
         key=spec.key,
-        schema=produced_schema(spec.source if spec.source is not None else op),
+        schema=spec.schema,
     )
 
 

@@ -40,8 +40,10 @@ from regional.dataflow.building import Build, Keyed
 from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value_column
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
+from regional.dataflow.keys import FieldKey, key_columns
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import OperatorState
+from regional.dataflow.stream_schemas import KeyColumnsRow, as_schema_rows, running_schema
 from regional.dataflow.windows import Aggregate
 from regional.errors import GraphError
 
@@ -81,14 +83,20 @@ class RunningAggregate(Operator):
         emit: Callable[[Any, Any], Any] | None = None,
         name: str = "",
         scope: str = "split",
+        schema: pa.Schema | None = None,
     ) -> None:
         super().__init__(name=name, scope=scope)
+        #: the rows' schema when keyed by columns of a stream with one (rows are then a batch)
+        self.output_schema = schema
         self.aggregate = aggregate
         self.key = key
         self.emit = emit or default_emit
-        field = getattr(key, "field", None)
-        #: the key column when batches may be folded over Arrow columns (else None)
-        self.key_column = field if isinstance(field, str) and aggregate.columnar else None
+        columns = key_columns(key)
+        #: the key column (or the key's columns, a tuple) when batches may be folded over
+        #: Arrow columns (else None)
+        self.key_column: str | tuple[str, ...] | None = None
+        if columns is not None and aggregate.columnar:
+            self.key_column = columns[0] if isinstance(key, FieldKey) else columns
 
     def user_functions(self) -> tuple[Any, ...]:
         return (self.key, self.aggregate, self.emit)
@@ -135,7 +143,8 @@ class RunningAggregate(Operator):
                 continue
             result, emit = self.aggregate.result, self.emit
             ordered = sorted(scope.changed.items(), key=lambda item: _ENCODE.encode(item[0]))
-            out.append((scope.split, [emit(k, result(slot[_RUNNING])) for k, slot in ordered]))
+            rows = [emit(k, result(slot[_RUNNING])) for k, slot in ordered]
+            out.append((scope.split, as_schema_rows(rows, self.output_schema)))
             if out_origins is not None:
                 out_origins.append(scope.origin)
         return out, out_origins
@@ -178,7 +187,12 @@ class RunningAggregate(Operator):
             slot = slots.get(key)
             return MISSING if slot is None else slot[_RUNNING]
 
-        keys = batch.column(self.key_column)
+        column = self.key_column
+        keys = (
+            batch.column(column)
+            if isinstance(column, str)
+            else tuple(batch.column(c) for c in column)
+        )
         values = value_column(self.aggregate, batch)
         for key, _, acc in fold(self.aggregate, keys, values, None, current):
             slot = slots.get(key)
@@ -207,5 +221,11 @@ def build_aggregate(
             "or an Aggregate(init, add, merge, result)"
         )
     scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
-    op = RunningAggregate(agg, keyed.key, emit=emit, scope=scope)
+    schema, keys = graph.schema_of(keyed.vertex_id), key_columns(keyed.key)
+    out = None
+    if emit is None and schema is not None and keys is not None:
+        out = running_schema(schema, keys, agg, f"aggregate {name or '(unnamed)'!r}")
+        if out is not None:
+            emit = KeyColumnsRow(keys, agg.output_column)
+    op = RunningAggregate(agg, keyed.key, emit=emit, scope=scope, schema=out)
     return graph.add(op, name, (keyed.vertex_id,))

@@ -41,7 +41,7 @@ from regional.dataflow.expressions import (
 )
 from regional.dataflow.failures import raised_on
 from regional.dataflow.operators import Chunk, Operator
-from regional.dataflow.schema import one_batch
+from regional.dataflow.schema import SchemaMismatch, fit, one_batch
 from regional.dataflow.state import OperatorState
 from regional.sources.base import Batch
 
@@ -156,10 +156,23 @@ class SqlStage(Operator):
             batch = projection.apply(batch)
         return batch
 
-    def _batch(self, data: Batch) -> pa.RecordBatch:
+    def _batch(
+        self, data: Batch, split: str, base: int, dead_letters: DeadLetters | None
+    ) -> pa.RecordBatch:
+        """A chunk as a batch of the input schema: Python records (from an operator that
+        declared its output's `schema=`, or a join's rows) are fitted to it
+        (`regional.dataflow.schema.fit`), and one that does not fit is set aside naming the
+        stage and the field (a dead letter, or its unit declines)."""
         if isinstance(data, pa.RecordBatch):
             return data
-        return pa.RecordBatch.from_pylist(list(data), schema=self.input_schema)
+        batch, misfits = fit(data, self.input_schema)
+        for m in misfits:
+            error = SchemaMismatch(
+                f"stage {self.name!r}: record {base + m.at} of split {split!r} does not fit "
+                f"the schema its input declared: {m.error}"
+            )
+            set_aside(dead_letters, error, self.name, split, base + m.at, m.record)
+        return batch
 
     def run(
         self,
@@ -173,9 +186,9 @@ class SqlStage(Operator):
         out_origins: list[int] | None = [] if origins is not None else None
         seen: dict[str, int] = {}
         for n, (split, data) in enumerate(chunks):
-            batch = self._batch(data)
             base = seen.get(split, 0)
-            seen[split] = base + batch.num_rows
+            seen[split] = base + (data.num_rows if isinstance(data, pa.RecordBatch) else len(data))
+            batch = self._batch(data, split, base, dead_letters)
             try:
                 result = self.apply(batch)
             except ARROW_ERRORS:

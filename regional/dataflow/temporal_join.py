@@ -49,7 +49,7 @@ import msgspec
 from metadata.watermarks import MAX_WATERMARK
 from regional.dataflow.building import Build
 from regional.dataflow.failures import function_error, function_name
-from regional.dataflow.joins import KeyedJoin, NewRows, add_join
+from regional.dataflow.joins import KeyedJoin, NewRows, add_join, join_schema
 from regional.errors import GraphError
 
 __all__ = [
@@ -269,4 +269,5 @@ def build_temporal_join(
         vid=vid,
         times=((event_time, f"{what} (stream)"), (table_event_time, f"{what} (changelog)")),
         partitions=partitions,
+        schema=join_schema(graph, (left, right), emit, ("record", "version"), how, what),
     )

@@ -38,8 +38,9 @@ from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import EventTimeError, column_millis, record_time, span_ms
 from regional.dataflow.failures import UserFunctionError
-from regional.dataflow.keys import read_key
+from regional.dataflow.keys import FieldKey, key_columns, read_key
 from regional.dataflow.state import KEY_SCOPE, OperatorState
+from regional.dataflow.stream_schemas import as_schema_rows
 from regional.dataflow.windows import (
     Aggregate,
     Sliding,
@@ -103,7 +104,10 @@ class WindowSpec:
         allowed_lateness: Any = 0,
         on_late: str = "drop",
         emit: Callable[[Any, Window, Any], Any] | None = None,
+        schema: pa.Schema | None = None,
     ) -> None:
+        #: the rows' schema when keyed by columns of a stream with one (rows are then a batch)
+        self.schema = schema
         self.assigner = assigner
         self.aggregate = aggregate
         self.time_of = time_of
@@ -221,26 +225,27 @@ def run_windows(
     return out
 
 
-def _columnar_key(spec: WindowSpec, key_fn: Callable[[Any], Any]) -> str | None:
-    """The key column when the windows can be computed over Arrow columns: a built-in
-    aggregate (`regional.dataflow.columnar_aggregates`) in tumbling or sliding windows, keyed
-    by a field (`key_by("user")`) and timed by a field (``event_time="ts"``); None otherwise
-    (the record-wise path; sessions always take it)."""
-    key_field = getattr(key_fn, "field", None)
+def _columnar_key(spec: WindowSpec, key_fn: Callable[[Any], Any]) -> str | tuple[str, ...] | None:
+    """The key column (or columns) when the windows can be computed over Arrow columns: a
+    built-in aggregate (`regional.dataflow.columnar_aggregates`) in tumbling or sliding
+    windows, keyed by a field (`key_by("user")`) or fields (`key_by(["user", "country"])`:
+    the key is the tuple) and timed by a field (``event_time="ts"``); None otherwise (the
+    record-wise path; sessions always take it)."""
+    columns = key_columns(key_fn)
     if (
         spec.aggregate.columnar not in COLUMNAR
         or type(spec.assigner) not in (Tumbling, Sliding)
-        or not isinstance(key_field, str)
+        or columns is None
         or spec.time_field is None
     ):
         return None
-    return key_field
+    return columns[0] if isinstance(key_fn, FieldKey) else columns
 
 
 def _fold_batch(
     spec: WindowSpec,
     operator: str,
-    key_column: str,
+    key_column: str | tuple[str, ...],
     batch: pa.RecordBatch,
     split: str,
     base: int,
@@ -284,10 +289,14 @@ def _fold_batch(
     if not len(rows):
         return True
     take = None if len(rows) == batch.num_rows and per == 1 else pa.array(rows)
-    keys = batch.column(key_column)
+    keys: pa.Array | tuple[pa.Array, ...] = (
+        batch.column(key_column)
+        if isinstance(key_column, str)
+        else tuple(batch.column(c) for c in key_column)
+    )
     values = value_column(spec.aggregate, batch)
     if take is not None:
-        keys = keys.take(take)
+        keys = keys.take(take) if isinstance(keys, pa.Array) else tuple(k.take(take) for k in keys)
         values = None if values is None else values.take(take)
 
     def current(key: Any, start: int | None) -> Any:
@@ -345,7 +354,7 @@ def _fire(
                 for end, start, _, key, acc in fired
             ]
             split = scope if scope_kind == "split" else time.key_split
-            out.append((split, rows))
+            out.append((split, as_schema_rows(rows, spec.schema)))
             origins.append(time.start_of(scope))
     for scope in [s for s, slots in state.keyed.items() if not slots]:
         del state.keyed[scope]

@@ -36,6 +36,7 @@ __all__ = [
     "WindowAssigner",
     "closed",
     "count",
+    "count_distinct",
     "is_late",
     "max_of",
     "mean_of",
@@ -173,8 +174,34 @@ class Aggregate(NamedTuple):
     #: instead of record by record, with the same accumulators: "count", "sum", "min", "max"
     #: or "mean" (None for any other aggregate: always record by record)
     columnar: str | None = None
-    #: the field a columnar built-in reads (None for `count`)
+    #: the field a built-in reads (None for `count`)
     field: str | None = None
+    #: which built-in this is ("count", "sum", "min", "max", "mean", "count_distinct"; None
+    #: for any other aggregate): on a stream with a schema it says the output column's type
+    kind: str | None = None
+    #: the output column's name on a stream with a schema (`alias`); None: the built-in's
+    #: default, ``count``, ``sum_<field>``, ``count_distinct_<field>``...
+    column: str | None = None
+
+    def alias(self, name: str) -> Aggregate:
+        """This aggregate with its output column named `name` (as Spark's ``.alias``).
+
+        >>> count().alias("clicks").output_column
+        'clicks'
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"alias({name!r}): give the output column's name")
+        return self._replace(column=name)
+
+    @property
+    def output_column(self) -> str:
+        """The name of the column this aggregate fills on a stream with a schema: its alias,
+        else ``count``, or ``<kind>_<field>`` (``sum_amount``), else ``value``."""
+        if self.column is not None:
+            return self.column
+        if self.kind == "count" or self.kind is None:
+            return self.kind or "value"
+        return f"{self.kind}_{self.field}"
 
 
 def _identity(x: Any) -> Any:
@@ -188,7 +215,12 @@ def count() -> Aggregate:
     2
     """
     return Aggregate(
-        lambda: 0, lambda acc, _r: acc + 1, lambda a, b: a + b, _identity, columnar="count"
+        lambda: 0,
+        lambda acc, _r: acc + 1,
+        lambda a, b: a + b,
+        _identity,
+        columnar="count",
+        kind="count",
     )
 
 
@@ -204,7 +236,9 @@ def sum_of(field: str) -> Aggregate:
         v = record[field]
         return acc if v is None else acc + v
 
-    return Aggregate(lambda: 0, add, lambda a, b: a + b, _identity, columnar="sum", field=field)
+    return Aggregate(
+        lambda: 0, add, lambda a, b: a + b, _identity, columnar="sum", field=field, kind="sum"
+    )
 
 
 def min_of(field: str) -> Aggregate:
@@ -222,7 +256,7 @@ def min_of(field: str) -> Aggregate:
     def merge(a: Any, b: Any) -> Any:
         return a if b is None else b if a is None or b < a else a
 
-    return Aggregate(_none, add, merge, _identity, columnar="min", field=field)
+    return Aggregate(_none, add, merge, _identity, columnar="min", field=field, kind="min")
 
 
 def max_of(field: str) -> Aggregate:
@@ -239,7 +273,7 @@ def max_of(field: str) -> Aggregate:
     def merge(a: Any, b: Any) -> Any:
         return a if b is None else b if a is None or b > a else a
 
-    return Aggregate(_none, add, merge, _identity, columnar="max", field=field)
+    return Aggregate(_none, add, merge, _identity, columnar="max", field=field, kind="max")
 
 
 def mean_of(field: str) -> Aggregate:
@@ -260,11 +294,40 @@ def mean_of(field: str) -> Aggregate:
     def result(acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] else None
 
-    return Aggregate(lambda: [0, 0], add, merge, result, columnar="mean", field=field)
+    return Aggregate(lambda: [0, 0], add, merge, result, columnar="mean", field=field, kind="mean")
 
 
 def _none() -> None:
     return None
+
+
+def count_distinct(field: str, *, exact: bool = True) -> Aggregate:
+    """The number of distinct non-None values of `record[field]` (SQL's ``COUNT(DISTINCT
+    field)``). Exact: the accumulator is the set of values seen (state grows with them), so
+    the count is the same whichever units fell back when. ``exact=False`` (an approximate
+    sketch) is not available: no sketch library is a dependency; it raises `ValueError`.
+
+    >>> a = count_distinct("u")
+    >>> a.result(a.add(a.add(a.add(a.init(), {"u": "x"}), {"u": "x"}), {"u": None}))
+    1
+    """
+    if not exact:
+        raise ValueError(
+            f"count_distinct({field!r}, exact=False): approximate distinct counts need a "
+            "sketch library regional does not ship; use exact=True (a set per window and key "
+            "in state)"
+        )
+
+    def add(acc: set[Any], record: Any) -> set[Any]:
+        v = record[field]
+        if v is not None:
+            acc.add(v)
+        return acc
+
+    def merge(a: set[Any], b: set[Any]) -> set[Any]:
+        return a | b
+
+    return Aggregate(set, add, merge, len, field=field, kind="count_distinct")
 
 
 def reduce_with(fn: Callable[[Any, Any], Any]) -> Aggregate:
