@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyarrow import fs as pafs
 
+from metadata.events import read_events
 from metadata.storage import JobStorage
 from regional.cli import main
 from regional.dataflow.pipeline import Pipeline
@@ -135,9 +136,19 @@ def test_export_fix_replay_equals_a_run_with_good_records(
     assert any(e.fallback_units for e in summary.checkpoints)
     assert rows(bad_job) == rows(good)
 
-    # a third run replays nothing again
+    # the event log says who replayed how many records when, once
+    storage = JobStorage(root, JOB)
+    replays = [line for e in read_events(storage)[0] for line in e.replays]
+    batch = _batch_of(bad_job)
+    assert len(replays) == 1 and replays[0].startswith(
+        f"replay batch {batch} into 'orders': 6 record(s), replayed by "
+    )
+    assert all(line["id"] in replays[0] for line in lines)
+
+    # a third run replays nothing again, and records no replay again
     assert run(bad_job).finished
     assert rows(bad_job) == rows(good)
+    assert len([x for e in read_events(storage)[0] for x in e.replays]) == 1
     code, out, _ = cli(capsys, "dead-letters", root, "list", "--json")
     listed = json.loads(out)
     assert {r["replayed"] for r in listed} == {_batch_of(bad_job)}

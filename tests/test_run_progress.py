@@ -103,6 +103,7 @@ def test_json_lines_are_the_events_and_nothing_else():
         "unit_reads": {},
         "warnings": [],
         "started": None,
+        "replays": [],
     }
 
 

@@ -82,6 +82,13 @@ from regional.runtime.restore import (
     verify_exchanges,
 )
 from regional.runtime.timing import EpochStopwatch, EpochTiming
+from regional.sources.replay import (
+    MAX_BATCH_BYTES,
+    REPLAY_DIR,
+    REPLAY_SPLIT_PREFIX,
+    decode_batch,
+    describe_batch,
+)
 
 __all__ = [
     "Clock",
@@ -337,6 +344,7 @@ class JobDriver:
         )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
+        self._replays_seen: set[tuple[str, str]] = set()  # replay batches in the event log
         self._stop_requested = False
         self.restored_from: int | None = None
         self.restored_location: str | None = None
@@ -499,6 +507,7 @@ class JobDriver:
             self.dispatcher.start()
             if not self._started:
                 self._restore()
+                self._replays_seen = self._replay_splits()  # those restored were recorded
                 self._started = True
                 self._published = self.metrics  # after the restore: its checkpoint, no outcome yet
                 return True
@@ -771,6 +780,7 @@ class JobDriver:
             warnings=o.warnings,
             started=self._how_started() if self.last_event is None else None,
         )
+        event = msgspec.structs.replace(event, replays=self._new_replays())
         self.records_in_total += records_in
         self.last_event = event
         self._published = self.metrics
@@ -786,6 +796,30 @@ class JobDriver:
         if self.progress is not None:
             self.progress(event)
         return event
+
+    def _replay_splits(self) -> set[tuple[str, str]]:
+        """(source vertex, split) of every replay batch the split enumerators handed out."""
+        return {
+            (v, s)
+            for v, e in self.enumerators.items()
+            for s in e.owners
+            if s.startswith(REPLAY_SPLIT_PREFIX)
+        }
+
+    def _new_replays(self) -> tuple[str, ...]:
+        """One line per replay batch handed out to a subtask since the last event (the job
+        began to read it; DESIGN §4 rule 25), from its manifest; best effort, as the event."""
+        new = sorted(self._replay_splits() - self._replays_seen)
+        self._replays_seen.update(new)
+        lines = []
+        for vertex, split in new:
+            rel = f"{REPLAY_DIR}/{vertex}/{split[len(REPLAY_SPLIT_PREFIX) :]}.jsonl"
+            try:
+                data = self.storage.read_file(rel, limit=MAX_BATCH_BYTES) or b""
+                lines.append(describe_batch(decode_batch(data, where=rel)[0]))
+            except (RegionalError, OSError, UnicodeDecodeError) as exc:
+                lines.append(f"replay batch {split} into {vertex!r} (manifest unread: {exc})")
+        return tuple(lines)
 
     def _how_started(self) -> DriverStart:
         """What this driver's first event records of its start: the checkpoint it restored,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -62,6 +63,7 @@ __all__ = [
     "ReplayError",
     "ReplayingSource",
     "decode_batch",
+    "describe_batch",
     "encode_batch",
     "inbox_path",
     "parse_fixed_records",
@@ -163,6 +165,26 @@ def decode_batch(data: bytes, *, where: str) -> tuple[BatchManifest, list[FixedR
             "`regional dead-letters replay`: move it out of the inbox"
         ) from None
     return manifest, [FixedRecord(r["id"], r["record"]) for r in rows]
+
+
+def describe_batch(manifest: BatchManifest, *, ids_shown: int = 20) -> str:
+    """One line for the event log: the batch, its source, how many records, who replayed them
+    when, and their dead-letter ids (the first `ids_shown`; the batch file holds them all).
+
+    >>> line = describe_batch(BatchManifest(batch="b-1", source="orders", by="ann@h", at_ms=0,
+    ...                                     ids=("a", "b", "c")), ids_shown=2)
+    >>> line.split("; ")
+    ["replay batch b-1 into 'orders': 3 record(s), replayed by ann@h at 1970-01-01T00:00:00Z", \
+'ids a, b and 1 more']
+    """
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(manifest.at_ms / 1000))
+    ids = ", ".join(manifest.ids[:ids_shown])
+    if len(manifest.ids) > ids_shown:
+        ids += f" and {len(manifest.ids) - ids_shown} more"
+    return (
+        f"replay batch {manifest.batch} into {manifest.source!r}: {len(manifest.ids)} "
+        f"record(s), replayed by {manifest.by} at {when}; ids {ids}"
+    )
 
 
 class ReplayingSource:
