@@ -34,6 +34,7 @@ import pyarrow as pa
 from pyarrow import fs as pafs
 
 from metadata.errors import StorageError
+from metadata.model import CheckpointMetadata
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from regional.coordinator.split_enumerator import last_assigned
@@ -50,7 +51,13 @@ from regional.sources.replay import (
     parse_fixed_records,
 )
 
-__all__ = ["DEAD_LETTER_ROWS_SCHEMA", "dead_letter_id", "dead_letter_rows", "register"]
+__all__ = [
+    "DEAD_LETTER_ROWS_SCHEMA",
+    "dead_letter_id",
+    "dead_letter_rows",
+    "dead_letter_sinks",
+    "register",
+]
 
 #: The rows `list --json` and `export` give: a dead letter as stored, with its id and reason.
 DEAD_LETTER_ROWS_SCHEMA = pa.schema(
@@ -143,30 +150,44 @@ def _limit(text: str) -> int:
 
 def dead_letters_command(args: argparse.Namespace) -> int:
     """Open the job under `args.root` and run the action."""
+    from regional.cli.render import say
+
     storage = JobStorage.open(args.root, args.job)
     storage.check_job_root()
+    newest = _newest(storage)
     if args.action == "replay":
-        return _replay(storage, args)
-    every = dead_letter_rows(storage)
+        return _replay(storage, newest, args)
+    if newest is None:
+        say(f"job {storage.describe('')} has no completed checkpoint: no dead letter committed")
+    elif not dead_letter_sinks(newest):
+        say(
+            f"checkpoint {newest.checkpoint_id} records no dead-letter sink: the pipeline runs "
+            "without on_error='dead-letter' (or its dead-letter sink records no location)"
+        )
+    every = dead_letter_rows(storage, newest)
     rows = _filtered(every, args)
     if args.action == "list":
         return _list(rows, len(every), args)
     return _export(rows, args)
 
 
-def _newest_sinks(storage: JobStorage) -> tuple[Any, list[tuple[str, str]]]:
+def _newest(storage: JobStorage) -> CheckpointMetadata | None:
+    """The newest completed checkpoint (a warning on stderr per damaged one skipped)."""
     store = CompletedCheckpointStore.load(storage)
     for d in store.damaged:
         print(f"warning: checkpoint {d.checkpoint_id} skipped: {d.error}", file=sys.stderr)
-    newest = store.latest()
-    if newest is None:
-        return None, []
+    return store.latest()
+
+
+def dead_letter_sinks(newest: CheckpointMetadata) -> list[tuple[str, str]]:
+    """(kind, location) of every dead-letter table `newest` records, once per location (two
+    dead-letter vertices, of two parts of the graph, may share one)."""
     found = {
         (s.kind, s.location): None
         for s in newest.sinks
         if s.vertex_id == DEAD_LETTERS or s.vertex_id.startswith(f"{DEAD_LETTERS}-")
     }
-    return newest, list(found)
+    return list(found)
 
 
 def _stored_rows(kind: str, location: str) -> pa.Table:
@@ -175,8 +196,13 @@ def _stored_rows(kind: str, location: str) -> pa.Table:
 
         return read_table(location)
     if kind == "delta":
-        from deltalake import DeltaTable
-
+        try:
+            from deltalake import DeltaTable
+        except ImportError:
+            raise UsageError(
+                f"the dead-letter sink at {location} is a Delta table: install "
+                "regional-checkpoints[delta] to read it"
+            ) from None
         return DeltaTable(location).to_pyarrow_table()
     raise UsageError(
         f"the dead-letter sink at {location} is a {kind} table; this command reads Parquet "
@@ -184,13 +210,17 @@ def _stored_rows(kind: str, location: str) -> pa.Table:
     )
 
 
-def dead_letter_rows(storage: JobStorage) -> list[dict[str, Any]]:
-    """Every committed dead letter of the job as a row of `DEAD_LETTER_ROWS_SCHEMA`, in
-    checkpoint, operator, split and index order, with the replay batch that replayed it."""
-    _, sinks = _newest_sinks(storage)
+def dead_letter_rows(
+    storage: JobStorage, newest: CheckpointMetadata | None
+) -> list[dict[str, Any]]:
+    """Every dead letter committed up to checkpoint `newest` as a row of
+    `DEAD_LETTER_ROWS_SCHEMA`, in checkpoint, operator, split and index order, with the
+    replay batch that replayed it."""
+    if newest is None:
+        return []
     replayed = {i: m.batch for m in _manifests(storage) for i in m.ids}
     out = []
-    for kind, location in sinks:
+    for kind, location in dead_letter_sinks(newest):
         for r in _stored_rows(kind, location).to_pylist():
             key = dead_letter_id(
                 r["operator"], r["split_id"], r["split_position"], r["record_index"]
@@ -312,15 +342,16 @@ def _manifests(storage: JobStorage, source: str | None = None) -> list[BatchMani
     return found
 
 
-def _source_vertices(storage: JobStorage) -> list[str]:
+def _source_vertices(newest: CheckpointMetadata | None) -> list[str]:
     """The source vertices the newest checkpoint has a split enumerator for."""
-    newest, _ = _newest_sinks(storage)
     if newest is None:
         return []
     return sorted(v for v, data in newest.coordinators.items() if last_assigned(data) is not None)
 
 
-def _replay(storage: JobStorage, args: argparse.Namespace) -> int:
+def _replay(
+    storage: JobStorage, newest: CheckpointMetadata | None, args: argparse.Namespace
+) -> int:
     from regional.cli.render import say
 
     root = storage.describe("")
@@ -330,14 +361,14 @@ def _replay(storage: JobStorage, args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise ReplayError(f"cannot read the fixed records {path}: {exc}") from None
     records = parse_fixed_records(text, file=str(path))
-    sources = _source_vertices(storage)
+    sources = _source_vertices(newest)
     if args.into not in sources:
         raise ReplayError(
             f"job {root} has no source vertex {args.into!r} (its sources: "
             f"{', '.join(sources) or 'none recorded yet: run the job once'}); give --into one "
             "of them"
         )
-    known = {r["id"] for r in dead_letter_rows(storage)}
+    known = {r["id"] for r in dead_letter_rows(storage, newest)}
     lines = _line_numbers(text)
     for r in records:
         if r.id not in known:
