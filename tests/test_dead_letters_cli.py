@@ -263,3 +263,16 @@ def test_a_fixed_records_file_is_checked_line_by_line() -> None:
     with pytest.raises(ReplayError, match="no fixed record"):
         parse_fixed_records("\n", file="f.jsonl")
     assert parse_fixed_records('{"id": "a", "record": null}', file="f") == [FixedRecord("a", None)]
+
+
+def test_a_pipeline_bound_to_another_root_reads_that_roots_inbox_only(tmp_path: Path) -> None:
+    p = Pipeline(JOB)
+    p.source(FileSource(str(tmp_path / "data"), format="jsonl"), name="orders").sink(
+        ParquetSink(str(tmp_path / "out")), name="out"
+    )
+    p.bind(str(tmp_path / "one" / JOB))
+    p.bind(str(tmp_path / "two" / JOB))
+    source = p.vertices["orders"].source
+    assert isinstance(source, ReplayingSource)
+    assert source.inbox == f"{tmp_path}/two/{JOB}/replay/orders"
+    assert isinstance(source.source, FileSource)

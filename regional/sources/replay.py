@@ -245,9 +245,9 @@ class ReplayingSource:
         self.__dict__.update(state, _cache={})
 
 
-def replaying(source: Source, inbox: str, filesystem: pafs.FileSystem) -> Source:
-    """`source` reading its replay `inbox` too (idempotent: a source already reading one is
-    returned as it is)."""
+def replaying(source: Source, inbox: str, filesystem: pafs.FileSystem) -> ReplayingSource:
+    """`source` reading the replay `inbox` too. A source that reads an inbox already (a
+    pipeline bound to another job root before) reads this one instead, never both."""
     if isinstance(source, ReplayingSource):
-        return source
+        source = source.source
     return ReplayingSource(source, inbox, filesystem)
