@@ -1,6 +1,6 @@
 """Joins with regional fallback on both sides: orders joined with their payments within 15
 minutes of event time, and clicks enriched with the user profile valid when they happened
-(docs/joins/interval.md, docs/joins/temporal.md).
+(the documentation page "Joins and deduplication", docs/joins.md).
 
     python examples/orders_payments.py              # the demo, about 40 s with Spark's start
     regional run examples/orders_payments.py --checkpoint-dir /tmp/op-ckpt

@@ -146,6 +146,9 @@ class CheckpointEvent(
     in older events): the consumer lag after it, per source vertex and split, the records
     between the position the job's next read starts at and the split's end (a Kafka
     partition's end offset, a file's rows) as the source said when the split was last read.
+    `replays` (added later) has one line per replay batch of fixed dead letters the job began
+    to read in this checkpoint's epoch: which source, how many records, who replayed them when,
+    and their dead-letter ids (`regional.sources.replay`, DESIGN §4 rule 25).
     """
 
     job_id: str
@@ -177,6 +180,7 @@ class CheckpointEvent(
     started: DriverStart | None = None
     records_exchanged: Count = 0
     records_behind: dict[str, dict[str, _Tally]] = {}
+    replays: tuple[str, ...] = ()
 
     def unit_label(self, unit_id: int) -> str:
         """`unit 3 (events:3)`: the unit and what it reads, as far as this event knows."""
@@ -340,7 +344,7 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
     outcome; `regional_checkpoint_count`, `global_checkpoint_count`, `aborted_count` (since the
     driver started); `commit_lag`; `causes` (unit_id, cause: one line per failed or
     fallen-back unit); `message` (the coordinator's explanation: why it aborted, why it was
-    global, why the job failed; then the event's `warnings`); `records_dead_lettered`;
+    global, why the job failed; then the event's `warnings` and `replays`); `records_dead_lettered`;
     `stuck` (unit_id, name: the unit and what it reads, since, owner_checkpoint_id, fallbacks
     in a row, cause: one row per unit stuck after the outcome). Tracebacks stay in the event files.
     """
@@ -362,7 +366,7 @@ def events_table(events: Iterable[CheckpointEvent]) -> pa.Table:
             "aborted_count": sum(e.aborted_by_rule.values()),
             "commit_lag": e.commit_lag,
             "causes": [{"unit_id": u, "cause": c} for u, c in sorted(e.causes.items())],
-            "message": "; ".join(m for m in (e.message, *e.warnings) if m),
+            "message": "; ".join(m for m in (e.message, *e.warnings, *e.replays) if m),
             "records_dead_lettered": e.records_dead_lettered,
             "stuck": [
                 {

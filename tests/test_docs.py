@@ -175,23 +175,43 @@ def test_the_quickstart_commands_run_as_written(tmp_path: Path) -> None:
 
 _OVERFLOW_PROBE = """<script>
 window.addEventListener("load", () => {
-  const wide = [...document.querySelectorAll("pre > code")]
-    .filter((c) => c.scrollWidth > c.clientWidth + 1).length;
+  const blocks = [...document.querySelectorAll("pre > code")];
+  const diagram = (c) => c.closest(".diagram") !== null;
+  const wide = blocks
+    .filter((c) => !diagram(c) && c.scrollWidth > c.clientWidth + 1).length;
+  const wrapped = blocks
+    .filter((c) => diagram(c) && getComputedStyle(c).whiteSpace !== "pre").length;
   document.body.setAttribute("data-wide-code-blocks", String(wide));
+  document.body.setAttribute("data-diagrams", String(blocks.filter(diagram).length));
+  document.body.setAttribute("data-wrapped-diagrams", String(wrapped));
 });
 </script>"""
 
 
-@pytest.mark.parametrize("page", ["event-time.html", "extending.html", "guide/pipelines.html"])
-def test_code_blocks_fit_the_column(site: Path, tmp_path: Path, page: str) -> None:
-    """No code block scrolls sideways in a 1280 px window (a comment at a line's end would be
-    cut off): long lines wrap. Measured by a probe script in a copy of the page."""
+def _probe(site: Path, tmp_path: Path, page: str) -> dict[str, str]:
     probe = site / page.replace(".html", ".probe.html")
     probe.write_text((site / page).read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
     dom, _ = chromium(probe, tmp_path, (1280, 900))
-    wide = re.search(r'data-wide-code-blocks="(\d+)"', dom)
-    assert wide is not None, "the probe did not run"
-    assert wide.group(1) == "0"
+    found = dict(re.findall(r'data-(wide-code-blocks|diagrams|wrapped-diagrams)="(\d+)"', dom))
+    assert len(found) == 3, "the probe did not run"
+    return found
+
+
+@pytest.mark.parametrize(
+    "page", ["event-time.html", "extending.html", "guide/pipelines.html", "joins.html"]
+)
+def test_code_blocks_fit_the_column(site: Path, tmp_path: Path, page: str) -> None:
+    """No code block scrolls sideways in a 1280 px window (a comment at a line's end would be
+    cut off): long lines wrap. Diagrams (```{.text .diagram}) are left out: they never wrap.
+    Measured by a probe script in a copy of the page."""
+    assert _probe(site, tmp_path, page)["wide-code-blocks"] == "0"
+
+
+@pytest.mark.parametrize("page", ["joins.html", "concepts/exchange.html", "design.html"])
+def test_a_diagram_keeps_its_lines(site: Path, tmp_path: Path, page: str) -> None:
+    """A wrapped line would break a diagram's columns and arrows: diagrams scroll instead."""
+    found = _probe(site, tmp_path, page)
+    assert found["diagrams"] != "0" and found["wrapped-diagrams"] == "0"
 
 
 #: The API pipelines are written with: each name's module, and the names.
@@ -235,3 +255,104 @@ def test_every_public_name_of_the_pipeline_api_has_a_docstring_and_a_page() -> N
         if f"::: {m}.{n.split('.')[0]}\n" not in api and f"::: {m}\n" not in api
     ]
     assert without_page == []
+
+
+_SEARCH_PROBE = """<script>
+window.addEventListener("load", () => {
+  const input = document.querySelector("input[data-md-component=search-query]");
+  const started = Date.now();
+  const look = () => {
+    const first = document.querySelector(".md-search-result__list a");
+    const meta = document.querySelector(".md-search-result__meta");
+    document.body.setAttribute("data-search-meta", meta ? meta.textContent : "");
+    if (first) document.body.setAttribute("data-first-result", first.getAttribute("href"));
+    else if (Date.now() - started < 20000) setTimeout(look, 100);
+  };
+  setTimeout(() => {  // as a reader types: focus, the text, the key events
+    input.focus();
+    input.value = "QUERY";
+    input.dispatchEvent(new Event("input", { bubbles: true }));
+    input.dispatchEvent(new KeyboardEvent("keyup", { bubbles: true, key: "n" }));
+    look();
+  }, 500);
+});
+</script>"""
+
+
+def _page_requests(net_log: Path) -> list[str]:
+    """The network URLs a page opened from disk asked for, from Chromium's net log: the requests
+    initiated by the page's origin, "null" (a file:// page's opaque origin), not Chromium's own
+    background requests (update checks, accounts). file:// loads are not in the net log."""
+    import json
+
+    log = json.loads(net_log.read_text())
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    by_source: dict[int, str] = {}
+    pages = set()
+    for event in log["events"]:
+        params = event.get("params", {})
+        if "url" in params:
+            by_source.setdefault(event["source"]["id"], params["url"])
+        if event["type"] == start and str(params.get("initiator")).startswith(("null", "file:")):
+            pages.add(event["source"]["id"])
+    return sorted(by_source[s] for s in pages if s in by_source)
+
+
+def test_search_works_from_disk_with_no_network(site: Path, tmp_path: Path) -> None:
+    """Open the front page from disk in headless Chromium with every host name unresolvable,
+    type "join" in the search box: the joins page is the first result, and the page asked for
+    no http(s) URL (mkdocs.yml: "no request leaves the reader's machine")."""
+    import shutil as _shutil
+
+    from browser import CHROMIUM_FLAGS
+
+    exe = _shutil.which("chromium")
+    if exe is None:
+        chromium(site / "index.html", tmp_path, (1200, 900))  # skips (fails under CI), saying how
+        return
+    probe = site / "index.search-probe.html"
+    html = (site / "index.html").read_text()
+    probe.write_text(html.replace("</body>", _SEARCH_PROBE.replace("QUERY", "join") + "</body>"))
+    net_log = tmp_path / "net-log.json"
+    done = subprocess.run(
+        [
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # no network: no name resolves
+            f"--log-net-log={net_log}",
+            "--virtual-time-budget=30000",  # run the page's timers before dumping the DOM
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = re.search(r'data-first-result="([^"]*)"', done.stdout)
+    meta = re.search(r'data-search-meta="([^"]*)"', done.stdout)
+    assert first is not None, f"no search result; the search box says {meta and meta.group(1)!r}"
+    assert first.group(1).split("#")[0] == (site / "joins.html").as_uri()
+    external = [u for u in _page_requests(net_log) if u.startswith(("http:", "https:"))]
+    assert external == []
+
+
+_LOADS = re.compile(
+    r"<(?:script|img|iframe|source|audio|video)\b[^>]*\bsrc=\"(https?:[^\"]+)\""
+    r"|<link\b[^>]*\bhref=\"(https?:[^\"]+)\"[^>]*>"
+)
+
+
+def test_no_page_loads_anything_from_the_network(site: Path) -> None:
+    """No page of the site names an http(s) script, style, image or frame to load (links a
+    reader may follow are fine): what a page needs comes with the site."""
+    loads = []
+    for page in sorted(site.rglob("*.html")):
+        for m in _LOADS.finditer(page.read_text()):
+            tag = m.group(0)
+            if m.group(2) is not None and re.search(r'rel="(canonical|alternate)"', tag):
+                continue
+            loads.append(f"{page.relative_to(site)}: {m.group(1) or m.group(2)}")
+    assert loads == []

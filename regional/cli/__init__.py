@@ -1,4 +1,5 @@
-"""The `regional` command line: `run`, `regions`, `inspect`, `clean`, `policy check`.
+"""The `regional` command line: `run`, `regions`, `inspect`, `dead-letters`, `clean`, `policy
+check`.
 
 Each command lives in its own module of this package and exposes
 `register(subparsers) -> None`, which adds its parser and sets `handler(args) -> int` as the
@@ -20,7 +21,7 @@ from regional import __version__
 __all__ = ["main", "one_line"]
 
 #: Command modules, in the order `regional --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "regions", "inspect", "policy", "clean")
+COMMANDS: tuple[str, ...] = ("run", "regions", "inspect", "dead-letters", "policy", "clean")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"regional {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"regional.cli.{name}").register(sub)
+        importlib.import_module(f"regional.cli.{name.replace('-', '_')}").register(sub)
     _accept_verbose_after(parser)
     return parser
 

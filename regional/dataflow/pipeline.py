@@ -1157,14 +1157,28 @@ class Pipeline:
         return ids[0], ids[1]
 
     def bind(self, job_path: str, filesystem: Any = None) -> None:
-        """Point every exchange at its directory in job root `job_path` (the driver does this
-        before any task runs; `filesystem` is the job storage's)."""
-        from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path
+        """Point every exchange at its directory in job root `job_path`, and every source at
+        its replay inbox there (`regional.sources.replay`; a source fitted to a schema replays
+        through the fitting). The driver does this before any task runs; `filesystem` is the
+        job storage's."""
+        from pyarrow import fs as pafs
 
-        for spec in self.vertices.values():
+        from regional.dataflow.exchange import ExchangeReader, ExchangeWriter, exchange_path
+        from regional.dataflow.fitted_source import FittedSource
+        from regional.sources.replay import inbox_path, replaying
+
+        for vertex_id, spec in list(self.vertices.items()):
             for side in (spec.sink, spec.source):
                 if isinstance(side, ExchangeReader | ExchangeWriter):
                     side.bind(exchange_path(job_path, side.reader), filesystem)
+            if spec.source is not None and spec.exchange_from is None:
+                inbox = inbox_path(job_path, vertex_id)
+                fs = filesystem if filesystem is not None else pafs.LocalFileSystem()
+                if isinstance(spec.source, FittedSource):
+                    spec.source.source = replaying(spec.source.source, inbox, fs)
+                else:
+                    source = replaying(spec.source, inbox, fs)
+                    self.vertices[vertex_id] = dataclasses.replace(spec, source=source)
 
     @property
     def exchanges(self) -> dict[str, Exchange]:

@@ -83,6 +83,13 @@ from regional.runtime.restore import (
 )
 from regional.runtime.stalled_inputs import StallWatch, watched_inputs
 from regional.runtime.timing import EpochStopwatch, EpochTiming
+from regional.sources.replay import (
+    MAX_BATCH_BYTES,
+    REPLAY_DIR,
+    REPLAY_SPLIT_PREFIX,
+    decode_batch,
+    describe_batch,
+)
 
 __all__ = [
     "Clock",
@@ -341,6 +348,7 @@ class JobDriver:
             self.decisions.stall_watch = StallWatch(watched_inputs(pipeline, self.plan))
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
+        self._replays_seen: set[tuple[str, str]] = set()  # replay batches in the event log
         self._stop_requested = False
         self.restored_from: int | None = None
         self.restored_location: str | None = None
@@ -505,6 +513,7 @@ class JobDriver:
             self.dispatcher.start()
             if not self._started:
                 self._restore()
+                self._replays_seen = self._replay_splits()  # those restored were recorded
                 self._started = True
                 self._published = self.metrics  # after the restore: its checkpoint, no outcome yet
                 return True
@@ -791,6 +800,7 @@ class JobDriver:
             warnings=o.warnings,
             started=self._how_started() if self.last_event is None else None,
         )
+        event = msgspec.structs.replace(event, replays=self._new_replays())
         self.records_in_total += records_in
         self.last_event = event
         self._published = self.metrics
@@ -806,6 +816,30 @@ class JobDriver:
         if self.progress is not None:
             self.progress(event)
         return event
+
+    def _replay_splits(self) -> set[tuple[str, str]]:
+        """(source vertex, split) of every replay batch the split enumerators handed out."""
+        return {
+            (v, s)
+            for v, e in self.enumerators.items()
+            for s in e.owners
+            if s.startswith(REPLAY_SPLIT_PREFIX)
+        }
+
+    def _new_replays(self) -> tuple[str, ...]:
+        """One line per replay batch handed out to a subtask since the last event (the job
+        began to read it; DESIGN §4 rule 25), from its manifest; best effort, as the event."""
+        new = sorted(self._replay_splits() - self._replays_seen)
+        self._replays_seen.update(new)
+        lines = []
+        for vertex, split in new:
+            rel = f"{REPLAY_DIR}/{vertex}/{split[len(REPLAY_SPLIT_PREFIX) :]}.jsonl"
+            try:
+                data = self.storage.read_file(rel, limit=MAX_BATCH_BYTES) or b""
+                lines.append(describe_batch(decode_batch(data, where=rel)[0]))
+            except (RegionalError, OSError, UnicodeDecodeError) as exc:
+                lines.append(f"replay batch {split} into {vertex!r} (manifest unread: {exc})")
+        return tuple(lines)
 
     def _how_started(self) -> DriverStart:
         """What this driver's first event records of its start: the checkpoint it restored,
