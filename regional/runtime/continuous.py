@@ -48,10 +48,13 @@ from regional.coordinator.verdict import name_units
 from regional.errors import RegionalError
 from regional.runtime.channel import (
     Answers,
+    ChannelClosed,
     ChannelServer,
     EpochRound,
+    Marker,
     Stop,
     TaskAttempt,
+    TaskChannel,
     Work,
     new_token,
 )
@@ -68,6 +71,7 @@ __all__ = [
     "ContinuousEvent",
     "ContinuousStartError",
     "IsolatedRuns",
+    "MarkerWait",
     "UnitPlacement",
 ]
 
@@ -150,7 +154,8 @@ def long_task(
 ) -> Callable[[Iterable[int]], Iterable[int]]:
     """The partition function of a long-lived task (its one input element is its task index):
     connect, then run every `Work` the driver sends with `run_units` and answer, until `Stop`
-    or the driver goes away. Yields how many epochs it served."""
+    or the driver goes away. An open epoch's `Work` runs until its checkpoint's `Marker`
+    (`MarkerWait`). Yields how many epochs it served."""
 
     def run(it: Iterable[int]) -> Iterable[int]:
         from pyspark import TaskContext
@@ -167,8 +172,9 @@ def long_task(
         tid = ctx.taskAttemptId() if ctx is not None else 0
         channel = TaskChannel.connect(address, token, run_id, task, attempt, tid)
         served = 0
+        stopping = False
         try:
-            while True:
+            while not stopping:
                 try:
                     message = channel.receive()
                 except (ChannelClosed, OSError):
@@ -176,7 +182,12 @@ def long_task(
                 if isinstance(message, Stop):
                     break
                 if isinstance(message, Work):
-                    answers = packed(run_units(env, message.works))
+                    marker = (
+                        MarkerWait(channel, run_id, message.checkpoint_id)
+                        if message.open_epoch
+                        else None
+                    )
+                    answers = packed(run_units(env, message.works, until=marker))
                     reply = Answers(
                         run_id, message.checkpoint_id, message.task_attempt_id, message.units,
                         answers,
@@ -186,11 +197,45 @@ def long_task(
                     except OSError:
                         break
                     served += 1
+                    stopping = marker is not None and marker.stop
         finally:
             channel.close()
         return iter([served])
 
     return run
+
+
+class MarkerWait:
+    """`until` of an open epoch's `run_units`: True once checkpoint `checkpoint_id`'s
+    `Marker` came over `channel` (waiting up to `wait` seconds for it). A `Stop` or a driver
+    gone closes the epoch too (`stop`: the task returns after it answers); an older
+    checkpoint's marker is ignored."""
+
+    def __init__(self, channel: TaskChannel, run_id: str, checkpoint_id: int) -> None:
+        self.channel = channel
+        self.run_id = run_id
+        self.checkpoint_id = checkpoint_id
+        self.stop = False
+
+    def __call__(self, wait: float) -> bool:
+        until = time.monotonic() + wait
+        while True:
+            try:
+                message = self.channel.poll(max(0.0, until - time.monotonic()))
+            except (ChannelClosed, OSError):
+                self.stop = True
+                return True
+            if message is None:
+                return False
+            if isinstance(message, Stop):
+                self.stop = True
+                return True
+            if (
+                isinstance(message, Marker)
+                and message.run_id == self.run_id
+                and message.checkpoint_id == self.checkpoint_id
+            ):
+                return True
 
 
 @dataclasses.dataclass
@@ -232,8 +277,15 @@ class ContinuousDispatcher:
         host: str | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         on_event: Callable[[ContinuousEvent], None] | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
+        if checkpoint_interval_s is not None and not checkpoint_interval_s > 0:
+            raise ValueError(
+                f"continuous job {job_id}: checkpoint interval {checkpoint_interval_s!r} s; "
+                "give a positive duration such as '100 ms'"
+            )
         self.sc = sc
+        self.checkpoint_interval_s = checkpoint_interval_s
         self._env = env
         self.tasks = tasks
         self.job_id = job_id
@@ -411,24 +463,37 @@ class ContinuousDispatcher:
     def _round(self, works: Sequence[UnitWork], deadline_ms: int) -> Dispatch:
         """Send each task its works as soon as it is connected (a resubmitted task connects
         during the epoch; the others do not wait for it), take the answers until every task
-        answered or was lost, or the deadline; a task not connected by then lost its units."""
+        answered or was lost, or the deadline; a task not connected by then lost its units.
+        With a `checkpoint_interval_s` the epoch is open: every task that got work is sent
+        the checkpoint's `Marker` once the interval since this round began has passed."""
+        opened = time.time()
         by_task = self.placement.place(works)
         pending = {t: ws for t, ws in enumerate(by_task) if ws}  # not sent yet
         self._keep_running(list(pending))
         server = self._channel()
-        epoch = EpochRound(self.run_id, works[0].checkpoint_id)
+        cid = works[0].checkpoint_id
+        epoch = EpochRound(self.run_id, cid)
+        interval = self.checkpoint_interval_s
+        close_at = None if interval is None else opened + interval
+        marked: set[int] = set()  # the tasks sent the marker
         with server.changed:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
         while True:
-            sends: list[tuple[TaskAttempt, Work]] = []
+            sends: list[tuple[TaskAttempt, Work | Marker]] = []
             with server.changed:
                 self._note_connections(server)
                 for task in [t for t in pending if t in server.fencing.live]:
-                    sends.append((server.fencing.live[task], epoch.sent(
-                        server.fencing.live[task], pending.pop(task))))  # fmt: skip
-            for attempt, work in sends:
-                why = server.send(attempt, work)
+                    attempt = server.fencing.live[task]
+                    work = epoch.sent(attempt, pending.pop(task), open_epoch=close_at is not None)
+                    sends.append((attempt, work))
+                if close_at is not None and time.time() >= close_at:
+                    for task in epoch.waiting:
+                        if task not in marked:
+                            marked.add(task)
+                            sends.append((epoch.out[task][0], Marker(self.run_id, cid)))
+            for attempt, out in sends:
+                why = server.send(attempt, out)
                 if why is not None:
                     with server.changed:
                         epoch.lost_task(attempt, why)
@@ -443,11 +508,16 @@ class ContinuousDispatcher:
                     if epoch.lost_task(gone):
                         self._event("lost", gone.task, epoch.lost[gone.task])
                 server.dropped.clear()
-                left = deadline_ms / 1000 - time.time()
+                now = time.time()
+                left = deadline_ms / 1000 - now
                 if (epoch.done and not pending) or left <= 0:
                     break
                 # a connection, an answer or a drop notifies; poll briefly while tasks connect
-                server.changed.wait(min(left, 0.05 if pending else 0.5))
+                wait = min(left, 0.05 if pending else 0.5)
+                if close_at is not None and set(epoch.waiting) - marked:
+                    wait = min(wait, max(0.0, close_at - now))
+                if wait > 0:
+                    server.changed.wait(wait)
         for task, ws in pending.items():
             epoch.unsent(
                 task, [w.unit_id for w in ws], f"long-lived task {task} did not connect by "

@@ -1,0 +1,107 @@
+"""Continuous mode with a checkpoint interval on the shared local[2] session
+(`regional.runtime.open_epoch`): long-lived tasks read batch after batch between markers and
+commit exactly what micro-epoch mode commits, on a keyed, windowed event-time job with poison
+and late records dead-lettered, through unit faults and a killed Python worker (whose task is
+started again alone while the other task's units keep committing)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import windows_job as job
+
+from regional.dataflow.pipeline import Pipeline
+from regional.policy import load_policy
+from regional.runtime.continuous import ContinuousDispatcher
+from regional.runtime.spark import Faults, SparkRuntime
+from regional.sinks.parquet import ParquetSink
+
+pytestmark = pytest.mark.spark
+
+INTERVAL = "100 ms"
+
+
+def _pipeline(base: Path) -> Pipeline:
+    return job.pipeline(
+        "sliding",
+        str(base / "table"),
+        on_late="dead-letter",
+        dead_letter=ParquetSink(str(base / "dead")),
+        checked=True,
+    )
+
+
+def _runtime(
+    spark: Any, base: Path, mode: str, faults: Faults | None = None, **options: Any
+) -> SparkRuntime:
+    overrides = {"checkpointing": {"timeout": "20 s", "region": {"max-failure-ratio": 0.5}}}
+    policy = load_policy(env={}, overrides=overrides).policy
+    if mode == "continuous":
+        options.setdefault("checkpoint_interval", INTERVAL)
+    return SparkRuntime(
+        _pipeline(base),
+        spark,
+        root=str(base / "ckpt"),
+        mode=mode,
+        tasks=2,
+        policy=policy,
+        faults=faults,
+        **options,
+    )
+
+
+def _outcome(base: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    return job.rows(str(base / "table")), job.dead_letters(str(base / "dead"))
+
+
+@pytest.fixture(scope="module")
+def micro_epoch(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
+    base = tmp_path_factory.mktemp("micro")
+    assert _runtime(spark, base, "micro-epoch").run().finished
+    return _outcome(base)
+
+
+def test_a_checkpoint_interval_needs_continuous_mode(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="checkpoint_interval='100 ms' needs mode='continuous'"):
+        _runtime(spark, tmp_path, "micro-epoch", checkpoint_interval="100 ms")
+    with pytest.raises(ValueError, match="is not a duration"):
+        _runtime(spark, tmp_path, "continuous", checkpoint_interval="soon")
+    with pytest.raises(ValueError, match="must be positive"):
+        _runtime(spark, tmp_path, "continuous", checkpoint_interval="0 ms")
+
+
+def test_open_epochs_commit_the_micro_epoch_rows_and_dead_letters(
+    spark: Any, tmp_path: Path, micro_epoch: tuple[list, list]
+) -> None:
+    rt = _runtime(spark, tmp_path, "continuous")
+    summary = rt.run()
+    assert summary.finished and summary.checkpoints[-1].kind == "global"
+    assert _outcome(tmp_path) == micro_epoch
+    # several batches per checkpoint: fewer checkpoints than micro-epoch's one batch each
+    batches = job.PER_SPLIT * job.SPLITS // 2 // job.PER_EPOCH  # per source unit
+    assert len(summary.checkpoints) < batches
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    assert Counter(e.kind for e in rt.dispatcher.events) == {"submitted": 2, "connected": 2}
+
+
+def test_unit_faults_and_a_killed_worker_in_open_epochs_commit_the_micro_epoch_rows(
+    spark: Any, tmp_path: Path, micro_epoch: tuple[list, list]
+) -> None:
+    # unit 0 fails at 2; unit 1's Python worker dies at 3 (its task is lost and started again)
+    faults = Faults(units={(2, 0): "fail", (3, 1): "crash"})
+    rt = _runtime(spark, tmp_path, "continuous", faults)
+    summary = rt.run()
+    assert summary.finished
+    by_id = {c.checkpoint_id: c for c in summary.checkpoints}
+    assert by_id[2].fallback_units == (0,)
+    assert by_id[3].fallback_units == (1,)
+    assert by_id[3].causes[1].endswith("Python worker exited unexpectedly (crashed)")
+    assert _outcome(tmp_path) == micro_epoch
+    assert isinstance(rt.dispatcher, ContinuousDispatcher)
+    lost = rt.dispatcher.placement.task_of[1]
+    events = [(e.kind, e.task) for e in rt.dispatcher.events]
+    assert ("lost", lost) in events and events.count(("submitted", lost)) == 2
+    assert events.count(("submitted", 1 - lost)) == 1  # the other task ran on, untouched
