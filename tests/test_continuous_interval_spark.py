@@ -2,7 +2,8 @@
 (`regional.runtime.open_epoch`): long-lived tasks read batch after batch between markers and
 commit exactly what micro-epoch mode commits, on a keyed, windowed event-time job with poison
 and late records dead-lettered, through unit faults and a killed Python worker (whose task is
-started again alone while the other task's units keep committing)."""
+started again alone while the other task's units keep committing) and driver crash points;
+a run stopped with a savepoint resumes, rescaled, to exactly the rows of an unbroken run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import windows_job as job
 from regional.dataflow.pipeline import Pipeline
 from regional.policy import load_policy
 from regional.runtime.continuous import ContinuousDispatcher
-from regional.runtime.spark import Faults, SparkRuntime
+from regional.runtime.spark import DriverCrash, Faults, SparkRuntime
 from regional.sinks.parquet import ParquetSink
 
 pytestmark = pytest.mark.spark
@@ -97,7 +98,8 @@ def test_unit_faults_and_a_killed_worker_in_open_epochs_commit_the_micro_epoch_r
     assert summary.finished
     by_id = {c.checkpoint_id: c for c in summary.checkpoints}
     assert by_id[2].fallback_units == (0,)
-    assert by_id[3].fallback_units == (1,)
+    # while unit 1's task was down, the other task's unit committed checkpoint 3
+    assert (by_id[3].kind, by_id[3].fallback_units) == ("regional", (1,))
     assert by_id[3].causes[1].endswith("Python worker exited unexpectedly (crashed)")
     assert _outcome(tmp_path) == micro_epoch
     assert isinstance(rt.dispatcher, ContinuousDispatcher)
@@ -105,3 +107,90 @@ def test_unit_faults_and_a_killed_worker_in_open_epochs_commit_the_micro_epoch_r
     events = [(e.kind, e.task) for e in rt.dispatcher.events]
     assert ("lost", lost) in events and events.count(("submitted", lost)) == 2
     assert events.count(("submitted", 1 - lost)) == 1  # the other task ran on, untouched
+
+
+def test_driver_crash_points_in_open_epochs_resume_to_the_micro_epoch_rows(
+    spark: Any, tmp_path: Path, micro_epoch: tuple[list, list]
+) -> None:
+    """Crash points in one job's life (checkpoint 1 committed, checkpoint 2's metadata
+    written but not committed): each restart resumes where the crash left it."""
+    for cid, step in ((1, "after-commit"), (2, "after-metadata")):
+        with pytest.raises(DriverCrash, match=f"checkpoint {cid}, {step}"):
+            _runtime(spark, tmp_path, "continuous", Faults(crash_at=(cid, step))).run()
+    summary = _runtime(spark, tmp_path, "continuous").run()
+    assert summary.finished and summary.restored_from == 2
+    assert _outcome(tmp_path) == micro_epoch
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()  # no task left behind
+
+
+# --- stop with a savepoint, resume in another shape ---------------------------------------
+
+COUNT_SPLITS, COUNT_PER_SPLIT = 4, 5_000
+
+
+def _click(split: int, n: int) -> dict:
+    return {"split": split, "n": n, "user": f"u{(split + n) % 3}"}
+
+
+def _count(ctx: Any, record: dict) -> Any:
+    state = ctx.value_state("count", 0)
+    state.update(state.value() + 1)
+    yield {**record, "count": state.value()}
+
+
+def _counting(table: str, parallelism: int) -> Pipeline:
+    """A count per user within each split (keyed state scoped by split): exact whatever the
+    batches, so the rows of a run stopped and resumed in another shape are known."""
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("counts", records_per_epoch=5)  # a thousand batches per split
+    src = GeneratorSource(COUNT_SPLITS, _click, records_per_split=COUNT_PER_SPLIT)
+    stream = p.source(src, parallelism=parallelism, name="src")
+    stream.key_by(lambda r: r["user"]).process(_count, name="count").sink(
+        ParquetSink(table), name="out"
+    )
+    return p
+
+
+def _counted(table: str) -> list[tuple]:
+    t = job.read_table(table)
+    cols = [t.column(c).to_pylist() for c in ("split", "n", "user", "count")]
+    return sorted(zip(*cols, strict=True))
+
+
+def _all_counts() -> list[tuple]:
+    rows = []
+    for split in range(COUNT_SPLITS):
+        seen: Counter[str] = Counter()
+        for n in range(COUNT_PER_SPLIT):
+            r = _click(split, n)
+            seen[r["user"]] += 1
+            rows.append((split, n, r["user"], seen[r["user"]]))
+    return sorted(rows)
+
+
+def test_stop_with_a_savepoint_then_resume_rescaled_in_continuous_mode_is_exact(
+    spark: Any, tmp_path: Path
+) -> None:
+    table = str(tmp_path / "table")
+
+    def runtime(parallelism: int, root: str, **options: Any) -> SparkRuntime:
+        return SparkRuntime(
+            _counting(table, parallelism),
+            spark,
+            root=root,
+            mode="continuous",
+            checkpoint_interval=INTERVAL,
+            tasks=2,
+            **options,
+        )
+
+    first = runtime(4, str(tmp_path / "ckpt")).run(max_checkpoints=1, stop_with_savepoint=True)
+    assert [c.kind for c in first.checkpoints] == ["global", "savepoint"]
+    assert not first.finished and first.savepoint is not None
+    assert 0 < len(_counted(table)) < COUNT_SPLITS * COUNT_PER_SPLIT  # stopped midway
+    # the savepoint restarts the job at half the parallelism, in a new job root
+    resumed = runtime(2, str(tmp_path / "ckpt2"), restore_from=first.savepoint).run()
+    assert resumed.finished and resumed.restored_from == first.checkpoints[-1].checkpoint_id
+    assert any("src" in note for note in resumed.restore_notes)  # rescaled 4 -> 2
+    assert _counted(table) == _all_counts()
