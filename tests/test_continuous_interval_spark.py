@@ -107,6 +107,11 @@ def test_unit_faults_and_a_killed_worker_in_open_epochs_commit_the_micro_epoch_r
     events = [(e.kind, e.task) for e in rt.dispatcher.events]
     assert ("lost", lost) in events and events.count(("submitted", lost)) == 2
     assert events.count(("submitted", 1 - lost)) == 1  # the other task ran on, untouched
+    # the checkpoints' events (progress lines, event log) say a single task was lost and
+    # started again
+    said = [w for c in summary.checkpoints for w in c.warnings]
+    assert any(f"task {lost} (Spark attempt" in w and "lost" in w for w in said), said
+    assert any(f"task {lost} started again" in w for w in said), said
 
 
 def test_driver_crash_points_in_open_epochs_resume_to_the_micro_epoch_rows(

@@ -101,7 +101,8 @@ class ContinuousEvent:
     ``submitted`` (a task's job started; `generation` counts its submissions), ``ended`` (it
     ended on its own: a dead worker, retries exhausted), ``cancelled`` (over the deadline, or
     at `close`), ``connected`` (an attempt passed the handshake), ``lost`` (a task's
-    connection dropped with an epoch's work on it)."""
+    connection dropped with an epoch's work on it), ``restarted`` (a task's job submitted
+    again after its earlier one ended or was cancelled; follows its ``submitted``)."""
 
     kind: str
     task: int
@@ -302,7 +303,10 @@ class ContinuousDispatcher:
         self._all_jobs: list[_TaskJob] = []  # with cancelled ones still ending
         self._seen: dict[int, TaskAttempt] = {}  # the attempts `connected` was told of
         self._generation = 0
+        self._noted = 0  # the events `take_notes` handed out
+        self._ever_submitted: set[int] = set()  # tasks whose job was submitted once
         self._lock = threading.Lock()  # one run (or start, close) at a time
+        self._lock_events = threading.Lock()  # `events` (read by the driver's thread)
 
     @property
     def env(self) -> TaskEnv:
@@ -387,10 +391,28 @@ class ContinuousDispatcher:
         self._all_jobs.append(holder[0])
         thread.start()
         self._event("submitted", task, f"task {task}: job {group} submitted", generation)
+        if task in self._ever_submitted:
+            self._event("restarted", task, f"task {task} started again ({group})", generation)
+        self._ever_submitted.add(task)
+
+    def take_notes(self) -> tuple[str, ...]:
+        """What happened to single tasks since the last call that a checkpoint's event should
+        say (the driver adds it to the event's warnings): a task lost with its work, a job that
+        ended or was cancelled, and a task's job submitted again (a restart); the first
+        submissions and connections are not news."""
+        with self._lock_events:
+            fresh = self.events[self._noted :]
+            self._noted = len(self.events)
+        return tuple(
+            f"continuous mode: {e.message}"
+            for e in fresh
+            if e.kind in ("lost", "ended", "cancelled", "restarted")
+        )
 
     def _event(self, kind: str, task: int, message: str, generation: int = 0) -> None:
         event = ContinuousEvent(kind, task, message, generation, int(time.time() * 1000))
-        self.events.append(event)
+        with self._lock_events:
+            self.events.append(event)
         level = logging.INFO if kind in ("submitted", "connected") else logging.WARNING
         log.log(level, "continuous job %s: %s", self.job_id, message)
         if self.on_event is not None:

@@ -768,7 +768,7 @@ class JobDriver:
             records_in=records_in,
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
-            warnings=o.warnings,
+            warnings=o.warnings + self._dispatcher_notes(),
             started=self._how_started() if self.last_event is None else None,
         )
         self.records_in_total += records_in
@@ -786,6 +786,12 @@ class JobDriver:
         if self.progress is not None:
             self.progress(event)
         return event
+
+    def _dispatcher_notes(self) -> tuple[str, ...]:
+        """What the dispatcher says happened to its workers since the last event (continuous
+        mode: a single task lost, restarted or cancelled); nothing for the others."""
+        take = getattr(self.dispatcher, "take_notes", None)
+        return tuple(take()) if take is not None else ()
 
     def _how_started(self) -> DriverStart:
         """What this driver's first event records of its start: the checkpoint it restored,
