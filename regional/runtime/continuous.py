@@ -35,6 +35,7 @@ per task). The coordinator and `JobDriver` are unchanged: they see a dispatcher 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import logging
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "ROUND_TRIPS_KEPT",
     "ContinuousDispatcher",
     "ContinuousEvent",
     "ContinuousStartError",
@@ -82,6 +84,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 120.0
 #: How long `close` waits for the tasks to return before it cancels their jobs.
 STOP_TIMEOUT_S = 10.0
+#: How many checkpoint round trips `ContinuousDispatcher.round_trips_ms` keeps.
+ROUND_TRIPS_KEPT = 4096
 
 
 class IsolatedRuns(TaskDispatcher, Protocol):
@@ -303,6 +307,9 @@ class ContinuousDispatcher:
         self._all_jobs: list[_TaskJob] = []  # with cancelled ones still ending
         self._seen: dict[int, TaskAttempt] = {}  # the attempts `connected` was told of
         self._generation = 0
+        #: per open epoch, milliseconds from its marker to its last answer (the checkpoint
+        #: round trip: snapshot, upload, ack), the latest `ROUND_TRIPS_KEPT`
+        self.round_trips_ms: collections.deque[float] = collections.deque(maxlen=ROUND_TRIPS_KEPT)
         self._noted = 0  # the events `take_notes` handed out
         self._ever_submitted: set[int] = set()  # tasks whose job was submitted once
         self._lock = threading.Lock()  # one run (or start, close) at a time
@@ -498,6 +505,7 @@ class ContinuousDispatcher:
         interval = self.checkpoint_interval_s
         close_at = None if interval is None else opened + interval
         marked: set[int] = set()  # the tasks sent the marker
+        marker_at = 0.0  # when the first marker went out
         with server.changed:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
@@ -514,6 +522,7 @@ class ContinuousDispatcher:
                         if task not in marked:
                             marked.add(task)
                             sends.append((epoch.out[task][0], Marker(self.run_id, cid)))
+                            marker_at = marker_at or time.monotonic()
             for attempt, out in sends:
                 why = server.send(attempt, out)
                 if why is not None:
@@ -540,6 +549,8 @@ class ContinuousDispatcher:
                     wait = min(wait, max(0.0, close_at - now))
                 if wait > 0:
                     server.changed.wait(wait)
+        if marker_at and epoch.done and not epoch.lost:
+            self.round_trips_ms.append((time.monotonic() - marker_at) * 1000)
         for task, ws in pending.items():
             epoch.unsent(
                 task, [w.unit_id for w in ws], f"long-lived task {task} did not connect by "
