@@ -1,5 +1,5 @@
-"""Continuous mode, first slice (DESIGN §6): a `TaskDispatcher` whose Spark tasks live across
-epochs and take each epoch's work over the driver channel (`regional.runtime.channel`).
+"""Continuous mode (DESIGN §6): a `TaskDispatcher` whose Spark tasks live across epochs and
+take each epoch's work over the driver channel (`regional.runtime.channel`).
 
 Micro-epoch mode (`regional.runtime.spark.SparkDispatcher`) submits one Spark job per epoch:
 its tasks start 50–95 ms after the submit and their results reach the driver 25–35 ms after
@@ -10,6 +10,14 @@ the dispatcher sends each task the work of its units and waits for the answers; 
 today's `regional.runtime.task.run_units` and answers with the same typed answers (acks packed
 per task). The coordinator and `JobDriver` are unchanged: they see a dispatcher that returns a
 `Dispatch` by the deadline.
+
+* **Open epochs** (`checkpoint_interval_s`): the work goes out flagged `open_epoch`, and the
+  tasks read and run batch after batch (`regional.runtime.open_epoch`) until the dispatcher
+  sends the checkpoint's `Marker`, `checkpoint_interval_s` after the epoch's round began; the
+  task side waits for it between batches (`MarkerWait`). `round_trips_ms` keeps how long each
+  marker took to bring every answer back. Without an interval each epoch reads one batch.
+* **Notes for the events**: `take_notes` hands the driver what happened to single tasks since
+  its last checkpoint event (lost, ended, cancelled, restarted), which the event's warnings say.
 
 * **Units stay on their task** (`UnitPlacement`): placed once (the first epoch's works spread
   as `spread_over_tasks` spreads them, later units on the least loaded task), then sticky by
