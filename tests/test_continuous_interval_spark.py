@@ -100,7 +100,8 @@ def test_unit_faults_and_a_killed_worker_in_open_epochs_commit_the_micro_epoch_r
     assert by_id[2].fallback_units == (0,)
     # while unit 1's task was down, the other task's unit committed checkpoint 3
     assert (by_id[3].kind, by_id[3].fallback_units) == ("regional", (1,))
-    assert by_id[3].causes[1].endswith("Python worker exited unexpectedly (crashed)")
+    # not re-run alone (a cold Spark job would hold every unit's checkpoint): it declines
+    assert "lost: connection dropped (unit 1)" in by_id[3].causes[1]
     assert _outcome(tmp_path) == micro_epoch
     assert isinstance(rt.dispatcher, ContinuousDispatcher)
     lost = rt.dispatcher.placement.task_of[1]

@@ -492,6 +492,13 @@ class ContinuousDispatcher:
         unit runs as its own Spark job (`SparkDispatcher`)."""
         if not works:
             return Dispatch([])
+        if isolated and self.checkpoint_interval_s is not None:
+            # open epochs: a re-run alone would start a cold one-task Spark job per unit and
+            # hold the checkpoint of every other unit until it ends; the lost units decline
+            # now, fall back, and run again once their task is back
+            return Dispatch([], f"not re-run alone in continuous mode with a checkpoint "
+                            f"interval: {name_units([w.unit_id for w in works])} run again "
+                            "when their task is back")  # fmt: skip
         if isolated:
             return self.isolated.run(works, deadline_ms, isolated=True)
         with self._lock:
@@ -502,7 +509,9 @@ class ContinuousDispatcher:
         during the epoch; the others do not wait for it), take the answers until every task
         answered or was lost, or the deadline; a task not connected by then lost its units.
         With a `checkpoint_interval_s` the epoch is open: every task that got work is sent
-        the checkpoint's `Marker` once the interval since this round began has passed."""
+        the checkpoint's `Marker` once the interval since this round began has passed (a task
+        that connects later, starting again after it died, gets its work and the marker at
+        once)."""
         opened = time.time()
         by_task = self.placement.place(works)
         pending = {t: ws for t, ws in enumerate(by_task) if ws}  # not sent yet
