@@ -527,6 +527,10 @@ class ContinuousDispatcher:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
         while True:
+            if pending:  # a task whose job ended since (its worker died): submit it again
+                with server.changed:
+                    absent = [t for t in pending if t not in server.fencing.live]
+                self._keep_running(absent)
             sends: list[tuple[TaskAttempt, Work | Marker]] = []
             with server.changed:
                 self._note_connections(server)
