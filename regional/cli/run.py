@@ -41,7 +41,13 @@ from regional.cli.progress import JsonProgress, LiveProgress, PlainProgress
 from regional.dataflow.pipeline import Pipeline
 from regional.errors import GraphError, RestoreError, UsageError
 from regional.graph.unit_names import UnitNames, names_of_plan
-from regional.policy import Policy, format_duration, load_policy, parse_interval
+from regional.policy import (
+    Policy,
+    format_duration,
+    load_policy,
+    parse_duration,
+    parse_interval,
+)
 
 if TYPE_CHECKING:
     from metadata.storage import JobStorage
@@ -153,6 +159,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "units and state across epochs and take each epoch's work over a driver channel "
         "(default: micro-epoch mode, one Spark job per epoch)",
     )
+    parser.add_argument(
+        "--checkpoint-interval",
+        metavar="DURATION",
+        type=_checkpoint_interval,
+        help="with --continuous: a checkpoint every DURATION, e.g. '100ms'; between them the "
+        "tasks read records as they arrive (default: each epoch reads one batch per unit)",
+    )
     parser.set_defaults(handler=run_pipeline)
 
 
@@ -174,6 +187,17 @@ def _interval(text: str) -> float:
         return parse_interval(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid; {exc}") from exc
+
+
+def _checkpoint_interval(text: str) -> float:
+    """`--checkpoint-interval DURATION` in seconds: a positive duration."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; {exc}") from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; give a positive duration")
+    return seconds
 
 
 def _port(text: str) -> int:
@@ -226,6 +250,10 @@ def run_pipeline(args: argparse.Namespace) -> int:
         raise RestoreError(
             "--from is empty; give a savepoint directory (sp-<id>), a checkpoint directory "
             "(chk-<id>) or its _metadata file, local or a URI"
+        )
+    if args.checkpoint_interval is not None and not args.continuous:
+        raise UsageError(
+            "--checkpoint-interval applies to continuous mode: add --continuous, or drop it"
         )
     if args.job_id is not None:
         check_job_id(args.job_id, "--job-id")
@@ -310,6 +338,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         mode="continuous" if args.continuous else "micro-epoch",
+        checkpoint_interval=args.checkpoint_interval,
     )
     stop = _on_stop_signals(runtime.request_stop, say) if args.stop_with_savepoint else {}
     try:

@@ -31,9 +31,11 @@ import hashlib
 import hmac
 import logging
 import secrets
+import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Sequence
 
 import msgspec
@@ -53,6 +55,7 @@ __all__ = [
     "Fencing",
     "FrameReader",
     "Hello",
+    "Marker",
     "Message",
     "Stop",
     "TaskAttempt",
@@ -114,13 +117,24 @@ class Welcome(msgspec.Struct, frozen=True, tag="welcome", array_like=True):
 
 class Work(msgspec.Struct, frozen=True, tag="work", array_like=True):
     """Driver → task: run `works` (units `units`) for checkpoint `checkpoint_id`, as attempt
-    `task_attempt_id` of the task."""
+    `task_attempt_id` of the task. With `open_epoch` (a `checkpoint_interval`) the units read
+    records as they arrive until the checkpoint's `Marker`, then snapshot and answer;
+    without, they read one batch each and answer at once."""
 
     run_id: str
     checkpoint_id: int
     task_attempt_id: int
     units: tuple[int, ...]
     works: list[UnitWork]
+    open_epoch: bool = False
+
+
+class Marker(msgspec.Struct, frozen=True, tag="marker", array_like=True):
+    """Driver → task: checkpoint `checkpoint_id`'s marker; the open epoch of that checkpoint
+    closes (its units finish the batch they run, snapshot and answer)."""
+
+    run_id: str
+    checkpoint_id: int
 
 
 class Answers(msgspec.Struct, frozen=True, tag="answers", array_like=True):
@@ -140,7 +154,7 @@ class Stop(msgspec.Struct, frozen=True, tag="stop", array_like=True):
     reason: str = ""
 
 
-Message = Challenge | Hello | Welcome | Work | Answers | Stop
+Message = Challenge | Hello | Welcome | Work | Marker | Answers | Stop
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Message)
@@ -330,7 +344,7 @@ class EpochRound:
     >>> r = EpochRound("run", 4)
     >>> t = TaskAttempt(0, 0, 7, connection=1)
     >>> r.sent(t, w)
-    Work(run_id='run', checkpoint_id=4, task_attempt_id=7, units=(0, 1), works=[...])
+    Work(run_id='run', checkpoint_id=4, task_attempt_id=7, units=(0, 1), works=[...], ...)
     >>> r.take(Answers("run", 3, 7, (0, 1), []))  # an earlier epoch's
     'task attempt 7: answers of checkpoint 3, not 4'
     >>> r.lost_task(t), r.done, r.lost_units
@@ -345,11 +359,15 @@ class EpochRound:
         self.lost: dict[int, str] = {}  # task: why
         self._lost_units: dict[int, tuple[int, ...]] = {}
 
-    def sent(self, attempt: TaskAttempt, works: Sequence[UnitWork]) -> Work:
-        """Record that `works` go to `attempt`; the message to send it."""
+    def sent(
+        self, attempt: TaskAttempt, works: Sequence[UnitWork], *, open_epoch: bool = False
+    ) -> Work:
+        """Record that `works` go to `attempt`; the message to send it (an open epoch's with
+        `open_epoch`: it runs until the checkpoint's `Marker`)."""
         units = tuple(w.unit_id for w in works)
         self.out[attempt.task] = (attempt, units)
-        return Work(self.run_id, self.checkpoint_id, attempt.task_attempt_id, units, list(works))
+        return Work(self.run_id, self.checkpoint_id, attempt.task_attempt_id, units, list(works),
+                    open_epoch)  # fmt: skip
 
     def unsent(self, task: int, units: Sequence[int], why: str) -> None:
         """`units` of task `task` could not be sent (no live attempt, a failed send)."""
@@ -473,6 +491,21 @@ class TaskChannel:
     def receive(self) -> Message:
         """The next message; `ChannelClosed` once the driver is gone."""
         return _receive(self.sock, self._reader, self._queue)
+
+    def poll(self, timeout: float = 0.0) -> Message | None:
+        """The next message if one arrives within `timeout` seconds (0: only what is there
+        already), else None; `ChannelClosed` once the driver is gone."""
+        until = time.monotonic() + timeout
+        while not self._queue:
+            left = max(0.0, until - time.monotonic())
+            readable, _, _ = select.select([self.sock], [], [], left)
+            if not readable:
+                return None
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ChannelClosed("the other side closed the connection")
+            self._queue += self._reader.feed(data)
+        return self._queue.pop(0)
 
     def close(self) -> None:
         self.sock.close()

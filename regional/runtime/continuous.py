@@ -1,5 +1,5 @@
-"""Continuous mode, first slice (DESIGN §6): a `TaskDispatcher` whose Spark tasks live across
-epochs and take each epoch's work over the driver channel (`regional.runtime.channel`).
+"""Continuous mode (DESIGN §6): a `TaskDispatcher` whose Spark tasks live across epochs and
+take each epoch's work over the driver channel (`regional.runtime.channel`).
 
 Micro-epoch mode (`regional.runtime.spark.SparkDispatcher`) submits one Spark job per epoch:
 its tasks start 50–95 ms after the submit and their results reach the driver 25–35 ms after
@@ -10,6 +10,14 @@ the dispatcher sends each task the work of its units and waits for the answers; 
 today's `regional.runtime.task.run_units` and answers with the same typed answers (acks packed
 per task). The coordinator and `JobDriver` are unchanged: they see a dispatcher that returns a
 `Dispatch` by the deadline.
+
+* **Open epochs** (`checkpoint_interval_s`): the work goes out flagged `open_epoch`, and the
+  tasks read and run batch after batch (`regional.runtime.open_epoch`) until the dispatcher
+  sends the checkpoint's `Marker`, `checkpoint_interval_s` after the epoch's round began; the
+  task side waits for it between batches (`MarkerWait`). `round_trips_ms` keeps how long each
+  marker took to bring every answer back. Without an interval each epoch reads one batch.
+* **Notes for the events**: `take_notes` hands the driver what happened to single tasks since
+  its last checkpoint event (lost, ended, cancelled, restarted), which the event's warnings say.
 
 * **Units stay on their task** (`UnitPlacement`): placed once (the first epoch's works spread
   as `spread_over_tasks` spreads them, later units on the least loaded task), then sticky by
@@ -35,6 +43,7 @@ per task). The coordinator and `JobDriver` are unchanged: they see a dispatcher 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import logging
@@ -48,10 +57,13 @@ from regional.coordinator.verdict import name_units
 from regional.errors import RegionalError
 from regional.runtime.channel import (
     Answers,
+    ChannelClosed,
     ChannelServer,
     EpochRound,
+    Marker,
     Stop,
     TaskAttempt,
+    TaskChannel,
     Work,
     new_token,
 )
@@ -64,10 +76,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "ROUND_TRIPS_KEPT",
     "ContinuousDispatcher",
     "ContinuousEvent",
     "ContinuousStartError",
     "IsolatedRuns",
+    "MarkerWait",
     "UnitPlacement",
 ]
 
@@ -78,6 +92,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 120.0
 #: How long `close` waits for the tasks to return before it cancels their jobs.
 STOP_TIMEOUT_S = 10.0
+#: How many checkpoint round trips `ContinuousDispatcher.round_trips_ms` keeps.
+ROUND_TRIPS_KEPT = 4096
 
 
 class IsolatedRuns(TaskDispatcher, Protocol):
@@ -97,7 +113,8 @@ class ContinuousEvent:
     ``submitted`` (a task's job started; `generation` counts its submissions), ``ended`` (it
     ended on its own: a dead worker, retries exhausted), ``cancelled`` (over the deadline, or
     at `close`), ``connected`` (an attempt passed the handshake), ``lost`` (a task's
-    connection dropped with an epoch's work on it)."""
+    connection dropped with an epoch's work on it), ``restarted`` (a task's job submitted
+    again after its earlier one ended or was cancelled; follows its ``submitted``)."""
 
     kind: str
     task: int
@@ -150,7 +167,8 @@ def long_task(
 ) -> Callable[[Iterable[int]], Iterable[int]]:
     """The partition function of a long-lived task (its one input element is its task index):
     connect, then run every `Work` the driver sends with `run_units` and answer, until `Stop`
-    or the driver goes away. Yields how many epochs it served."""
+    or the driver goes away. An open epoch's `Work` runs until its checkpoint's `Marker`
+    (`MarkerWait`). Yields how many epochs it served."""
 
     def run(it: Iterable[int]) -> Iterable[int]:
         from pyspark import TaskContext
@@ -167,8 +185,9 @@ def long_task(
         tid = ctx.taskAttemptId() if ctx is not None else 0
         channel = TaskChannel.connect(address, token, run_id, task, attempt, tid)
         served = 0
+        stopping = False
         try:
-            while True:
+            while not stopping:
                 try:
                     message = channel.receive()
                 except (ChannelClosed, OSError):
@@ -176,7 +195,12 @@ def long_task(
                 if isinstance(message, Stop):
                     break
                 if isinstance(message, Work):
-                    answers = packed(run_units(env, message.works))
+                    marker = (
+                        MarkerWait(channel, run_id, message.checkpoint_id)
+                        if message.open_epoch
+                        else None
+                    )
+                    answers = packed(run_units(env, message.works, until=marker))
                     reply = Answers(
                         run_id, message.checkpoint_id, message.task_attempt_id, message.units,
                         answers,
@@ -186,11 +210,45 @@ def long_task(
                     except OSError:
                         break
                     served += 1
+                    stopping = marker is not None and marker.stop
         finally:
             channel.close()
         return iter([served])
 
     return run
+
+
+class MarkerWait:
+    """`until` of an open epoch's `run_units`: True once checkpoint `checkpoint_id`'s
+    `Marker` came over `channel` (waiting up to `wait` seconds for it). A `Stop` or a driver
+    gone closes the epoch too (`stop`: the task returns after it answers); an older
+    checkpoint's marker is ignored."""
+
+    def __init__(self, channel: TaskChannel, run_id: str, checkpoint_id: int) -> None:
+        self.channel = channel
+        self.run_id = run_id
+        self.checkpoint_id = checkpoint_id
+        self.stop = False
+
+    def __call__(self, wait: float) -> bool:
+        until = time.monotonic() + wait
+        while True:
+            try:
+                message = self.channel.poll(max(0.0, until - time.monotonic()))
+            except (ChannelClosed, OSError):
+                self.stop = True
+                return True
+            if message is None:
+                return False
+            if isinstance(message, Stop):
+                self.stop = True
+                return True
+            if (
+                isinstance(message, Marker)
+                and message.run_id == self.run_id
+                and message.checkpoint_id == self.checkpoint_id
+            ):
+                return True
 
 
 @dataclasses.dataclass
@@ -232,8 +290,15 @@ class ContinuousDispatcher:
         host: str | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         on_event: Callable[[ContinuousEvent], None] | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
+        if checkpoint_interval_s is not None and not checkpoint_interval_s > 0:
+            raise ValueError(
+                f"continuous job {job_id}: checkpoint interval {checkpoint_interval_s!r} s; "
+                "give a positive duration such as '100 ms'"
+            )
         self.sc = sc
+        self.checkpoint_interval_s = checkpoint_interval_s
         self._env = env
         self.tasks = tasks
         self.job_id = job_id
@@ -250,7 +315,13 @@ class ContinuousDispatcher:
         self._all_jobs: list[_TaskJob] = []  # with cancelled ones still ending
         self._seen: dict[int, TaskAttempt] = {}  # the attempts `connected` was told of
         self._generation = 0
+        #: per open epoch, milliseconds from its marker to its last answer (the checkpoint
+        #: round trip: snapshot, upload, ack), the latest `ROUND_TRIPS_KEPT`
+        self.round_trips_ms: collections.deque[float] = collections.deque(maxlen=ROUND_TRIPS_KEPT)
+        self._noted = 0  # the events `take_notes` handed out
+        self._ever_submitted: set[int] = set()  # tasks whose job was submitted once
         self._lock = threading.Lock()  # one run (or start, close) at a time
+        self._lock_events = threading.Lock()  # `events` (read by the driver's thread)
 
     @property
     def env(self) -> TaskEnv:
@@ -335,10 +406,28 @@ class ContinuousDispatcher:
         self._all_jobs.append(holder[0])
         thread.start()
         self._event("submitted", task, f"task {task}: job {group} submitted", generation)
+        if task in self._ever_submitted:
+            self._event("restarted", task, f"task {task} started again ({group})", generation)
+        self._ever_submitted.add(task)
+
+    def take_notes(self) -> tuple[str, ...]:
+        """What happened to single tasks since the last call that a checkpoint's event should
+        say (the driver adds it to the event's warnings): a task lost with its work, a job that
+        ended or was cancelled, and a task's job submitted again (a restart); the first
+        submissions and connections are not news."""
+        with self._lock_events:
+            fresh = self.events[self._noted :]
+            self._noted = len(self.events)
+        return tuple(
+            f"continuous mode: {e.message}"
+            for e in fresh
+            if e.kind in ("lost", "ended", "cancelled", "restarted")
+        )
 
     def _event(self, kind: str, task: int, message: str, generation: int = 0) -> None:
         event = ContinuousEvent(kind, task, message, generation, int(time.time() * 1000))
-        self.events.append(event)
+        with self._lock_events:
+            self.events.append(event)
         level = logging.INFO if kind in ("submitted", "connected") else logging.WARNING
         log.log(level, "continuous job %s: %s", self.job_id, message)
         if self.on_event is not None:
@@ -403,6 +492,13 @@ class ContinuousDispatcher:
         unit runs as its own Spark job (`SparkDispatcher`)."""
         if not works:
             return Dispatch([])
+        if isolated and self.checkpoint_interval_s is not None:
+            # open epochs: a re-run alone would start a cold one-task Spark job per unit and
+            # hold the checkpoint of every other unit until it ends; the lost units decline
+            # now, fall back, and run again once their task is back
+            return Dispatch([], f"not re-run alone in continuous mode with a checkpoint "
+                            f"interval: {name_units([w.unit_id for w in works])} run again "
+                            "when their task is back")  # fmt: skip
         if isolated:
             return self.isolated.run(works, deadline_ms, isolated=True)
         with self._lock:
@@ -411,24 +507,45 @@ class ContinuousDispatcher:
     def _round(self, works: Sequence[UnitWork], deadline_ms: int) -> Dispatch:
         """Send each task its works as soon as it is connected (a resubmitted task connects
         during the epoch; the others do not wait for it), take the answers until every task
-        answered or was lost, or the deadline; a task not connected by then lost its units."""
+        answered or was lost, or the deadline; a task not connected by then lost its units.
+        With a `checkpoint_interval_s` the epoch is open: every task that got work is sent
+        the checkpoint's `Marker` once the interval since this round began has passed (a task
+        that connects later, starting again after it died, gets its work and the marker at
+        once)."""
+        opened = time.time()
         by_task = self.placement.place(works)
         pending = {t: ws for t, ws in enumerate(by_task) if ws}  # not sent yet
         self._keep_running(list(pending))
         server = self._channel()
-        epoch = EpochRound(self.run_id, works[0].checkpoint_id)
+        cid = works[0].checkpoint_id
+        epoch = EpochRound(self.run_id, cid)
+        interval = self.checkpoint_interval_s
+        close_at = None if interval is None else opened + interval
+        marked: set[int] = set()  # the tasks sent the marker
+        marker_at = 0.0  # when the first marker went out
         with server.changed:
             server.inbox.clear()  # earlier epochs' late answers: fenced anyway
             server.dropped.clear()
         while True:
-            sends: list[tuple[TaskAttempt, Work]] = []
+            if pending:  # a task whose job ended since (its worker died): submit it again
+                with server.changed:
+                    absent = [t for t in pending if t not in server.fencing.live]
+                self._keep_running(absent)
+            sends: list[tuple[TaskAttempt, Work | Marker]] = []
             with server.changed:
                 self._note_connections(server)
                 for task in [t for t in pending if t in server.fencing.live]:
-                    sends.append((server.fencing.live[task], epoch.sent(
-                        server.fencing.live[task], pending.pop(task))))  # fmt: skip
-            for attempt, work in sends:
-                why = server.send(attempt, work)
+                    attempt = server.fencing.live[task]
+                    work = epoch.sent(attempt, pending.pop(task), open_epoch=close_at is not None)
+                    sends.append((attempt, work))
+                if close_at is not None and time.time() >= close_at:
+                    for task in epoch.waiting:
+                        if task not in marked:
+                            marked.add(task)
+                            sends.append((epoch.out[task][0], Marker(self.run_id, cid)))
+                            marker_at = marker_at or time.monotonic()
+            for attempt, out in sends:
+                why = server.send(attempt, out)
                 if why is not None:
                     with server.changed:
                         epoch.lost_task(attempt, why)
@@ -443,11 +560,18 @@ class ContinuousDispatcher:
                     if epoch.lost_task(gone):
                         self._event("lost", gone.task, epoch.lost[gone.task])
                 server.dropped.clear()
-                left = deadline_ms / 1000 - time.time()
+                now = time.time()
+                left = deadline_ms / 1000 - now
                 if (epoch.done and not pending) or left <= 0:
                     break
                 # a connection, an answer or a drop notifies; poll briefly while tasks connect
-                server.changed.wait(min(left, 0.05 if pending else 0.5))
+                wait = min(left, 0.05 if pending else 0.5)
+                if close_at is not None and set(epoch.waiting) - marked:
+                    wait = min(wait, max(0.0, close_at - now))
+                if wait > 0:
+                    server.changed.wait(wait)
+        if marker_at and epoch.done and not epoch.lost:
+            self.round_trips_ms.append((time.monotonic() - marker_at) * 1000)
         for task, ws in pending.items():
             epoch.unsent(
                 task, [w.unit_id for w in ws], f"long-lived task {task} did not connect by "

@@ -797,7 +797,7 @@ class JobDriver:
             records_exchanged=exchanged,
             stuck=stuck,
             unit_reads={u: r for u, r in reads.items() if r},
-            warnings=o.warnings,
+            warnings=o.warnings + self._dispatcher_notes(),
             started=self._how_started() if self.last_event is None else None,
         )
         event = msgspec.structs.replace(event, replays=self._new_replays())
@@ -840,6 +840,12 @@ class JobDriver:
             except (RegionalError, OSError, UnicodeDecodeError) as exc:
                 lines.append(f"replay batch {split} into {vertex!r} (manifest unread: {exc})")
         return tuple(lines)
+
+    def _dispatcher_notes(self) -> tuple[str, ...]:
+        """What the dispatcher says happened to its workers since the last event (continuous
+        mode: a single task lost, restarted or cancelled); nothing for the others."""
+        take = getattr(self.dispatcher, "take_notes", None)
+        return tuple(take()) if take is not None else ()
 
     def _how_started(self) -> DriverStart:
         """What this driver's first event records of its start: the checkpoint it restored,

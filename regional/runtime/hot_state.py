@@ -44,6 +44,7 @@ __all__ = [
     "HotStateCache",
     "HotStates",
     "process_cache",
+    "restores_as_operator",
 ]
 
 #: The default budget of a worker's hot state: 64 MiB of snapshots.
@@ -152,7 +153,7 @@ def process_cache(budget_bytes: int) -> HotStateCache:
     return _PROCESS_CACHE
 
 
-def _restores_as_operator(operator: Operator) -> bool:
+def restores_as_operator(operator: Operator) -> bool:
     """Whether `operator` restores and snapshots as `Operator` does (its state is the
     `OperatorState` its bytes decode to, and its snapshot encodes that state)."""
     kind = type(operator)
@@ -184,7 +185,7 @@ class HotStates(StateProvider):
             return self._bytes.restore(operator, subtask, codec)
         entry = self.cache.take(self.key(subtask))
         state = None
-        if entry is not None and _restores_as_operator(operator):
+        if entry is not None and restores_as_operator(operator):
             state = entry.restored(operator, codec)
         hit = state is not None
         self.outcomes[subtask.vertex_id, subtask.index] = hit

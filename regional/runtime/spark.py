@@ -44,7 +44,7 @@ from regional.coordinator.messages import (
     packed,
 )
 from regional.dataflow.pipeline import Pipeline
-from regional.policy import Policy
+from regional.policy import Policy, parse_duration
 from regional.runtime.continuous import ContinuousDispatcher
 from regional.runtime.dispatch import Dispatch, spread_over_tasks
 from regional.runtime.driver import DriverOptions, JobDriver, RunSummary, new_run_id
@@ -66,6 +66,7 @@ __all__ = [
     "SparkDispatcher",
     "SparkRuntime",
     "attempt_refused",
+    "checkpoint_interval_of",
     "task_env",
 ]
 
@@ -335,6 +336,40 @@ class SparkDispatcher:
                     self.on_answer(answer)
 
 
+def checkpoint_interval_of(pipeline: str, mode: str, interval: str | float | None) -> float | None:
+    """`SparkRuntime`'s `checkpoint_interval` in seconds (None: not given), checked: only
+    continuous mode takes one, and it must be a positive duration.
+
+    >>> checkpoint_interval_of("job", "continuous", "100 ms")
+    0.1
+    >>> checkpoint_interval_of("job", "micro-epoch", "100 ms")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: SparkRuntime of pipeline 'job': checkpoint_interval='100 ms' needs mode=...
+    """
+    if interval is None:
+        return None
+    if mode != "continuous":
+        raise ValueError(
+            f"SparkRuntime of pipeline {pipeline!r}: checkpoint_interval={interval!r} needs "
+            f"mode='continuous' (mode={mode!r} runs one Spark job per epoch, triggered by "
+            "`interval`); drop checkpoint_interval or pass mode='continuous'"
+        )
+    try:
+        seconds = parse_duration(interval)
+    except ValueError as exc:
+        raise ValueError(
+            f"SparkRuntime of pipeline {pipeline!r}: checkpoint_interval={interval!r} is not "
+            f"a duration ({exc}); give one such as '100 ms' or '1 s'"
+        ) from None
+    if seconds <= 0:
+        raise ValueError(
+            f"SparkRuntime of pipeline {pipeline!r}: checkpoint_interval={interval!r} must be "
+            "positive, such as '100 ms'"
+        )
+    return seconds
+
+
 def event_time_env(policy: Policy) -> dict[str, int | None]:
     """The `TaskEnv` fields of the policy's `[event-time]` table."""
     et = policy.event_time
@@ -408,6 +443,10 @@ class SparkRuntime(JobDriver):
     (`regional.runtime.continuous.ContinuousDispatcher`, DESIGN §6): units stay on their task,
     so their state stays hot. Each long-lived task holds a core for the whole run. `run` and
     `savepoint` stop the tasks when they return; after `start` and `epoch`, call `close`.
+    `checkpoint_interval` (continuous mode only: a duration such as ``"100 ms"``, or seconds)
+    makes every epoch open: its tasks read records as they arrive and run them in small
+    batches until the checkpoint's marker, sent that long after the epoch's trigger
+    (`regional.runtime.open_epoch`); without it each epoch reads one batch per unit.
     """
 
     def __init__(
@@ -425,6 +464,7 @@ class SparkRuntime(JobDriver):
         hot_state: bool = True,
         hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES,
         mode: str = "micro-epoch",
+        checkpoint_interval: str | float | None = None,
         **options: Unpack[DriverOptions],
     ) -> None:
         if mode not in MODES:
@@ -432,6 +472,7 @@ class SparkRuntime(JobDriver):
                 f"SparkRuntime mode {mode!r} for pipeline {pipeline.name!r}: use one of "
                 f"{', '.join(map(repr, MODES))} (micro-epoch is the default)"
             )
+        interval_s = checkpoint_interval_of(pipeline.name, mode, checkpoint_interval)
         from pyspark import SparkContext
 
         sc = spark if isinstance(spark, SparkContext) else spark.sparkContext
@@ -461,14 +502,16 @@ class SparkRuntime(JobDriver):
                 sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
             )
             dispatcher = ContinuousDispatcher(
-                sc, env, tasks=self.tasks, job_id=storage.job_id, run_id=run_id, isolated=alone
-            )
+                sc, env, tasks=self.tasks, job_id=storage.job_id, run_id=run_id, isolated=alone,
+                checkpoint_interval_s=interval_s,
+            )  # fmt: skip
         else:
             dispatcher = SparkDispatcher(
                 sc, env, tasks=self.tasks, job_id=storage.job_id, on_answer=on_answer
             )
         super().__init__(pipeline, dispatcher, storage=storage, **options)
         self.mode = mode
+        self.checkpoint_interval_s = interval_s
         self.spark = spark
         self.root = root
 

@@ -63,6 +63,7 @@ from regional.dataflow.unit_epoch import UnitEpoch
 from regional.dataflow.walker import run_task_epoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES, HotState, HotStates, process_cache
+from regional.runtime.open_epoch import RoundTimedOut, rounds
 from regional.runtime.scheduling import PASS_TRIES, Passed, UnitTimeout, alarms, run_passes
 from regional.runtime.sink_staging import (
     Staged,
@@ -251,10 +252,17 @@ def run_units(
     works: Sequence[UnitWork],
     *,
     on_answer: Callable[[Answer], None] | None = None,
+    until: Callable[[float], bool] | None = None,
 ) -> list[Answer]:
     """Run `works` one after another; return one answer per unit, in `works` order (never
     raises). Whether a runtime's task runs its units at all is the runtime's policy (Spark's:
-    `regional.runtime.spark.attempt_refused`)."""
+    `regional.runtime.spark.attempt_refused`).
+
+    With `until`, the epoch is open (continuous mode's `checkpoint_interval`,
+    `regional.runtime.open_epoch`): the units read and run batch after batch, their state
+    kept in memory, until `until(wait)` is true (the checkpoint's marker came; it may wait
+    up to `wait` seconds for it after a batch that read nothing); then they
+    snapshot, stage and answer as one epoch."""
     storage = JobStorage(env.root, env.job_id)
     answers: dict[int, Answer] = {}  # by position in `works`
     pending: list[tuple[int, UnitSnapshot, Future[Ack], float]] = []
@@ -283,7 +291,9 @@ def run_units(
             task_reads(),  # the exchange readers of this task share their commit records
         ):
             passed = (
-                run_passes(
+                rounds(env, works, state_of, timeout, closed=until)
+                if until is not None
+                else run_passes(
                     env.pipeline,
                     works,
                     state_of,
@@ -304,8 +314,11 @@ def run_units(
                 else Passed()
             )
             for at, work in enumerate(works):
-                if at in passed.failed:  # failed in a pass, as it would have alone
+                if at in passed.failed:  # failed in a pass (or a round), as it would alone
                     error = passed.failed[at]
+                    if isinstance(error, RoundTimedOut):
+                        answers[at] = _decline(work, f"timeout: {error}")
+                        continue
                     answers[at] = _decline(work, failure_line(error), failure_trace(error))
                     continue
                 started = time.monotonic()
