@@ -42,17 +42,25 @@ from regional.dataflow.state import OperatorState
 from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.state_provider import StateBytes, StateProvider, restored_state
 from regional.dataflow.unit_epoch import UnitEpoch
-from regional.dataflow.walker import run_task_epoch, run_unit_epoch
+from regional.dataflow.walker import run_unit_epoch
 from regional.runtime.hot_state import HotState, restores_as_operator
-from regional.runtime.scheduling import PASS_TRIES, Passed, Timeout, UnitTimeout, run_passes
+from regional.runtime.scheduling import Passed, Timeout, UnitTimeout
 
 if TYPE_CHECKING:
+    from regional.runtime.faults import UnitFaults
     from regional.runtime.task import TaskEnv
 
 __all__ = ["DEFAULT_IDLE_S", "CarriedStates", "RoundTimedOut", "carried_work", "merged", "rounds"]
 
 #: How long a task waits after a round that read nothing before it reads again.
 DEFAULT_IDLE_S = 0.005
+
+#: Runs a round's units in passes where they can share one, with the given unit faults
+#: (`regional.runtime.task.task_passes`): (env, works, state_of, timeout, faults) -> Passed.
+PassRunner = Callable[
+    ["TaskEnv", Sequence[UnitWork], "StateProvider | StateBytes", Timeout, "UnitFaults | None"],
+    Passed,
+]
 
 
 class RoundTimedOut(Exception):
@@ -145,12 +153,13 @@ def rounds(
     timeout: Timeout,
     *,
     closed: Callable[[float], bool],
+    passes: PassRunner,
     idle_s: float = DEFAULT_IDLE_S,
 ) -> Passed:
     """Run `works`' open epoch (see the module doc) until `closed(wait)` (True once the
-    marker came, waiting for it up to `wait` seconds): each unit's rounds
-    merged, with the seconds they took, or the error it failed a round with (it runs no
-    more rounds)."""
+    marker came, waiting for it up to `wait` seconds), each round's units in passes by
+    `passes` where they can share one: each unit's rounds merged, with the seconds they
+    took, or the error it failed a round with (it runs no more rounds)."""
     carried = CarriedStates(state_of)
     current = list(works)
     epochs: dict[int, UnitEpoch] = {}
@@ -161,7 +170,9 @@ def rounds(
         live = [at for at in range(len(works)) if at not in failed]
         if not live:
             break
-        got = _round(env, [current[at] for at in live], carried, timeout, first=first)
+        got = _round(
+            env, [current[at] for at in live], carried, timeout, passes=passes, first=first
+        )
         read = 0
         for i, at in enumerate(live):
             if i in got.failed:
@@ -186,31 +197,14 @@ def _round(
     state_of: StateProvider,
     timeout: Timeout,
     *,
+    passes: PassRunner,
     first: bool,
 ) -> Passed:
     """One round of `works` (a batch each): in passes where they can share one, else one
     unit at a time; injected faults run in the first round only, as a micro-epoch runs them
     once per checkpoint."""
     faults = env.faults if first else None
-    passed = (
-        run_passes(
-            env.pipeline,
-            works,
-            state_of,
-            timeout,
-            run_pass=functools.partial(
-                run_task_epoch,
-                now_ms=int(time.time() * 1000),
-                idle_timeout_ms=env.idle_timeout_ms,
-                exclude_after=env.exclude_after,
-            ),
-            unit_timeout=env.unit_timeout,
-            faults=faults,
-            tries=PASS_TRIES,
-        )
-        if env.task_pass
-        else Passed()
-    )
+    passed = passes(env, works, state_of, timeout, faults)
     for at, work in enumerate(works):
         if at in passed.epochs or at in passed.failed:
             continue

@@ -64,7 +64,14 @@ from regional.dataflow.walker import run_task_epoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
 from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES, HotState, HotStates, process_cache
 from regional.runtime.open_epoch import RoundTimedOut, rounds
-from regional.runtime.scheduling import PASS_TRIES, Passed, UnitTimeout, alarms, run_passes
+from regional.runtime.scheduling import (
+    PASS_TRIES,
+    Passed,
+    Timeout,
+    UnitTimeout,
+    alarms,
+    run_passes,
+)
 from regional.runtime.sink_staging import (
     Staged,
     discard_late,
@@ -247,6 +254,36 @@ def _process(
     return snap
 
 
+def task_passes(
+    env: TaskEnv,
+    works: Sequence[UnitWork],
+    state_of: StateProvider | StateBytes,
+    timeout: Timeout,
+    faults: UnitFaults | None,
+) -> Passed:
+    """`works` run in passes where they can share one (`run_passes`), with the task's time
+    and event-time options (a pass runs event-time stages too); none with `env.task_pass`
+    off. The units no pass ran are run one at a time by the caller."""
+    if not env.task_pass:
+        return Passed()
+    return run_passes(
+        env.pipeline,
+        works,
+        state_of,
+        timeout,
+        # looked up here (tests replace it)
+        run_pass=functools.partial(
+            run_task_epoch,
+            now_ms=int(time.time() * 1000),
+            idle_timeout_ms=env.idle_timeout_ms,
+            exclude_after=env.exclude_after,
+        ),
+        unit_timeout=env.unit_timeout,
+        faults=faults,
+        tries=PASS_TRIES,
+    )
+
+
 def run_units(
     env: TaskEnv,
     works: Sequence[UnitWork],
@@ -291,27 +328,9 @@ def run_units(
             task_reads(),  # the exchange readers of this task share their commit records
         ):
             passed = (
-                rounds(env, works, state_of, timeout, closed=until)
+                rounds(env, works, state_of, timeout, closed=until, passes=task_passes)
                 if until is not None
-                else run_passes(
-                    env.pipeline,
-                    works,
-                    state_of,
-                    timeout,
-                    # looked up here (tests replace it), with the task's time and event-time
-                    # options: a pass runs event-time stages too
-                    run_pass=functools.partial(
-                        run_task_epoch,
-                        now_ms=int(time.time() * 1000),
-                        idle_timeout_ms=env.idle_timeout_ms,
-                        exclude_after=env.exclude_after,
-                    ),
-                    unit_timeout=env.unit_timeout,
-                    faults=env.faults,
-                    tries=PASS_TRIES,
-                )
-                if env.task_pass
-                else Passed()
+                else task_passes(env, works, state_of, timeout, env.faults)
             )
             for at, work in enumerate(works):
                 if at in passed.failed:  # failed in a pass (or a round), as it would alone
