@@ -32,6 +32,7 @@ from regional.sources.replay import (
     FixedRecord,
     ReplayError,
     ReplayingSource,
+    batch_file_name,
     encode_batch,
     parse_fixed_records,
 )
@@ -155,8 +156,10 @@ def test_export_fix_replay_equals_a_run_with_good_records(
 
 
 def _batch_of(work: Path) -> str:
+    """The id of the one batch in the inbox of `orders` (its manifest's)."""
     (batch,) = (work / "ckpt" / JOB / "replay" / "orders").glob("*.jsonl")
-    return batch.stem
+    assert batch.name == "000001.jsonl"
+    return str(json.loads(batch.read_text().splitlines()[0])["batch"])
 
 
 def test_a_batch_and_a_record_are_replayed_once(
@@ -191,6 +194,18 @@ def test_a_batch_and_a_record_are_replayed_once(
     broken.write_text(lines[4] + "\n{not json\n")
     code, _, err = cli(capsys, "dead-letters", root, "replay", str(broken), "--into", "orders")
     assert code == 2 and f"{broken} line 2: not JSON" in err
+
+    # batch files are numbered without a gap (a running job asks for the next number)
+    second = tmp_path / "second.jsonl"
+    second.write_text(lines[4] + "\n")
+    assert cli(capsys, "dead-letters", root, "replay", str(second), "--into", "orders")[0] == 0
+    inbox = bad_job / "ckpt" / JOB / "replay" / "orders"
+    assert sorted(p.name for p in inbox.iterdir()) == ["000001.jsonl", "000002.jsonl"]
+    (inbox / "000001.jsonl").rename(tmp_path / "000001.jsonl")
+    third = tmp_path / "third.jsonl"
+    third.write_text(lines[5] + "\n")
+    code, _, err = cli(capsys, "dead-letters", root, "replay", str(third), "--into", "orders")
+    assert code == 2 and f"{inbox} lacks 000001.jsonl: its batch files are numbered" in err
 
 
 def test_list_filters_and_export_parquet(
@@ -232,7 +247,7 @@ def test_a_replay_split_gives_every_record_once_in_order_whatever_the_read_sizes
     fixed = [FixedRecord(f"d{i}", {"v": v}) for i, v in enumerate(records)]
     ids = tuple(f.id for f in fixed)
     manifest = BatchManifest(batch="b1", source="s", by="t", at_ms=0, ids=ids)
-    (inbox / "b1.jsonl").write_bytes(encode_batch(manifest, fixed))
+    (inbox / batch_file_name(1)).write_bytes(encode_batch(manifest, fixed))
 
     class Nothing:
         bounded = True
@@ -247,7 +262,7 @@ def test_a_replay_split_gives_every_record_once_in_order_whatever_the_read_sizes
     got: list[Any] = []
     position, finished = b"", False
     for size in [*reads, len(records)]:  # the last read takes the rest
-        result = source.read("replay:b1", position, size)
+        result = source.read("replay:000001", position, size)
         got += [r for batch in result.batches for r in batch]
         position, finished = result.position, result.finished
         if finished:

@@ -24,6 +24,7 @@ import argparse
 import getpass
 import hashlib
 import json
+import posixpath
 import socket
 import sys
 import time
@@ -46,6 +47,7 @@ from regional.sources.replay import (
     REPLAY_DIR,
     BatchManifest,
     ReplayError,
+    batch_file_name,
     decode_batch,
     encode_batch,
     parse_fixed_records,
@@ -342,6 +344,27 @@ def _manifests(storage: JobStorage, source: str | None = None) -> list[BatchMani
     return found
 
 
+def _next_batch_file(storage: JobStorage, source: str) -> str:
+    """The name of `source`'s next batch file: the inbox holds 1..k, numbered without a gap
+    (a running job finds batch k + 1 by asking for it; a gap would hide every later one)."""
+    base = f"{storage.job_path}/{REPLAY_DIR}/{source}"
+    try:
+        infos = storage.filesystem.get_file_info(pafs.FileSelector(base))
+    except FileNotFoundError:
+        infos = []
+    names = {posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.File}
+    have = len([n for n in names if n.endswith(".jsonl")])
+    missing = [batch_file_name(k) for k in range(1, have + 1) if batch_file_name(k) not in names]
+    if missing:
+        raise ReplayError(
+            f"the replay inbox {storage.describe(f'{REPLAY_DIR}/{source}')} lacks "
+            f"{missing[0]}: its batch files are numbered from 1 without a gap, and a running "
+            "job finds each by the number after the last; put the file back (a batch read to "
+            "its end is never read again)"
+        )
+    return batch_file_name(have + 1)
+
+
 def _source_vertices(newest: CheckpointMetadata | None) -> list[str]:
     """The source vertices the newest checkpoint has a split enumerator for."""
     if newest is None:
@@ -400,11 +423,16 @@ def _replay(
         ids=ids,
         from_file=str(path),
     )
-    rel = f"{REPLAY_DIR}/{args.into}/{batch}.jsonl"
+    # the inbox's next number: a running job finds it by asking for that name (rule 25); a
+    # replay written at the same moment takes the number first, and this one is refused
+    rel = f"{REPLAY_DIR}/{args.into}/{_next_batch_file(storage, args.into)}"
     try:
         storage.write_new_file(rel, encode_batch(manifest, records))
     except StorageError as exc:
-        raise ReplayError(f"replay batch {batch} into {args.into!r}: {exc}") from None
+        raise ReplayError(
+            f"replay batch {batch} into {args.into!r}: {exc}; if another replay into it was "
+            "written at the same moment, run the command again"
+        ) from None
     say(
         f"replay batch {batch}: {len(records)} record(s) into source {args.into!r} of job "
         f"{root} ({storage.describe(rel)}); the running job reads them in its next epoch, "

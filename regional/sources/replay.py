@@ -5,13 +5,15 @@ into the source vertex's replay inbox under the job root, as one new object writ
 not at all (`metadata.storage.JobStorage.write_new_file`), never rewritten:
 
 ```
-<job root>/replay/<source vertex>/<batch>.jsonl   line 1: the batch's manifest (who, when,
-                                                   which dead-letter ids); then one
-                                                   {"id": ..., "record": ...} per record
+<job root>/replay/<source vertex>/<n>.jsonl   the n-th batch (000001.jsonl, ...); line 1: its
+                                               manifest (batch id, who, when, which
+                                               dead-letter ids); then one
+                                               {"id": ..., "record": ...} per record
 ```
 
 The driver reads every user source through `ReplayingSource` (`Pipeline.bind`): besides the
-source's own splits it discovers one split per batch file, ``replay:<batch>``, and reads its
+source's own splits it discovers one split per batch file, ``replay:<n>``, by asking for the
+next number's file each epoch (a HEAD, never a LIST on the checkpoint root), and reads its
 records from a position (the index of the next record) that is checkpointed with the
 subtask's split state like any other split's. So a batch is read once by the running job, or
 by the next run if the job is not running: a unit that falls back re-reads it from its
@@ -22,7 +24,7 @@ id, that the job's inboxes hold already, so a record is replayed once.
 >>> import tempfile
 >>> from pyarrow import fs as pafs
 >>> inbox = tempfile.mkdtemp()
->>> _ = open(f"{inbox}/b1.jsonl", "w").write(encode_batch(
+>>> _ = open(f"{inbox}/{batch_file_name(1)}", "w").write(encode_batch(
 ...     BatchManifest(batch="b1", source="orders", by="me", at_ms=0, ids=("d1", "d2")),
 ...     [FixedRecord("d1", {"n": 1}), FixedRecord("d2", {"n": 2})]).decode())
 >>> class Empty:
@@ -31,18 +33,17 @@ id, that the job's inboxes hold already, so a record is replayed once.
 ...     def read(self, split, position, max_records): raise AssertionError
 >>> src = ReplayingSource(Empty(), inbox, pafs.LocalFileSystem())
 >>> src.discover()
-['replay:b1']
->>> r = src.read("replay:b1", b"", 1)
+['replay:000001']
+>>> r = src.read("replay:000001", b"", 1)
 >>> r.batches, r.position, r.finished
 ([[{'n': 1}]], b'1', False)
->>> src.read("replay:b1", r.position, 10)[1:3]
+>>> src.read("replay:000001", r.position, 10)[1:3]
 (b'2', True)
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
 import re
 import time
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ __all__ = [
     "FixedRecord",
     "ReplayError",
     "ReplayingSource",
+    "batch_file_name",
     "decode_batch",
     "describe_batch",
     "encode_batch",
@@ -106,6 +108,26 @@ class BatchManifest(msgspec.Struct, frozen=True, kw_only=True):
 def inbox_path(job_path: str, source_vertex: str) -> str:
     """The replay inbox of `source_vertex` under the job root `job_path`."""
     return f"{job_path.rstrip('/')}/{REPLAY_DIR}/{source_vertex}"
+
+
+def batch_file_name(number: int) -> str:
+    """The file of an inbox's `number`-th batch (from 1): numbered, so a running job finds a
+    new batch by asking for the next name, not by listing the inbox.
+
+    >>> batch_file_name(1), batch_file_name(12)
+    ('000001.jsonl', '000012.jsonl')
+    """
+    return f"{number:06d}.jsonl"
+
+
+def _is_file(filesystem: pafs.FileSystem, path: str) -> bool:
+    """Whether `path` is a file: on S3 one HEAD (`open_input_file` only HEADs until read;
+    `get_file_info` follows a 404 with a LIST)."""
+    try:
+        with filesystem.open_input_file(path):
+            return True
+    except (FileNotFoundError, IsADirectoryError):
+        return False
 
 
 def parse_fixed_records(text: str, *, file: str) -> list[FixedRecord]:
@@ -197,9 +219,10 @@ class ReplayingSource:
         self.inbox = inbox
         self.filesystem = filesystem
         self._cache: dict[str, list[Any]] = {}  # batch files are never rewritten
+        self._found: list[str] = []  # the batch files found so far, in order
 
     def __getattr__(self, name: str) -> Any:  # endless_splits, output_schema, ...
-        if name in ("source", "inbox", "filesystem", "_cache"):
+        if name in ("source", "inbox", "filesystem", "_cache", "_found"):
             raise AttributeError(name)
         return getattr(self.source, name)
 
@@ -211,13 +234,12 @@ class ReplayingSource:
         return self.source.discover() + [REPLAY_SPLIT_PREFIX + b for b in self.batches()]
 
     def batches(self) -> list[str]:
-        """The batch ids in the inbox, in name order (a missing inbox has none)."""
-        try:
-            infos = self.filesystem.get_file_info(pafs.FileSelector(self.inbox))
-        except FileNotFoundError:
-            return []
-        names = sorted(posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.File)
-        return [n[: -len(".jsonl")] for n in names if n.endswith(".jsonl")]
+        """The batch files in the inbox (`batch_file_name`: numbered from 1, no gap), found by
+        asking for the one after the last found: one HEAD per call on S3, never a LIST (the
+        steady-state path lists nothing, DESIGN §5)."""
+        while _is_file(self.filesystem, f"{self.inbox}/{batch_file_name(len(self._found) + 1)}"):
+            self._found.append(batch_file_name(len(self._found) + 1)[: -len(".jsonl")])
+        return list(self._found)
 
     def read(self, split_id: str, position: bytes, max_records: int) -> ReadResult:
         if not split_id.startswith(REPLAY_SPLIT_PREFIX):
@@ -242,7 +264,7 @@ class ReplayingSource:
         return {"source": self.source, "inbox": self.inbox, "filesystem": self.filesystem}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _cache={})
+        self.__dict__.update(state, _cache={}, _found=[])
 
 
 def replaying(source: Source, inbox: str, filesystem: pafs.FileSystem) -> ReplayingSource:
