@@ -48,7 +48,7 @@ from regional.runtime.scheduling import Passed, Timeout, UnitTimeout
 
 if TYPE_CHECKING:
     from regional.runtime.faults import UnitFaults
-    from regional.runtime.task import TaskEnv
+    from regional.runtime.task_env import TaskEnv
 
 __all__ = ["DEFAULT_IDLE_S", "CarriedStates", "RoundTimedOut", "carried_work", "merged", "rounds"]
 

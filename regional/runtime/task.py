@@ -43,7 +43,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import msgspec
 
@@ -62,7 +61,7 @@ from regional.dataflow.state_provider import StateBytes, StateProvider
 from regional.dataflow.unit_epoch import UnitEpoch
 from regional.dataflow.walker import run_task_epoch, run_unit_epoch
 from regional.runtime.faults import UnitFaults
-from regional.runtime.hot_state import DEFAULT_HOT_STATE_BYTES, HotState, HotStates, process_cache
+from regional.runtime.hot_state import HotState, HotStates, process_cache
 from regional.runtime.open_epoch import RoundTimedOut, rounds
 from regional.runtime.scheduling import (
     PASS_TRIES,
@@ -84,50 +83,17 @@ from regional.runtime.sink_staging import (
 from regional.runtime.state_reads import RestoreReads, state_reader
 from regional.runtime.state_upload import Spool, UnitSnapshot, UploadLatency, upload, upload_merged
 from regional.runtime.state_upload import ack as unit_ack
+from regional.runtime.task_env import TaskEnv
 from regional.sinks.base import MergingWriter, WriteContext
 from regional.sinks.rows import batches_of
 from regional.sources.base import Batch
 
 __all__ = ["PASS_TRIES", "TaskEnv", "UnitTimeout", "UploadLatency", "run_units"]
 
+# TaskEnv lives in its own module so what the task uses (open epochs) can name it without
+# importing the task; it is this module's name for it too.
+
 _Spool = Spool  # the name tests of the spool knew it by
-
-
-class TaskEnv(msgspec.Struct, frozen=True, dict=True):
-    """What every unit of a job shares (shipped once per epoch job): where checkpoints live,
-    the pipeline, the per-unit timeout (seconds), the upload pool size and the driver run (its
-    id names the state files, so two drivers never write the same file).
-
-    `upload_latency` injects slow storage; `upload_in_sync_phase` uploads inside the unit's
-    sync phase instead of the async thread pool (both for benchmarks, off by default).
-
-    `hot_state` (on by default) keeps the operator states a unit acked decoded in the worker
-    process, so the unit's next epoch there restores them without decoding when the
-    coordinator names exactly the state they encode (`regional.runtime.hot_state`, DESIGN §6);
-    `hot_state_bytes` bounds them (counted at their snapshots' sizes)."""
-
-    root: str
-    job_id: str
-    pipeline: Any  # regional.dataflow.pipeline.Pipeline (cloudpickled with the task)
-    unit_timeout: float
-    upload_threads: int = 2
-    upload_latency: UploadLatency | None = None
-    upload_in_sync_phase: bool = False
-    faults: UnitFaults | None = None  # injected unit faults (tests, demos); None in production
-    #: event time: release an exchange writer that fell back this many checkpoints in a row
-    #: (the `exclude` policy; None: `hold`, the default), and the default idle timeout (ms)
-    exclude_after: int | None = None
-    idle_timeout_ms: int | None = None
-    run_id: str | None = None  # the driver run: state file names carry it (fencing)
-    merge_state: bool = True  # one state file per task (DESIGN §4 rule 16); False: per unit
-    #: one staged data file per task per merging sink (`regional.sinks.base.MergingWriter`)
-    #: and epoch; False: one per unit (the layout before merging)
-    merge_sink_files: bool = True
-    #: run the operators once over the records of a task's units that can share a pass
-    #: (`regional.dataflow.walker`); False: one unit at a time
-    task_pass: bool = True
-    hot_state: bool = True
-    hot_state_bytes: int = DEFAULT_HOT_STATE_BYTES
 
 
 def _upload(env: TaskEnv, storage: JobStorage, snap: UnitSnapshot) -> Ack:
