@@ -89,3 +89,67 @@ def test_samples_out_of_range_are_refused(capsys: pytest.CaptureFixture[str]) ->
         main(["inspect", "/nonexistent", "dead-letters", "--samples", "0"])
     assert info.value.code == 2
     assert "'0': give a whole number from 1 to 100" in capsys.readouterr().err
+
+
+def test_the_report_counts_dead_letters_by_operator_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report's dead-letter section reads the tables `inspect dead-letters` reads: the
+    poison clicks (user function error, operator `check`) and the late clicks (late, `win`)
+    as an operator x reason table with totals, then each group's checkpoints and a sample
+    position."""
+    from test_report import Sections
+
+    root = _run(tmp_path)
+    page = tmp_path / "report.html"
+    assert main(["inspect", root, "report", "--html", str(page)]) == 0
+    capsys.readouterr()
+    html = page.read_text()
+    late, poison = len(range(22, job.PER_SPLIT, 23)) * job.SPLITS, 3 * job.SPLITS
+    sections = Sections(html)
+    assert (
+        f'<h2 id="dead-letters-by-reason">Dead letters by operator and reason '
+        f"({late + poison})</h2>" in html
+    )
+    assert (
+        '<th>operator</th><th class="n">late</th><th class="n">user function error</th>'
+        '<th class="n">total</th>'
+    ) in html
+    assert sections.rows["dead-letters-by-reason"] == [
+        ["check", "0", str(poison), str(poison)],
+        ["win", str(late), "0", str(late)],
+        ["total", str(late), str(poison), str(late + poison)],
+    ]
+    samples = sections.rows["dead-letter-samples"]
+    assert [row[:5] for row in samples] == [
+        ["check", "user function error", "ValueError", str(poison), "1-7"],
+        ["win", "late", "LateRecord", str(late), samples[1][4]],
+    ]
+    assert samples[0][5] == "g0 at start + record 13"
+    assert samples[1][5].startswith("by-user partition ")
+    # the same groups and numbers as `inspect dead-letters`
+    assert main(["inspect", root, "dead-letters", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert [[r["operator"], r["reason"], r["records"], r["checkpoints"]] for r in view] == [
+        [row[0], row[1], int(row[3]), row[4]] for row in samples
+    ]
+
+
+def test_the_report_of_a_job_without_a_dead_letter_sink_says_so(tmp_path: Path) -> None:
+    from test_report import Sections
+
+    p = job.pipeline("tumbling", str(tmp_path / "table"), partitions=2)
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "clicks", p, unit_timeout=30)
+    JobDriver(p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "clicks")).run(
+        max_checkpoints=2
+    )
+    page = tmp_path / "report.html"
+    assert main(["inspect", root, "report", "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "dead-letters-by-reason" in Sections(html).order
+    assert "dead-letter-samples" not in html
+    assert (
+        '<p class="note">checkpoint 2 records no dead-letter sink: the pipeline runs without '
+        "on_error=&#x27;dead-letter&#x27; (or its dead-letter sink records no location)</p>"
+    ) in html

@@ -252,6 +252,12 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
     notes += [f"event {p.path} skipped: {p.problem}" for p in problems]
     for note in notes:
         say(f"warning: {note}", file=sys.stderr)
+    newest = store.latest()
+    dead_letters, exchanges, note = None, None, ""
+    if newest is not None:
+        committed = committed_dead_letters(newest)
+        dead_letters, exchanges = committed.rows, operator_exchanges(newest)
+        note = "; ".join(committed.unread) if committed.tables else no_dead_letter_sink(newest)
     report = build_report(
         store.all(),
         events,
@@ -259,7 +265,10 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
         job_id=storage.job_id,
         notes=notes,
         retention_note=retention.note(num_retained),
-        names=None if (newest := store.latest()) is None else checkpoint_unit_names(newest),
+        names=None if newest is None else checkpoint_unit_names(newest),
+        dead_letters=dead_letters,
+        dead_letter_exchanges=exchanges,
+        dead_letter_note=note,
     )
     page = render_html(report)
     if args.html == "-":
