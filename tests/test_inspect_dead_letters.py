@@ -4,14 +4,20 @@ reason, with samples and where each was read (`regional.report.dead_letters`).""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import orders_job
+import pyarrow as pa
 import pytest
 import windows_job as job
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metadata.storage import JobStorage
 from regional.cli import main
+from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA
+from regional.report.dead_letters import dead_letter_view, reason_counts, reason_of
 from regional.runtime.driver import JobDriver
 from regional.runtime.task import TaskEnv
 from regional.sinks.parquet import ParquetSink
@@ -153,3 +159,35 @@ def test_the_report_of_a_job_without_a_dead_letter_sink_says_so(tmp_path: Path) 
         '<p class="note">checkpoint 2 records no dead-letter sink: the pipeline runs without '
         "on_error=&#x27;dead-letter&#x27; (or its dead-letter sink records no location)</p>"
     ) in html
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["parse", "win", "join"]),
+            st.sampled_from(["LateRecord", "EventTimeError", "KafkaSourceError", "KeyError"]),
+            st.integers(1, 4),
+        ),
+        max_size=30,
+    ),
+    st.integers(1, 3),
+)
+def test_reason_counts_add_up_to_the_dead_letters_whatever_the_samples(
+    letters: list[tuple[str, str, int]], samples: int
+) -> None:
+    """Every dead letter is counted once in the report's operator x reason table, under its
+    operator and `reason_of` its error type, however many samples the view shows."""
+    rows = pa.Table.from_pylist(
+        [
+            {"checkpoint_id": cid, "operator": op, "split_id": "s", "split_position": "",
+             "record_index": i, "record": "{}", "error_type": et, "error_message": "e",
+             "traceback": ""}
+            for i, (op, et, cid) in enumerate(letters)
+        ],
+        schema=DEAD_LETTER_SCHEMA,
+    )  # fmt: skip
+    counts = reason_counts(dead_letter_view(rows, samples=samples)).to_pylist()
+    want = Counter((op, reason_of(et)) for op, et, _ in letters)
+    assert {(r["operator"], r["reason"]): r["records"] for r in counts} == want
+    assert len(counts) == len(want)
