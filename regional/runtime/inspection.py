@@ -13,6 +13,8 @@ the `unit_name` and `records_behind` columns `regional inspect ROOT lag --json` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from metadata.events import CheckpointEvent, read_events
 from metadata.inspect import Inspector
 from metadata.model import CheckpointMetadata
@@ -51,7 +53,7 @@ def job_inspector(
     *,
     num_retained: int | None = None,
     store: CompletedCheckpointStore | None = None,
-    events: list[CheckpointEvent] | None = None,
+    events: Sequence[CheckpointEvent] | None = None,
 ) -> Inspector:
     """An `Inspector` over the job under `storage` with its event log (events that do not
     decode are skipped: `read_events` reports them), its units' names and its sources' last
