@@ -282,7 +282,15 @@ def _committed_dead_letters_section(report: Report) -> str:
     crosstab = _table(["operator", *(_e(r) for r in reasons), "total"], rows, numeric)
     groups = report.committed_dead_letters.to_pylist()
     samples = _table(
-        ["operator", "reason", "error type", "dead letters", "checkpoints", "sample position"],
+        [
+            "operator",
+            "reason",
+            "error type",
+            "dead letters",
+            "checkpoints",
+            "split",
+            "first one at",
+        ],
         (
             [
                 _e(g["operator"]),
@@ -290,7 +298,8 @@ def _committed_dead_letters_section(report: Report) -> str:
                 _e(g["error_type"]),
                 _count(g["records"]),
                 _e(g["checkpoints"]),
-                _e(f"{g['split']} at {g['position']}"),
+                _e(g["split"]),
+                _e(g["position"]),
             ]
             for g in groups
         ),
