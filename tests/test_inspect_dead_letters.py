@@ -192,3 +192,34 @@ def test_reason_counts_add_up_to_the_dead_letters_whatever_the_samples(
     want = Counter((op, reason_of(et)) for op, et, _ in letters)
     assert {(r["operator"], r["reason"]): r["records"] for r in counts} == want
     assert len(counts) == len(want)
+
+
+def test_a_dead_letter_table_regional_cannot_read_is_named_not_fatal_in_the_report() -> None:
+    """Two dead-letter vertices sharing one Parquet table count it once; an Iceberg one is a
+    line naming it and what to read it with, and the report says the same line."""
+    from metadata.model import CheckpointMetadata, SinkRetention
+    from regional.cli.dead_letter_tables import committed_dead_letters, dead_letter_tables
+    from regional.report.html import render_html
+    from regional.report.summary import build_report
+
+    checkpoint = CheckpointMetadata(
+        checkpoint_id=4, job_id="j", kind="global", trigger_time_ms=0, completion_time_ms=1,
+        sinks=(SinkRetention("out", "parquet", "/out"),
+               SinkRetention("dead-letters", "iceberg", "db.dead"),
+               SinkRetention("dead-letters-1", "iceberg", "db.dead")),
+    )  # fmt: skip
+    assert [(t.vertex_id, t.kind, t.location) for t in dead_letter_tables(checkpoint)] == [
+        ("dead-letters", "iceberg", "db.dead")
+    ]
+    committed = committed_dead_letters(checkpoint)
+    assert committed.rows is None
+    assert committed.unread == (
+        "the dead-letter sink 'dead-letters' at db.dead is of kind 'iceberg'; regional reads "
+        "Parquet and Delta dead-letter tables: read this one with your iceberg reader (columns: "
+        f"{', '.join(DEAD_LETTER_SCHEMA.names)})",
+    )
+    page = render_html(
+        build_report([checkpoint], [], job_id="j", dead_letter_note=committed.unread[0])
+    )
+    assert "Dead letters by operator and reason (0)</h2>" in page
+    assert "at db.dead is of kind &#x27;iceberg&#x27;" in page

@@ -92,9 +92,9 @@ def read_dead_letters(table: DeadLetterTable) -> pa.Table:
             ) from None
         return DeltaTable(table.location).to_pyarrow_table()
     raise DeadLetterTableError(
-        f"the dead-letter sink {table.vertex_id!r} at {table.location} is a {table.kind} "
-        "table; regional reads Parquet and Delta dead-letter tables: read it with a "
-        f"{table.kind} reader (columns: {', '.join(DEAD_LETTER_SCHEMA.names)})"
+        f"the dead-letter sink {table.vertex_id!r} at {table.location} is of kind "
+        f"{table.kind!r}; regional reads Parquet and Delta dead-letter tables: read this one "
+        f"with your {table.kind} reader (columns: {', '.join(DEAD_LETTER_SCHEMA.names)})"
     )
 
 
