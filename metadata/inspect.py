@@ -59,6 +59,7 @@ __all__ = [
     "is_forced_global",
     "lag_table",
     "owner_of",
+    "records_behind",
     "referenced_by",
     "refs_table",
     "retained_ids",
@@ -116,7 +117,9 @@ REFS_SCHEMA = pa.schema(
 LAG_SCHEMA = pa.schema(
     [
         pa.field("unit_id", pa.int64(), nullable=False),
+        pa.field("unit_name", pa.string()),
         pa.field("reads", pa.string()),
+        pa.field("records_behind", pa.int64()),
         pa.field("status", pa.string(), nullable=False),
         pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
         pa.field("checkpoints_behind", pa.int64(), nullable=False),
@@ -328,16 +331,19 @@ def refs_table(checkpoints: Sequence[CheckpointMetadata]) -> pa.Table:
 def lag_table(
     checkpoints: Sequence[CheckpointMetadata],
     events: Sequence[CheckpointEvent] = (),
-    last_assigned: Mapping[int, Sequence[str]] | None = None,
+    last_assigned: Mapping[tuple[str, int], Sequence[str]] | None = None,
+    names: Mapping[int, str] | None = None,
 ) -> pa.Table:
     """Per unit of the newest checkpoint: how far its state is behind (empty without one).
 
     One notion of lag (`LAG_HELP`): checkpoint ids since the unit's owner. Columns
-    (`LAG_SCHEMA`): `unit_id`; `reads` (the splits in its state, for its name:
-    `metadata.unit_names`; once they finished, the ones it read last, marked
-    ``(finished)``: from an older checkpoint or an event that still names them, else from
-    `last_assigned`, unit -> the splits its source's enumerator gave it last, which the
-    caller decodes from the newest checkpoint's coordinator snapshots); `status` (fresh |
+    (`LAG_SCHEMA`): `unit_id`; `unit_name` (from `names`, unit -> its name by the one naming
+    rule, `regional.graph.unit_names`, which the caller derives from the newest checkpoint;
+    null without it); `reads` (the splits in its state; once they finished, the ones it read
+    last, marked ``(finished)``: from an older checkpoint or an event that still names them,
+    else from `last_assigned`, (source vertex, subtask index) -> the splits its enumerator
+    gave it last, which the caller decodes from the newest checkpoint's coordinator
+    snapshots); `records_behind` (`records_behind`: its consumer lag); `status` (fresh |
     fallback | stuck: in the stuck list of the newest event, `events` in checkpoint order);
     `owner_checkpoint_id`; `checkpoints_behind` (newest id minus owner id, so aborted
     attempts count too); `time_behind_ms` (newest trigger time minus the owner's; null when
@@ -349,6 +355,7 @@ def lag_table(
         return _table([], LAG_SCHEMA)
     newest = ordered[-1]
     by_id = {c.checkpoint_id: c for c in ordered}
+    assigned = dict(last_assigned or {})
     owners: dict[int, int] = {}
     reads: dict[int, set[str]] = defaultdict(set)
     for s in newest.subtasks:
@@ -364,8 +371,12 @@ def lag_table(
         else {}
     )
     finished = _finished_reads(
-        ordered, events, [u for u in owners if not reads.get(u)], last_assigned or {}
+        ordered,
+        events,
+        [u for u in owners if not reads.get(u)],
+        _units_last_assigned(newest, assigned),
     )
+    behind = records_behind(newest, events, assigned)
     rows = []
     for unit in sorted(owners):
         owner = owners[unit]
@@ -378,7 +389,9 @@ def lag_table(
         rows.append(
             {
                 "unit_id": unit,
+                "unit_name": None if names is None else names.get(unit),
                 "reads": text,
+                "records_behind": behind.get(unit),
                 "status": "fresh"
                 if owner == newest.checkpoint_id
                 else "stuck"
@@ -394,6 +407,50 @@ def lag_table(
             }
         )
     return _table(rows, LAG_SCHEMA)
+
+
+def records_behind(
+    checkpoint: CheckpointMetadata,
+    events: Sequence[CheckpointEvent],
+    last_assigned: Mapping[tuple[str, int], Sequence[str]] | None = None,
+) -> dict[int, int]:
+    """Per unit of `checkpoint` that reads a source split, its consumer lag: the records
+    between where its sources' next read starts and their splits' ends, as the newest event
+    that recorded one says (`CheckpointEvent.records_behind`: live, the latest epoch; after
+    the job ended, the last one). A unit's splits are those in its state and, for a source
+    subtask whose splits finished, those in `last_assigned` ((vertex, index) -> the splits its
+    enumerator gave it last). Units that read no source split (an exchange reader's), or whose
+    sources do not say (older events), are left out."""
+    newest = next((e for e in reversed(events) if e.records_behind), None)
+    behind = {} if newest is None else newest.records_behind
+    splits: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    units: dict[tuple[str, int], int] = {}
+    for s in checkpoint.subtasks:
+        units[s.vertex_id, s.index] = s.unit_id
+        if s.vertex_id in behind:
+            splits[s.unit_id].update((s.vertex_id, x.split_id) for x in s.split_states)
+    for (vertex, index), assigned in (last_assigned or {}).items():
+        unit = units.get((vertex, index))
+        if unit is not None and vertex in behind:
+            splits[unit].update((vertex, split) for split in assigned)
+    out: dict[int, int] = {}
+    for unit, held in splits.items():
+        known = [behind[v][x] for v, x in held if x in behind[v]]
+        if known:
+            out[unit] = sum(known)
+    return out
+
+
+def _units_last_assigned(
+    checkpoint: CheckpointMetadata, last_assigned: Mapping[tuple[str, int], Sequence[str]]
+) -> dict[int, list[str]]:
+    """`last_assigned` per unit of `checkpoint` (a unit may hold several source subtasks)."""
+    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
+    out: dict[int, list[str]] = {}
+    for key, splits in last_assigned.items():
+        if (unit := units.get(key)) is not None:
+            out.setdefault(unit, []).extend(splits)
+    return out
 
 
 def _finished_reads(
@@ -525,9 +582,12 @@ class Inspector:
     `num_retained` decides the `retained` column; by default the `num-retained` recorded in the
     job's newest checkpoint that records one, else `DEFAULT_NUM_RETAINED`. `num_retained_in_force`
     says which value applies and where it came from. `events` (the job's event log) let `show`
-    and `diff` say why a checkpoint id that holds nothing was aborted; `last_assigned` (unit ->
-    the splits its source's enumerator gave it last) lets `lag` name what a unit whose splits
-    finished read.
+    and `diff` say why a checkpoint id that holds nothing was aborted and give `lag` its
+    `records_behind`; `last_assigned` ((source vertex, subtask index) -> the splits its
+    enumerator gave it last) lets `lag` name what a unit whose splits finished read; `names`
+    (unit -> its name) fills `lag`'s `unit_name`. `metadata` decodes neither the enumerators'
+    snapshots nor the naming rule: `regional.runtime.inspection.job_inspector` builds an
+    Inspector with all three, as `regional inspect ROOT lag` shows it.
     """
 
     def __init__(
@@ -536,7 +596,8 @@ class Inspector:
         *,
         num_retained: int | None = None,
         events: Iterable[CheckpointEvent] = (),
-        last_assigned: Mapping[int, Sequence[str]] | None = None,
+        last_assigned: Mapping[tuple[str, int], Sequence[str]] | None = None,
+        names: Mapping[int, str] | None = None,
     ) -> None:
         if num_retained is None:
             in_force = recorded_num_retained(reversed(store.all()))
@@ -550,6 +611,7 @@ class Inspector:
         self.store = store
         self.events = list(events)
         self.last_assigned = dict(last_assigned or {})
+        self.names = None if names is None else dict(names)
         self.aborted = {e.checkpoint_id: e for e in self.events if e.kind == Outcome.ABORTED}
         self.num_retained_in_force = in_force
         self.num_retained = in_force.value
@@ -584,7 +646,7 @@ class Inspector:
 
     def lag(self) -> pa.Table:
         """See `lag_table`."""
-        return lag_table(self.store.all(), self.events, self.last_assigned)
+        return lag_table(self.store.all(), self.events, self.last_assigned, self.names)
 
     def summary(self) -> pa.Table:
         """See `summary_table` (damaged = the store's skipped checkpoints)."""

@@ -126,3 +126,31 @@ def test_a_job_behind_its_kafka_partitions_shows_the_records_to_the_brokers_end_
     assert sorted(r["records_behind"] for r in rows) == sorted(
         max(n - 16, 0) for n in sizes.values()
     )
+
+
+def test_the_python_lag_view_has_the_consumer_lag_the_cli_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`job_inspector(storage).lag()`: the same unit names and records behind as `inspect
+    ROOT lag --json`, from the job root alone (here after 1 epoch of 10 of 30 rows)."""
+    from regional.dataflow.pipeline import Pipeline
+    from regional.runtime.inspection import job_inspector
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.files import FileSource
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(30)))
+    p = Pipeline("files", records_per_epoch=10)
+    p.source(FileSource(str(inputs), format="jsonl"), parallelism=1, name="files").sink(
+        ParquetSink(str(tmp_path / "out")), name="out"
+    )
+    root = str(tmp_path / "ckpt")
+    _run(p, root, "files", 1)
+    rows = job_inspector(JobStorage(root, "files")).lag().to_pylist()
+    assert [(r["unit_name"], r["reads"], r["records_behind"]) for r in rows] == [
+        ("files[0]", "a.jsonl", 20)
+    ]
+    capsys.readouterr()
+    assert main(["inspect", root, "lag", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{**r, "stuck_since": None} for r in rows]

@@ -26,6 +26,7 @@ from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
 from metadata.validate import VALIDATE_SCHEMA, validate_job, validate_table
 from regional.cli import main
+from regional.runtime.inspection import job_inspector
 
 T0 = 1_763_800_000_000  # 2025-11-22 08:26:40 UTC
 
@@ -194,12 +195,15 @@ def test_lag_view(inspector: Inspector) -> None:
     t = inspector.lag()
     assert t.schema == LAG_SCHEMA
     assert t.to_pylist() == [
-        {"unit_id": 0, "reads": "part-0", "status": "fallback", "owner_checkpoint_id": 4,
-         "checkpoints_behind": 1, "time_behind_ms": 10_000, "stuck_since": None,
-         "reason": "timeout"},
-        {"unit_id": 1, "reads": "part-1", "status": "fresh", "owner_checkpoint_id": 5,
-         "checkpoints_behind": 0, "time_behind_ms": 0, "stuck_since": None, "reason": None},
+        {"unit_id": 0, "unit_name": None, "reads": "part-0", "records_behind": None,
+         "status": "fallback", "owner_checkpoint_id": 4, "checkpoints_behind": 1,
+         "time_behind_ms": 10_000, "stuck_since": None, "reason": "timeout"},
+        {"unit_id": 1, "unit_name": None, "reads": "part-1", "records_behind": None,
+         "status": "fresh", "owner_checkpoint_id": 5, "checkpoints_behind": 0,
+         "time_behind_ms": 0, "stuck_since": None, "reason": None},
     ]  # fmt: skip
+    named = Inspector(inspector.store, names={0: "source[0]", 1: "source[1]"}).lag()
+    assert named["unit_name"].to_pylist() == ["source[0]", "source[1]"]
     store = inspector.store
     store.remove(5)
     store.remove(4)
@@ -332,9 +336,18 @@ def test_cli_views_as_json(job, capsys, view, expected) -> None:
     assert expected.items() <= data[0].items()
     table = getattr(Inspector(CompletedCheckpointStore.load(storage)), view[0])(*map(int, view[1:]))
     names = table.column_names
-    if view == ["lag"]:  # the CLI names each unit and adds its consumer lag
-        names = [names[0], "unit_name", names[1], "records_behind", *names[2:]]
     assert [list(row) for row in data] == [names] * table.num_rows
+
+
+def test_python_lag_view_is_what_the_cli_prints(job, capsys) -> None:
+    """`job_inspector(storage).lag()` gives the rows `inspect ROOT lag --json` prints: the
+    same unit names and consumer lag, not columns only the CLI adds."""
+    root, storage, _ = job
+    code, out, _ = run(capsys, root, "--job", "orders", "lag", "--json")
+    assert code == 0
+    rows = job_inspector(storage).lag().to_pylist()
+    assert [r["unit_name"] for r in rows] == ["source[0]", "source[1]"]
+    assert json.loads(out) == [{**r, "stuck_since": None} for r in rows]
 
 
 def test_cli_checkpoints_json_keys_and_times(job, capsys) -> None:

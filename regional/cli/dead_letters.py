@@ -15,7 +15,8 @@ A dead letter's id (`dead_letter_id`) is a digest of what names it uniquely: the
 set it aside, its split, the position the epoch started reading that split at and its index
 there. It is the same in every listing and export of the job. The committed rows are found as
 `regional inspect ROOT dead-letters` finds them: the newest checkpoint records every
-dead-letter sink's location (Parquet and Delta are read here).
+dead-letter sink's location (`regional.cli.dead_letter_tables`: one lookup for both commands and
+the report; Parquet and Delta are read).
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ from metadata.errors import StorageError
 from metadata.model import CheckpointMetadata
 from metadata.storage import JobStorage
 from metadata.store import CompletedCheckpointStore
+from regional.cli.dead_letter_tables import (
+    dead_letter_tables,
+    no_dead_letter_sink,
+    read_dead_letters,
+)
 from regional.coordinator.split_enumerator import last_assigned
-from regional.dataflow.dead_letters import DEAD_LETTERS
-from regional.errors import UsageError
 from regional.report.dead_letters import REASONS, reason_of
 from regional.sources.replay import (
     MAX_BATCH_BYTES,
@@ -57,7 +61,6 @@ __all__ = [
     "DEAD_LETTER_ROWS_SCHEMA",
     "dead_letter_id",
     "dead_letter_rows",
-    "dead_letter_sinks",
     "register",
 ]
 
@@ -161,11 +164,8 @@ def dead_letters_command(args: argparse.Namespace) -> int:
         return _replay(storage, newest, args)
     if newest is None:
         say(f"job {storage.describe('')} has no completed checkpoint: no dead letter committed")
-    elif not dead_letter_sinks(newest):
-        say(
-            f"checkpoint {newest.checkpoint_id} records no dead-letter sink: the pipeline runs "
-            "without on_error='dead-letter' (or its dead-letter sink records no location)"
-        )
+    elif not dead_letter_tables(newest):
+        say(no_dead_letter_sink(newest))
     every = dead_letter_rows(storage, newest)
     rows = _filtered(every, args)
     if args.action == "list":
@@ -181,37 +181,6 @@ def _newest(storage: JobStorage) -> CheckpointMetadata | None:
     return store.latest()
 
 
-def dead_letter_sinks(newest: CheckpointMetadata) -> list[tuple[str, str]]:
-    """(kind, location) of every dead-letter table `newest` records, once per location (two
-    dead-letter vertices, of two parts of the graph, may share one)."""
-    found = {
-        (s.kind, s.location): None
-        for s in newest.sinks
-        if s.vertex_id == DEAD_LETTERS or s.vertex_id.startswith(f"{DEAD_LETTERS}-")
-    }
-    return list(found)
-
-
-def _stored_rows(kind: str, location: str) -> pa.Table:
-    if kind == "parquet":
-        from regional.sinks.parquet import read_table
-
-        return read_table(location)
-    if kind == "delta":
-        try:
-            from deltalake import DeltaTable
-        except ImportError:
-            raise UsageError(
-                f"the dead-letter sink at {location} is a Delta table: install "
-                "regional-checkpoints[delta] to read it"
-            ) from None
-        return DeltaTable(location).to_pyarrow_table()
-    raise UsageError(
-        f"the dead-letter sink at {location} is a {kind} table; this command reads Parquet "
-        f"and Delta dead-letter tables: read it with a {kind} reader"
-    )
-
-
 def dead_letter_rows(
     storage: JobStorage, newest: CheckpointMetadata | None
 ) -> list[dict[str, Any]]:
@@ -222,8 +191,8 @@ def dead_letter_rows(
         return []
     replayed = {i: m.batch for m in _manifests(storage) for i in m.ids}
     out = []
-    for kind, location in dead_letter_sinks(newest):
-        for r in _stored_rows(kind, location).to_pylist():
+    for table in dead_letter_tables(newest):
+        for r in read_dead_letters(table).to_pylist():
             key = dead_letter_id(
                 r["operator"], r["split_id"], r["split_position"], r["record_index"]
             )

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from cleaner.run import scan
 from metadata.errors import StorageError
-from metadata.events import CheckpointEvent, events_table, read_events
+from metadata.events import events_table, read_events
 from metadata.exchange import backlog_table
 from metadata.inspect import LAG_HELP, Inspector
 from metadata.model import CheckpointMetadata, SubtaskState
@@ -39,15 +38,23 @@ from metadata.validate import validate_job, validate_table
 from metadata.watermarks import MAX_WATERMARK, MIN_WATERMARK, watermarks_table
 from regional.cli import retention
 from regional.cli.clean import retention_output
+from regional.cli.dead_letter_tables import (
+    committed_dead_letters,
+    no_dead_letter_sink,
+    operator_exchanges,
+)
 from regional.cli.render import print_table, say
-from regional.coordinator.split_enumerator import last_assigned
-from regional.dataflow.dead_letters import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from regional.dataflow.state_codec import StateCodec, StateDecodeError
-from regional.graph.unit_names import UnitNames, names_of_subtasks, split_text
+from regional.graph.unit_names import UnitNames, split_text
 from regional.report.dead_letters import dead_letter_view
 from regional.report.html import human_span, render_html
 from regional.report.state import state_view, stateful_subtasks
 from regional.report.summary import ReportError, build_report
+from regional.runtime.inspection import (
+    checkpoint_unit_names,
+    job_inspector,
+    source_last_assigned,
+)
 
 __all__ = ["register"]
 
@@ -171,11 +178,15 @@ def inspect_command(args: argparse.Namespace) -> int:
         )
     events = read_events(storage)[0] if args.view in ("show", "diff", "lag") else []
     newest = store.latest()
-    inspector = Inspector(
-        store,
-        num_retained=None if num_retained is None else num_retained.value,
-        events=events,
-        last_assigned=_units_last_assigned(newest) if args.view == "lag" and newest else None,
+    # `lag` names the units and counts their consumer lag as the Python view does
+    inspector = (
+        job_inspector(storage, store=store, events=events)
+        if args.view == "lag"
+        else Inspector(
+            store,
+            num_retained=None if num_retained is None else num_retained.value,
+            events=events,
+        )
     )
     table: pa.Table
     if args.view == "show":
@@ -184,9 +195,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         table = inspector.diff(args.a, args.b)
     else:
         table = getattr(inspector, args.view)()
-    if args.view == "lag" and newest is not None:
-        table = _lag_named(table, checkpoint_unit_names(newest), for_people=not args.json)
-        table = _lag_behind(table, newest, events)
+    if args.view == "lag" and newest is not None and not args.json:
+        table = _lag_reads_for_people(table, checkpoint_unit_names(newest))
     if args.view == "lag" and not args.json:
         table = _time_behind_for_people(table)
     print_table(table, as_json=args.json)
@@ -197,28 +207,13 @@ def inspect_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def checkpoint_unit_names(checkpoint: CheckpointMetadata) -> UnitNames:
-    """The units' names (`regional.graph.unit_names`) as `checkpoint` records them: its
-    subtasks' units, its sources found from their split enumerators' snapshots (a finished
-    source holds no split) or the splits they hold."""
-    sources = {v for v, data in checkpoint.coordinators.items() if last_assigned(data) is not None}
-    sources |= {s.vertex_id for s in checkpoint.subtasks if s.split_states}
-    return names_of_subtasks(
-        ((s.vertex_id, s.index, s.unit_id) for s in checkpoint.subtasks), sources
-    )
-
-
-def _lag_named(lag: pa.Table, names: UnitNames, *, for_people: bool) -> pa.Table:
-    """The lag view with each unit's name (`unit_name`, after `unit_id`); for people, its
-    `reads` in the sources' terms (``by-customer partition 1``, ``events partition 3``)."""
-    units = lag.column("unit_id").to_pylist()
-    table = lag.add_column(
-        1, pa.field("unit_name", pa.string()), pa.array([names[u] for u in units], pa.string())
-    )
-    if not for_people:
-        return table
+def _lag_reads_for_people(lag: pa.Table, names: UnitNames) -> pa.Table:
+    """The lag view with its `reads` in the sources' terms (``by-customer partition 1``,
+    ``events partition 3``); `--json` keeps the split ids."""
     shown: list[str | None] = []
-    for unit, reads in zip(units, table.column("reads").to_pylist(), strict=True):
+    for unit, reads in zip(
+        lag.column("unit_id").to_pylist(), lag.column("reads").to_pylist(), strict=True
+    ):
         if reads is None:
             shown.append(None)
             continue
@@ -227,39 +222,8 @@ def _lag_named(lag: pa.Table, names: UnitNames, *, for_people: bool) -> pa.Table
             text = text[: -len(" (finished)")]
         parts = ", ".join(names.reads_text(unit, split) for split in text.split(", "))
         shown.append(parts + (" (finished)" if finished else ""))
-    i = table.schema.get_field_index("reads")
-    return table.set_column(i, pa.field("reads", pa.string()), pa.array(shown, pa.string()))
-
-
-def _lag_behind(
-    lag: pa.Table, checkpoint: CheckpointMetadata, events: Sequence[CheckpointEvent]
-) -> pa.Table:
-    """The lag view with each unit's consumer lag (`records_behind`, after `reads`): the
-    records between where its sources' next read starts and their splits' ends, as the
-    newest event recorded it (`CheckpointEvent.records_behind`: live, the latest epoch; after
-    the job ended, the last one); null for a unit that reads no source split or a job whose
-    sources do not say (an exchange reader's unit, older events)."""
-    newest = next((e for e in reversed(events) if e.records_behind), None)
-    behind = {} if newest is None else newest.records_behind
-    splits: dict[int, set[tuple[str, str]]] = {}
-    for s in checkpoint.subtasks:
-        if s.vertex_id in behind:
-            held = ((s.vertex_id, x.split_id) for x in s.split_states)
-            splits.setdefault(s.unit_id, set()).update(held)
-    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
-    for (vertex, index), assigned in _last_assigned(checkpoint).items():
-        unit = units.get((vertex, index))
-        if unit is not None and vertex in behind:
-            splits.setdefault(unit, set()).update((vertex, split) for split in assigned)
-    counts: list[int | None] = []
-    for unit in lag.column("unit_id").to_pylist():
-        known = [behind[v][x] for v, x in splits.get(unit, ()) if x in behind[v]]
-        counts.append(sum(known) if known else None)
-    return lag.add_column(
-        lag.schema.get_field_index("reads") + 1,
-        pa.field("records_behind", pa.int64()),
-        pa.array(counts, pa.int64()),
-    )
+    i = lag.schema.get_field_index("reads")
+    return lag.set_column(i, pa.field("reads", pa.string()), pa.array(shown, pa.string()))
 
 
 def _time_behind_for_people(lag: pa.Table) -> pa.Table:
@@ -268,27 +232,6 @@ def _time_behind_for_people(lag: pa.Table) -> pa.Table:
     i = lag.schema.get_field_index("time_behind_ms")
     spans = [None if ms is None else human_span(ms) for ms in lag.column(i).to_pylist()]
     return lag.set_column(i, pa.field("time_behind", pa.string()), pa.array(spans, pa.string()))
-
-
-def _last_assigned(checkpoint: CheckpointMetadata) -> dict[tuple[str, int], tuple[str, ...]]:
-    """Per source subtask (vertex, index), the splits it was given last, from the split
-    enumerators' snapshots in `checkpoint` (a finished split leaves the subtask's state, not
-    the enumerator's): what a subtask whose splits all finished read last."""
-    return {
-        (vertex_id, index): splits
-        for vertex_id, data in checkpoint.coordinators.items()
-        for index, splits in (last_assigned(data) or {}).items()
-    }
-
-
-def _units_last_assigned(checkpoint: CheckpointMetadata) -> dict[int, list[str]]:
-    """`_last_assigned` per unit (a unit may hold several source subtasks), for `lag`."""
-    units = {(s.vertex_id, s.index): s.unit_id for s in checkpoint.subtasks}
-    out: dict[int, list[str]] = {}
-    for key, splits in _last_assigned(checkpoint).items():
-        if (unit := units.get(key)) is not None:
-            out.setdefault(unit, []).extend(splits)
-    return out
 
 
 def _retention(storage: JobStorage, args: argparse.Namespace) -> int:
@@ -309,6 +252,12 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
     notes += [f"event {p.path} skipped: {p.problem}" for p in problems]
     for note in notes:
         say(f"warning: {note}", file=sys.stderr)
+    newest = store.latest()
+    dead_letters, exchanges, note = None, None, ""
+    if newest is not None:
+        committed = committed_dead_letters(newest)
+        dead_letters, exchanges = committed.rows, operator_exchanges(newest)
+        note = "; ".join(committed.unread) if committed.tables else no_dead_letter_sink(newest)
     report = build_report(
         store.all(),
         events,
@@ -316,7 +265,10 @@ def _report(storage: JobStorage, args: argparse.Namespace) -> int:
         job_id=storage.job_id,
         notes=notes,
         retention_note=retention.note(num_retained),
-        names=None if (newest := store.latest()) is None else checkpoint_unit_names(newest),
+        names=None if newest is None else checkpoint_unit_names(newest),
+        dead_letters=dead_letters,
+        dead_letter_exchanges=exchanges,
+        dead_letter_note=note,
     )
     page = render_html(report)
     if args.html == "-":
@@ -378,7 +330,9 @@ def _watermarks(storage: JobStorage, args: argparse.Namespace) -> int:
     # splits that finished before every earlier checkpoint: only a job reading with event time
     # (its events record a watermark) shows them
     timed = any(e.watermark_ms is not None for e in read_events(storage)[0])
-    table = watermarks_table(storage, newest, earlier, _last_assigned(newest) if timed else None)
+    table = watermarks_table(
+        storage, newest, earlier, source_last_assigned(newest) if timed else None
+    )
     table = _watermarks_named(table, checkpoint_unit_names(newest), for_people=not args.json)
     print_table(table if args.json else _watermarks_for_people(table), as_json=args.json)
     if not args.json and table.num_rows == 0:
@@ -460,65 +414,26 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
     newest = _newest(storage, "no dead-letter sink recorded yet")
     if newest is None:
         return 0
-    # one table per location: two dead-letter vertices (two parts of the graph) may share one
-    found = {
-        (s.kind, s.location): s
-        for s in newest.sinks
-        if s.vertex_id == DEAD_LETTERS or s.vertex_id.startswith(f"{DEAD_LETTERS}-")
-    }
-    sinks = list(found.values())
-    if not sinks:
-        say(
-            f"checkpoint {newest.checkpoint_id} records no dead-letter sink: the pipeline runs "
-            "without on_error='dead-letter' (or its dead-letter sink records no location)"
-        )
+    committed = committed_dead_letters(newest)
+    if not committed.tables:
+        say(no_dead_letter_sink(newest))
         return 0
-    tables = []
-    for sink in sinks:
-        rows = _committed_rows(sink.kind, sink.location)
-        if rows is None:
-            say(
-                f"dead-letter sink {sink.vertex_id!r} is a {sink.kind} table at "
-                f"{sink.location}; read it with a {sink.kind} reader (columns: "
-                f"{', '.join(DEAD_LETTER_SCHEMA.names)})"
-            )
-            continue
-        tables.append(rows)
-    if not tables:
+    for line in committed.unread:
+        say(line)
+    if committed.rows is None:
         return 0
-    rows = pa.concat_tables(tables, promote_options="default")
-    names = checkpoint_unit_names(newest)
-    exchanges = {
-        s.vertex_id: names.exchanges[s.unit_id]
-        for s in newest.subtasks
-        if s.unit_id in names.exchanges
-    }
-    view = dead_letter_view(rows, samples=args.samples, exchanges=exchanges)
+    view = dead_letter_view(
+        committed.rows, samples=args.samples, exchanges=operator_exchanges(newest)
+    )
     print_table(view, as_json=args.json)
     if not args.json:
-        where = ", ".join(f"{s.location}" for s in sinks)
+        where = ", ".join(t.location for t in committed.tables)
         say(
-            f"{rows.num_rows} dead letter(s) committed in {where}; a record late for several "
-            "window operators, joins or drop_duplicates is counted once per operator that "
-            "judged it"
+            f"{committed.rows.num_rows} dead letter(s) committed in {where}; a record late for "
+            "several window operators, joins or drop_duplicates is counted once per operator "
+            "that judged it"
         )
     return 0
-
-
-def _committed_rows(kind: str, location: str) -> pa.Table | None:
-    """The committed rows of a dead-letter table this command can read (Parquet, Delta), None
-    for the other formats."""
-    if kind == "parquet":
-        from regional.sinks.parquet import read_table
-
-        return read_table(location)
-    if kind == "delta":
-        try:
-            from deltalake import DeltaTable
-        except ImportError:
-            return None
-        return DeltaTable(location).to_pyarrow_table()
-    return None
 
 
 def _state(storage: JobStorage, args: argparse.Namespace) -> int:

@@ -38,7 +38,14 @@ import pyarrow as pa
 
 from regional.graph.unit_names import at_text, split_text
 
-__all__ = ["REASONS", "dead_letter_view", "reason_of"]
+__all__ = [
+    "DEAD_LETTER_VIEW_SCHEMA",
+    "REASONS",
+    "REASON_COUNTS_SCHEMA",
+    "dead_letter_view",
+    "reason_counts",
+    "reason_of",
+]
 
 #: The reasons, in the order the view lists them.
 REASONS = ("late", "bad event time", "undecodable", "user function error")
@@ -60,7 +67,7 @@ def reason_of(error_type: str) -> str:
     return "user function error"
 
 
-_SCHEMA = pa.schema(
+DEAD_LETTER_VIEW_SCHEMA = pa.schema(
     [
         ("operator", pa.string()),
         ("reason", pa.string()),
@@ -124,4 +131,40 @@ def dead_letter_view(
                     "error": _cut(message[0] if message else ""),
                 }
             )
-    return pa.Table.from_pylist(out, schema=_SCHEMA)
+    return pa.Table.from_pylist(out, schema=DEAD_LETTER_VIEW_SCHEMA)
+
+
+#: Per (operator, reason): the dead letters of its groups, every error type together.
+REASON_COUNTS_SCHEMA = pa.schema(
+    [
+        pa.field("operator", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("records", pa.int64(), nullable=False),
+    ]
+)
+
+
+def reason_counts(view: pa.Table) -> pa.Table:
+    """The dead letters per (operator, reason) of a `dead_letter_view` (each group counted
+    once however many samples it shows), in the view's order: operator, then `REASONS`.
+
+    >>> view = pa.Table.from_pylist([
+    ...     {"operator": "parse", "reason": "user function error", "error_type": "KeyError",
+    ...      "records": 2},
+    ...     {"operator": "parse", "reason": "user function error", "error_type": "KeyError",
+    ...      "records": 2},
+    ...     {"operator": "parse", "reason": "user function error", "error_type": "ValueError",
+    ...      "records": 3}], schema=DEAD_LETTER_VIEW_SCHEMA)
+    >>> reason_counts(view).to_pylist()
+    [{'operator': 'parse', 'reason': 'user function error', 'records': 5}]
+    """
+    groups: dict[tuple[str, str, str], int] = {}
+    for r in view.to_pylist():
+        groups[r["operator"], r["reason"], r["error_type"]] = r["records"]
+    counts: dict[tuple[str, str], int] = {}
+    for (operator, reason, _), n in groups.items():
+        counts[operator, reason] = counts.get((operator, reason), 0) + n
+    return pa.Table.from_pylist(
+        [{"operator": o, "reason": r, "records": n} for (o, r), n in counts.items()],
+        schema=REASON_COUNTS_SCHEMA,
+    )

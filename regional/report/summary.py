@@ -61,6 +61,12 @@ from metadata.inspect import checkpoints_table, show_table
 from metadata.model import CheckpointMetadata
 from regional.errors import RegionalError
 from regional.graph.unit_names import UnitNames
+from regional.report.dead_letters import (
+    DEAD_LETTER_VIEW_SCHEMA,
+    REASON_COUNTS_SCHEMA,
+    dead_letter_view,
+    reason_counts,
+)
 
 __all__ = [
     "ABORTS_SCHEMA",
@@ -247,6 +253,18 @@ class Report:
     )
     warnings: pa.Table = dataclasses.field(default_factory=WARNINGS_SCHEMA.empty_table)
     backlog: pa.Table = dataclasses.field(default_factory=BACKLOG_SCHEMA.empty_table)
+    #: the committed dead letters (`regional.report.dead_letters`): per (operator, reason,
+    #: error type) one sample row, the counts per (operator, reason), and a line saying why
+    #: there is nothing to count (no dead-letter sink, a table that could not be read);
+    #: `committed_dead_letters_read` is False when the caller read no dead-letter table
+    committed_dead_letters: pa.Table = dataclasses.field(
+        default_factory=DEAD_LETTER_VIEW_SCHEMA.empty_table
+    )
+    dead_letter_counts: pa.Table = dataclasses.field(
+        default_factory=REASON_COUNTS_SCHEMA.empty_table
+    )
+    dead_letter_note: str = ""
+    committed_dead_letters_read: bool = False
 
 
 def _backlog(events: Iterable[CheckpointEvent]) -> pa.Table:
@@ -556,10 +574,18 @@ def build_report(
     notes: Sequence[str] = (),
     retention_note: str = "",
     names: UnitNames | None = None,
+    dead_letters: pa.Table | None = None,
+    dead_letter_exchanges: Mapping[str, str] | None = None,
+    dead_letter_note: str = "",
 ) -> Report:
     """The report's tables from the completed checkpoints (ascending), the event log and the
     cleaner's plan (None: no retention section rows); units named by `names` (the newest
-    checkpoint's, `regional.graph.unit_names`) when given, else as the events name them."""
+    checkpoint's, `regional.graph.unit_names`) when given, else as the events name them.
+    `dead_letters`: the committed rows of the job's dead-letter tables (`DEAD_LETTER_SCHEMA`,
+    as `regional inspect ROOT dead-letters` reads them; exchange partitions named by
+    `dead_letter_exchanges`, operator -> exchange), grouped by `dead_letter_view`;
+    `dead_letter_note`: why some or all could not be read (no dead-letter sink, a format
+    regional does not read)."""
     completed = sorted(completed, key=lambda c: c.checkpoint_id)
     events = sorted(events, key=lambda e: e.checkpoint_id)
     ev_table = events_table(events)
@@ -586,6 +612,11 @@ def build_report(
     ]
     restarts = _restarts(events)
     unit_names = _unit_names(events, names)
+    groups = (
+        DEAD_LETTER_VIEW_SCHEMA.empty_table()
+        if dead_letters is None
+        else dead_letter_view(dead_letters, samples=1, exchanges=dead_letter_exchanges)
+    )
     return Report(
         job_id=job_id,
         num_units=max(num_units, max(counts, default=-1) + 1),
@@ -609,4 +640,8 @@ def build_report(
         dead_letters=_dead_letter_history(events),
         warnings=_warnings(events),
         backlog=_backlog(events),
+        committed_dead_letters=groups,
+        dead_letter_counts=reason_counts(groups),
+        dead_letter_note=dead_letter_note,
+        committed_dead_letters_read=dead_letters is not None or bool(dead_letter_note),
     )
