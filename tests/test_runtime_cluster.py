@@ -82,7 +82,7 @@ def _check_run(run: subprocess.CompletedProcess, cluster, apps_before: dict) -> 
     assert f"starting Spark ({cluster.master_url})" in out
     for cid in (2, 3, 4):  # unit 3 fails: regional checkpoints, the other 7 units fresh
         assert f"checkpoint    {cid}  regional  fresh   7  fallback 3 " in out, out
-    assert "    stuck: unit 3 (clicks-" in out, out  # after 3 fallbacks in a row: reported
+    assert "    stuck: clicks[3] (unit 3) for " in out, out  # after 3 fallbacks in a row: reported
     assert "checkpoint    5  global    fresh   8" in out, out  # unit 3 caught up
     assert "0 aborted checkpoints; job finished" in out, out
     new = [a for i, a in _apps(cluster).items() if i not in apps_before]
