@@ -176,14 +176,65 @@ def _check_decoder(name: str, decoder: Decoder) -> None:
 
 # --- consumers: one per (process, bootstrap, settings), reused by every read --------------------
 
-_consumers: dict[tuple[tuple[str, str], ...], tuple[Consumer, threading.Lock]] = {}
+#: How many partitions a kept consumer keeps assigned (paused) between reads; the least recently
+#: read one is unassigned beyond that. A task reads a few partitions round after round.
+KEPT_PARTITIONS = 256
+
+
+class _KeptConsumer:
+    """A consumer kept by this process and the partitions it keeps assigned between reads.
+
+    Every kept partition is paused except while a read of it runs, so the consumer fetches
+    only the partition being read; a read resumes its partition and always seeks it to the
+    read's own start offset (a fallback starts again from an older one), so what a paused
+    partition fetched before is never handed out."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.assigned: dict[tuple[str, int], None] = {}  # least recently read first
+
+    def start(self, tp: Any) -> None:
+        """Make `tp` (with its start offset) the one partition being fetched: assigned and
+        resumed, at `tp.offset`."""
+        from confluent_kafka import TopicPartition
+
+        key = (tp.topic, tp.partition)
+        if key in self.assigned:
+            del self.assigned[key]
+            self.consumer.resume([TopicPartition(*key)])
+            self.consumer.seek(tp)
+        else:
+            while len(self.assigned) >= KEPT_PARTITIONS:
+                oldest = next(iter(self.assigned))
+                del self.assigned[oldest]
+                self.consumer.incremental_unassign([TopicPartition(*oldest)])
+            self.consumer.incremental_assign([tp])
+        self.assigned[key] = None
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Unassign a kept partition (its next read assigns it afresh)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if (topic, partition) in self.assigned:
+            del self.assigned[topic, partition]
+            with contextlib.suppress(KafkaException):
+                self.consumer.incremental_unassign([TopicPartition(topic, partition)])
+
+    def stop(self, tp: Any) -> None:
+        """Pause `tp` again at the end of its read."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.pause([TopicPartition(tp.topic, tp.partition)])
+
+
+_consumers: dict[tuple[tuple[str, str], ...], tuple[_KeptConsumer, threading.Lock]] = {}
 _consumers_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _consumer(settings: Mapping[str, str]) -> Iterator[Consumer]:
+def _consumer(settings: Mapping[str, str]) -> Iterator[_KeptConsumer]:
     """This process's consumer for `settings`, held exclusively; dropped (closed) when a read
-    through it fails, so the next read starts from a fresh connection."""
+    through it fails, so the next read starts from a fresh connection and no assignment."""
     try:
         from confluent_kafka import Consumer
     except ImportError as exc:
@@ -194,16 +245,17 @@ def _consumer(settings: Mapping[str, str]) -> Iterator[Consumer]:
     with _consumers_lock:
         if key not in _consumers:
             consumer = Consumer(dict(settings), logger=log)  # librdkafka logs go to logging
-            _consumers[key] = (consumer, threading.Lock())
-        consumer, lock = _consumers[key]
+            _consumers[key] = (_KeptConsumer(consumer), threading.Lock())
+        kept, lock = _consumers[key]
     with lock:
         try:
-            yield consumer
+            yield kept
         except BaseException:
             with _consumers_lock:
-                _consumers.pop(key, None)
+                if _consumers.get(key, (None,))[0] is kept:
+                    _consumers.pop(key, None)
             with contextlib.suppress(Exception):
-                consumer.close()
+                kept.consumer.close()
             raise
 
 
@@ -291,7 +343,7 @@ class KafkaSource:
             "auto.offset.reset": "error",  # an offset out of range is an error, never a skip
             "allow.auto.create.topics": "false",
             "socket.timeout.ms": ms,
-            "fetch.wait.max.ms": "10",  # an idle partition answers at once, a reassignment too
+            "fetch.wait.max.ms": "1",  # an idle partition answers at once (its EOF ends a read)
             "reconnect.backoff.max.ms": "1000",
             "log_level": "2",  # connection errors surface as KafkaSourceError instead
             **self.config,
@@ -331,7 +383,8 @@ class KafkaSource:
 
     def discover(self) -> list[str]:
         """A split per partition of every topic read (missing named topics are an error)."""
-        with _consumer(self._settings()) as consumer:
+        with _consumer(self._settings()) as kept:
+            consumer = kept.consumer
             if self._regex is not None:
                 found = self._partitions(consumer, None, "listing topics")
                 return [
@@ -371,7 +424,8 @@ class KafkaSource:
         at = (
             f"reading topic {topic!r} partition {partition} from offset {next_offset or self.start}"
         )
-        with _consumer(self._settings()) as consumer:
+        with _consumer(self._settings()) as kept:
+            consumer = kept.consumer
             found = self._partitions(consumer, topic, at)
             if topic not in found:
                 raise KafkaSourceError(
@@ -397,11 +451,12 @@ class KafkaSource:
             else:
                 tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
             want = max_records if stop is None else min(max_records, stop - (next_offset or 0))
-            messages = self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else []
+            messages = self._poll(kept, tp, want, next_offset, stop, at) if want > 0 else []
             if messages:
                 next_offset = int(messages[-1].offset() or 0) + 1
-            # consumer lag: the partition's end offset now, minus where the next read starts
-            low, high = self._watermarks(consumer, tp, at)
+            # consumer lag: the partition's end offset now (as the fetch brought it, else asked),
+            # minus where the next read starts
+            low, high = self._watermarks(consumer, tp, at, known=True)
         finished = stop is not None and next_offset is not None and next_offset >= stop
         good, poison = self._decode(messages)
         batches = [self._batch(*good)] if good[0] else []
@@ -440,9 +495,17 @@ class KafkaSource:
                 values.append(value)
         return (good, keys, values), tuple(poison)
 
-    def _watermarks(self, consumer: Consumer, tp: Any, at: str) -> tuple[int, int]:
+    def _watermarks(
+        self, consumer: Consumer, tp: Any, at: str, *, known: bool = False
+    ) -> tuple[int, int]:
+        """(low, high) offsets of `tp`: with `known`, the ones the last fetch brought when it
+        brought both, else asked of the broker."""
         from confluent_kafka import KafkaException
 
+        if known:
+            low, high = consumer.get_watermark_offsets(tp, cached=True) or (None, None)
+            if low is not None and high is not None and 0 <= low <= high:
+                return int(low), int(high)
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
         except KafkaException as exc:
@@ -451,7 +514,7 @@ class KafkaSource:
 
     def _poll(
         self,
-        consumer: Consumer,
+        kept: _KeptConsumer,
         tp: Any,
         want: int,
         next_offset: int | None,
@@ -459,10 +522,16 @@ class KafkaSource:
         at: str,
     ) -> list[Message]:
         """Up to `want` records of `tp` from its offset; returns early at the partition's end
-        or on an empty poll, so an idle partition costs one short poll."""
-        from confluent_kafka import KafkaError
+        or on an empty poll, so an idle partition costs one short poll. The partition stays
+        assigned (paused) for the next read; messages of other partitions met here are
+        fetched before they were paused and are skipped (their next read seeks again)."""
+        from confluent_kafka import KafkaError, KafkaException
 
-        consumer.assign([tp])
+        consumer = kept.consumer
+        try:
+            kept.start(tp)
+        except KafkaException as exc:
+            raise self._unreachable(at, exc) from None
         try:
             out: list[Message] = []
             while len(out) < want:
@@ -476,10 +545,19 @@ class KafkaSource:
                         if mine:
                             break  # the end of the partition ends it too
                         continue
+                    other, other_partition = m.topic(), m.partition()
+                    if not mine and other is not None and other_partition is not None:
+                        # a kept (paused) partition's trouble is its own read's to report
+                        kept.forget(other, other_partition)
+                        continue
                     self._raise_for(err, consumer, tp, next_offset, at)
                 offset = int(m.offset() or 0)
-                if not mine or (next_offset is not None and offset < next_offset):
-                    continue  # left over from an earlier assignment
+                if out:
+                    expected: int | None = int(out[-1].offset() or 0) + 1
+                else:
+                    expected = next_offset
+                if not mine or (expected is not None and offset < expected):
+                    continue  # fetched before a pause or a seek: never handed out twice
                 if stop is not None and offset >= stop:
                     break
                 out.append(m)
@@ -494,7 +572,8 @@ class KafkaSource:
                     )
             return out
         finally:
-            consumer.unassign()
+            with contextlib.suppress(KafkaException):  # a consumer that failed is dropped
+                kept.stop(tp)
 
     def _raise_for(
         self, err: Any, consumer: Consumer, tp: Any, offset: int | None, at: str
