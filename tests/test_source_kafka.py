@@ -304,7 +304,7 @@ def test_a_cut_connection_makes_reads_fail_by_name_then_read_on_from_the_same_of
     assert (again.position, src.discover()) == (b"4", [f"{topic}:0", f"{topic}:1"])
 
 
-# --- the kept reader: partitions stay assigned (paused) between reads of a process ----------
+# --- one process's reads, in any order: each starts exactly at its own position -------------
 
 READS = 3  # partitions of the alternating-reads topic, 6 records each (offsets 0..5)
 
@@ -317,8 +317,9 @@ def six_each(broker) -> str:
 def test_reads_that_alternate_partitions_and_go_back_give_every_record_once_in_order(
     broker, six_each
 ):
-    """One process's reader keeps every partition it read assigned; each read still starts
-    exactly at its own position, so a fallback going back re-reads the same records."""
+    """One process's consumer serves reads of several partitions in turn; each read starts
+    exactly at its own position, so a fallback going back re-reads the same records, and the
+    lag is the end offset minus the new position."""
     src = KafkaSource(broker.bootstrap, six_each, value="json", timeout=5)
     script = [  # (partition, position, max records) -> the offsets read
         (0, b"", 2, [0, 1]),
@@ -361,7 +362,7 @@ def test_any_sequence_of_reads_gives_exactly_the_records_from_each_position(
         assert got.position == str(want[-1] + 1 if want else start).encode()
 
 
-def test_a_topic_deleted_after_its_partitions_were_kept_fails_its_next_read_by_name(broker):
+def test_a_topic_deleted_between_reads_fails_its_next_read_by_name_and_others_read_on(broker):
     doomed, kept = _topic(broker, 2, 2), _topic(broker, 1, 2)
     src = KafkaSource(broker.bootstrap, topics=[doomed, kept], timeout=5)
     for split in (f"{doomed}:0", f"{doomed}:1", f"{kept}:0"):

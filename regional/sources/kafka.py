@@ -6,7 +6,9 @@ the reading subtask's state is the next offset to read, as text (``b"42"``; ``b"
 given by `start`). In bounded mode the stop offset is kept with it (``b"42/100"``): the partition's
 end offset seen by the split's first read, so a fallback unit re-reads exactly the same records.
 Reads use explicit partition assignment and seeks: Kafka's consumer-group offsets are never the
-source of truth (`commit_group` only copies checkpointed offsets there for lag tools).
+source of truth (`commit_group` only copies checkpointed offsets there for lag tools). Each
+read assigns its one partition afresh at the read's start offset and unassigns it at the end, so
+nothing fetched for one read is handed out by another; the consumer itself is kept per process.
 
 Partitions are discovered on the driver every epoch (`discover`), so partitions and, with
 `pattern`, topics created while the job runs become new splits. A read returns as soon as it
@@ -176,65 +178,14 @@ def _check_decoder(name: str, decoder: Decoder) -> None:
 
 # --- consumers: one per (process, bootstrap, settings), reused by every read --------------------
 
-#: How many partitions a kept consumer keeps assigned (paused) between reads; the least recently
-#: read one is unassigned beyond that. A task reads a few partitions round after round.
-KEPT_PARTITIONS = 256
-
-
-class _KeptConsumer:
-    """A consumer kept by this process and the partitions it keeps assigned between reads.
-
-    Every kept partition is paused except while a read of it runs, so the consumer fetches
-    only the partition being read; a read resumes its partition and always seeks it to the
-    read's own start offset (a fallback starts again from an older one), so what a paused
-    partition fetched before is never handed out."""
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        self.assigned: dict[tuple[str, int], None] = {}  # least recently read first
-
-    def start(self, tp: Any) -> None:
-        """Make `tp` (with its start offset) the one partition being fetched: assigned and
-        resumed, at `tp.offset`."""
-        from confluent_kafka import TopicPartition
-
-        key = (tp.topic, tp.partition)
-        if key in self.assigned:
-            del self.assigned[key]
-            self.consumer.resume([TopicPartition(*key)])
-            self.consumer.seek(tp)
-        else:
-            while len(self.assigned) >= KEPT_PARTITIONS:
-                oldest = next(iter(self.assigned))
-                del self.assigned[oldest]
-                self.consumer.incremental_unassign([TopicPartition(*oldest)])
-            self.consumer.incremental_assign([tp])
-        self.assigned[key] = None
-
-    def forget(self, topic: str, partition: int) -> None:
-        """Unassign a kept partition (its next read assigns it afresh)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        if (topic, partition) in self.assigned:
-            del self.assigned[topic, partition]
-            with contextlib.suppress(KafkaException):
-                self.consumer.incremental_unassign([TopicPartition(topic, partition)])
-
-    def stop(self, tp: Any) -> None:
-        """Pause `tp` again at the end of its read."""
-        from confluent_kafka import TopicPartition
-
-        self.consumer.pause([TopicPartition(tp.topic, tp.partition)])
-
-
-_consumers: dict[tuple[tuple[str, str], ...], tuple[_KeptConsumer, threading.Lock]] = {}
+_consumers: dict[tuple[tuple[str, str], ...], tuple[Consumer, threading.Lock]] = {}
 _consumers_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _consumer(settings: Mapping[str, str]) -> Iterator[_KeptConsumer]:
+def _consumer(settings: Mapping[str, str]) -> Iterator[Consumer]:
     """This process's consumer for `settings`, held exclusively; dropped (closed) when a read
-    through it fails, so the next read starts from a fresh connection and no assignment."""
+    through it fails, so the next read starts from a fresh connection."""
     try:
         from confluent_kafka import Consumer
     except ImportError as exc:
@@ -245,17 +196,16 @@ def _consumer(settings: Mapping[str, str]) -> Iterator[_KeptConsumer]:
     with _consumers_lock:
         if key not in _consumers:
             consumer = Consumer(dict(settings), logger=log)  # librdkafka logs go to logging
-            _consumers[key] = (_KeptConsumer(consumer), threading.Lock())
-        kept, lock = _consumers[key]
+            _consumers[key] = (consumer, threading.Lock())
+        consumer, lock = _consumers[key]
     with lock:
         try:
-            yield kept
+            yield consumer
         except BaseException:
             with _consumers_lock:
-                if _consumers.get(key, (None,))[0] is kept:
-                    _consumers.pop(key, None)
+                _consumers.pop(key, None)
             with contextlib.suppress(Exception):
-                kept.consumer.close()
+                consumer.close()
             raise
 
 
@@ -343,7 +293,7 @@ class KafkaSource:
             "auto.offset.reset": "error",  # an offset out of range is an error, never a skip
             "allow.auto.create.topics": "false",
             "socket.timeout.ms": ms,
-            "fetch.wait.max.ms": "1",  # an idle partition answers at once (its EOF ends a read)
+            "fetch.wait.max.ms": "1",  # an idle partition answers at once (its end ends a read)
             "reconnect.backoff.max.ms": "1000",
             "log_level": "2",  # connection errors surface as KafkaSourceError instead
             **self.config,
@@ -383,8 +333,7 @@ class KafkaSource:
 
     def discover(self) -> list[str]:
         """A split per partition of every topic read (missing named topics are an error)."""
-        with _consumer(self._settings()) as kept:
-            consumer = kept.consumer
+        with _consumer(self._settings()) as consumer:
             if self._regex is not None:
                 found = self._partitions(consumer, None, "listing topics")
                 return [
@@ -424,8 +373,7 @@ class KafkaSource:
         at = (
             f"reading topic {topic!r} partition {partition} from offset {next_offset or self.start}"
         )
-        with _consumer(self._settings()) as kept:
-            consumer = kept.consumer
+        with _consumer(self._settings()) as consumer:
             found = self._partitions(consumer, topic, at)
             if topic not in found:
                 raise KafkaSourceError(
@@ -451,12 +399,11 @@ class KafkaSource:
             else:
                 tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
             want = max_records if stop is None else min(max_records, stop - (next_offset or 0))
-            messages = self._poll(kept, tp, want, next_offset, stop, at) if want > 0 else []
+            messages = self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else []
             if messages:
                 next_offset = int(messages[-1].offset() or 0) + 1
-            # consumer lag: the partition's end offset now (as the fetch brought it, else asked),
-            # minus where the next read starts
-            low, high = self._watermarks(consumer, tp, at, known=True)
+            # consumer lag: the partition's end offset now, minus where the next read starts
+            low, high = self._watermarks(consumer, tp, at, fetched=True)
         finished = stop is not None and next_offset is not None and next_offset >= stop
         good, poison = self._decode(messages)
         batches = [self._batch(*good)] if good[0] else []
@@ -496,13 +443,13 @@ class KafkaSource:
         return (good, keys, values), tuple(poison)
 
     def _watermarks(
-        self, consumer: Consumer, tp: Any, at: str, *, known: bool = False
+        self, consumer: Consumer, tp: Any, at: str, *, fetched: bool = False
     ) -> tuple[int, int]:
-        """(low, high) offsets of `tp`: with `known`, the ones the last fetch brought when it
-        brought both, else asked of the broker."""
+        """(low, high) offsets of `tp`. With `fetched`, the ones this read's fetch brought
+        when it brought both (no round trip), else asked of the broker."""
         from confluent_kafka import KafkaException
 
-        if known:
+        if fetched:
             low, high = consumer.get_watermark_offsets(tp, cached=True) or (None, None)
             if low is not None and high is not None and 0 <= low <= high:
                 return int(low), int(high)
@@ -514,7 +461,7 @@ class KafkaSource:
 
     def _poll(
         self,
-        kept: _KeptConsumer,
+        consumer: Consumer,
         tp: Any,
         want: int,
         next_offset: int | None,
@@ -522,16 +469,10 @@ class KafkaSource:
         at: str,
     ) -> list[Message]:
         """Up to `want` records of `tp` from its offset; returns early at the partition's end
-        or on an empty poll, so an idle partition costs one short poll. The partition stays
-        assigned (paused) for the next read; messages of other partitions met here are
-        fetched before they were paused and are skipped (their next read seeks again)."""
-        from confluent_kafka import KafkaError, KafkaException
+        or on an empty poll, so an idle partition costs one short poll."""
+        from confluent_kafka import KafkaError
 
-        consumer = kept.consumer
-        try:
-            kept.start(tp)
-        except KafkaException as exc:
-            raise self._unreachable(at, exc) from None
+        consumer.assign([tp])
         try:
             out: list[Message] = []
             while len(out) < want:
@@ -545,19 +486,10 @@ class KafkaSource:
                         if mine:
                             break  # the end of the partition ends it too
                         continue
-                    other, other_partition = m.topic(), m.partition()
-                    if not mine and other is not None and other_partition is not None:
-                        # a kept (paused) partition's trouble is its own read's to report
-                        kept.forget(other, other_partition)
-                        continue
                     self._raise_for(err, consumer, tp, next_offset, at)
                 offset = int(m.offset() or 0)
-                if out:
-                    expected: int | None = int(out[-1].offset() or 0) + 1
-                else:
-                    expected = next_offset
-                if not mine or (expected is not None and offset < expected):
-                    continue  # fetched before a pause or a seek: never handed out twice
+                if not mine or (next_offset is not None and offset < next_offset):
+                    continue  # left over from an earlier assignment
                 if stop is not None and offset >= stop:
                     break
                 out.append(m)
@@ -572,8 +504,7 @@ class KafkaSource:
                     )
             return out
         finally:
-            with contextlib.suppress(KafkaException):  # a consumer that failed is dropped
-                kept.stop(tp)
+            consumer.unassign()
 
     def _raise_for(
         self, err: Any, consumer: Consumer, tp: Any, offset: int | None, at: str
