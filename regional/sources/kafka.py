@@ -293,7 +293,7 @@ class KafkaSource:
             "auto.offset.reset": "error",  # an offset out of range is an error, never a skip
             "allow.auto.create.topics": "false",
             "socket.timeout.ms": ms,
-            "fetch.wait.max.ms": "1",  # an idle partition answers at once (its end ends a read)
+            "fetch.wait.max.ms": "10",  # an idle partition answers at once, a reassignment too
             "reconnect.backoff.max.ms": "1000",
             "log_level": "2",  # connection errors surface as KafkaSourceError instead
             **self.config,
