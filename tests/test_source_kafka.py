@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from metadata.errors import MetadataError
 from regional.sources.kafka import (
@@ -300,6 +302,83 @@ def test_a_cut_connection_makes_reads_fail_by_name_then_read_on_from_the_same_of
         {"p": 0, "n": n, "user": f"u{n % 3}"} for n in (2, 3)
     ]
     assert (again.position, src.discover()) == (b"4", [f"{topic}:0", f"{topic}:1"])
+
+
+# --- one process's reads, in any order: each starts exactly at its own position -------------
+
+READS = 3  # partitions of the alternating-reads topic, 6 records each (offsets 0..5)
+
+
+@pytest.fixture(scope="module")
+def six_each(broker) -> str:
+    return _topic(broker, READS, 6)
+
+
+def test_reads_that_alternate_partitions_and_go_back_give_every_record_once_in_order(
+    broker, six_each
+):
+    """One process's consumer serves reads of several partitions in turn; each read starts
+    exactly at its own position, so a fallback going back re-reads the same records, and the
+    lag is the end offset minus the new position."""
+    src = KafkaSource(broker.bootstrap, six_each, value="json", timeout=5)
+    script = [  # (partition, position, max records) -> the offsets read
+        (0, b"", 2, [0, 1]),
+        (1, b"", 3, [0, 1, 2]),
+        (0, b"2", 2, [2, 3]),
+        (2, b"4", 10, [4, 5]),
+        (1, b"1", 2, [1, 2]),  # a fallback: back under where partition 1 was read to
+        (0, b"0", 1, [0]),  # and back to the start
+        (0, b"1", 10, [1, 2, 3, 4, 5]),
+        (1, b"3", 10, [3, 4, 5]),
+        (0, b"6", 10, []),  # caught up
+    ]
+    for partition, position, most, offsets in script:
+        got = src.read(f"{six_each}:{partition}", position, most)
+        rows = _rows(got)
+        assert [(r["partition"], r["offset"]) for r in rows] == [(partition, o) for o in offsets]
+        assert [r["value"]["n"] for r in rows] == offsets
+        end = (offsets[-1] + 1) if offsets else int(position or 0)
+        assert (got.position, got.behind) == (str(end).encode(), 6 - end)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, READS - 1), st.integers(0, 6), st.integers(1, 4)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_any_sequence_of_reads_gives_exactly_the_records_from_each_position(
+    broker, six_each, reads
+):
+    src = KafkaSource(broker.bootstrap, six_each, timeout=5)
+    for partition, start, most in reads:
+        got = src.read(f"{six_each}:{partition}", str(start).encode(), most)
+        want = list(range(start, min(start + most, 6)))
+        assert [r["offset"] for r in _rows(got)] == want, (partition, start, most)
+        assert got.position == str(want[-1] + 1 if want else start).encode()
+
+
+def test_a_topic_deleted_between_reads_fails_its_next_read_by_name_and_others_read_on(broker):
+    doomed, kept = _topic(broker, 2, 2), _topic(broker, 1, 2)
+    src = KafkaSource(broker.bootstrap, topics=[doomed, kept], timeout=5)
+    for split in (f"{doomed}:0", f"{doomed}:1", f"{kept}:0"):
+        assert [r["offset"] for r in _rows(src.read(split, b"", 10))] == [0, 1]
+    broker.delete_topic(doomed)
+    broker.produce(kept, [(0, None, b"late")])
+    # the other topic reads on through the same consumer
+    assert [r["offset"] for r in _rows(src.read(f"{kept}:0", b"2", 10))] == [2]
+    with pytest.raises(KafkaSourceError) as e:
+        src.read(f"{doomed}:1", b"2", 10)
+    assert str(e.value) == (
+        f"topic {doomed!r} no longer exists at Kafka {broker.bootstrap} (reading topic "
+        f"{doomed!r} partition 1 from offset 2): it was deleted; recreate it, or start the job "
+        "fresh without this checkpoint"
+    )
+    assert [r["offset"] for r in _rows(src.read(f"{kept}:0", b"1", 10))] == [1, 2]
 
 
 # --- Spark runs ---------------------------------------------------------------------------------

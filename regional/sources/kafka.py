@@ -6,7 +6,9 @@ the reading subtask's state is the next offset to read, as text (``b"42"``; ``b"
 given by `start`). In bounded mode the stop offset is kept with it (``b"42/100"``): the partition's
 end offset seen by the split's first read, so a fallback unit re-reads exactly the same records.
 Reads use explicit partition assignment and seeks: Kafka's consumer-group offsets are never the
-source of truth (`commit_group` only copies checkpointed offsets there for lag tools).
+source of truth (`commit_group` only copies checkpointed offsets there for lag tools). Each
+read assigns its one partition afresh at the read's start offset and unassigns it at the end, so
+nothing fetched for one read is handed out by another; the consumer itself is kept per process.
 
 Partitions are discovered on the driver every epoch (`discover`), so partitions and, with
 `pattern`, topics created while the job runs become new splits. A read returns as soon as it
@@ -401,7 +403,7 @@ class KafkaSource:
             if messages:
                 next_offset = int(messages[-1].offset() or 0) + 1
             # consumer lag: the partition's end offset now, minus where the next read starts
-            low, high = self._watermarks(consumer, tp, at)
+            low, high = self._watermarks(consumer, tp, at, fetched=True)
         finished = stop is not None and next_offset is not None and next_offset >= stop
         good, poison = self._decode(messages)
         batches = [self._batch(*good)] if good[0] else []
@@ -440,9 +442,17 @@ class KafkaSource:
                 values.append(value)
         return (good, keys, values), tuple(poison)
 
-    def _watermarks(self, consumer: Consumer, tp: Any, at: str) -> tuple[int, int]:
+    def _watermarks(
+        self, consumer: Consumer, tp: Any, at: str, *, fetched: bool = False
+    ) -> tuple[int, int]:
+        """(low, high) offsets of `tp`. With `fetched`, the ones this read's fetch brought
+        when it brought both (no round trip), else asked of the broker."""
         from confluent_kafka import KafkaException
 
+        if fetched:
+            low, high = consumer.get_watermark_offsets(tp, cached=True) or (None, None)
+            if low is not None and high is not None and 0 <= low <= high:
+                return int(low), int(high)
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
         except KafkaException as exc:
