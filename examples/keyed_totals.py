@@ -174,7 +174,8 @@ def show(event: Any) -> None:
     fb = ",".join(map(str, event.fallback_units)) or "-"
     print(
         f"  checkpoint {event.checkpoint_id:>2}  {event.kind:<8}  fresh units {event.fresh_units}"
-        f"  fallback {fb:<3}  records read (both stages) {event.records_in}",
+        f"  fallback {fb:<3}  records read (both stages) "
+        f"{event.records_in + event.records_exchanged}",
         flush=True,
     )
 
