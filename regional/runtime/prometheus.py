@@ -41,6 +41,18 @@ __all__ = [
 ]
 
 
+def _by_label(
+    name: str, text: str, job: list[str], label: str, counts: Mapping[str, int]
+) -> Metric:
+    """A counter family of `job` with one sample per value of `label` (`counts`)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(name, text, labels=["job", label])
+    for value, n in counts.items():
+        family.add_metric([*job, value], n)
+    return family
+
+
 def watermark_seconds(ms: int) -> float:
     """A watermark as the gauge shows it: seconds since the Unix epoch; NaN when no record set
     it yet (`MIN_WATERMARK`: unknown, not a time 292 million years ago), +Inf once its input
@@ -85,28 +97,26 @@ class JobCollector:
 
         m = self.snapshot()
         job = [m.job_id]
-        done = CounterMetricFamily(
+        yield _by_label(
             "regional_checkpoints",
             "Completed checkpoints by kind since the driver started (Flink "
             "numberOfCompletedCheckpoints; FLIP-600 global/regional checkpoint counts).",
-            labels=["job", "kind"],
+            job,
+            "kind",
+            {
+                "global": m.global_checkpoint_count,
+                "regional": m.regional_checkpoint_count,
+                "savepoint": m.savepoint_count,
+            },
         )
-        for kind, n in (
-            ("global", m.global_checkpoint_count),
-            ("regional", m.regional_checkpoint_count),
-            ("savepoint", m.savepoint_count),
-        ):
-            done.add_metric([*job, kind], n)
-        yield done
-        aborted = CounterMetricFamily(
+        yield _by_label(
             "regional_checkpoints_aborted",
             "Aborted checkpoints by the DESIGN rule that aborted them (Flink "
             "numberOfFailedCheckpoints).",
-            labels=["job", "rule"],
+            job,
+            "rule",
+            m.aborted_by_rule,
         )
-        for rule, n in m.aborted_by_rule.items():
-            aborted.add_metric([*job, rule], n)
-        yield aborted
         records = CounterMetricFamily(
             "regional_records_in",
             "Records read by the sources (Flink numRecordsIn).",
@@ -142,15 +152,14 @@ class JobCollector:
             for operator, counts in m.operator_records.items():
                 family.add_metric([*job, operator], counts[k])
             yield family
-        dead = CounterMetricFamily(
+        yield _by_label(
             "regional_dead_letters",
             "Records set aside to the dead-letter sink in completed checkpoints, by reason "
             "(late, bad event time, undecodable, user function error).",
-            labels=["job", "reason"],
+            job,
+            "reason",
+            m.dead_letters_by_reason,
         )
-        for reason, n in m.dead_letters_by_reason.items():
-            dead.add_metric([*job, reason], n)
-        yield dead
         backlog = GaugeMetricFamily(
             "regional_source_records_behind",
             "Consumer lag: records between where the job's next read of a split starts and the "
