@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -162,6 +163,32 @@ class Plan:
         """How many records a source subtask reads per epoch (the pipeline's, read live: a
         simulation changes it between epochs)."""
         return self.pipeline.records_per_epoch
+
+    def read_budget(self, vertex: PlannedVertex) -> int:
+        """How many records a subtask of source `vertex` reads per epoch: `records_per_epoch`,
+        times ⌈writer subtasks / reader subtasks⌉ for a keyed exchange's reader, so that the
+        readers together may take in one epoch what the writers may send in one (DESIGN §6:
+        without it a wide upstream leaves a backlog that only grows, drained epoch by epoch).
+
+        >>> from regional import FileSource, ParquetSink, Pipeline
+        >>> from regional.dataflow.windows import count
+        >>> p = Pipeline("p", records_per_epoch=100)
+        >>> s = p.source(FileSource("in/", format="jsonl"), parallelism=8, name="in")
+        >>> totals = s.key_by("k", partitions=3, name="by-k").aggregate(count())
+        >>> _ = totals.sink(ParquetSink("out/"), name="out")
+        >>> plan = compile_plan(p)
+        >>> plan.read_budget(plan.vertices["in"]), plan.read_budget(plan.vertices["by-k"])
+        (100, 300)
+        """
+        return self.pipeline.records_per_epoch * self._fan_in.get(vertex.id, 1)
+
+    @functools.cached_property
+    def _fan_in(self) -> Mapping[str, int]:
+        """Exchange reader id -> ⌈writer subtasks / reader subtasks⌉."""
+        return {
+            reader_id: -(-exchange.writer_spec.parallelism // exchange.reader_spec.parallelism)
+            for reader_id, exchange in self.pipeline.exchanges.items()
+        }
 
     def shape(self, vertices: Iterable[str]) -> Shape:
         """The `Shape` of units made of `vertices` (computed once per set)."""

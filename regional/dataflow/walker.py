@@ -245,7 +245,7 @@ class _Walk:
                     v,
                     old.index,
                     positions,
-                    budget=self.plan.records_per_epoch,
+                    budget=self.plan.read_budget(v),
                     time=time_,
                     dead=self.dead,
                     start_positions=self.start_positions,

@@ -444,7 +444,10 @@ class JobDriver:
                 out = self._conclude(
                     running,
                     batch,
-                    hold_commits=pool is not None and not last and not running.trigger.final,
+                    hold_commits=pool is not None
+                    and not last
+                    and not running.trigger.final
+                    and not self._draining(),
                 )
                 if isinstance(out, _Held):
                     if out.records_in + out.records_exchanged > 0 and not self._stop_requested:
@@ -459,6 +462,18 @@ class JobDriver:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _draining(self) -> bool:
+        """Whether every source read from outside the job has finished, so that what is left
+        is draining the keyed exchanges: such an epoch commits before the next one starts, so
+        that the checkpoint after the one that reads an exchange's last records can be the
+        final one (held, it would be known drained one epoch later: DESIGN §6)."""
+        exchanges = self.pipeline.exchanges
+        if not exchanges:
+            return False
+        finished = self.coordinator.finished_sources
+        outside = [v for v in self.pipeline.sources if v not in exchanges]
+        return bool(outside) and finished.issuperset(outside)
 
     def _idle_until(self, next_trigger_ms: int) -> None:
         """Wait for the next trigger after an epoch that read nothing (unless the job finished
