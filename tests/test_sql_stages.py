@@ -515,7 +515,7 @@ def test_a_misfit_is_numbered_among_the_records_of_its_read_around_undecodable_o
             # records 0..5 of the read: 1 and 4 could not be decoded by the source itself
             poison = tuple(PoisonRecord(i, {"raw": i}, ValueError("bad")) for i in (1, 4))
             batches = [[{"id": 0}, {"id": "two"}], [{"id": 3}, {"id": None}]]
-            return ReadResult(batches, b"6", True, poison)
+            return ReadResult(batches, b"6", True, poison, behind=7)
 
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     result = FittedSource(Read(), schema, name="orders").read("s", b"", 10)
@@ -532,6 +532,7 @@ def test_a_misfit_is_numbered_among_the_records_of_its_read_around_undecodable_o
     )
     assert [b.to_pylist() for b in result.batches] == [[{"id": 0}], [{"id": 3}]]
     assert (result.position, result.finished) == (b"6", True)
+    assert result.behind == 7  # the consumer lag of a source with a declared schema is kept
 
 
 @settings(max_examples=40, deadline=None)

@@ -59,7 +59,8 @@ class FittedSource:
                 batches.append(batch)
             poison += [self._poison(split_id, ordinals[m.at], m.record, m.error) for m in misfits]
         poison.sort(key=lambda p: p.ordinal)
-        return ReadResult(batches, result.position, result.finished, tuple(poison))
+        behind = getattr(result, "behind", None)  # a plain 3-tuple has none
+        return ReadResult(batches, result.position, result.finished, tuple(poison), behind)
 
     def _poison(
         self, split_id: str, ordinal: int, record: Any, error: SchemaMismatch
