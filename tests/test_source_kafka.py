@@ -362,68 +362,6 @@ def test_any_sequence_of_reads_gives_exactly_the_records_from_each_position(
         assert got.position == str(want[-1] + 1 if want else start).encode()
 
 
-@settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    st.lists(
-        st.dictionaries(
-            st.integers(0, READS - 1),
-            st.tuples(st.integers(0, 6), st.integers(1, 4), st.integers(1, 4)),
-            min_size=1,
-            max_size=READS,
-        ),
-        min_size=1,
-        max_size=4,
-    )
-)
-def test_reads_made_ahead_for_a_round_give_exactly_the_records_from_each_position(
-    broker, six_each, rounds
-):
-    """A round's `prefetch` reads every partition through one assignment; each read then
-    gets, from its own position, the records made ahead when it may take that many (else it
-    reads itself): contiguous, in order, with the position after them and the lag behind the
-    end, whatever the other partitions of the round asked."""
-    src = KafkaSource(broker.bootstrap, six_each, timeout=5)
-    for round_ in rounds:
-        src.prefetch(
-            [
-                (f"{six_each}:{p}", str(start).encode(), ahead)
-                for p, (start, ahead, _) in round_.items()
-            ]
-        )
-        for partition, (start, ahead, most) in round_.items():
-            got = src.read(f"{six_each}:{partition}", str(start).encode(), most)
-            made_ahead = min(ahead, 6 - start)
-            took = made_ahead if len(round_) > 1 and made_ahead <= most else min(most, 6 - start)
-            want = list(range(start, start + max(took, 0)))
-            assert [r["offset"] for r in _rows(got)] == want, (partition, start, ahead, most)
-            end = want[-1] + 1 if want else start
-            assert (got.position, got.behind) == (str(end).encode(), 6 - end)
-
-
-def test_reads_made_ahead_keep_poison_records_and_are_taken_once(broker):
-    topic = _topic(broker, 2, 2)
-    broker.produce(topic, [(0, None, b"not json"), (1, None, b'{"p": 1, "n": 2}')])
-    src = KafkaSource(broker.bootstrap, topic, value="json", timeout=5)
-    reads = [(f"{topic}:0", b"", 10), (f"{topic}:1", b"", 10)]
-    alone = [src.read(*r) for r in reads]
-    src.prefetch(reads)
-    ahead = [src.read(*r) for r in reads]
-    for one, other in zip(alone, ahead, strict=True):
-        assert _rows(one) == _rows(other)
-        assert (one.position, one.finished, one.behind) == (
-            other.position,
-            other.finished,
-            other.behind,
-        )
-        assert [(p.ordinal, p.record) for p in one.poison] == [
-            (p.ordinal, p.record) for p in other.poison
-        ]
-    assert [p.record["offset"] for p in ahead[0].poison] == [2]
-    assert src._prefetched.take(f"{topic}:0", b"", 10) is None  # taken once
-
-
 def test_a_topic_deleted_between_reads_fails_its_next_read_by_name_and_others_read_on(broker):
     doomed, kept = _topic(broker, 2, 2), _topic(broker, 1, 2)
     src = KafkaSource(broker.bootstrap, topics=[doomed, kept], timeout=5)
@@ -700,7 +638,9 @@ def test_a_poison_record_and_a_stuck_unit_never_stop_the_healthy_partitions(
         )  # fmt: skip
         assert events[2].trigger_time_ms <= stuck.since_ms <= events[2].time_ms
     message = str(failed.value)
-    assert message.startswith(f"job kafka-users failed: unit 5 ({topic}:5) has been stuck for ")
+    assert message.startswith(
+        f"job kafka-users failed: unit 5 ({topic}:5) has been stuck for "
+    )
     assert "(max-stuck-time = 4 s): it fell back in the last " in message
     assert "last cause: declined: TypeError: operator 'enrich': the map_batches function " in (
         message

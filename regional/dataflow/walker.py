@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from metadata.model import SubtaskState
-from metadata.watermarks import MIN_WATERMARK, unwrap_position
+from metadata.watermarks import MIN_WATERMARK
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.failures import as_exception, split_of_failure
@@ -228,33 +228,15 @@ class _Walk:
             raise PassRefused(f"{what} of split {split!r}, which no unit holds")
         return holder
 
-    def _prefetch(self, v: PlannedVertex, starts: list[dict[str, bytes]]) -> None:
-        """Tell a source that reads many splits at once (`prefetch`, e.g. Kafka's: one
-        assignment and one fetch wait for all of them) what every unit's splits will read,
-        each with its first fair share of the unit's budget (a read never gets less)."""
-        ahead = getattr(v.source, "prefetch", None)
-        if ahead is None or sum(map(len, starts)) < 2:
-            return
-        budget = self.plan.read_budget(v)
-        ahead(
-            [
-                (split, unwrap_position(wrapped)[0], -(-budget // len(positions)))
-                for positions in starts
-                for split, wrapped in positions.items()
-            ]
-        )
-
     def read(
         self, v: PlannedVertex, idle_timeout_ms: int | None, exclude_after: int | None
     ) -> None:
         chunks: list[Chunk] = []
         origins: list[int] = []
-        starts = [start_of(v, unit.restore[v.id], unit.new_splits) for unit in self.units]
-        self._prefetch(v, starts)
         for u, unit in enumerate(self.units):
             time_ = None if self.times is None else self.times[u]
             old = unit.restore[v.id]
-            positions = starts[u]
+            positions = start_of(v, old, unit.new_splits)
             if not self.single:
                 for split in positions:
                     self._own(split, u)

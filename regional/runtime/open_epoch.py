@@ -13,8 +13,10 @@ is the same walk run again and again, each round starting where the last one end
   and reads from the positions the round before reached; `records_per_epoch` caps a round,
   not the epoch;
 * rounds stop once `closed(wait)` says the marker came (asked between rounds, so the epoch
-  always has its first round); after a round that read nothing it may wait up to `idle_s`
-  for the marker before the next round reads again.
+  always has its first round); rounds are paced: the next round starts `round_s` after the
+  last one started at the earliest (waiting for the marker meanwhile), and after a round that
+  read nothing at least `idle_s` later, so a task whose reads are cheap (a Kafka round made
+  ahead in one fetch: a few ms) does not spin its core on rounds of a few records each.
 
 What a unit gives the checkpoint is its rounds merged (`merged`): the last round's positions,
 snapshots and watermarks, every round's sink rows and dead letters, the counts added up. It is
@@ -50,10 +52,23 @@ if TYPE_CHECKING:
     from regional.runtime.faults import UnitFaults
     from regional.runtime.task_env import TaskEnv
 
-__all__ = ["DEFAULT_IDLE_S", "CarriedStates", "RoundTimedOut", "carried_work", "merged", "rounds"]
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "DEFAULT_ROUND_S",
+    "CarriedStates",
+    "RoundTimedOut",
+    "carried_work",
+    "merged",
+    "pause_after_round",
+    "rounds",
+]
 
 #: How long a task waits after a round that read nothing before it reads again.
 DEFAULT_IDLE_S = 0.005
+#: How often a task's rounds start at most: a round's fixed cost (a pass over the task's units,
+#: their snapshots) is paid at most 50 times a second, and a record waits at most this long
+#: for the round that reads it (plus the read).
+DEFAULT_ROUND_S = 0.02
 
 #: Runs a round's units in passes where they can share one, with the given unit faults
 #: (`regional.runtime.task.task_passes`): (env, works, state_of, timeout, faults) -> Passed.
@@ -146,6 +161,21 @@ def merged(before: UnitEpoch | None, after: UnitEpoch) -> UnitEpoch:
     )
 
 
+def pause_after_round(read: int, took_s: float, *, idle_s: float, round_s: float) -> float:
+    """How long to wait for the marker before the next round, after a round that read
+    `read` records in `took_s` seconds: until `round_s` after the round began, and at least
+    `idle_s` after a round that read nothing.
+
+    >>> pause_after_round(12, 0.004, idle_s=0.005, round_s=0.02)  # cheap: paced
+    0.016
+    >>> pause_after_round(0, 0.03, idle_s=0.005, round_s=0.02)  # idle: a short wait
+    0.005
+    >>> pause_after_round(500, 0.03, idle_s=0.005, round_s=0.02)  # busy: at once
+    0.0
+    """
+    return round(max(0.0 if read else idle_s, round_s - took_s), 6)
+
+
 def rounds(
     env: TaskEnv,
     works: Sequence[UnitWork],
@@ -155,6 +185,8 @@ def rounds(
     closed: Callable[[float], bool],
     passes: PassRunner,
     idle_s: float = DEFAULT_IDLE_S,
+    round_s: float = DEFAULT_ROUND_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Passed:
     """Run `works`' open epoch (see the module doc) until `closed(wait)` (True once the
     marker came, waiting for it up to `wait` seconds), each round's units in passes by
@@ -170,6 +202,7 @@ def rounds(
         live = [at for at in range(len(works)) if at not in failed]
         if not live:
             break
+        began = clock()
         got = _round(
             env, [current[at] for at in live], carried, timeout, passes=passes, first=first
         )
@@ -186,7 +219,7 @@ def rounds(
             current[at] = carried_work(current[at], epoch)
             read += epoch.records_in
         first = False
-        if closed(0.0 if read else idle_s):
+        if closed(pause_after_round(read, clock() - began, idle_s=idle_s, round_s=round_s)):
             break
     return Passed({at: (e, seconds[at]) for at, e in epochs.items()}, failed)
 

@@ -209,30 +209,6 @@ def _consumer(settings: Mapping[str, str]) -> Iterator[Consumer]:
             raise
 
 
-class _Prefetched:
-    """Reads made ahead by `KafkaSource.prefetch`, by (split, position), each with its record
-    count; a read is taken once, and only by a read allowed at least that many records."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reads: dict[tuple[str, bytes], tuple[int, ReadResult]] = {}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._reads.clear()
-
-    def put(self, split_id: str, position: bytes, records: int, result: ReadResult) -> None:
-        with self._lock:
-            self._reads[split_id, position] = (records, result)
-
-    def take(self, split_id: str, position: bytes, max_records: int) -> ReadResult | None:
-        with self._lock:
-            found = self._reads.pop((split_id, position), None)
-        if found is None or found[0] > max_records:
-            return None
-        return found[1]
-
-
 # --- the source ---------------------------------------------------------------------------------
 
 
@@ -290,7 +266,6 @@ class KafkaSource:
         self.poll_timeout = poll_timeout
         self.config = dict(config or {})
         self.commit_group = commit_group
-        self._prefetched = _Prefetched()
 
     @property
     def bounded(self) -> bool:
@@ -394,9 +369,6 @@ class KafkaSource:
 
         topic, partition = parse_split_id(split_id, self._where())
         self._check_topic(topic, split_id)
-        ahead = self._prefetched.take(split_id, position, max_records)
-        if ahead is not None:
-            return ahead
         next_offset, stop = decode_position(position, split_id)
         at = (
             f"reading topic {topic!r} partition {partition} from offset {next_offset or self.start}"
@@ -428,137 +400,16 @@ class KafkaSource:
                 tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
             want = max_records if stop is None else min(max_records, stop - (next_offset or 0))
             messages = self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else []
+            if messages:
+                next_offset = int(messages[-1].offset() or 0) + 1
             # consumer lag: the partition's end offset now, minus where the next read starts
             low, high = self._watermarks(consumer, tp, at, fetched=True)
-        return self._result(messages, next_offset, stop, low, high)
-
-    def prefetch(self, reads: Sequence[tuple[str, bytes, int]]) -> None:
-        """Read these (split, position, max_records) now, all partitions through one
-        assignment, one metadata request and one fetch wait, instead of one of each per
-        partition: a task's round over 8 idle partitions then waits for the broker once
-        (DESIGN §6, continuous mode). A later `read` of exactly a split and position is
-        answered from what this read when it holds no more than that read's `max_records`
-        (records at an offset never change, so it is a read made a moment earlier); anything
-        else, or anything this could not read (an error, a bounded partition's first read),
-        is read by `read` as before. Best effort: a failure here only leaves reads to `read`.
-        """
-        self._prefetched.clear()
-        wanted: dict[tuple[str, int], tuple[str, bytes, int, int | None, int | None]] = {}
-        for split_id, position, max_records in reads:
-            try:
-                topic, partition = parse_split_id(split_id, self._where())
-                next_offset, stop = decode_position(position, split_id)
-            except (KafkaSourceError, MetadataError):
-                continue  # not a partition of this source: `read` says so
-            if max_records <= 0 or (self._bounded and stop is None) or self.commit_group:
-                continue  # a first bounded read asks for its end; a commit-back is per read
-            if stop is not None and (next_offset or 0) >= stop:
-                continue
-            if topic not in self.topics and not (self._regex and self._regex.fullmatch(topic)):
-                continue
-            wanted[topic, partition] = (split_id, position, max_records, next_offset, stop)
-        if len(wanted) < 2:
-            return  # one partition: `read` costs the same
-        try:
-            self._prefetch(wanted)
-        except Exception as exc:  # `read` meets the same error and reports it
-            self._prefetched.clear()
-            log.debug("Kafka prefetch at %s left to the reads: %s", self.bootstrap, exc)
-
-    def _prefetch(
-        self, wanted: Mapping[tuple[str, int], tuple[str, bytes, int, int | None, int | None]]
-    ) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
-
-        at = f"prefetching {len(wanted)} partitions"
-        with _consumer(self._settings()) as consumer:
-            topics = {topic for topic, _ in wanted}
-            found = self._partitions(consumer, next(iter(topics)) if len(topics) == 1 else None, at)
-            tps = []
-            for (topic, partition), (_, _, _, next_offset, _) in wanted.items():
-                if partition not in found.get(topic, ()):
-                    continue  # deleted: `read` says so
-                tp = TopicPartition(topic, partition)
-                if next_offset is not None:
-                    tp.offset = next_offset
-                else:
-                    tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
-                tps.append(tp)
-            got: dict[tuple[str, int], list[Message]] = {(t.topic, t.partition): [] for t in tps}
-            done: set[tuple[str, int]] = set()
-            failed: set[tuple[str, int]] = set()
-            consumer.assign(tps)
-            try:
-                while len(done) + len(failed) < len(got):
-                    m = consumer.poll(self.poll_timeout)
-                    if m is None:
-                        break  # an empty poll ends the round's read, as it ends a split's
-                    where = (str(m.topic()), int(m.partition() or 0))
-                    if where not in got or where in done or where in failed:
-                        continue
-                    _, _, want, next_offset, stop = wanted[where]
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            done.add(where)
-                        else:
-                            failed.add(where)  # `read` raises it, naming the partition
-                        continue
-                    offset = int(m.offset() or 0)
-                    if next_offset is not None and offset < next_offset:
-                        continue  # left over from an earlier assignment
-                    if stop is not None and offset >= stop:
-                        done.add(where)
-                        continue
-                    got[where].append(m)
-                    tp = TopicPartition(*where)
-                    high = consumer.get_watermark_offsets(tp, cached=True)[1]
-                    if len(got[where]) >= want or (high is not None and 0 <= high <= offset + 1):
-                        done.add(where)
-                for where, messages in got.items():
-                    if where in failed:
-                        continue
-                    split_id, position, want, next_offset, stop = wanted[where]
-                    tp = TopicPartition(*where)
-                    low, high = consumer.get_watermark_offsets(tp, cached=True) or (None, None)
-                    if low is None or high is None or not 0 <= low <= high:
-                        continue  # the fetch did not say: `read` asks the broker
-                    if not messages and next_offset is not None and high < next_offset:
-                        continue  # out of range: `read` raises it
-                    self._prefetched.put(
-                        split_id,
-                        position,
-                        len(messages),
-                        self._result(messages, next_offset, stop, int(low), int(high)),
-                    )
-            finally:
-                consumer.unassign()
-
-    def _result(
-        self,
-        messages: list[Message],
-        next_offset: int | None,
-        stop: int | None,
-        low: int,
-        high: int,
-    ) -> ReadResult:
-        """A read's result: `messages` decoded, the position after them and the lag behind
-        the partition's end (`high`)."""
-        if messages:
-            next_offset = int(messages[-1].offset() or 0) + 1
         finished = stop is not None and next_offset is not None and next_offset >= stop
         good, poison = self._decode(messages)
         batches = [self._batch(*good)] if good[0] else []
         start = low if self.start == "earliest" else high  # where a first read starts
         behind = max(high - (start if next_offset is None else next_offset), 0)
         return ReadResult(batches, encode_position(next_offset, stop), finished, poison, behind)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_prefetched"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._prefetched = _Prefetched()
 
     def _decode(
         self, messages: list[Message]

@@ -250,12 +250,6 @@ class ReplayingSource:
         batch = records[start:end]
         return ReadResult([batch] if batch else [], str(end).encode(), end >= len(records))
 
-    def prefetch(self, reads: Sequence[tuple[str, bytes, int]]) -> None:
-        """The wrapped source's `prefetch` (when it has one) for its own splits' reads."""
-        ahead = getattr(self.source, "prefetch", None)
-        if ahead is not None:
-            ahead([r for r in reads if not r[0].startswith(REPLAY_SPLIT_PREFIX)])
-
     def _records(self, batch: str) -> list[Any]:
         if batch not in self._cache:
             path = f"{self.inbox}/{batch}.jsonl"
