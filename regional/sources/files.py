@@ -355,10 +355,20 @@ class FileSource:
         rows = self._parquet_rows if self.format == "parquet" else self._jsonl_rows
         part, end, total, poison = rows(split_id, start, max_records)
         batches = part.to_batches(max_chunksize=self.batch_size) if part.num_columns else []
+        behind = max(total - end, 0)
         return ReadResult(
             [b for b in batches if b.num_rows],
             str(end).encode(),
             end >= total,
             poison,
-            max(total - end, 0),
+            behind,
+            self._modified_ms(split_id) if behind else None,
         )
+
+    def _modified_ms(self, split_id: str) -> int | None:
+        """When the file was last written (ms; None when the store does not say): its unread
+        rows are at least that old (`ReadResult.unread_since`). One stat, only while rows
+        are left."""
+        fs, path = self._path(split_id)
+        mtime = fs.get_file_info(path).mtime
+        return None if mtime is None else int(mtime.timestamp() * 1000)
