@@ -144,6 +144,9 @@ class FileSource:
         self._bounded = bounded
         self.batch_size = batch_size
         self._bounds = json_text.JsonBounds(max_line_bytes, max_depth)
+        #: split -> its file's modification time (ms): files are complete when they appear,
+        #: so each is asked once per process (`_modified_ms`)
+        self._modified: dict[str, int | None] = {}
         self._fit: RowsFit | None = None
 
     @property
@@ -367,8 +370,13 @@ class FileSource:
 
     def _modified_ms(self, split_id: str) -> int | None:
         """When the file was last written (ms; None when the store does not say): its unread
-        rows are at least that old (`ReadResult.unread_since`). One stat, only while rows
-        are left."""
-        fs, path = self._path(split_id)
-        mtime = fs.get_file_info(path).mtime
-        return None if mtime is None else int(mtime.timestamp() * 1000)
+        rows were all written by then, so the consumer lag in time shown from it
+        (`ReadResult.unread_since`) is at most their true age. One stat (a HEAD on an object
+        store) per file and process, the first time it is read with rows left: a file is
+        complete when it appears, so its time never changes."""
+        known = self.__dict__.setdefault("_modified", {})  # one pickled before it had none
+        if split_id not in known:
+            fs, path = self._path(split_id)
+            mtime = fs.get_file_info(path).mtime
+            known[split_id] = None if mtime is None else int(mtime.timestamp() * 1000)
+        return known[split_id]
