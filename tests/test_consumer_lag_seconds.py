@@ -304,3 +304,31 @@ def test_a_job_behind_its_kafka_partitions_shows_records_and_seconds_behind(
     assert [r["records_behind"] for r in rows] == [14, 4, 0]
     assert [84.0 <= r["seconds_behind"] <= 85.0 for r in rows[:2]] == [True, True]
     assert rows[2]["seconds_behind"] == 0.0
+
+
+def test_the_report_plots_the_age_only_where_sources_told_it() -> None:
+    """Events with records behind and their ages: a second plot of the oldest age over the
+    checkpoints; events from sources that tell no time (or written before the field): only
+    the records plot."""
+    from regional.report.html import render_html
+    from regional.report.summary import build_report
+
+    def event(cid: int, ages: dict[str, float]) -> CheckpointEvent:
+        return CheckpointEvent(
+            job_id="j", checkpoint_id=cid, kind=Outcome.REGIONAL, trigger_time_ms=cid * 1000,
+            time_ms=cid * 1000 + 500, fresh_units=2,
+            records_behind={"src": {"a": 40 - 10 * cid, "b": 5}},
+            seconds_behind={"src": ages} if ages else {},
+        )  # fmt: skip
+
+    timed = [event(1, {"a": 90.0, "b": 3.5}), event(2, {"a": 95.0, "b": 4.0})]
+    report = build_report([], timed, job_id="j")
+    assert report.backlog.column("seconds_behind").to_pylist() == [90.0, 95.0]
+    page = render_html(report)
+    assert 'aria-label="consumer lag in records"' in page
+    assert 'aria-label="consumer lag in time"' in page
+    assert "Latest: 1 min 35 s after checkpoint 2." in page
+    assert "oldest unread record 1 min 30 s old" in page  # checkpoint 1's hover text
+    untimed = render_html(build_report([], [event(1, {}), event(2, {})], job_id="j"))
+    assert 'aria-label="consumer lag in records"' in untimed
+    assert "consumer lag in time" not in untimed
