@@ -332,3 +332,20 @@ def test_the_report_plots_the_age_only_where_sources_told_it() -> None:
     untimed = render_html(build_report([], [event(1, {}), event(2, {})], job_id="j"))
     assert 'aria-label="consumer lag in records"' in untimed
     assert "consumer lag in time" not in untimed
+
+
+def test_a_source_with_a_declared_schema_keeps_its_consumer_lag(tmp_path: Path) -> None:
+    """`Pipeline.source(..., schema=...)` fits a source's records to the schema; the records
+    behind and their time are the source's, not lost on the way (they were before)."""
+    import pyarrow as pa
+
+    from regional.dataflow.fitted_source import FittedSource
+    from regional.sources.files import FileSource
+
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(30)))
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    schema = pa.schema([pa.field("n", pa.int64())])
+    fitted = FittedSource(FileSource(str(tmp_path), format="jsonl"), schema, name="files")
+    result = fitted.read("a.jsonl", b"", 10)
+    assert (result.behind, result.unread_since) == (20, 1_700_000_000_000)
