@@ -64,6 +64,7 @@ MAX_EVENT_FILE_BYTES = 64 * 1024 * 1024
 
 #: A counter of events or checkpoints: small enough that a view's sum of them fits int64.
 _Tally = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Outcome(enum.StrEnum):
@@ -146,6 +147,9 @@ class CheckpointEvent(
     in older events): the consumer lag after it, per source vertex and split, the records
     between the position the job's next read starts at and the split's end (a Kafka
     partition's end offset, a file's rows) as the source said when the split was last read.
+    `seconds_behind` (added later, empty in older events): the same lag in time at `time_ms`,
+    the age of the oldest record not read yet (`regional.sources.base.seconds_behind`; 0
+    when none is behind), for the splits whose source tells when its records were appended.
     `replays` (added later) has one line per replay batch of fixed dead letters the job began
     to read in this checkpoint's epoch: which source, how many records, who replayed them when,
     and their dead-letter ids (`regional.sources.replay`, DESIGN §4 rule 25).
@@ -180,6 +184,7 @@ class CheckpointEvent(
     started: DriverStart | None = None
     records_exchanged: Count = 0
     records_behind: dict[str, dict[str, _Tally]] = {}
+    seconds_behind: dict[str, dict[str, _Seconds]] = {}
     replays: tuple[str, ...] = ()
 
     def unit_label(self, unit_id: int) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "Inspector",
     "InspectorInputError",
     "checkpoints_table",
+    "consumer_lag",
     "diff_table",
     "fallback_unit_ids",
     "is_forced_global",
@@ -120,6 +121,7 @@ LAG_SCHEMA = pa.schema(
         pa.field("unit_name", pa.string()),
         pa.field("reads", pa.string()),
         pa.field("records_behind", pa.int64()),
+        pa.field("seconds_behind", pa.float64()),
         pa.field("status", pa.string(), nullable=False),
         pa.field("owner_checkpoint_id", pa.int64(), nullable=False),
         pa.field("checkpoints_behind", pa.int64(), nullable=False),
@@ -135,7 +137,9 @@ LAG_HELP = (
     "same number as the events' unit_lag and the regional_unit_lag metric. time_behind: the "
     "newest checkpoint's trigger time minus its owner's (time_behind_ms with --json). status: "
     "fresh, fallback, or stuck (over max-unit-fallbacks; stuck_since: when, on the driver's "
-    "clock, from the event log)."
+    "clock, from the event log). records_behind: consumer lag, the records between where its "
+    "sources read next and their splits' ends; seconds_behind: the age of the oldest of them "
+    "at the latest checkpoint (a Kafka record's timestamp, a file's modification time)."
 )
 SUMMARY_SCHEMA = pa.schema(
     [
@@ -343,7 +347,8 @@ def lag_table(
     last, marked ``(finished)``: from an older checkpoint or an event that still names them,
     else from `last_assigned`, (source vertex, subtask index) -> the splits its enumerator
     gave it last, which the caller decodes from the newest checkpoint's coordinator
-    snapshots); `records_behind` (`records_behind`: its consumer lag); `status` (fresh |
+    snapshots); `records_behind` (`records_behind`: its consumer lag) and `seconds_behind`
+    (the same in time, `consumer_lag`: the age of its oldest unread record); `status` (fresh |
     fallback | stuck: in the stuck list of the newest event, `events` in checkpoint order);
     `owner_checkpoint_id`; `checkpoints_behind` (newest id minus owner id, so aborted
     attempts count too); `time_behind_ms` (newest trigger time minus the owner's; null when
@@ -376,7 +381,7 @@ def lag_table(
         [u for u in owners if not reads.get(u)],
         _units_last_assigned(newest, assigned),
     )
-    behind = records_behind(newest, events, assigned)
+    behind, ages = consumer_lag(newest, events, assigned)
     rows = []
     for unit in sorted(owners):
         owner = owners[unit]
@@ -392,6 +397,7 @@ def lag_table(
                 "unit_name": None if names is None else names.get(unit),
                 "reads": text,
                 "records_behind": behind.get(unit),
+                "seconds_behind": ages.get(unit),
                 "status": "fresh"
                 if owner == newest.checkpoint_id
                 else "stuck"
@@ -421,8 +427,20 @@ def records_behind(
     subtask whose splits finished, those in `last_assigned` ((vertex, index) -> the splits its
     enumerator gave it last). Units that read no source split (an exchange reader's), or whose
     sources do not say (older events), are left out."""
+    return consumer_lag(checkpoint, events, last_assigned)[0]
+
+
+def consumer_lag(
+    checkpoint: CheckpointMetadata,
+    events: Sequence[CheckpointEvent],
+    last_assigned: Mapping[tuple[str, int], Sequence[str]] | None = None,
+) -> tuple[dict[int, int], dict[int, float]]:
+    """Per unit, its consumer lag in records (`records_behind`) and in time: the age of the
+    oldest record its splits have not read yet at that event's time, the largest of their
+    `CheckpointEvent.seconds_behind` (units none of whose splits' sources tell it left out)."""
     newest = next((e for e in reversed(events) if e.records_behind), None)
     behind = {} if newest is None else newest.records_behind
+    ages = {} if newest is None else newest.seconds_behind
     splits: dict[int, set[tuple[str, str]]] = defaultdict(set)
     units: dict[tuple[str, int], int] = {}
     for s in checkpoint.subtasks:
@@ -434,11 +452,15 @@ def records_behind(
         if unit is not None and vertex in behind:
             splits[unit].update((vertex, split) for split in assigned)
     out: dict[int, int] = {}
+    seconds: dict[int, float] = {}
     for unit, held in splits.items():
         known = [behind[v][x] for v, x in held if x in behind[v]]
         if known:
             out[unit] = sum(known)
-    return out
+        timed = [ages[v][x] for v, x in held if x in ages.get(v, {})]
+        if timed:
+            seconds[unit] = max(timed)
+    return out, seconds
 
 
 def _units_last_assigned(

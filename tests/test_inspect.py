@@ -196,10 +196,12 @@ def test_lag_view(inspector: Inspector) -> None:
     assert t.schema == LAG_SCHEMA
     assert t.to_pylist() == [
         {"unit_id": 0, "unit_name": None, "reads": "part-0", "records_behind": None,
-         "status": "fallback", "owner_checkpoint_id": 4, "checkpoints_behind": 1,
+         "seconds_behind": None, "status": "fallback",
+         "owner_checkpoint_id": 4, "checkpoints_behind": 1,
          "time_behind_ms": 10_000, "stuck_since": None, "reason": "timeout"},
         {"unit_id": 1, "unit_name": None, "reads": "part-1", "records_behind": None,
-         "status": "fresh", "owner_checkpoint_id": 5, "checkpoints_behind": 0,
+         "seconds_behind": None, "status": "fresh",
+         "owner_checkpoint_id": 5, "checkpoints_behind": 0,
          "time_behind_ms": 0, "stuck_since": None, "reason": None},
     ]  # fmt: skip
     named = Inspector(inspector.store, names={0: "source[0]", 1: "source[1]"}).lag()
@@ -303,7 +305,8 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
         (["checkpoints"], "checkpoint_id  kind      trigger_time", "5  regional  2025-11-22"),
         (["show", "5"], "unit_id  vertex_id  subtask_index  status", "0  map"),
         (["refs"], "checkpoint_id  owner_checkpoint_id  units", "5                    4  0"),
-        (["lag"], "unit_id  unit_name  reads   records_behind  status", "0  source[0]  part-0"),
+        (["lag"], "unit_id  unit_name  reads   records_behind  seconds_behind  status",
+         "0  source[0]  part-0"),
         (["summary"], "metric         count  min  median   max", "completed          5"),
         (["diff", "3", "5"], "vertex_id  subtask_index  unit_id  change", "map"),
     ],
@@ -526,7 +529,7 @@ def test_lag_has_one_notion_of_lag_and_shows_stuck_units_from_the_event_log(job,
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert "consecutive_fallbacks" not in lines[0]
-    assert lines[2].split()[:6] == ["0", "source[0]", "part-0", "-", "stuck", "4"]
+    assert lines[2].split()[:7] == ["0", "source[0]", "part-0", "-", "-", "stuck", "4"]
     assert lines[-1] == LAG_HELP
     assert LAG_HELP.startswith(
         "checkpoints_behind: checkpoint ids since the checkpoint that wrote the unit's state"
@@ -702,14 +705,14 @@ def test_lag_text_shows_time_behind_in_human_units_and_json_keeps_ms(job, capsys
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [
-        "unit_id", "unit_name", "reads", "records_behind", "status", "owner_checkpoint_id",
-        "checkpoints_behind", "time_behind", "stuck_since", "reason",
+        "unit_id", "unit_name", "reads", "records_behind", "seconds_behind", "status",
+        "owner_checkpoint_id", "checkpoints_behind", "time_behind", "stuck_since", "reason",
     ]  # fmt: skip
-    assert [line.split()[:8] for line in lines[2:4]] == [
-        ["0", "source[0]", "part-0", "-", "fallback", "4", "1", "10.0"],
-        ["1", "source[1]", "part-1", "-", "fresh", "5", "0", "0"],
+    assert [line.split()[:9] for line in lines[2:4]] == [
+        ["0", "source[0]", "part-0", "-", "-", "fallback", "4", "1", "10.0"],
+        ["1", "source[1]", "part-1", "-", "-", "fresh", "5", "0", "0"],
     ]
-    assert lines[2].split()[8] == "s" and lines[3].split()[8] == "ms"
+    assert lines[2].split()[9] == "s" and lines[3].split()[9] == "ms"
     code, out, _ = run(capsys, root, "lag", "--json")
     assert code == 0
     assert [r["time_behind_ms"] for r in json.loads(out)] == [10_000, 0]

@@ -105,6 +105,7 @@ def test_json_lines_are_the_events_and_nothing_else():
         "started": None,
         "records_exchanged": 0,
         "records_behind": {},
+        "seconds_behind": {},
         "replays": [],
     }
 

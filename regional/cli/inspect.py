@@ -227,11 +227,15 @@ def _lag_reads_for_people(lag: pa.Table, names: UnitNames) -> pa.Table:
 
 
 def _time_behind_for_people(lag: pa.Table) -> pa.Table:
-    """The lag view with `time_behind_ms` as `time_behind` in people's units (`human_span`,
-    as the report shows lag: ``1 d 17 h``, ``4.2 s``); `--json` keeps the milliseconds."""
+    """The lag view with `time_behind_ms` as `time_behind` and `seconds_behind` (the consumer
+    lag in time) in people's units (`human_span`, as the report shows lag: ``1 d 17 h``,
+    ``4.2 s``); `--json` keeps the milliseconds and seconds."""
     i = lag.schema.get_field_index("time_behind_ms")
     spans = [None if ms is None else human_span(ms) for ms in lag.column(i).to_pylist()]
-    return lag.set_column(i, pa.field("time_behind", pa.string()), pa.array(spans, pa.string()))
+    lag = lag.set_column(i, pa.field("time_behind", pa.string()), pa.array(spans, pa.string()))
+    i = lag.schema.get_field_index("seconds_behind")
+    ages = [None if s is None else human_span(round(s * 1000)) for s in lag.column(i).to_pylist()]
+    return lag.set_column(i, pa.field("seconds_behind", pa.string()), pa.array(ages, pa.string()))
 
 
 def _retention(storage: JobStorage, args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from metadata.watermarks import format_watermark
 from regional.cli.render import say, terminal_text
 from regional.coordinator.messages import Ack, Answer
 from regional.graph.unit_names import UnitNames
+from regional.report.html import human_span
 
 __all__ = ["JsonProgress", "LiveProgress", "PlainProgress", "checkpoint_line"]
 
@@ -77,6 +78,9 @@ def checkpoint_line(
             line += f"  late {r.records_late}"
     if r.records_behind:  # consumer lag: what the sources have not read yet
         line += f"  behind {sum(n for s in r.records_behind.values() for n in s.values())}"
+        ages = [t for s in r.seconds_behind.values() for t in s.values()]
+        if ages:  # and in time: the age of the oldest record not read yet
+            line += f" ({human_span(round(max(ages) * 1000))})"
     if r.kind == Outcome.ABORTED:
         line += f"\n    {r.message}"
     causes = r.cause_lines(mentions)

@@ -87,6 +87,8 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     dead_letter_types: dict[str, int] = {}  # its dead letters by error type
     #: per source vertex and split it read: records between its position and the split's end
     behind: dict[str, dict[str, int]] = {}
+    #: of those splits, when the oldest unread record was appended (ms), where the source says
+    unread_since: dict[str, dict[str, int]] = {}
 
 
 class Decline(msgspec.Struct, frozen=True, tag="decline"):

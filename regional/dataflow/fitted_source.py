@@ -59,8 +59,14 @@ class FittedSource:
                 batches.append(batch)
             poison += [self._poison(split_id, ordinals[m.at], m.record, m.error) for m in misfits]
         poison.sort(key=lambda p: p.ordinal)
-        behind = getattr(result, "behind", None)  # a plain 3-tuple has none
-        return ReadResult(batches, result.position, result.finished, tuple(poison), behind)
+        return ReadResult(  # the consumer lag as the source said it (a plain 3-tuple: none)
+            batches,
+            result.position,
+            result.finished,
+            tuple(poison),
+            getattr(result, "behind", None),
+            getattr(result, "unread_since", None),
+        )
 
     def _poison(
         self, split_id: str, ordinal: int, record: Any, error: SchemaMismatch

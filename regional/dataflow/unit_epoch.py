@@ -45,7 +45,8 @@ class SourceEpoch:
     """What reading one source subtask for an epoch gave: its chunks (and with event time
     their origin watermarks), the split states to keep, the records read, and the subtask's
     watermark before and after the epoch (event time only); `behind`: per split read, the
-    records between its new position and its end, where the source says (`ReadResult`)."""
+    records between its new position and its end, where the source says (`ReadResult`), and
+    `unread_since`, when the oldest of those was appended (ms), where the source says."""
 
     chunks: list[Chunk]
     origins: list[int] | None
@@ -53,6 +54,7 @@ class SourceEpoch:
     records_in: int
     watermarks: tuple[int, int] | None
     behind: dict[str, int] = dataclasses.field(default_factory=dict)
+    unread_since: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def read_source(
@@ -82,6 +84,7 @@ def read_source(
     kept: list[SplitState] = []
     records_in = 0
     behind: dict[str, int] = {}
+    unread_since: dict[str, int] = {}
     marks_before: dict[str, SplitWatermark | None] = {}
     marks_after: dict[str, SplitWatermark | None] = {}
     marks_done: dict[str, SplitWatermark | None] = {}  # splits finished this epoch
@@ -119,6 +122,9 @@ def read_source(
             remaining: int | None = getattr(result, "behind", None)  # a plain 3-tuple has none
             if remaining is not None:
                 behind[split] = remaining
+                since: int | None = getattr(result, "unread_since", None)
+                if since is not None:
+                    unread_since[split] = since
         if et is not None and time is not None:
             stamped = et.stamp(
                 [b for _, b in chunks[first:]],
@@ -147,7 +153,7 @@ def read_source(
             position = wrap_position(position, mark)
         kept.append(SplitState(split, position))
     if time is None:
-        return SourceEpoch(chunks, None, tuple(kept), records_in, None, behind)
+        return SourceEpoch(chunks, None, tuple(kept), records_in, None, behind, unread_since)
     idle = et.idle_timeout_ms if et is not None else None
     idle = idle_timeout_ms if idle is None else idle
     if timed is not None:
@@ -171,7 +177,9 @@ def read_source(
             ended=ended,
             idle_timeout_ms=idle,
         )
-    return SourceEpoch(chunks, origins, tuple(kept), records_in, (before, after), behind)
+    return SourceEpoch(
+        chunks, origins, tuple(kept), records_in, (before, after), behind, unread_since
+    )
 
 
 @dataclasses.dataclass
@@ -198,6 +206,8 @@ class UnitEpoch:
     dead_letter_types: dict[str, int] = dataclasses.field(default_factory=dict)
     #: per source vertex and split read: the records behind its end (consumer lag)
     behind: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: of those, when the oldest unread record was appended (ms), where the source says
+    unread_since: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     dead_lettered: int = 0
     late: int = 0
     watermark: int | None = None  # the unit's subtask watermark after the epoch

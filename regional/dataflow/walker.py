@@ -261,6 +261,8 @@ class _Walk:
                 result.records_exchanged += read.records_in
             elif read.behind:
                 result.behind.setdefault(v.id, {}).update(read.behind)
+                if read.unread_since:
+                    result.unread_since.setdefault(v.id, {}).update(read.unread_since)
             self.live[u].update(s.split_id for s in read.split_states)
             chunks += read.chunks
             if time_ is not None and read.watermarks is not None and read.origins is not None:

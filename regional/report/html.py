@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from metadata.watermarks import format_watermark
 from regional.report.dead_letters import REASONS
@@ -466,41 +466,72 @@ def _grid_section(report: Report) -> str:
 
 def _backlog_section(report: Report) -> str:
     """Consumer lag over the checkpoints (jobs whose sources say it): the records the sources
-    have not read yet, in all, after each checkpoint attempt; nothing when none said."""
+    have not read yet, in all, after each checkpoint attempt, and below it the age of the
+    oldest of them where the sources tell it; nothing when none said."""
     rows = report.backlog.to_pylist()[-CHART_CHECKPOINTS:]
     if not rows:
         return ""
-    width, height, left = 960, 120, 64
-    top = max(max(r["records_behind"] for r in rows), 1)
-    step = (width - left) / len(rows)
-    points = " ".join(
-        f"{left + i * step:.1f},{height - r['records_behind'] / top * (height - 4):.1f}"
-        for i, r in enumerate(rows)
-    )
-    dots = "".join(
-        f'<rect x="{left + i * step:.1f}" y="0" width="{step:.1f}" height="{height}" '
-        f'fill="transparent"><title>checkpoint {r["checkpoint_id"]}: {r["records_behind"]} '
-        "records behind ("
-        + _e(", ".join(f"{source} {n}" for source, n in r["by_source"]))
-        + ")</title></rect>"
-        for i, r in enumerate(rows)
-    )
-    svg = (
-        f'<svg role="img" aria-label="consumer lag" width="{width}" height="{height + 18}" '
-        f'viewBox="0 0 {width} {height + 18}">'
-        f'<line class="axis" x1="{left}" y1="{height}" x2="{width}" y2="{height}"/>'
-        f'<text x="0" y="10">{top}</text><text x="0" y="{height}">0</text>'
-        f'<text x="{left}" y="{height + 14}">{rows[0]["checkpoint_id"]}</text>'
-        f'<text x="{width}" y="{height + 14}" text-anchor="end">{rows[-1]["checkpoint_id"]}</text>'
-        f'<polyline class="max" points="{points}"/>{dots}</svg>'
+    records = _lag_plot(
+        "consumer lag in records",
+        [(r["checkpoint_id"], r["records_behind"]) for r in rows],
+        str,
+        [
+            f"{r['records_behind']} records behind ("
+            + ", ".join(f"{source} {n}" for source, n in r["by_source"])
+            + ")"
+            for r in rows
+        ],
     )
     last = rows[-1]
-    return (
+    html = (
         '<h2 id="backlog">Consumer lag</h2><p class="muted">Records the sources have not read '
         "yet (a Kafka partition's end offset, a file's rows, minus where the next read starts), "
         "after each checkpoint attempt (from the event log; per split: regional inspect ROOT "
         f"lag). Latest: {last['records_behind']} behind after checkpoint "
-        f"{last['checkpoint_id']}.</p>{svg}"
+        f"{last['checkpoint_id']}.</p>{records}"
+    )
+    timed = [r for r in rows if r["seconds_behind"] is not None]
+    if not timed:
+        return html
+    ages = [(r["checkpoint_id"], round(r["seconds_behind"] * 1000)) for r in timed]
+    plot = _lag_plot(
+        "consumer lag in time",
+        ages,
+        human_span,
+        [f"oldest unread record {human_span(ms)} old" for _, ms in ages],
+    )
+    return (
+        html + '<p class="muted">The age of the oldest record not read yet, over all splits, '
+        "at each checkpoint attempt (a Kafka record's timestamp, a file's modification time). "
+        f"Latest: {human_span(ages[-1][1])} after checkpoint {ages[-1][0]}.</p>{plot}"
+    )
+
+
+def _lag_plot(
+    label: str, points: Sequence[tuple[int, int]], shown: Callable[[int], str], tips: Sequence[str]
+) -> str:
+    """A line of (checkpoint id, value) from 0 to the largest value (`shown` writes the axis
+    label), one hover tip per checkpoint (`tips`, not yet escaped)."""
+    width, height, left = 960, 120, 64
+    top = max(max(v for _, v in points), 1)
+    step = (width - left) / len(points)
+    line = " ".join(
+        f"{left + i * step:.1f},{height - v / top * (height - 4):.1f}"
+        for i, (_, v) in enumerate(points)
+    )
+    dots = "".join(
+        f'<rect x="{left + i * step:.1f}" y="0" width="{step:.1f}" height="{height}" '
+        f'fill="transparent"><title>checkpoint {cid}: {_e(tip)}</title></rect>'
+        for i, ((cid, _), tip) in enumerate(zip(points, tips, strict=True))
+    )
+    return (
+        f'<svg role="img" aria-label="{label}" width="{width}" height="{height + 18}" '
+        f'viewBox="0 0 {width} {height + 18}">'
+        f'<line class="axis" x1="{left}" y1="{height}" x2="{width}" y2="{height}"/>'
+        f'<text x="0" y="10">{_e(shown(top))}</text><text x="0" y="{height}">0</text>'
+        f'<text x="{left}" y="{height + 14}">{points[0][0]}</text>'
+        f'<text x="{width}" y="{height + 14}" text-anchor="end">{points[-1][0]}</text>'
+        f'<polyline class="max" points="{line}"/>{dots}</svg>'
     )
 
 

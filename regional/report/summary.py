@@ -147,12 +147,14 @@ DEAD_LETTER_HISTORY_SCHEMA = pa.schema(
     ]
 )
 #: Per checkpoint attempt that recorded a consumer lag: the records behind, in all and by source
-#: (`CheckpointEvent.records_behind`).
+#: (`CheckpointEvent.records_behind`), and the age of the oldest record not read yet over all
+#: splits (`CheckpointEvent.seconds_behind`; null when no source told it).
 BACKLOG_SCHEMA = pa.schema(
     [
         pa.field("checkpoint_id", pa.int64(), nullable=False),
         pa.field("records_behind", pa.int64(), nullable=False),
         pa.field("by_source", pa.map_(pa.string(), pa.int64()), nullable=False),
+        pa.field("seconds_behind", pa.float64()),
     ]
 )
 #: Per checkpoint attempt, what went wrong without failing it (`CheckpointEvent.warnings`: a
@@ -268,17 +270,19 @@ class Report:
 
 
 def _backlog(events: Iterable[CheckpointEvent]) -> pa.Table:
-    """The consumer lag after every event that recorded one (`BACKLOG_SCHEMA`), oldest
-    first."""
+    """The consumer lag, in records and in time, after every event that recorded one
+    (`BACKLOG_SCHEMA`), oldest first."""
     rows = []
     for e in events:
         if e.records_behind:
             by_source = {v: sum(s.values()) for v, s in sorted(e.records_behind.items())}
+            ages = [t for s in e.seconds_behind.values() for t in s.values()]
             rows.append(
                 {
                     "checkpoint_id": e.checkpoint_id,
                     "records_behind": sum(by_source.values()),
                     "by_source": list(by_source.items()),
+                    "seconds_behind": max(ages, default=None),
                 }
             )
     return pa.Table.from_pylist(rows, schema=BACKLOG_SCHEMA)

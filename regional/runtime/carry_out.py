@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -98,6 +98,7 @@ class _Answered:
     operators: dict[int, dict[str, tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
     dead_letter_types: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     behind: dict[int, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
+    unread_since: dict[int, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
 
 
 def _reads_a_split(ack: Ack) -> bool:
@@ -164,6 +165,9 @@ class DecisionHandlers:
         #: consumer lag: per source vertex and split, the records behind its end as the
         #: latest completed checkpoint's fresh units read it (a fallback's stays as it was)
         self.records_behind: dict[str, dict[str, int]] = {}
+        #: of those splits, when their oldest unread record was appended (ms), where the
+        #: source said (`ReadResult.unread_since`): the consumer lag in time at any moment
+        self.unread_since: dict[str, dict[str, int]] = {}
         #: unit -> its watermark as of the latest completed checkpoint it was fresh in (a unit
         #: that fell back keeps the one its owner checkpoint holds)
         self.unit_watermarks: dict[int, int] = {}
@@ -191,6 +195,7 @@ class DecisionHandlers:
                 answered[cid].operators.pop(a.unit, None)
                 answered[cid].dead_letter_types.pop(a.unit, None)
                 answered[cid].behind.pop(a.unit, None)
+                answered[cid].unread_since.pop(a.unit, None)
                 if a.trace:
                     tracebacks[a.unit] = a.trace
             else:
@@ -205,11 +210,28 @@ class DecisionHandlers:
                     seen.operators[a.unit] = a.operators
                     seen.dead_letter_types[a.unit] = a.dead_letter_types
                     seen.behind[a.unit] = a.behind
+                    seen.unread_since[a.unit] = a.unread_since
                 if a.watermark is not None:  # event time: the unit's watermark and late count
                     seen = answered[cid]
                     if a.watermark != MIN_WATERMARK or _reads_a_split(a):
                         seen.watermarks[a.unit] = a.watermark
                     seen.late[a.unit] = a.records_late
+
+    def _note_behind(
+        self, behind: Mapping[str, Mapping[str, int]], since: Mapping[str, Mapping[str, int]]
+    ) -> None:
+        """Keep a fresh unit's consumer lag per split: its records behind, and when the oldest
+        of them was appended where its source said (else forgotten: an older time no longer
+        holds)."""
+        for vertex_id, splits in behind.items():
+            self.records_behind.setdefault(vertex_id, {}).update(splits)
+            known = since.get(vertex_id, {})
+            times = self.unread_since.setdefault(vertex_id, {})
+            for split in splits:
+                if split in known:
+                    times[split] = known[split]
+                else:
+                    times.pop(split, None)
 
     def _outcome_of(
         self, outcome: Outcome, fallback_units: tuple[int, ...], message: str, **kw: Any
@@ -229,8 +251,7 @@ class DecisionHandlers:
             fell_back = frozenset(fallback_units)
             for u, sources in seen.behind.items():
                 if u not in fell_back:
-                    for vertex_id, splits in sources.items():
-                        self.records_behind.setdefault(vertex_id, {}).update(splits)
+                    self._note_behind(sources, seen.unread_since.get(u, {}))
             for u, counts in seen.operators.items():
                 if u not in fell_back:
                     for vertex_id, numbers in counts.items():

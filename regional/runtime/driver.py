@@ -742,6 +742,11 @@ class JobDriver:
     def metrics(self) -> MetricsSnapshot:
         """The job's metrics now: completions, aborts by rule, the latest checkpoint's
         `oldest_ref_checkpoint_id`, per-unit lag, commit lag, records read, stuck units."""
+        return self.metrics_at(self.clock.now_ms())
+
+    def metrics_at(self, now_ms: int) -> MetricsSnapshot:
+        """`metrics` with the consumer lag in time as of `now_ms` (a checkpoint outcome's
+        time, so its event and the metrics published with it agree)."""
         watch = self.decisions.stall_watch
         return metrics_snapshot(
             self.coordinator.metrics,
@@ -758,6 +763,8 @@ class JobDriver:
             dead_letter_types=self.decisions.dead_letter_types,
             stalled_inputs=() if watch is None else watch.stalled,
             records_behind=self.decisions.records_behind,
+            unread_since=self.decisions.unread_since,
+            now_ms=now_ms,
         )
 
     def published_metrics(self) -> MetricsSnapshot:
@@ -792,13 +799,14 @@ class JobDriver:
         shown = {*o.fallback_units, *o.causes}
         reads = {u: self.unit_reads(u) for u in sorted(shown)[:100]}
         reads.update((s.unit_id, s.splits) for s in stuck)
+        now = self.clock.now_ms()
         event = checkpoint_event(
             self.job_id,
             cid,
             o.outcome,
-            self.metrics,
+            self.metrics_at(now),
             trigger_time_ms=trigger_ms,
-            time_ms=self.clock.now_ms(),
+            time_ms=now,
             fresh_units=self.layout.num_units - len(o.fallback_units) if completed else 0,
             fallback_units=o.fallback_units,
             causes=o.causes,
@@ -818,7 +826,7 @@ class JobDriver:
         event = msgspec.structs.replace(event, replays=self._new_replays())
         self.records_in_total += records_in
         self.last_event = event
-        self._published = self.metrics
+        self._published = self.metrics_at(now)
         try:
             with self._stopwatch.part("event"):
                 self.lease.check()  # fenced: a driver that lost the lease writes no event

@@ -5,9 +5,9 @@ snapshots (DESIGN §3: it imports nothing of ours). This module supplies both, f
 checkpoint alone (so after the job ended too): `checkpoint_unit_names` (the one naming rule,
 `regional.graph.unit_names`), `source_last_assigned` (what each source subtask was given
 last), and `job_inspector`, a `metadata.inspect.Inspector` over a job root whose `lag()` has
-the `unit_name` and `records_behind` columns `regional inspect ROOT lag --json` prints
-(``job_inspector(JobStorage.open(root)).lag()``; `tests/test_inspect.py` checks it against the
-command).
+the `unit_name`, `records_behind` and `seconds_behind` columns `regional inspect ROOT lag
+--json` prints (``job_inspector(JobStorage.open(root)).lag()``; `tests/test_inspect.py` checks
+it against the command).
 """
 
 from __future__ import annotations

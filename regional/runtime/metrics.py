@@ -25,6 +25,7 @@ import msgspec
 from metadata.events import CheckpointEvent, DriverStart, Outcome, StuckUnit
 from regional.coordinator import CoordinatorMetrics
 from regional.report.dead_letters import REASONS, reason_of
+from regional.sources.base import seconds_behind
 
 __all__ = ["MetricsSnapshot", "MetricsSource", "checkpoint_event", "metrics_snapshot"]
 
@@ -54,7 +55,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     out); `dead_letters_by_reason`: the dead letters of completed checkpoints by reason
     (`regional.report.dead_letters.reason_of`). `stalled_inputs`: the (operator, input)
     pairs in a stall episode now (`regional.runtime.stalled_inputs`). `records_behind`: the
-    consumer lag, per source vertex and split (`CheckpointEvent.records_behind`).
+    consumer lag, per source vertex and split (`CheckpointEvent.records_behind`), and
+    `seconds_behind` the same in time where the source tells it
+    (`CheckpointEvent.seconds_behind`).
     """
 
     latest_completed_id: int | None
@@ -79,6 +82,7 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     dead_letters_by_reason: dict[str, int] = {}
     stalled_inputs: tuple[tuple[str, str], ...] = ()
     records_behind: dict[str, dict[str, int]] = {}
+    seconds_behind: dict[str, dict[str, float]] = {}
 
     @property
     def max_unit_lag(self) -> int:
@@ -114,9 +118,12 @@ def metrics_snapshot(
     dead_letter_types: Mapping[str, int] | None = None,
     stalled_inputs: Iterable[tuple[str, str]] = (),
     records_behind: Mapping[str, Mapping[str, int]] | None = None,
+    unread_since: Mapping[str, Mapping[str, int]] | None = None,
+    now_ms: int = 0,
 ) -> MetricsSnapshot:
     """Copy the coordinator's live metrics, and what the job adds to them (`last_event`: its
-    latest checkpoint outcome), into a `MetricsSnapshot`."""
+    latest checkpoint outcome), into a `MetricsSnapshot`; the consumer lag in time is that of
+    `now_ms` (`seconds_behind` of `records_behind` and `unread_since`)."""
     oldest = (
         None
         if latest_completed_id is None
@@ -148,7 +155,22 @@ def metrics_snapshot(
         dead_letters_by_reason=_by_reason(dead_letter_types or {}),
         stalled_inputs=tuple(sorted(stalled_inputs)),
         records_behind={v: dict(s) for v, s in (records_behind or {}).items()},
+        seconds_behind=_seconds_behind(records_behind or {}, unread_since or {}, now_ms),
     )
+
+
+def _seconds_behind(
+    records: Mapping[str, Mapping[str, int]], since: Mapping[str, Mapping[str, int]], now_ms: int
+) -> dict[str, dict[str, float]]:
+    """Per source vertex and split, its consumer lag in time at `now_ms` where it is known."""
+    out: dict[str, dict[str, float]] = {}
+    for vertex_id, splits in records.items():
+        times = since.get(vertex_id, {})
+        for split, n in splits.items():
+            age = seconds_behind(n, times.get(split), now_ms)
+            if age is not None:
+                out.setdefault(vertex_id, {})[split] = age
+    return out
 
 
 def _by_reason(types: Mapping[str, int]) -> dict[str, int]:
@@ -222,4 +244,5 @@ def checkpoint_event(
         started=started,
         records_exchanged=records_exchanged,
         records_behind=metrics.records_behind,
+        seconds_behind=metrics.seconds_behind,
     )

@@ -171,6 +171,18 @@ class JobCollector:
             for split, n in splits.items():
                 backlog.add_metric([*job, source, split], n)
         yield backlog
+        age = GaugeMetricFamily(
+            "regional_source_consumer_lag_seconds",
+            "Consumer lag in time: the age of the oldest record of a split not read yet at the "
+            "latest checkpoint outcome (0 when none is behind), for splits whose source tells "
+            "when records were appended (a Kafka record's timestamp, a file's modification "
+            "time; regional.sources.base.seconds_behind).",
+            labels=["job", "source", "split"],
+        )
+        for source, ages in m.seconds_behind.items():
+            for split, seconds in ages.items():
+                age.add_metric([*job, source, split], seconds)
+        yield age
         if m.event_time:
             stalled = GaugeMetricFamily(
                 "regional_stalled_input",

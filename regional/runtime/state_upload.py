@@ -87,6 +87,7 @@ class UnitSnapshot(msgspec.Struct):
     operators: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
     dead_letter_types: dict[str, int] = msgspec.field(default_factory=dict)
     behind: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)  # consumer lag
+    unread_since: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)  # its time
 
 
 def upload(
@@ -214,6 +215,7 @@ def ack(snap: UnitSnapshot, handles: dict[tuple[str, int], StateHandle], upload_
         operators=snap.operators,
         dead_letter_types=snap.dead_letter_types,
         behind=snap.behind,
+        unread_since=snap.unread_since,
         snapshot_blocked_s=snap.serialise_s,
         records_dead_lettered=snap.records_dead_lettered,
         restore_s=snap.restore_s,

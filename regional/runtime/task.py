@@ -210,6 +210,7 @@ def _process(
         operators={v: (c[0], c[1], c[2]) for v, c in epoch.operators.items()},
         dead_letter_types=dict(epoch.dead_letter_types),
         behind={v: dict(splits) for v, splits in epoch.behind.items()},
+        unread_since={v: dict(splits) for v, splits in epoch.unread_since.items()},
     )
     if isinstance(state_of, HotStates):
         snap.decoded = {

@@ -19,6 +19,7 @@ __all__ = [
     "TimedSource",
     "endless_splits",
     "num_records",
+    "seconds_behind",
 ]
 
 #: Records read or passed on together: an Arrow record batch, or a list of Python records (a
@@ -51,13 +52,36 @@ class ReadResult(NamedTuple):
     goes on; otherwise the first one's error declines the unit. `behind`: how many records
     lie between the position after the read and the split's end as the source knew it then
     (a Kafka partition's end offset, a file's rows; None: the source does not say), the
-    consumer lag `regional inspect ROOT lag`, progress and metrics show."""
+    consumer lag `regional inspect ROOT lag`, progress and metrics show. `unread_since`: when
+    (ms since the Unix epoch) the oldest of those records was appended to the split, or a time
+    no later than that (a Kafka record's timestamp, a file's modification time; None: the
+    source does not say or cannot tell cheaply), from which `seconds_behind` measures the
+    consumer lag in time."""
 
     batches: list[Batch]
     position: bytes
     finished: bool
     poison: tuple[PoisonRecord, ...] = ()
     behind: int | None = None
+    unread_since: int | None = None
+
+
+def seconds_behind(records_behind: int, unread_since_ms: int | None, now_ms: int) -> float | None:
+    """The consumer lag in time of one split at `now_ms` (a checkpoint's wall-clock time): the
+    age of the oldest record not read yet, ``now - unread_since`` in seconds; 0 when no record
+    is behind, whatever the time; None when records are behind but their time is unknown. A
+    record stamped in the future (a producer's clock ahead) counts as 0, never negative.
+
+    >>> seconds_behind(0, None, 10_000), seconds_behind(5, None, 10_000)
+    (0.0, None)
+    >>> seconds_behind(5, 7_500, 10_000), seconds_behind(5, 12_000, 10_000)
+    (2.5, 0.0)
+    """
+    if records_behind <= 0:
+        return 0.0
+    if unread_since_ms is None:
+        return None
+    return max(now_ms - unread_since_ms, 0) / 1000
 
 
 @runtime_checkable

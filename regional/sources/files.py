@@ -144,6 +144,9 @@ class FileSource:
         self._bounded = bounded
         self.batch_size = batch_size
         self._bounds = json_text.JsonBounds(max_line_bytes, max_depth)
+        #: split -> its file's modification time (ms): files are complete when they appear,
+        #: so each is asked once per process (`_modified_ms`)
+        self._modified: dict[str, int | None] = {}
         self._fit: RowsFit | None = None
 
     @property
@@ -355,10 +358,25 @@ class FileSource:
         rows = self._parquet_rows if self.format == "parquet" else self._jsonl_rows
         part, end, total, poison = rows(split_id, start, max_records)
         batches = part.to_batches(max_chunksize=self.batch_size) if part.num_columns else []
+        behind = max(total - end, 0)
         return ReadResult(
             [b for b in batches if b.num_rows],
             str(end).encode(),
             end >= total,
             poison,
-            max(total - end, 0),
+            behind,
+            self._modified_ms(split_id) if behind else None,
         )
+
+    def _modified_ms(self, split_id: str) -> int | None:
+        """When the file was last written (ms; None when the store does not say): its unread
+        rows were all written by then, so the consumer lag in time shown from it
+        (`ReadResult.unread_since`) is at most their true age. One stat (a HEAD on an object
+        store) per file and process, the first time it is read with rows left: a file is
+        complete when it appears, so its time never changes."""
+        known = self.__dict__.setdefault("_modified", {})  # one pickled before it had none
+        if split_id not in known:
+            fs, path = self._path(split_id)
+            mtime = fs.get_file_info(path).mtime
+            known[split_id] = None if mtime is None else int(mtime.timestamp() * 1000)
+        return known[split_id]

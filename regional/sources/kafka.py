@@ -56,6 +56,7 @@ __all__ = [
     "out_of_range",
     "parse_split_id",
     "split_id",
+    "unread_since",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,21 @@ _JSON_BOUNDS = json_text.JsonBounds(max_bytes=sys.maxsize)
 def _text(data: bytes | None) -> str | None:
     """Raw record bytes as text for a dead letter (undecodable bytes escaped)."""
     return None if data is None else data.decode("utf-8", "backslashreplace")
+
+
+def unread_since(first_unread: Message | None, last_read: Message | None) -> int | None:
+    """When the oldest record a read left unread was appended (ms, `ReadResult.unread_since`):
+    its own timestamp when the read's fetch brought it (`first_unread`), else the last read
+    record's, a time no later than it (Kafka stamps a partition's records in order when the
+    topic uses LogAppendTime; with CreateTime, in the producers' order), so the consumer lag
+    in time shown is then at most the gap between the two records too high. None when
+    neither record has a timestamp."""
+    for m in (first_unread, last_read):
+        if m is not None:
+            kind, ms = m.timestamp()
+            if kind != 0 and ms is not None and ms >= 0:  # 0: TIMESTAMP_NOT_AVAILABLE
+                return int(ms)
+    return None
 
 
 def out_of_range(topic: str, partition: int, offset: int, low: int, high: int) -> str:
@@ -399,7 +415,9 @@ class KafkaSource:
             else:
                 tp.offset = OFFSET_BEGINNING if self.start == "earliest" else OFFSET_END
             want = max_records if stop is None else min(max_records, stop - (next_offset or 0))
-            messages = self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else []
+            messages, peeked = (
+                self._poll(consumer, tp, want, next_offset, stop, at) if want > 0 else ([], None)
+            )
             if messages:
                 next_offset = int(messages[-1].offset() or 0) + 1
             # consumer lag: the partition's end offset now, minus where the next read starts
@@ -409,7 +427,10 @@ class KafkaSource:
         batches = [self._batch(*good)] if good[0] else []
         start = low if self.start == "earliest" else high  # where a first read starts
         behind = max(high - (start if next_offset is None else next_offset), 0)
-        return ReadResult(batches, encode_position(next_offset, stop), finished, poison, behind)
+        since = unread_since(peeked, messages[-1] if messages else None) if behind else None
+        return ReadResult(
+            batches, encode_position(next_offset, stop), finished, poison, behind, since
+        )
 
     def _decode(
         self, messages: list[Message]
@@ -467,9 +488,12 @@ class KafkaSource:
         next_offset: int | None,
         stop: int | None,
         at: str,
-    ) -> list[Message]:
+    ) -> tuple[list[Message], Message | None]:
         """Up to `want` records of `tp` from its offset; returns early at the partition's end
-        or on an empty poll, so an idle partition costs one short poll."""
+        or on an empty poll, so an idle partition costs one short poll. With them, the record
+        right after the last one when this read's fetch already brought it (a non-blocking
+        look into the consumer's queue, no broker round trip; None otherwise): its timestamp
+        is the consumer lag's time (`unread_since`)."""
         from confluent_kafka import KafkaError
 
         consumer.assign([tp])
@@ -502,9 +526,19 @@ class KafkaSource:
                     raise KafkaSourceError(
                         out_of_range(tp.topic, tp.partition, next_offset, low, high)
                     )
-            return out
+            return out, self._peek(consumer, tp, out) if len(out) == want else None
         finally:
-            consumer.unassign()
+            consumer.unassign()  # drops the peeked record: the next read seeks afresh
+
+    @staticmethod
+    def _peek(consumer: Consumer, tp: Any, out: list[Message]) -> Message | None:
+        """The record after `out[-1]` if the consumer's queue holds it now (poll(0) never
+        waits), else None."""
+        m = consumer.poll(0)
+        if m is None or m.error() is not None or not out:
+            return None
+        mine = m.topic() == tp.topic and m.partition() == tp.partition
+        return m if mine and m.offset() == int(out[-1].offset() or 0) + 1 else None
 
     def _raise_for(
         self, err: Any, consumer: Consumer, tp: Any, offset: int | None, at: str
