@@ -61,6 +61,7 @@ from regional.errors import (
     RestoreError,
 )
 from regional.graph.regions import RegionPlan
+from regional.graph.unit_names import names_of_plan
 from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
@@ -326,6 +327,7 @@ class JobDriver:
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
             reads=self.unit_reads,
+            names=names_of_plan(self.plan).mention,
         )
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
@@ -387,7 +389,6 @@ class JobDriver:
         """
         if self.metrics_port is None:
             return self._run(max_checkpoints, stop_with_savepoint)
-        from regional.graph.unit_names import names_of_plan
         from regional.runtime.prometheus import serve_metrics
 
         names = names_of_plan(self.plan).labels
