@@ -347,7 +347,9 @@ class JobDriver:
             seen=self._seen,
         )
         if pipeline.timed:  # an input whose watermark stalls while state grows: a warning
-            self.decisions.stall_watch = StallWatch(watched_inputs(pipeline, self.plan))
+            self.decisions.stall_watch = StallWatch(
+                watched_inputs(pipeline, self.plan), self.policy.event_time.stall_after
+            )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
         self._replays_seen: set[tuple[str, str]] = set()  # replay batches in the event log
