@@ -226,11 +226,14 @@ class EventTimePolicy(_Section, frozen=True):
     subtask's watermark back ("off" by default: outside the determinism rule when on).
     `writer-fallback`: an exchange writer that fell back `hold`s the downstream watermark
     (exact results, the default) or, with `exclude`, is left out after `exclude-after`
-    fallbacks in a row (fresher results; its records may then be late)."""
+    fallbacks in a row (fresher results; its records may then be late). `stall-after`: how
+    many completed checkpoints an input's watermark may stay put while its operator's state
+    grows before the input is reported stalled (`regional.runtime.stalled_inputs`)."""
 
     idle_timeout: _OptionalSeconds = None
     writer_fallback: Literal["hold", "exclude"] = "hold"
     exclude_after: _Retained = 3
+    stall_after: _Retained = 5
 
 
 class Policy(_Section, frozen=True):
@@ -537,6 +540,8 @@ def policy_fingerprint(policy: Policy) -> str:
     data = msgspec.to_builtins(policy)
     if policy.event_time == EventTimePolicy():  # added later: defaults keep older fingerprints
         del data["event-time"]
+    elif policy.event_time.stall_after == EventTimePolicy().stall_after:  # added later still
+        del data["event-time"]["stall-after"]
     if policy.checkpointing.file_merging == FileMergingPolicy():  # added later, likewise
         del data["checkpointing"]["file-merging"]
     return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
@@ -763,6 +768,15 @@ KEY_DOCS: Mapping[str, str] = {
         'With `writer-fallback = "exclude"`: how many checkpoints in a row a writer must have '
         "fallen back before it is left out. 3 matches `max-unit-fallbacks`: a writer that is "
         "about to be reported stuck."
+    ),
+    "event-time.stall-after": (
+        "An operator that keeps records until a watermark passes them (a join, a window, "
+        "`drop_duplicates`, timers) is reported once (progress, event log, metric, report) "
+        "when one input's watermark has not moved over this many completed checkpoints while "
+        "the operator's state grew without shrinking. 5 checkpoints (under a minute at the "
+        "default interval) is longer than a busy job's watermark normally stands still and "
+        "short enough to warn before the state is large; raise it for a source whose data "
+        "comes in rare bursts (docs/how-to/cluster.md)."
     ),
 }
 

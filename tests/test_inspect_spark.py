@@ -85,3 +85,39 @@ def test_views_are_queryable_with_sql(spark, tmp_path) -> None:
         "FROM regional_events LATERAL VIEW explode(unit_lag) AS u"
     )
     assert [tuple(r) for r in events.collect()] == [(2, 50, 1, 1)]
+
+
+def test_regional_views_name_the_units_as_the_cli_does(spark, tmp_path) -> None:
+    """`regional.runtime.spark_views`: `regional_lag` carries each unit's name (and consumer
+    lag) as `regional inspect ROOT lag --json` prints it; `metadata.spark` alone leaves them
+    null (it cannot know the naming rule)."""
+    from metadata.model import SplitState
+    from metadata.storage import JobStorage as Storage
+    from regional.runtime.inspection import job_inspector
+    from regional.runtime.spark_views import register_views as register_named
+
+    storage = Storage(str(tmp_path), "orders")
+    handles = [storage.write_state_file(f"chk-1/u{u}-a0.state", b"s") for u in (0, 1)]
+    storage.write_metadata(
+        CheckpointMetadata(
+            checkpoint_id=1,
+            job_id="orders",
+            kind="global",
+            trigger_time_ms=0,
+            completion_time_ms=30,
+            subtasks=tuple(
+                SubtaskState(
+                    "orders", u, u, handles=(h,), split_states=(SplitState(f"events:{u}", b"4"),)
+                )
+                for u, h in enumerate(handles)
+            ),
+        )
+    )
+    register_named(spark, str(tmp_path), prefix="named_")
+    rows = spark.sql("SELECT unit_id, unit_name FROM named_lag ORDER BY unit_id").collect()
+    assert [tuple(r) for r in rows] == [(0, "orders[0]"), (1, "orders[1]")]
+    expected = job_inspector(storage).lag().select(["unit_id", "unit_name"]).to_pylist()
+    assert [r.asDict() for r in rows] == expected
+    register_views(spark, str(tmp_path), prefix="bare_")
+    bare = spark.sql("SELECT unit_name FROM bare_lag").collect()
+    assert [r.unit_name for r in bare] == [None, None]

@@ -72,7 +72,7 @@ def test_state_per_operator_and_per_subtask_with_a_fallback_owner(
         f"checkpoint 3: 1 stateful operator(s), {total_bytes} byte(s) of state; {KEYS_NOTE}",
     ]
 
-    assert main(["inspect", root, "state", "--verbose", "--json"]) == 0
+    assert main(["inspect", root, "state", "--subtasks", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
         {
             "operator": "totals",
@@ -107,7 +107,7 @@ def test_a_damaged_segment_is_a_warning_and_no_count(
     path.write_bytes(bytes(data))
     capsys.readouterr()
 
-    assert main(["inspect", root, "state", "--verbose"]) == 0
+    assert main(["inspect", root, "state", "--subtasks"]) == 0
     out, err = capsys.readouterr()
     assert err == (
         f"warning: keys of operator 'totals' subtask 2 not counted: state file {path} of "

@@ -56,6 +56,7 @@ def test_check_prints_every_key_with_value_and_source(
         "event-time.idle-timeout                        off        default",
         "event-time.writer-fallback                     hold       default",
         "event-time.exclude-after                       3          default",
+        "event-time.stall-after                         5          default",
         "",
         "checkpointing.interval: the wait from one trigger to the next after an epoch that read "
         "no records; epochs that read records follow at once (regional run --interval overrides "
@@ -96,6 +97,7 @@ def test_check_json_gives_the_policy_values(
         {"key": "event-time.idle-timeout", "value": None, "source": "default"},
         {"key": "event-time.writer-fallback", "value": "hold", "source": "default"},
         {"key": "event-time.exclude-after", "value": 3, "source": "default"},
+        {"key": "event-time.stall-after", "value": 5, "source": "default"},
     ]
 
 

@@ -186,6 +186,11 @@ def test_flink_spelling_max_consecutive_failures_is_an_alias(tmp_path: Path) -> 
             'expected a whole number from 0 to 1000000 or "unlimited"',
         ),
         (
+            "[event-time]\nstall-after = 0\n",
+            "policy file FILE: event-time.stall-after = 0 is invalid; "
+            "expected a whole number from 1 to 1000000",
+        ),
+        (
             "[checkpointing]\ndir = ''\n",
             'policy file FILE: checkpointing.dir = "" is invalid; '
             "expected a local path or a pyarrow.fs URI",
@@ -403,6 +408,20 @@ def test_fingerprint_depends_on_values_not_sources(tmp_path: Path) -> None:
     changed = load_policy(env={}, overrides={"checkpointing.region.max-failure-ratio": 0.31})
     assert changed.fingerprint() != default.fingerprint()
     assert policy_fingerprint(changed.policy) == changed.fingerprint()
+
+
+def test_the_stall_threshold_is_a_key_whose_default_keeps_older_fingerprints() -> None:
+    """`event-time.stall-after` (default 5) came after the other event-time keys: a policy
+    that leaves it at its default has the fingerprint it had before the key existed."""
+    assert load_policy(env={}).policy.event_time.stall_after == 5
+    exclude = load_policy(env={}, overrides={"event-time.writer-fallback": "exclude"})
+    assert exclude.fingerprint() == (  # pinned: computed before the key existed
+        "bb0a3b0a3f0c4e3f4eaedea2b9823b0ab89f72fba5bd6f692a446164d47702b0"
+    )
+    later = load_policy(env={"REGIONAL_EVENT_TIME__STALL_AFTER": "8"})
+    assert later.policy.event_time.stall_after == 8
+    assert later.sources["event-time.stall-after"] == "env REGIONAL_EVENT_TIME__STALL_AFTER"
+    assert later.fingerprint() != load_policy(env={}).fingerprint()
 
 
 @pytest.mark.parametrize(

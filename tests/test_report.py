@@ -5,6 +5,7 @@ page rendered by headless Chromium (DOM after load, screenshot)."""
 
 from __future__ import annotations
 
+import re
 import struct
 from html.parser import HTMLParser
 from pathlib import Path
@@ -98,8 +99,8 @@ class Page(HTMLParser):
         text = self._text.strip()
         if tag == "th" and "thead" in self._in and text:
             self.columns.append(int(text))
-        elif tag == "th" and text.startswith("unit "):
-            self._unit = int(text.removeprefix("unit "))
+        elif tag == "th" and (unit := re.search(r"\bunit (\d+)\b", text)):
+            self._unit = int(unit[1])  # `unit 3`, `unit 3 (s3)` or `orders[3] (unit 3)`
         elif tag == "td":
             assert self._unit is not None
             cid = self.columns[self._col]
@@ -147,10 +148,10 @@ def test_grid_cells_fall_back_to_their_owners_and_failed_cells_name_the_cause() 
     assert page.cells[(2, 3)] == (
         "b",
         "1",
-        "unit 3, checkpoint 2: fell back to the state of checkpoint 1 - declined: injected",
+        "unit 3 (s3), checkpoint 2: fell back to the state of checkpoint 1 - declined: injected",
     )
     assert page.cells[(4, 1)][:2] == ("b", "3")
-    assert page.cells[(5, 0)] == ("x", "\u00d7", f"unit 0, checkpoint 5: failed, checkpoint "
+    assert page.cells[(5, 0)] == ("x", "\u00d7", f"unit 0 (s6), checkpoint 5: failed, checkpoint "
                                   f"aborted - {aborted}")  # fmt: skip
     assert page.cells[(5, 3)] == ("a", "", "")  # answered, but the checkpoint aborted
     assert page.cells[(6, 3)] == ("f", "", "")

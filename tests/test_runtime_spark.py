@@ -130,7 +130,7 @@ def test_force_fresh_unit_level_limit_forces_the_unit_fresh(spark, tmp_path):
     _, summary, table = _run(spark, tmp_path, faults, policy=policy)
     kinds = [c.kind for c in summary.checkpoints[:5]]
     assert kinds == ["global", "regional", "regional", "aborted", "global"]
-    assert "unit 1 (g1) had to be fresh" in summary.checkpoints[3].message
+    assert "src[1] (unit 1) had to be fresh" in summary.checkpoints[3].message
     assert _rows(table) == _expected()
 
 

@@ -639,7 +639,7 @@ def test_a_poison_record_and_a_stuck_unit_never_stop_the_healthy_partitions(
         assert events[2].trigger_time_ms <= stuck.since_ms <= events[2].time_ms
     message = str(failed.value)
     assert message.startswith(
-        f"job kafka-users failed: unit 5 ({topic}:5) has been stuck for "
+        "job kafka-users failed: kafka[5] (unit 5) has been stuck for "
     )
     assert "(max-stuck-time = 4 s): it fell back in the last " in message
     assert "last cause: declined: TypeError: operator 'enrich': the map_batches function " in (

@@ -101,3 +101,41 @@ def test_a_join_whose_payments_never_advance_says_so_once(tmp_path: Path) -> Non
     assert 'regional_stalled_input{input="payments",job="stall",operator="paid"} 1.0' in metrics
     page = render_html(build_report([], events, job_id="stall"))
     assert "keeps growing its state" in page
+
+
+def test_the_policy_key_stall_after_sets_how_long_a_watermark_may_stand_still(
+    tmp_path: Path,
+) -> None:
+    """`event-time.stall-after = 2`: the stall is reported over 2 checkpoints, not 5."""
+    import orders_job
+
+    from regional.dataflow.pipeline import Pipeline
+    from regional.policy import load_policy
+    from regional.runtime.driver import JobDriver
+    from regional.runtime.task import TaskEnv
+    from regional.sinks.parquet import ParquetSink
+    from regional.sources.generator import GeneratorSource
+
+    p = Pipeline("stall", records_per_epoch=6)
+    orders = p.source(
+        GeneratorSource(1, lambda s, n: {"id": n, "ts": 1_000 * n}, records_per_split=60),
+        parallelism=1, name="orders", event_time="ts",
+    )  # fmt: skip
+    payments = p.source(
+        GeneratorSource(1, lambda s, n: {"id": -1, "ts": 0}, records_per_split=60),
+        parallelism=1, name="payments", event_time="ts",
+    )  # fmt: skip
+    orders.key_by("id").interval_join(
+        payments.key_by("id"), between=("0 s", "10 s"), how="left", partitions=1, name="paid"
+    ).sink(ParquetSink(str(tmp_path / "out")), name="out")
+    root = str(tmp_path / "ckpt")
+    env = TaskEnv(root, "stall", p, unit_timeout=30)
+    policy = load_policy(env={}, overrides={"event-time.stall-after": 2}).policy
+    driver = JobDriver(
+        p, orders_job.InProcessDispatcher(env), storage=JobStorage(root, "stall"), policy=policy
+    )
+    events: list[CheckpointEvent] = []
+    driver.progress = events.append
+    driver.run(max_checkpoints=6)
+    [(cid, text)] = [(e.checkpoint_id, w) for e in events for w in e.warnings]
+    assert f"over checkpoints {cid - 2}-{cid})" in text, text

@@ -255,7 +255,7 @@ def test_the_driver_reports_a_stuck_unit_in_every_event_and_fails_with_its_name(
         "    stuck: unit 2 (s2) for 1 s (on its initial state; 4 fallbacks in a row)",
     ]
     assert failed.startswith(
-        "job sim failed: unit 2 (s2) has been stuck for 5.05 s (max-stuck-time = 5 s): it fell "
+        "job sim failed: src[2] (unit 2) has been stuck for 5.05 s (max-stuck-time = 5 s): it fell "
         "back in the last 8 checkpoints and still runs on its initial state"
     )
     assert events[-1].message == failed

@@ -75,7 +75,7 @@ _VIEWS: dict[str, str] = {
     "dead-letters": "the committed dead letters by operator and reason (late, bad event time, "
     "undecodable, user function error), with samples and where each was read",
     "state": "per stateful operator of the newest checkpoint: the checkpoints owning its state, "
-    "its bytes and keys (--verbose: per subtask)",
+    "its bytes and keys (--subtasks: per subtask)",
 }
 
 
@@ -133,6 +133,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 "--no-keys",
                 action="store_true",
                 help="bytes from the metadata only, without reading the state files",
+            )
+            view.add_argument(
+                "--subtasks",
+                action="store_true",
+                help="one row per stateful subtask (its unit and owner checkpoint), not per "
+                "operator",
             )
         elif name == "validate":
             view.add_argument(
@@ -442,12 +448,13 @@ def _dead_letters(storage: JobStorage, args: argparse.Namespace) -> int:
 
 def _state(storage: JobStorage, args: argparse.Namespace) -> int:
     """The state size of every stateful operator in the newest checkpoint
-    (`regional.report.state`); keys counted from its state segments unless `--no-keys`."""
+    (`regional.report.state`), per subtask with `--subtasks` (`--verbose` only adds
+    tracebacks, as everywhere); keys counted from its state segments unless `--no-keys`."""
     newest = _newest(storage, "no state to show")
     if newest is None:
         return 0
     keys = None if args.no_keys else _key_counts(storage, newest)
-    table = state_view(newest, keys, verbose=args.verbose)
+    table = state_view(newest, keys, verbose=args.subtasks)
     print_table(table, as_json=args.json)
     if args.json:
         return 0

@@ -111,9 +111,11 @@ class CheckpointCoordinator:
     """Drives checkpoints of one job over the fallback units of `layout` under `policy`.
 
     `coordinators` maps a vertex id to its operator coordinator (`SplitEnumerator`,
-    `CommitCoordinator`, or any `OperatorCoordinator`). `reads` gives the splits a unit reads
-    (for its name in messages: `metadata.unit_names.unit_name`); by default its subtasks'
-    split states in the latest completed checkpoint.
+    `CommitCoordinator`, or any `OperatorCoordinator`). `names` names a unit in messages
+    and errors (`regional.graph.unit_names`: ``orders[1] (unit 1)``, the driver's
+    `UnitNames.mention`); without it, `reads` gives the splits a unit reads
+    (`metadata.unit_names.unit_name`: ``unit 1 (events:1)``), by default its subtasks' split
+    states in the latest completed checkpoint.
     """
 
     def __init__(
@@ -124,9 +126,11 @@ class CheckpointCoordinator:
         job_id: str,
         coordinators: Mapping[str, OperatorCoordinator] | None = None,
         reads: Callable[[int], Sequence[str]] | None = None,
+        names: Callable[[int], str] | None = None,
     ) -> None:
         self._layout = layout
         self._reads = reads
+        self._names = names
         self._policy = policy
         self._region = policy.checkpointing.region
         self._job_id = job_id
@@ -215,7 +219,10 @@ class CheckpointCoordinator:
         return self._owner[unit_id]
 
     def unit_name(self, unit_id: int) -> str:
-        """`unit 3 (events:3)`: the unit and the splits it reads (`metadata.unit_names`)."""
+        """The unit in messages: by `names` (``orders[3] (unit 3)``) when given, else the unit
+        and the splits it reads (``unit 3 (events:3)``, `metadata.unit_names`)."""
+        if self._names is not None:
+            return self._names(unit_id)
         if self._reads is not None:
             return unit_name(unit_id, self._reads(unit_id))
         states = self._unit_states[unit_id] or ()

@@ -402,6 +402,7 @@ def _grid_section(report: Report) -> str:
     )
     body = []
     for u in report.grid_units:
+        name = report.unit_names.get(u) or f"unit {u}"  # `orders[1] (unit 1)`: id to type
         tds = []
         for c in report.grid_checkpoints:
             cell = cells.get((c, u))
@@ -410,7 +411,7 @@ def _grid_section(report: Report) -> str:
             elif cell["status"] == "fallback":
                 owner = cell["owner_checkpoint_id"]
                 tip = (
-                    f"unit {u}, checkpoint {c}: fell back to the state of checkpoint "
+                    f"{name}, checkpoint {c}: fell back to the state of checkpoint "
                     f"{'unknown (older than the event log)' if owner is None else owner}"
                 )
                 if cell["cause"]:
@@ -418,11 +419,11 @@ def _grid_section(report: Report) -> str:
                 label = "?" if owner is None else str(owner)
                 tds.append(f'<td class="b" title="{_e(tip)}">{label}</td>')
             else:
-                tip = f"unit {u}, checkpoint {c}: failed, checkpoint aborted"
+                tip = f"{name}, checkpoint {c}: failed, checkpoint aborted"
                 if cell["cause"]:
                     tip += f" - {cell['cause']}"
                 tds.append(f'<td class="x" title="{_e(tip)}">&#215;</td>')
-        body.append(f"<tr><th>unit {u}</th>{''.join(tds)}</tr>")
+        body.append(f"<tr><th>{_e(name)}</th>{''.join(tds)}</tr>")
     notes = []
     if report.always_fresh_units:
         n = report.always_fresh_units

@@ -61,6 +61,7 @@ from regional.errors import (
     RestoreError,
 )
 from regional.graph.regions import RegionPlan
+from regional.graph.unit_names import names_of_plan
 from regional.policy import Policy
 from regional.runtime.carry_out import DecisionHandlers, EpochOutcome
 from regional.runtime.cleaning import JobCleaning
@@ -326,6 +327,7 @@ class JobDriver:
             job_id=self.job_id,
             coordinators={**self.enumerators, **self.committers},
             reads=self.unit_reads,
+            names=names_of_plan(self.plan).mention,
         )
         self.cleaning = JobCleaning(
             storage, self.lease, num_retained=self.policy.checkpointing.num_retained
@@ -345,7 +347,9 @@ class JobDriver:
             seen=self._seen,
         )
         if pipeline.timed:  # an input whose watermark stalls while state grows: a warning
-            self.decisions.stall_watch = StallWatch(watched_inputs(pipeline, self.plan))
+            self.decisions.stall_watch = StallWatch(
+                watched_inputs(pipeline, self.plan), self.policy.event_time.stall_after
+            )
         self.last_timing: EpochTiming | None = None  # where the latest epoch's time went
         self._started = False
         self._replays_seen: set[tuple[str, str]] = set()  # replay batches in the event log
@@ -387,7 +391,6 @@ class JobDriver:
         """
         if self.metrics_port is None:
             return self._run(max_checkpoints, stop_with_savepoint)
-        from regional.graph.unit_names import names_of_plan
         from regional.runtime.prometheus import serve_metrics
 
         names = names_of_plan(self.plan).labels

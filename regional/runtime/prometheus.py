@@ -187,7 +187,7 @@ class JobCollector:
             stalled = GaugeMetricFamily(
                 "regional_stalled_input",
                 "1 for each operator input whose watermark has not advanced for "
-                "STALL_CHECKPOINTS checkpoints while the operator's state grew "
+                "event-time.stall-after checkpoints while the operator's state grew "
                 "(regional.runtime.stalled_inputs); only inputs stalled now.",
                 labels=["job", "operator", "input"],
             )

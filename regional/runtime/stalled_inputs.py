@@ -5,7 +5,8 @@ of its inputs' watermark does not move, and nothing else says so.
 The rule (`StallWatch.observe`, pure): after each completed checkpoint, for every watched
 operator and each of its inputs, an input is **stalled** when its watermark (the lowest of
 the units that feed it, as of the latest checkpoint each was fresh in) has not changed over
-the last `checkpoints` completed checkpoints (default `STALL_CHECKPOINTS`) and is not +inf
+the last `checkpoints` completed checkpoints (the policy's `event-time.stall-after`, default
+`STALL_CHECKPOINTS`) and is not +inf
 (an input that ended holds nothing back), while the operator's state bytes grew over the same
 checkpoints without ever shrinking. It is reported once per episode; the episode ends when
 that input's watermark moves, and a later stall is a new one.
@@ -45,7 +46,8 @@ __all__ = [
 ]
 
 #: How many completed checkpoints an input's watermark may stay put while its operator's
-#: state grows before the stall is reported.
+#: state grows before the stall is reported: the default of the policy key
+#: `event-time.stall-after` (`regional.policy.EventTimePolicy`).
 STALL_CHECKPOINTS = 5
 
 
@@ -85,7 +87,10 @@ class StallWatch:
         checkpoints: int = STALL_CHECKPOINTS,
     ) -> None:
         if checkpoints < 1:
-            raise ValueError(f"checkpoints must be at least 1, not {checkpoints}")
+            raise ValueError(
+                f"checkpoints must be at least 1, not {checkpoints} (the policy key "
+                "event-time.stall-after)"
+            )
         self.inputs = inputs
         self.checkpoints = checkpoints
         keep = checkpoints + 1
