@@ -152,13 +152,13 @@ def test_inspect_names_units_and_exchange_partitions_by_what_they_read(
     assert main(["inspect", root, "lag"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("  fresh")[0].rstrip() for line in lines[2:9]] == [
-        "      0  files[0]        orders-03.jsonl (finished)               0",
-        "      1  files[1]        orders-04.jsonl (finished)               0",
-        "      2  files[2]        orders-05.jsonl (finished)               0",
-        "      3  by-customer[0]  by-customer partition 0                  -",
-        "      4  by-customer[1]  by-customer partition 1                  -",
-        "      5  by-customer[2]  by-customer partition 2                  -",
-        "      6  by-customer[3]  by-customer partition 3                  -",
+        "      0  files[0]        orders-03.jsonl (finished)               0  0 ms",
+        "      1  files[1]        orders-04.jsonl (finished)               0  0 ms",
+        "      2  files[2]        orders-05.jsonl (finished)               0  0 ms",
+        "      3  by-customer[0]  by-customer partition 0                  -  -",
+        "      4  by-customer[1]  by-customer partition 1                  -  -",
+        "      5  by-customer[2]  by-customer partition 2                  -  -",
+        "      6  by-customer[3]  by-customer partition 3                  -  -",
     ]
     assert main(["inspect", root, "lag", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
