@@ -78,6 +78,8 @@ def record_wise(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def folds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The operators that folded a batch over Arrow columns (window or running aggregate)."""
     import regional.dataflow.columnar_aggregates as columnar
+    import regional.dataflow.running_aggregate as running
+    import regional.dataflow.window_operator as windows
 
     seen: list[str] = []
     real = columnar.fold
@@ -86,8 +88,8 @@ def folds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(agg.columnar)
         return real(agg, *args)
 
-    # both operators fold through `fold_all`, which folds each aggregate of a list with `fold`
-    monkeypatch.setattr(columnar, "fold", spy)
+    monkeypatch.setattr(windows, "fold", spy)
+    monkeypatch.setattr(running, "fold", spy)
     return seen
 
 

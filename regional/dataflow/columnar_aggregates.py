@@ -135,9 +135,10 @@ def fold_all(
     starts: np.ndarray | None,
     current: Callable[[Any, int | None], Any],
 ) -> list[tuple[Any, int | None, Any]]:
-    """`fold` of `agg`, or of a combination part by part (`values`: `value_columns`): each
-    part folded into its place of the combined accumulator (a list), one group-by per part.
-    The groups are the same rows in every part, in the same order (of their first row)."""
+    """`fold` of a combination part by part (`values`: `value_columns`; of `agg` itself when
+    it is none): each part folded into its place of the combined accumulator (a list), one
+    group-by per part. The groups are the same rows in every part, in the same order (of
+    their first row)."""
     if not agg.parts:
         return fold(agg, keys, values[0], starts, current)
     per_part = []

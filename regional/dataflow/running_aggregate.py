@@ -41,6 +41,7 @@ from regional.dataflow.columnar_aggregates import (
     MISSING,
     can_fold,
     columnar,
+    fold,
     fold_all,
     value_columns,
 )
@@ -200,7 +201,13 @@ class RunningAggregate(Operator):
             else tuple(batch.column(c) for c in column)
         )
         values = value_columns(self.aggregate, batch)
-        for key, _, acc in fold_all(self.aggregate, keys, values, None, current):
+        agg = self.aggregate
+        groups = (
+            fold_all(agg, keys, values, None, current)
+            if agg.parts
+            else fold(agg, keys, values[0], None, current)
+        )
+        for key, _, acc in groups:
             slot = slots.get(key)
             if slot is None:
                 state.codec.check(key, what="the key of a running aggregate", operator=self.name)

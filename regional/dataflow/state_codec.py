@@ -83,7 +83,7 @@ _INT_MIN, _INT_MAX = INT_RANGE = (-(2**63), 2**64 - 1)  # what msgpack's int hol
 
 SUPPORTED = (
     "int (64 bits), float, str, bytes, bool, None, list, dict, tuple, set, frozenset, "
-    "datetime, date, time, Decimal, declared msgspec Structs and HLL sketches"
+    "datetime, date, time, Decimal and declared msgspec Structs"
 )
 
 

@@ -37,6 +37,7 @@ from regional.dataflow.columnar_aggregates import (
     MISSING,
     can_fold,
     columnar,
+    fold,
     fold_all,
     value_columns,
 )
@@ -310,7 +311,13 @@ def _fold_batch(
         entry = None if slot is None else slot.get(_WINDOWS, {}).get(start)
         return MISSING if entry is None else entry[1]
 
-    for key, start, acc in fold_all(spec.aggregate, keys, values, starts[live], current):
+    agg = spec.aggregate
+    groups = (
+        fold_all(agg, keys, values, starts[live], current)
+        if agg.parts
+        else fold(agg, keys, values[0], starts[live], current)
+    )
+    for key, start, acc in groups:
         assert start is not None
         slot = slots.get(key)
         if slot is None:
