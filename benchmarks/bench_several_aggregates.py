@@ -13,7 +13,7 @@ snapshot, then the watermark closes every window:
 
 Prints each variant's median time per round, per record, and the ratios.
 
-    .venv/bin/python -m benchmarks.bench_several_aggregates [--batches 8] [--rows 20000]
+    .venv/bin/python -m benchmarks.bench_several_aggregates [--batches 8] [--rows 20000] [--quick]
 """
 
 from __future__ import annotations
@@ -91,7 +91,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="2 batches x 2,000, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.batches, args.rows, args.rounds = 2, 2_000, 2
     batches = _batches(args.batches, args.rows)
     records = [b.to_pylist() for b in batches]
     three = [count(), sum_of("v"), max_of("v")]

@@ -227,3 +227,46 @@ def test_without_datasketches_the_error_says_what_to_install(monkeypatch: Any) -
     monkeypatch.setitem(sys.modules, "datasketches", None)
     with pytest.raises(MissingSketches, match=r"install regional-checkpoints\[sketches\]"):
         count_distinct("user", exact=False)
+
+
+def test_a_sketch_whose_sizes_lie_is_refused_before_the_library_reads_it() -> None:
+    """DataSketches' C++ deserializer trusts the preamble's sizes: a set-mode sketch claiming
+    2**224 slots corrupted the heap (the process aborted). `decode` refuses it first."""
+    from regional.dataflow.distinct_sketches import decode, encode
+
+    agg = count_distinct("v", exact=False)
+    acc = agg.init()
+    for n in range(10):  # set mode
+        acc = agg.add(acc, {"v": n})
+    lying = bytearray(encode(acc))
+    lying[4] = 224
+    with pytest.raises(ValueError, match="inconsistent HLL preamble"):
+        decode(bytes(lying))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    distinct=st.sampled_from([0, 5, 10, 200, 5000]),
+    lg_k=st.sampled_from([7, 12]),
+    edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.one_of(st.none(), st.integers(0, 2**16)),
+)
+def test_damaged_sketch_bytes_decode_or_raise_never_crash(
+    distinct: int, lg_k: int, edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    from regional.dataflow.distinct_sketches import decode, encode
+
+    agg = count_distinct("v", exact=False, lg_k=lg_k)
+    acc = agg.init()
+    for n in range(distinct):
+        acc = agg.add(acc, {"v": n})
+    data = bytearray(encode(acc))
+    for at, byte in edits:
+        data[at % len(data)] = byte
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    try:
+        sketch = decode(bytes(data))
+    except ValueError:
+        return
+    agg.result(agg.merge(agg.add(sketch, {"v": -1}), acc))  # usable, whatever it counts

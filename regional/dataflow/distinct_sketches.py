@@ -32,6 +32,7 @@ __all__ = [
     "LG_K_RANGE",
     "MissingSketches",
     "approximate_distinct",
+    "check_layout",
     "decode",
     "encode",
     "estimate",
@@ -41,6 +42,7 @@ __all__ = [
 
 #: The precisions DataSketches' HLL sketch takes (``lg_k``).
 LG_K_RANGE = (7, 21)
+_COMPACT = 8  # the preamble's flag of a compact serialization
 _INSTALL = "install regional-checkpoints[sketches] (pip install 'regional-checkpoints[sketches]')"
 
 
@@ -78,10 +80,44 @@ def encode(sketch: Any) -> bytes:
     return bytes(sketch.serialize_compact())
 
 
+def check_layout(data: bytes) -> None:
+    """`ValueError` unless `data` has the layout of what `encode` writes: DataSketches' compact
+    HLL serialization (version 1, family 7) of an HLL_8 sketch with an `lg_k` in
+    `LG_K_RANGE`, in list, set or HLL mode, every size field consistent with the length.
+
+    Snapshots are data from storage, not trusted to run code, and the library's C++
+    deserializer trusts its size fields (a set-mode sketch claiming 2**224 slots corrupts the
+    heap), so `decode` checks them here first, in Python."""
+    if len(data) < 8:
+        raise ValueError(f"{len(data)} bytes are too short for an HLL sketch's preamble")
+    ints, version, family, lg_k, lg_arr, flags, count, mode_byte = data[:8]
+    mode, target = mode_byte & 3, (mode_byte >> 2) & 3
+    low, high = LG_K_RANGE
+    if (version, family, target) != (1, 7, 2) or not low <= lg_k <= high:
+        raise ValueError(
+            f"not an HLL_8 sketch of serialization version 1 (version {version}, family "
+            f"{family}, target {target}, lg_k {lg_k})"
+        )
+    if not flags & _COMPACT or mode > 2 or ints != (2, 3, 10)[mode] or lg_arr > lg_k:
+        raise ValueError(f"an inconsistent HLL preamble ({list(data[:8])})")
+    if mode == 0:  # a list of coupons
+        size, entries = 8 + 4 * count, count
+    elif mode == 1:  # a hash set of coupons
+        entries = int.from_bytes(data[8:12], "little") if len(data) >= 12 else -1
+        size = 12 + 4 * entries
+    else:  # the registers, one byte each, without an exception table
+        entries, size = 0, 40 + 2**lg_k
+        if len(data) >= 40 and int.from_bytes(data[36:40], "little") != 0:
+            raise ValueError("an HLL_8 sketch with an exception table")
+    if entries < 0 or entries > 2**lg_arr or len(data) != size:
+        raise ValueError(f"an HLL sketch of {len(data)} bytes whose preamble says {size}")
+
+
 def decode(data: bytes) -> Any:
     """A sketch from `encode`'s bytes; `MissingSketches` without the library, `ValueError`
-    when the bytes are no HLL sketch."""
+    when the bytes are no HLL sketch `encode` writes (`check_layout`)."""
     ds = _library()
+    check_layout(data)
     try:
         return ds.hll_sketch.deserialize(bytes(data))
     except Exception as exc:  # the C++ library's errors come as RuntimeError and kin
