@@ -145,7 +145,9 @@ def produce(bootstrap: str = BOOTSTRAP) -> None:
     new = [NewTopic(t, PARTITIONS, 1) for t in (ORDERS, PAYMENTS, OUTPUT) if t not in existing]
     for future in admin.create_topics(new).values() if new else ():
         future.result(timeout=30)
-    producer = Producer({"bootstrap.servers": bootstrap})
+    # one message per request: with the producer's default batching, the job read 6 of these
+    # 216 messages back from the tansu test broker (tests/kafka_broker.py); Kafka needs none
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
     orders, payments = demo_records()
     for topic, records in ((ORDERS, orders), (PAYMENTS, payments)):
         for partition, value in records:
