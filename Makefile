@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 # The exact versions the suite passes with, for every extra (`make lock` refreshes it).
 LOCK   := requirements.lock.txt
-EXTRAS := test,docs,paimon,delta,iceberg,kafka,prometheus
+EXTRAS := test,docs,paimon,delta,iceberg,kafka,prometheus,sketches
 # `make test-latest`: the newest versions pyproject.toml's ranges allow, in a venv of its own.
 LATEST := .venv-latest
 

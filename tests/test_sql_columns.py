@@ -109,7 +109,7 @@ def test_windowed_aggregates_on_columns_have_exact_types() -> None:
         ]
     )
     assert clicks.where("clicks > 1").select("user", "clicks").schema == pa.schema(
-        [("user", pa.string()), ("clicks", pa.int64())]
+        [("user", pa.string()), pa.field("clicks", pa.int64(), nullable=False)]  # kept not null
     )
 
 
@@ -217,8 +217,7 @@ def test_columns_that_do_not_line_up_are_refused_when_built_naming_both_schemas(
     assert _error(lambda: no_time.drop_duplicates(["order_id"], within="1 s", name="d")) == (
         "drop_duplicates 'd': event_time: unknown column 'ts'; The columns are: order_id"
     )
-    with pytest.raises(ValueError, match="approximate distinct counts need a sketch library"):
-        count_distinct("user", exact=False)
+    # count_distinct(exact=False) is no longer refused: tests/test_aggregates_several.py
 
 
 _KEYS = st.sampled_from(["a", "b", None])
@@ -380,3 +379,50 @@ def test_a_running_aggregate_keyed_by_two_columns_folds_as_the_record_wise_path_
     assert by_columns.key_column == ("k", "k2")
     record_wise = RunningAggregate(agg, lambda r: (r["k"], r["k2"]), name="a")
     assert _running_rows(by_columns, rows, COLUMNS2) == _running_rows(record_wise, rows, None)
+
+
+def test_select_keeps_a_not_null_column_not_null_and_makes_expressions_nullable() -> None:
+    """A column (or struct field) referenced as it is keeps its not-null flag through
+    `select`, `with_columns`, `sql` and `where`, so a window keyed or timed by it after a
+    select still says so; an expression may be null (a literal only when it is NULL)."""
+    value = pa.struct([pa.field("id", pa.int64(), nullable=False), ("amount", pa.float64())])
+    schema = pa.schema(
+        [
+            pa.field("order_id", pa.int64(), nullable=False),
+            ("user", pa.string()),
+            pa.field("value", value, nullable=False),
+            ("maybe", value),
+        ]
+    )
+    p = Pipeline("not-null")
+    stream = p.source(GeneratorSource(1, lambda s, n: {}), name="s", schema=schema)
+    selected = stream.select(
+        "order_id", "order_id AS id", "user", "value.id AS vid", "maybe.id AS mid",
+        "value.amount AS amount", "order_id + 1 AS next", "CAST(order_id AS STRING) AS text",
+        "1 AS one", "NULL AS nothing", name="sel",
+    )  # fmt: skip
+    assert selected.schema is not None
+    assert {f.name: f.nullable for f in selected.schema} == {
+        "order_id": False,
+        "id": False,
+        "user": True,
+        "vid": False,
+        "mid": True,  # the struct may be null
+        "amount": True,
+        "next": True,
+        "text": True,
+        "one": False,
+        "nothing": True,
+    }
+    starred = stream.with_columns(twice="order_id * 2", name="wc").where("user IS NOT NULL")
+    assert starred.schema is not None and starred.schema.field("order_id").nullable is False
+    queried = stream.sql("SELECT order_id FROM input WHERE user = 'a'", name="q")
+    assert queried.schema == pa.schema([pa.field("order_id", pa.int64(), nullable=False)])
+    op = p.vertices[selected.vertex_id].operator
+    batch = pa.RecordBatch.from_pylist(
+        [{"order_id": 1, "user": None, "value": {"id": 7, "amount": None}, "maybe": None}],
+        schema=schema,
+    )
+    out, _ = op.run([("p", batch)], None, None, None, None)
+    assert out[0][1].schema == selected.schema
+    assert out[0][1].to_pylist()[0]["vid"] == 7

@@ -21,10 +21,21 @@ from regional.dataflow.operators import WindowOp
 from regional.dataflow.state import KEY_SCOPE, OperatorState
 from regional.dataflow.state_codec import StateTypeError
 from regional.dataflow.window_operator import WindowSpec
-from regional.dataflow.windows import Sliding, Tumbling, count, max_of, mean_of, min_of, sum_of
+from regional.dataflow.windows import (
+    Sliding,
+    Tumbling,
+    combine,
+    count,
+    max_of,
+    mean_of,
+    min_of,
+    sum_of,
+)
 
 AGGREGATES = {"count": count(), "sum": sum_of("v"), "min": min_of("v"), "max": max_of("v"),
-              "mean": mean_of("v")}  # fmt: skip
+              "mean": mean_of("v"),
+              "several": combine([count(), sum_of("v"), min_of("v").alias("low"),
+                                  max_of("v"), mean_of("v")], "win")}  # fmt: skip
 ASSIGNERS = {
     "tumbling": Tumbling("1 s", offset="0.25 s"),
     "sliding": Sliding("1 s", "0.25 s"),

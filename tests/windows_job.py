@@ -18,7 +18,9 @@ from regional.dataflow.windows import (
     Sliding,
     Tumbling,
     Window,
+    combine,
     count,
+    count_distinct,
     max_of,
     mean_of,
     sum_of,
@@ -394,6 +396,14 @@ BUILTINS: dict[str, tuple[Any, Aggregate]] = {
     "sliding-mean": (Sliding("10 s", "5 s"), mean_of("amount")),
     "tumbling-max": (Tumbling("10 s"), max_of("amount")),
     "sliding-count": (Sliding("10 s", "5 s"), count()),
+    # several aggregates in one window (a list): folded part by part over columns
+    "tumbling-several": (
+        Tumbling("10 s"),
+        combine([count(), sum_of("amount"), max_of("amount").alias("top")], "tumbling-several"),
+    ),
+    # an HLL sketch per window and key (record by record): its state survives snapshots,
+    # fallbacks and the rescale, and its estimate depends on the set of values only
+    "tumbling-approx-distinct": (Tumbling("10 s"), count_distinct("ts", exact=False, lg_k=7)),
 }
 RUNNING = "running-sum"
 

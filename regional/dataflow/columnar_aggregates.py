@@ -36,7 +36,17 @@ import pyarrow.compute as pc
 
 from regional.dataflow.windows import Aggregate
 
-__all__ = ["COLUMNAR", "MISSING", "can_fold", "fold", "groupable", "value_column"]
+__all__ = [
+    "COLUMNAR",
+    "MISSING",
+    "can_fold",
+    "columnar",
+    "fold",
+    "fold_all",
+    "groupable",
+    "value_column",
+    "value_columns",
+]
 
 #: The built-ins that can run over Arrow columns (`Aggregate.columnar`).
 COLUMNAR = ("count", "sum", "min", "max", "mean")
@@ -68,10 +78,20 @@ def _numeric(kind: pa.DataType) -> bool:
     )
 
 
+def columnar(agg: Aggregate) -> bool:
+    """True for a built-in `fold` computes over columns, or a combination of them
+    (`regional.dataflow.windows.combine`: every part one)."""
+    if agg.parts:
+        return all(p.columnar in COLUMNAR for p in agg.parts)
+    return agg.columnar in COLUMNAR
+
+
 def can_fold(agg: Aggregate, batch: pa.RecordBatch, key_field: str | tuple[str, ...]) -> bool:
     """True when `fold` gives for `batch`, keyed by column `key_field` (or by the tuple of the
     columns it names), what adding its records one by one to `agg`'s accumulators gives (see
-    the module's rules)."""
+    the module's rules); for a combination, when it does for every part."""
+    if agg.parts:
+        return all(can_fold(p, batch, key_field) for p in agg.parts)
     names = batch.schema.names
     fields = (key_field,) if isinstance(key_field, str) else key_field
     if agg.columnar not in COLUMNAR or not all(f in names for f in fields):
@@ -101,6 +121,39 @@ def value_column(agg: Aggregate, batch: pa.RecordBatch) -> pa.Array | None:
         return None
     column = batch.column(agg.field)
     return column.cast(pa.float64() if pa.types.is_floating(column.type) else pa.int64())
+
+
+def value_columns(agg: Aggregate, batch: pa.RecordBatch) -> list[pa.Array | None]:
+    """`value_column` of each part of `agg` (of `agg` itself when it is no combination)."""
+    return [value_column(p, batch) for p in (agg.parts or (agg,))]
+
+
+def fold_all(
+    agg: Aggregate,
+    keys: pa.Array | tuple[pa.Array, ...],
+    values: list[pa.Array | None],
+    starts: np.ndarray | None,
+    current: Callable[[Any, int | None], Any],
+) -> list[tuple[Any, int | None, Any]]:
+    """`fold` of a combination part by part (`values`: `value_columns`; of `agg` itself when
+    it is none): each part folded into its place of the combined accumulator (a list), one
+    group-by per part. The groups are the same rows in every part, in the same order (of
+    their first row)."""
+    if not agg.parts:
+        return fold(agg, keys, values[0], starts, current)
+    per_part = []
+    for i, (part, column) in enumerate(zip(agg.parts, values, strict=True)):
+
+        def current_part(key: Any, start: int | None, i: int = i) -> Any:
+            acc = current(key, start)
+            return MISSING if acc is MISSING else acc[i]
+
+        per_part.append(fold(part, keys, column, starts, current_part))
+    first = per_part[0]
+    return [
+        (key, start, [groups[g][2] for groups in per_part])
+        for g, (key, start, _) in enumerate(first)
+    ]
 
 
 def _key_columns(keys: pa.Array | tuple[pa.Array, ...]) -> dict[str, pa.Array]:

@@ -90,6 +90,10 @@ class Compiled:
     text: str
     type: pa.DataType
     evaluate: Callable[[pa.RecordBatch], Value]
+    #: whether it may be null: False only for a not-null column (or struct field) as it is
+    #: and a literal other than NULL; any other expression may be (a conservative rule: a
+    #: nullable column that never holds null is harmless, the reverse would not be)
+    nullable: bool = True
 
     @property
     def constant(self) -> bool:
@@ -368,7 +372,8 @@ class _Compiler:
                 f"unknown column {name!r} in {self.text!r}{hint} The columns are: "
                 f"{', '.join(self.schema.names)}"
             )
-        column = Compiled(name, self.schema.field(index).type, lambda b: b.column(index))
+        top = self.schema.field(index)
+        column = Compiled(name, top.type, lambda b: b.column(index), nullable=top.nullable)
         for field in parts[1:]:
             column = self._field_of(node, column, field)
         return column
@@ -390,14 +395,19 @@ class _Compiler:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise self.error(f"no field {name!r} in {self.text!r}: {where}{hint}")
         at = [names.index(name)]
-        return self.kernel(node, lambda v: pc.struct_field(v, at), struct, what=".")
+        field = self.kernel(node, lambda v: pc.struct_field(v, at), struct, what=".")
+        inner = kind.field(at[0]).nullable
+        return dataclasses.replace(field, nullable=struct.nullable or inner)
 
     def _Literal(self, node: exp.Literal) -> Compiled:
         value = _literal(node)
-        return Compiled(node.sql("spark"), value.type, _Constant(value))
+        return Compiled(
+            node.sql("spark"), value.type, _Constant(value), nullable=not value.is_valid
+        )
 
     def _Boolean(self, node: exp.Boolean) -> Compiled:
-        return Compiled(node.sql("spark"), pa.bool_(), _Constant(pa.scalar(bool(node.this))))
+        value = pa.scalar(bool(node.this))
+        return Compiled(node.sql("spark"), pa.bool_(), _Constant(value), nullable=False)
 
     def _Null(self, node: exp.Null) -> Compiled:
         return Compiled("NULL", pa.null(), _Constant(pa.scalar(None)))
@@ -824,10 +834,7 @@ class Projection:
             if isinstance(node, exp.Star) or (
                 isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
             ):
-                columns += [
-                    Column(f.name, Compiled(f.name, f.type, _column_reader(i)))
-                    for i, f in enumerate(schema)
-                ]
+                columns += [Column(f.name, _kept(f, i)) for i, f in enumerate(schema)]
                 continue
             alias, compiled = _compile_item(node, schema, stage, text)
             columns.append(Column(alias or _output_name(node, compiled), compiled))
@@ -842,7 +849,7 @@ class Projection:
                 f"stage {stage!r}: the output has more than one column "
                 f"{', '.join(map(repr, twice))}; give each an alias of its own (expr AS name)"
             )
-        fields = [pa.field(c.name, c.expression.type) for c in columns]
+        fields = [pa.field(c.name, c.expression.type, c.expression.nullable) for c in columns]
         return cls(tuple(columns), pa.schema(fields))
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -852,8 +859,8 @@ class Projection:
 
 
 def _kept(field: pa.Field, index: int) -> Compiled:
-    """Column `index` of the input (`field`), as it is."""
-    return Compiled(field.name, field.type, _column_reader(index))
+    """Column `index` of the input (`field`), as it is (not null when it is not)."""
+    return Compiled(field.name, field.type, _column_reader(index), nullable=field.nullable)
 
 
 def _column_reader(index: int) -> Callable[[pa.RecordBatch], Value]:

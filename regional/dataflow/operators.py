@@ -41,7 +41,7 @@ from regional.dataflow.state_codec import StateCodec
 from regional.dataflow.stream_schemas import WindowRow, event_time_column, window_schema
 from regional.dataflow.timers import bind, fire_timers
 from regional.dataflow.window_operator import WindowSpec, run_windows
-from regional.dataflow.windows import Aggregate, Window, WindowAssigner, reduce_with
+from regional.dataflow.windows import Aggregate, Window, WindowAssigner, combine, reduce_with
 from regional.errors import GraphError
 from regional.sinks.rows import conformed, records_batch
 from regional.sources.base import Batch
@@ -808,7 +808,7 @@ def build_window(
     keyed: Keyed,
     assigner: WindowAssigner,
     *,
-    aggregate: Aggregate | None,
+    aggregate: Aggregate | Sequence[Aggregate] | None,
     reduce: Callable[[Any, Any], Any] | None,
     allowed_lateness: Any,
     on_late: str,
@@ -825,6 +825,8 @@ def build_window(
             f"{what}: give aggregate=<count(), sum_of('field') or an Aggregate> or "
             "reduce=<a function of two records>, one of them"
         )
+    if aggregate is not None and not isinstance(aggregate, Aggregate):
+        aggregate = combine(aggregate, what)
     graph.late_policy(what, on_late)
     time = graph.event_time_of(keyed.vertex_id, event_time, what)
     scope = graph.key_scope(keyed.vertex_id, keyed.key, name)
@@ -834,7 +836,7 @@ def build_window(
     if aggregate is not None and emit is None and schema is not None and keys is not None:
         out = window_schema(schema, keys, aggregate, what)
         if out is not None:
-            emit = WindowRow(keys, aggregate.output_column)
+            emit = WindowRow(keys, None if aggregate.parts else aggregate.output_column)
     spec = WindowSpec(
         assigner,
         aggregate if aggregate is not None else reduce_with(reduce),  # type: ignore[arg-type]

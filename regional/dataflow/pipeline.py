@@ -618,7 +618,7 @@ class KeyedStream:
         self,
         assigner: WindowAssigner,
         *,
-        aggregate: Aggregate | None = None,
+        aggregate: Aggregate | Sequence[Aggregate] | None = None,
         reduce: Callable[[Any, Any], Any] | None = None,
         allowed_lateness: Any = 0,
         on_late: str = "drop",
@@ -628,8 +628,10 @@ class KeyedStream:
     ) -> Stream:
         """Event-time windows of the key (`regional.dataflow.windows`: `Tumbling`, `Sliding`,
         `Session`), aggregated with `aggregate` (`count()`, `sum_of(field)`, `min_of(field)`,
-        `max_of(field)`, `mean_of(field)`, an `Aggregate`)
-        or `reduce(a, b)`; one row per (key, window), ``emit(key, window, value)`` (default
+        `max_of(field)`, `mean_of(field)`, `count_distinct(field)`, an `Aggregate`, or a list
+        of them, ``[count(), sum_of("amount")]``, whose value is ``{column: value}`` and
+        which fill one column each on a stream with a schema) or `reduce(a, b)`; one row per
+        (key, window), ``emit(key, window, value)`` (default
         ``{key, window_start, window_end, value}``), once the watermark passes the window's end
         plus `allowed_lateness`. Late records are dropped and counted, or with
         ``on_late="dead-letter"`` also written to the pipeline's dead-letter sink. The event
@@ -761,20 +763,24 @@ class KeyedStream:
 
     def aggregate(
         self,
-        agg: Aggregate,
-        *,
+        agg: Aggregate | Sequence[Aggregate],
+        *more: Aggregate,
         emit: Callable[[Any, Any], Any] | None = None,
         name: str | None = None,
     ) -> Stream:
         """A running aggregate of the key over every record so far (`count()`,
-        `sum_of(field)`, `min_of`, `max_of`, `mean_of` or an `Aggregate`), no event time
-        needed: per epoch one row per key that had records in it, ``emit(key, value)``
+        `sum_of(field)`, `min_of`, `max_of`, `mean_of`, `count_distinct` or an `Aggregate`;
+        several as PySpark's ``.agg(...)``: ``aggregate(count(), sum_of("amount"))`` or a
+        list, whose value is ``{column: value}``, one column each on a stream with a schema),
+        no event time needed: per epoch one row per key that had records in it, ``emit(key, value)``
         (default ``{key, value}``), ordered by key. Per (split, key) on a forward chain, per
         key after a keyed exchange (``key_by(k, partitions=N)``: one total per key). Built-ins
         on a field key (``key_by("user")``) run over Arrow columns. DESIGN §4 rule 21
         (`regional.dataflow.running_aggregate`)."""
         from regional.dataflow.running_aggregate import build_aggregate
 
+        if more:
+            agg = [*([agg] if isinstance(agg, Aggregate) else agg), *more]
         vid = build_aggregate(self._graph, self._keyed, agg, emit=emit, name=name)
         return Stream(self._stream.pipeline, vid)
 

@@ -37,14 +37,21 @@ import msgspec
 import pyarrow as pa
 
 from regional.dataflow.building import Build, Keyed
-from regional.dataflow.columnar_aggregates import MISSING, can_fold, fold, value_column
+from regional.dataflow.columnar_aggregates import (
+    MISSING,
+    can_fold,
+    columnar,
+    fold,
+    fold_all,
+    value_columns,
+)
 from regional.dataflow.dead_letters import DeadLetters
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.keys import FieldKey, key_columns
 from regional.dataflow.operators import Chunk, Operator, records_of
 from regional.dataflow.state import OperatorState
 from regional.dataflow.stream_schemas import KeyColumnsRow, as_schema_rows, running_schema
-from regional.dataflow.windows import Aggregate
+from regional.dataflow.windows import Aggregate, combine
 from regional.errors import GraphError
 
 __all__ = ["RunningAggregate", "build_aggregate", "default_emit"]
@@ -95,7 +102,7 @@ class RunningAggregate(Operator):
         #: the key column (or the key's columns, a tuple) when batches may be folded over
         #: Arrow columns (else None)
         self.key_column: str | tuple[str, ...] | None = None
-        if columns is not None and aggregate.columnar:
+        if columns is not None and columnar(aggregate):
             self.key_column = columns[0] if isinstance(key, FieldKey) else columns
 
     def user_functions(self) -> tuple[Any, ...]:
@@ -193,8 +200,14 @@ class RunningAggregate(Operator):
             if isinstance(column, str)
             else tuple(batch.column(c) for c in column)
         )
-        values = value_column(self.aggregate, batch)
-        for key, _, acc in fold(self.aggregate, keys, values, None, current):
+        values = value_columns(self.aggregate, batch)
+        agg = self.aggregate
+        groups = (
+            fold_all(agg, keys, values, None, current)
+            if agg.parts
+            else fold(agg, keys, values[0], None, current)
+        )
+        for key, _, acc in groups:
             slot = slots.get(key)
             if slot is None:
                 state.codec.check(key, what="the key of a running aggregate", operator=self.name)
@@ -206,13 +219,16 @@ class RunningAggregate(Operator):
 def build_aggregate(
     graph: Build,
     keyed: Keyed,
-    agg: Aggregate,
+    agg: Aggregate | Sequence[Aggregate],
     *,
     emit: Callable[[Any, Any], Any] | None,
     name: str | None,
 ) -> str:
     """Add a running aggregate of `keyed` (`KeyedStream.aggregate` says what it does); its
-    vertex id. `GraphError` naming the operator when `agg` is no aggregate."""
+    vertex id. `GraphError` naming the operator when `agg` is no aggregate (or a list of
+    aggregates, `regional.dataflow.windows.combine`)."""
+    if isinstance(agg, list | tuple) and not isinstance(agg, Aggregate):
+        agg = combine(agg, f"aggregate {name or '(unnamed)'!r}")
     if not isinstance(agg, Aggregate):
         called = " (call it: count(), not count)" if callable(agg) else ""
         raise GraphError(
@@ -226,6 +242,6 @@ def build_aggregate(
     if emit is None and schema is not None and keys is not None:
         out = running_schema(schema, keys, agg, f"aggregate {name or '(unnamed)'!r}")
         if out is not None:
-            emit = KeyColumnsRow(keys, agg.output_column)
+            emit = KeyColumnsRow(keys, None if agg.parts else agg.output_column)
     op = RunningAggregate(agg, keyed.key, emit=emit, scope=scope, schema=out)
     return graph.add(op, name, (keyed.vertex_id,))

@@ -14,6 +14,8 @@ ext     Python value                                  ext payload
 5       datetime.time                                 [isoformat, zoneinfo key or nil, fold]
 6, 7    set, frozenset                                msgpack array of the items
 8       msgspec Struct of a *declared* class          ["module:qualname", {field: value}]
+9       datasketches.hll_sketch                       the sketch's compact serialization
+                                                      (`count_distinct(exact=False)`)
 ======  ============================================  ======================================
 
 int (64 bits), float, str, bytes, bool, None, list and dict are plain msgpack. A tuple used as a
@@ -52,6 +54,9 @@ from zoneinfo import ZoneInfo
 import msgspec
 from msgspec.msgpack import Ext
 
+from regional.dataflow.distinct_sketches import decode as decode_sketch
+from regional.dataflow.distinct_sketches import encode as encode_sketch
+from regional.dataflow.distinct_sketches import is_sketch
 from regional.errors import RegionalError, RestoreError
 
 __all__ = [
@@ -72,7 +77,7 @@ HEADER_MSGPACK_TTL = _MAGIC + b"M\x02"
 HEADER_PICKLE = _MAGIC + b"P\x01"
 _MAC_SIZE = 32
 
-_TUPLE, _DECIMAL, _DATETIME, _DATE, _TIME, _SET, _FROZENSET, _STRUCT = range(1, 9)
+_TUPLE, _DECIMAL, _DATETIME, _DATE, _TIME, _SET, _FROZENSET, _STRUCT, _HLL = range(1, 10)
 _PLAIN = frozenset({str, float, bool, bytes, type(None)})
 _INT_MIN, _INT_MAX = INT_RANGE = (-(2**63), 2**64 - 1)  # what msgpack's int holds
 
@@ -264,6 +269,8 @@ class StateCodec:
                     exc.path.append(f".{f}")
                     raise
             ext = Ext(_STRUCT, _ENCODER.encode((name, fields)))
+        elif is_sketch(v):
+            ext = Ext(_HLL, encode_sketch(v))
         else:
             raise _Unsupported(f"a value of type {t.__module__}.{t.__qualname__}")
         return _Key(ext) if key else ext
@@ -510,6 +517,8 @@ class StateCodec:
             if cls is None:
                 raise _UnknownStruct(name)
             return cls(**fields)
+        if code == _HLL:
+            return decode_sketch(bytes(data))
         raise ValueError(f"unknown msgpack extension type {code}")
 
     def _diagnose(self, data: bytes, exc: BaseException) -> str:

@@ -6,8 +6,9 @@ expression stages compute theirs. The rest follow from their input's (DESIGN §4
 
 * ``key_by`` / a keyed exchange / ``drop_duplicates``: the input's schema;
 * a windowed aggregate keyed by columns (`window_schema`): the key columns, ``window_start``,
-  ``window_end`` (``timestamp[us, UTC]``) and the aggregate's column (`aggregate_field`);
-  a running aggregate (`running_schema`): the key columns and the aggregate's column;
+  ``window_end`` (``timestamp[us, UTC]``) and the aggregate's column (`aggregate_field`), or
+  one per aggregate of a list (``aggregate=[count(), sum_of("v")]``), in order;
+  a running aggregate (`running_schema`): the key columns and the aggregate's column(s);
 * a join on a column (`JoinColumns`): the key column once, then the left side's other
   columns, then the right side's; a name both sides have is prefixed ``left_`` / ``right_``
   on both; the side that may be missing (the right one of ``how="left"``, the left one of
@@ -44,6 +45,7 @@ __all__ = [
     "KeyColumnsRow",
     "WindowRow",
     "aggregate_field",
+    "aggregate_fields",
     "as_schema_rows",
     "column_of",
     "describe",
@@ -108,7 +110,7 @@ def aggregate_field(agg: Aggregate, schema: pa.Schema, what: str) -> pa.Field | 
         return pa.field(name, pa.int64(), nullable=False)
     assert agg.field is not None
     source = column_of(schema, agg.field, what)
-    if agg.kind == "count_distinct":
+    if agg.kind in ("count_distinct", "approx_count_distinct"):
         return pa.field(name, pa.int64(), nullable=False)
     if agg.kind in ("min", "max"):
         return pa.field(name, source.type)
@@ -123,6 +125,15 @@ def aggregate_field(agg: Aggregate, schema: pa.Schema, what: str) -> pa.Field | 
         return pa.field(name, pa.float64())
     floats = pa.types.is_floating(kind)
     return pa.field(name, pa.float64() if floats else pa.int64(), nullable=False)
+
+
+def aggregate_fields(agg: Aggregate, schema: pa.Schema, what: str) -> list[pa.Field] | None:
+    """The output columns of `agg` over `schema`: `aggregate_field` of each part of a
+    combination (`regional.dataflow.windows.combine`), in order, or of `agg` itself; None
+    when one of them is no built-in."""
+    fields = [aggregate_field(p, schema, what) for p in (agg.parts or (agg,))]
+    known = [f for f in fields if f is not None]
+    return known if len(known) == len(fields) else None
 
 
 def _key_fields(schema: pa.Schema, keys: Sequence[str], what: str) -> list[pa.Field]:
@@ -144,45 +155,57 @@ def window_schema(
     schema: pa.Schema, keys: Sequence[str], agg: Aggregate, what: str
 ) -> pa.Schema | None:
     """The rows of a windowed aggregate keyed by the columns `keys` of `schema`: the key
-    columns, ``window_start``, ``window_end``, the aggregate's column; None when `agg` is
-    no built-in."""
-    column = aggregate_field(agg, schema, what)
-    if column is None:
+    columns, ``window_start``, ``window_end``, the aggregate's column (a combination's: one
+    per aggregate, in order); None when an aggregate is no built-in."""
+    columns = aggregate_fields(agg, schema, what)
+    if columns is None:
         return None
     time = [pa.field(n, WINDOW_TIME, nullable=False) for n in ("window_start", "window_end")]
-    return _unique([*_key_fields(schema, keys, what), *time, column], what)
+    return _unique([*_key_fields(schema, keys, what), *time, *columns], what)
 
 
 def running_schema(
     schema: pa.Schema, keys: Sequence[str], agg: Aggregate, what: str
 ) -> pa.Schema | None:
     """The rows of a running aggregate keyed by the columns `keys`: the key columns and the
-    aggregate's column; None when `agg` is no built-in."""
-    column = aggregate_field(agg, schema, what)
-    if column is None:
+    aggregate's column (a combination's: one per aggregate); None when an aggregate is no
+    built-in."""
+    columns = aggregate_fields(agg, schema, what)
+    if columns is None:
         return None
-    return _unique([*_key_fields(schema, keys, what), column], what)
+    return _unique([*_key_fields(schema, keys, what), *columns], what)
+
+
+def _aggregate_columns(row: dict[str, Any], column: str | None, value: Any) -> dict[str, Any]:
+    """`row` with the aggregate's column, or a combination's columns (`column` None: `value`
+    is ``{column: value}``)."""
+    if column is None:
+        row.update(value)
+    else:
+        row[column] = value
+    return row
 
 
 class KeyColumnsRow:
     """The row of a running aggregate keyed by columns: ``emit(key, value)`` ->
-    ``{key columns..., column: value}`` (a multi-column key is the tuple of their values)."""
+    ``{key columns..., column: value}`` (a multi-column key is the tuple of their values);
+    `column` None for a combination of aggregates, whose value is ``{column: value}``."""
 
-    def __init__(self, keys: Sequence[str], column: str) -> None:
+    def __init__(self, keys: Sequence[str], column: str | None) -> None:
         self.keys = tuple(keys)
         self.column = column
 
     def __call__(self, key: Any, value: Any) -> dict[str, Any]:
         row = dict(zip(self.keys, key, strict=True)) if len(self.keys) > 1 else {self.keys[0]: key}
-        row[self.column] = value
-        return row
+        return _aggregate_columns(row, self.column, value)
 
 
 class WindowRow:
     """The row of a windowed aggregate keyed by columns: ``emit(key, window, value)`` ->
-    ``{key columns..., window_start, window_end, column: value}`` (UTC datetimes)."""
+    ``{key columns..., window_start, window_end, column: value}`` (UTC datetimes); `column`
+    None for a combination of aggregates, whose value is ``{column: value}``."""
 
-    def __init__(self, keys: Sequence[str], column: str) -> None:
+    def __init__(self, keys: Sequence[str], column: str | None) -> None:
         self.keys = tuple(keys)
         self.column = column
 
@@ -190,8 +213,7 @@ class WindowRow:
         row = dict(zip(self.keys, key, strict=True)) if len(self.keys) > 1 else {self.keys[0]: key}
         row["window_start"] = _EPOCH + dt.timedelta(milliseconds=window.start)
         row["window_end"] = _EPOCH + dt.timedelta(milliseconds=window.end)
-        row[self.column] = value
-        return row
+        return _aggregate_columns(row, self.column, value)
 
 
 def as_schema_rows(rows: list[Any], schema: pa.Schema | None) -> list[Any] | pa.RecordBatch:

@@ -33,7 +33,14 @@ import numpy as np
 import pyarrow as pa
 
 from metadata.watermarks import MIN_WATERMARK, format_watermark
-from regional.dataflow.columnar_aggregates import COLUMNAR, MISSING, can_fold, fold, value_column
+from regional.dataflow.columnar_aggregates import (
+    MISSING,
+    can_fold,
+    columnar,
+    fold,
+    fold_all,
+    value_columns,
+)
 from regional.dataflow.dead_letters import DeadLetters, set_aside
 from regional.dataflow.epoch_time import EpochTime
 from regional.dataflow.event_time import EventTimeError, column_millis, record_time, span_ms
@@ -233,7 +240,7 @@ def _columnar_key(spec: WindowSpec, key_fn: Callable[[Any], Any]) -> str | tuple
     record-wise path; sessions always take it)."""
     columns = key_columns(key_fn)
     if (
-        spec.aggregate.columnar not in COLUMNAR
+        not columnar(spec.aggregate)
         or type(spec.assigner) not in (Tumbling, Sliding)
         or columns is None
         or spec.time_field is None
@@ -294,17 +301,23 @@ def _fold_batch(
         if isinstance(key_column, str)
         else tuple(batch.column(c) for c in key_column)
     )
-    values = value_column(spec.aggregate, batch)
+    values = value_columns(spec.aggregate, batch)
     if take is not None:
         keys = keys.take(take) if isinstance(keys, pa.Array) else tuple(k.take(take) for k in keys)
-        values = None if values is None else values.take(take)
+        values = [None if v is None else v.take(take) for v in values]
 
     def current(key: Any, start: int | None) -> Any:
         slot = slots.get(key)
         entry = None if slot is None else slot.get(_WINDOWS, {}).get(start)
         return MISSING if entry is None else entry[1]
 
-    for key, start, acc in fold(spec.aggregate, keys, values, starts[live], current):
+    agg = spec.aggregate
+    groups = (
+        fold_all(agg, keys, values, starts[live], current)
+        if agg.parts
+        else fold(agg, keys, values[0], starts[live], current)
+    )
+    for key, start, acc in groups:
         assert start is not None
         slot = slots.get(key)
         if slot is None:

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from metadata.errors import MetadataError, RegionalError
 from regional.sources import json_text
-from regional.sources.base import PoisonRecord, ReadResult
+from regional.sources.base import Batch, PoisonRecord, ReadResult
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
@@ -568,8 +568,34 @@ class KafkaSource:
         except KafkaException as exc:
             log.warning("Kafka commit of %s:%d@%d failed: %s", topic, partition, offset, exc)
 
-    def _batch(self, messages: list[Message], keys: list[Any], values: list[Any]) -> pa.RecordBatch:
-        """The decoded `messages` (with their decoded `keys` and `values`) as one batch."""
+    def _batch(self, messages: list[Message], keys: list[Any], values: list[Any]) -> Batch:
+        """The decoded `messages` (with their decoded `keys` and `values`) as one batch; as
+        records (dicts of the same columns) when Arrow cannot type the JSON as one column (a
+        field of two types across messages, ``"n/a"`` among numbers), so a declared schema
+        judges each record on its own (a misfit is a dead letter naming the field) instead
+        of the whole batch declining its unit at every retry."""
+        try:
+            return self._arrow_batch(messages, keys, values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            if "json" not in (self.key, self.value):
+                raise
+        return [
+            {
+                "topic": m.topic(),
+                "partition": m.partition(),
+                "offset": m.offset(),
+                "timestamp": m.timestamp()[1] if m.timestamp()[0] else None,
+                "key": k,
+                "value": v,
+                "headers": [{"key": h[0], "value": h[1]} for h in m.headers() or ()],
+            }
+            for m, k, v in zip(messages, keys, values, strict=True)
+        ]
+
+    def _arrow_batch(
+        self, messages: list[Message], keys: list[Any], values: list[Any]
+    ) -> pa.RecordBatch:
+        """`_batch` as one Arrow batch (`pa.ArrowInvalid` when JSON values do not type)."""
 
         def typed(decoder: Decoder, values: list[Any]) -> pa.Array:
             if decoder == "bytes":
