@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4, help="window subtasks")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each contender (median)")
-    ap.add_argument("--seconds", type=float, default=0.3, help="timing of the SQL stages alone")
+    ap.add_argument("--seconds", type=float, default=1.0, help="timing of the SQL stages alone")
     ap.add_argument("--quick", action="store_true", help="8 x 2,000 only, one round")
     ap.add_argument("--out", default=RESULTS, help="directory for the JSON")
     args = ap.parse_args()
