@@ -34,7 +34,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reads", type=int, default=400, help="reads of each kind")
     ap.add_argument("--batch", type=int, default=10, help="records per read")
+    ap.add_argument("--quick", action="store_true", help="40 reads of each kind")
     args = ap.parse_args()
+    if args.quick:
+        args.reads = 40
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     broker = importlib.import_module("kafka_broker").TansuBroker()
     broker.start()

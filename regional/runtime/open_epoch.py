@@ -13,9 +13,10 @@ is the same walk run again and again, each round starting where the last one end
   and reads from the positions the round before reached; `records_per_epoch` caps a round,
   not the epoch;
 * rounds stop once `closed(wait)` says the marker came (asked between rounds, so the epoch
-  always has its first round); rounds are paced: the next round starts `round_s` after the
-  last one started at the earliest (waiting for the marker meanwhile), and after a round that
-  read nothing at least `idle_s` later, so a task whose reads are cheap (a Kafka round made
+  always has its first round); rounds are paced: unless a unit read its whole budget (a
+  backlog), the next round starts `round_s` after the last one started at the earliest
+  (waiting for the marker meanwhile), and after a round that read nothing at least `idle_s`
+  later, so a task whose reads are cheap (a Kafka round made
   ahead in one fetch: a few ms) does not spin its core on rounds of a few records each.
 
 What a unit gives the checkpoint is its rounds merged (`merged`): the last round's positions,
@@ -161,18 +162,23 @@ def merged(before: UnitEpoch | None, after: UnitEpoch) -> UnitEpoch:
     )
 
 
-def pause_after_round(read: int, took_s: float, *, idle_s: float, round_s: float) -> float:
+def pause_after_round(
+    read: int, took_s: float, *, full: bool = False, idle_s: float, round_s: float
+) -> float:
     """How long to wait for the marker before the next round, after a round that read
-    `read` records in `took_s` seconds: until `round_s` after the round began, and at least
+    `read` records in `took_s` seconds: none when a unit read its whole budget (`full`: a
+    backlog, read on at once), else until `round_s` after the round began, and at least
     `idle_s` after a round that read nothing.
 
-    >>> pause_after_round(12, 0.004, idle_s=0.005, round_s=0.02)  # cheap: paced
+    >>> pause_after_round(12, 0.004, idle_s=0.005, round_s=0.02)  # caught up, cheap: paced
     0.016
     >>> pause_after_round(0, 0.03, idle_s=0.005, round_s=0.02)  # idle: a short wait
     0.005
-    >>> pause_after_round(500, 0.03, idle_s=0.005, round_s=0.02)  # busy: at once
+    >>> pause_after_round(20, 0.004, full=True, idle_s=0.005, round_s=0.02)  # a backlog
     0.0
     """
+    if full:
+        return 0.0
     return round(max(0.0 if read else idle_s, round_s - took_s), 6)
 
 
@@ -207,6 +213,7 @@ def rounds(
             env, [current[at] for at in live], carried, timeout, passes=passes, first=first
         )
         read = 0
+        full = False  # a unit read its whole budget: records are waiting, no pause
         for i, at in enumerate(live):
             if i in got.failed:
                 failed[at] = got.failed[i]
@@ -218,8 +225,10 @@ def rounds(
             carried.keep(works[at].unit_id, current[at].restore, epoch)
             current[at] = carried_work(current[at], epoch)
             read += epoch.records_in
+            full = full or epoch.records_in >= env.pipeline.records_per_epoch
         first = False
-        if closed(pause_after_round(read, clock() - began, idle_s=idle_s, round_s=round_s)):
+        pause = pause_after_round(read, clock() - began, full=full, idle_s=idle_s, round_s=round_s)
+        if closed(pause):
             break
     return Passed({at: (e, seconds[at]) for at, e in epochs.items()}, failed)
 
