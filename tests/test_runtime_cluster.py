@@ -103,34 +103,13 @@ _OUTCOMES = [
 ]
 
 
-def test_quickstart_on_a_standalone_cluster_commits_exactly_once(spark_cluster, tmp_path, capsys):
-    before = _apps(spark_cluster)
-    root = str(tmp_path / "ckpt")
-    run = _run_quickstart(spark_cluster, tmp_path, root)
-    _check_run(run, spark_cluster, before)
-    want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
-    assert len(want) == 1713
-    assert _committed_rows(root + "-table") == want
-    # the cleaner dropped checkpoints 1-4 and left the whole event log (and the lease's records)
-    assert sorted(p.name for p in (tmp_path / "ckpt" / "quickstart").iterdir()) == [
-        "_lease",
-        "chk-5",
-        "chk-6",
-        "chk-7",
-        "events",
-    ]
-    assert main(["inspect", root, "events", "--json"]) == 0
-    events = json.loads(capsys.readouterr().out)
-    got = [(e["checkpoint_id"], e["kind"], e["fallback_units"], e["max_unit_lag"]) for e in events]
-    assert got == _OUTCOMES
-    assert [e["oldest_ref_checkpoint_id"] for e in events] == [None, 1, 1, 1, None, None, None]
-    assert events[-1]["regional_checkpoint_count"] == 3
-
-
 @pytest.mark.s3
 def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
-    spark_cluster, s3_server, tmp_path
+    spark_cluster, s3_server, tmp_path, capsys, monkeypatch
 ):
+    """The quickstart's story on a standalone cluster (executors in their own JVMs and Python
+    workers, reaching the root over S3): the fault-free rows exactly once, the outcomes
+    checkpoint by checkpoint, and what the cleaner left, as `regional inspect` reads it."""
     bucket = s3_server.new_bucket()
     query = f"?endpoint_override={s3_server.endpoint}&scheme=http&region=us-east-1"
     root = f"s3://{bucket}/ckpt{query}"  # no credentials in the URI
@@ -148,6 +127,7 @@ def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
     )
     _check_run(run, spark_cluster, before)
     want = _fault_free_rows(tmp_path / "regional-quickstart" / "data")
+    assert len(want) == 1713
     assert _committed_rows(f"s3://{bucket}/ckpt-table{query}") == want
     events, problems = read_events(JobStorage(root, "quickstart"))
     assert problems == []
@@ -165,3 +145,18 @@ def test_quickstart_on_a_standalone_cluster_with_checkpoints_on_s3(
     }
     assert "chk-7/_metadata" in state_files  # the last (global) checkpoint, on S3
     assert any(p.startswith("chk-7/u") and p.endswith(".state") for p in state_files)
+    # the cleaner dropped checkpoints 1-4 and left the whole event log (and the lease's records)
+    assert {p.split("/", 1)[0] for p in state_files} == {
+        "_lease",
+        "chk-5",
+        "chk-6",
+        "chk-7",
+        "events",
+    }
+    for key, value in credentials.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    assert main(["inspect", root, "events", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [e["oldest_ref_checkpoint_id"] for e in shown] == [None, 1, 1, 1, None, None, None]
+    assert shown[-1]["regional_checkpoint_count"] == 3
