@@ -11,11 +11,11 @@ needed (both vectorised over Arrow batches, no Python per record), then a per-us
 whose rows (user, window_start, window_end, clicks) go to a Parquet table. Region (unit) 3 fails
 at checkpoints 2, 3 and 4: those checkpoints complete as *regional* checkpoints (unit 3 falls
 back to its last good state, the other 7 regions commit their output). After checkpoint 4 unit 3
-has fallen back 3 times in a row (max-unit-fallbacks = 3): it is reported *stuck*, by name and
-the file it reads, while the other units keep committing; at checkpoint 5 it succeeds again,
-catches up and the checkpoint is global. (Had it stayed stuck longer than max-stuck-time, 15 min
-by default, the job would have failed naming it.) At the end it checks that the committed table
-equals a fault-free run's, row for row.
+has fallen back 3 times in a row (max-unit-fallbacks = 3): it is reported *stuck*, by its name
+(`clicks[3]`: subtask 3 of the source), while the other units keep committing; at
+checkpoint 5 it succeeds again, catches up and the checkpoint is global. (Had it stayed stuck
+longer than max-stuck-time, 15 min by default, the job would have failed naming it.) At the
+end it checks that the committed table equals a fault-free run's, row for row.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ def _rows(table_dir: str) -> list[tuple]:
 
 
 def main() -> int:
+    from regional.graph.unit_names import names_of_plan
     from regional.runtime.session import spark_session
     from regional.runtime.spark import SparkRuntime
 
@@ -146,12 +147,15 @@ def main() -> int:
             f"fallback {fb:<3}  commit lag {r.commit_lag}  records read {r.records_in}",
             flush=True,
         )
-        for line in r.stuck_lines():  # e.g. "stuck: unit 3 (clicks-003.jsonl) for 1 s ..."
+        for line in r.stuck_lines(names=mentions):  # "stuck: clicks[3] (unit 3) for 1 s ..."
             print(f"      {line}", flush=True)
 
     print("\nrun 1: unit 3 fails at checkpoints 2, 3, 4 (stuck after 3 in a row, then back)")
     faulty = build_pipeline(data, os.path.join(work, "table-faulty"))
-    print(f"  {faulty.regions().num_units} regions (fallback units)")
+    regions = faulty.regions()
+    print(f"  {regions.num_units} regions (fallback units)")
+    names = names_of_plan(regions)  # units named by what they read: clicks[3]
+    mentions = {u: names.mention(u) for u in range(regions.num_units)}
     summary = SparkRuntime(
         faulty, spark, root=os.path.join(work, "ckpt-faulty"), faults=FAULTS, progress=show
     ).run()

@@ -126,7 +126,7 @@ def same(a: Any, b: Any) -> bool:
 _codec = StateCodec([Point, Reading])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     keyed=st.dictionaries(
         st.text(max_size=3),
