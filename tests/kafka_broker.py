@@ -95,9 +95,14 @@ class TansuBroker:
                     raise
 
     def stop(self) -> None:
+        """Stop the broker. With storage in memory there is nothing to flush, so it is killed
+        (tansu's graceful shutdown on SIGTERM takes 5 s); on disk it is asked to stop."""
         process, self._process = self._process, None
         if process is not None:
-            process.terminate()
+            if self.storage.startswith("memory:"):
+                process.kill()
+            else:
+                process.terminate()
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
