@@ -53,6 +53,20 @@ def _by_label(
     return family
 
 
+def _by_split(
+    name: str, text: str, job: list[str], values: Mapping[str, Mapping[str, float]]
+) -> Metric:
+    """A gauge family of `job` with one sample per (source, split) (`values`: source ->
+    split -> value): the consumer lag families."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(name, text, labels=["job", "source", "split"])
+    for source, splits in values.items():
+        for split, value in splits.items():
+            family.add_metric([*job, source, split], value)
+    return family
+
+
 def watermark_seconds(ms: int) -> float:
     """A watermark as the gauge shows it: seconds since the Unix epoch; NaN when no record set
     it yet (`MIN_WATERMARK`: unknown, not a time 292 million years ago), +Inf once its input
@@ -160,29 +174,23 @@ class JobCollector:
             "reason",
             m.dead_letters_by_reason,
         )
-        backlog = GaugeMetricFamily(
+        yield _by_split(
             "regional_source_records_behind",
             "Consumer lag: records between where the job's next read of a split starts and the "
             "split's end (a Kafka partition's end offset, a file's rows), as the latest "
             "completed checkpoint's units read it (Flink records-lag).",
-            labels=["job", "source", "split"],
+            job,
+            m.records_behind,
         )
-        for source, splits in m.records_behind.items():
-            for split, n in splits.items():
-                backlog.add_metric([*job, source, split], n)
-        yield backlog
-        age = GaugeMetricFamily(
+        yield _by_split(
             "regional_source_consumer_lag_seconds",
             "Consumer lag in time: the age of the oldest record of a split not read yet at the "
             "latest checkpoint outcome (0 when none is behind), for splits whose source tells "
             "when records were appended (a Kafka record's timestamp, a file's modification "
             "time; regional.sources.base.seconds_behind).",
-            labels=["job", "source", "split"],
+            job,
+            m.seconds_behind,
         )
-        for source, ages in m.seconds_behind.items():
-            for split, seconds in ages.items():
-                age.add_metric([*job, source, split], seconds)
-        yield age
         if m.event_time:
             stalled = GaugeMetricFamily(
                 "regional_stalled_input",
