@@ -7,8 +7,10 @@ the real task code in this process (no Spark)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import regional as regional_package
 from metadata.events import CheckpointEvent, read_events
 from metadata.storage import JobStorage
 from regional.cli import main
@@ -58,6 +60,10 @@ def test_a_fallback_carries_the_first_line_and_the_log_the_traceback(tmp_path, c
         "ValueError: poison record 7 of split 1\nsecond line\n"
     )
     assert len(trace) <= TRACE_LIMIT
+    # regional's own frames are named from the package, the user's file as it is
+    assert f'File "{os.path.join("regional", "dataflow", "walker.py")}", line' in trace
+    assert str(Path(regional_package.__file__).parent) not in trace
+    assert f'File "{__file__}", line' in trace
     # the event log holds the same, traceback included
     events, _ = read_events(JobStorage(str(tmp_path / "ckpt"), "causes"))
     assert events[1] == regional and events[0].tracebacks == {}

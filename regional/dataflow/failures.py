@@ -10,7 +10,9 @@ dead letter's message) and a bounded traceback (the event log, the dead-letter t
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 from regional.errors import RegionalError
@@ -54,9 +56,17 @@ def failure_line(exc: BaseException, prefix: str = "") -> str:
     return prefix + (text.splitlines() or [""])[0]
 
 
+#: How a frame in this package is named in a traceback, up to its package-relative path.
+_OWN_FRAMES = f'File "{Path(__file__).parent.parent.parent}{os.sep}regional{os.sep}'
+
+
 def failure_trace(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
-    """The exception's full traceback, cut to its last `limit` characters."""
-    return "".join(traceback.format_exception(exc))[-limit:]
+    """The exception's full traceback, cut to its last `limit` characters. A frame in
+    `regional` itself names its file from the package (``File "regional/runtime/task.py"``),
+    not from where the package is installed: the same failure reads the same from every
+    machine and install, and more of the user's frames fit in the limit."""
+    text = "".join(traceback.format_exception(exc))
+    return text.replace(_OWN_FRAMES, f'File "regional{os.sep}')[-limit:]
 
 
 _SPLIT = "_regional_split"
