@@ -8,19 +8,21 @@
 
 16 generated splits of 400 clicks -> a running click count per (split, user) in keyed state ->
 a Parquet table. `PARALLELISM` (default 4) sets the parallelism, `OPS_TABLE` (default
-`/tmp/regional-ops/table`) the table, which stays put when the job is restored elsewhere.
+`/tmp/regional-ops/table`, under `$TMPDIR` when set) the table, which stays put when the job is
+restored elsewhere.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections import Counter
 
 from regional import GeneratorSource, ParquetSink, Pipeline, read_table
 
 SPLITS, PER_SPLIT = 16, 400
-TABLE = os.environ.get("OPS_TABLE", "/tmp/regional-ops/table")
+TABLE = os.environ.get("OPS_TABLE", os.path.join(tempfile.gettempdir(), "regional-ops", "table"))
 
 
 def click(split: int, n: int) -> dict:
@@ -58,6 +60,9 @@ def expected() -> list[tuple]:
 
 def check() -> int:
     t = read_table(TABLE)
+    if t.num_rows == 0:
+        print(f"{TABLE}: no rows; run the job first (OPS_TABLE names the table)")
+        return 1
     got = sorted(
         zip(*(t.column(c).to_pylist() for c in ("split", "n", "user", "clicks")), strict=True)
     )

@@ -75,6 +75,15 @@ def s3_server() -> Iterator[S3Server]:
         server.stop()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the first test, when any needs Spark: faster driver JVM starts
+    (`jvm_startup`), for the shared session and every `regional run` a test starts."""
+    if any(item.get_closest_marker("spark") for item in session.items):
+        from jvm_startup import prepare
+
+        prepare()
+
+
 @pytest.fixture(scope="session")
 def spark():  # -> pyspark.sql.SparkSession
     """One quiet local[2] SparkSession for every Spark test of the session."""

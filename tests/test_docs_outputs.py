@@ -1,7 +1,8 @@
 """Every `regional ...` command shown on a docs page prints what the page shows (issue 45 item
 6): `scripts/docs-outputs` runs each console block in its scenario and compares, by the
 normalising rule its docstring states; `scripts/docs-outputs --update` rewrites the blocks from
-real runs. No Spark: the scenarios run jobs in process."""
+real runs. The scenarios run their jobs in process, except the operations page's, which runs
+`regional run` on Spark (one Spark host process for the page)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,14 +50,11 @@ def test_every_block_with_a_regional_command_is_checked_or_says_why_not() -> Non
         "docs/concepts/regions.md",
         "docs/file-merging.md",
     } <= checked
-    # only `regional run` on Spark is left unchecked (minutes, and it prints its timings)
-    unchecked = [b for b in found if b.not_checked is not None]
-    runs = [c.text for b in unchecked for c in b.commands if docs_outputs._REGIONAL.search(c.text)]
-    assert runs and all(text.startswith(RUN) for text in runs), runs
-
-
-#: How the operations page runs a job on Spark (the one kind of block left unchecked).
-RUN = (".venv/bin/regional run ", "PARALLELISM=2 .venv/bin/regional run ", "OPS_TABLE=")
+    # every block runs, `regional run` on Spark included (the operations page)
+    assert [b.where for b in found if b.not_checked is not None] == []
+    on_spark = [b for b in found if b.scenario in docs_outputs.SPARK_SCENARIOS]
+    assert len(on_spark) == 5
+    assert all(any("regional run " in c.text for c in b.commands) for b in on_spark)
 
 
 def test_a_command_goes_on_over_backslash_lines(tmp_path: Path) -> None:
@@ -89,6 +89,7 @@ def test_the_forked_regional_prints_and_exits_as_the_console_script(tmp_path: Pa
     assert sorted(forked) == sorted(fresh.splitlines())
 
 
+@pytest.mark.spark
 def test_every_checked_block_prints_what_the_page_shows() -> None:
     problems, ran = docs_outputs.check(docs_outputs.pages(), write=False)
     assert ran >= 5
@@ -102,3 +103,25 @@ def test_the_normalising_rule_leaves_values_alone() -> None:
     )
     assert normal("a    b  ") == "a b"
     assert normal("10 s") != normal("10 min") and normal("exit 1") != normal("exit 2")
+    assert normal("u0-a1-3e9b1c0d7a52.state") != normal("u0-a1-000000000000.state")
+
+
+def test_a_run_on_the_wall_clock_compares_durations_and_run_ids_as_placeholders() -> None:
+    normal = docs_outputs.normal
+    page = "checkpoint 2 global records 400 1.91 s; done in 12.9 s, u0-a1-3e9b1c0d7a52.state"
+    run = "checkpoint 2 global records 400 0.36 s; done in 7 s, u0-a1-0123456789ab.state"
+    assert normal(page, timed=True) == normal(run, timed=True)
+    assert normal(page, timed=True) != normal(run.replace("400", "401"), timed=True)
+
+
+def test_an_elision_line_stands_for_any_lines_at_its_place() -> None:
+    matches = docs_outputs.matches
+    assert matches(["first", "...", "last"], ["first", "last"])
+    assert matches(["first", "...", "last"], ["first", "2", "3", "last"])
+    assert matches(["first", "...", "mid", "...", "last"], ["first", "x", "mid", "y", "last"])
+    assert not matches(["first", "...", "last"], ["first", "2", "3"])
+    assert not matches(["first", "...", "mid", "...", "last"], ["first", "x", "last"])
+    assert not matches(["first", "...", "last"], ["last"])
+    # --update keeps the page's head and tail around the elision
+    shown = docs_outputs._elided_like(["a", "...", "y", "z"], ["a", "b", "c", "x", "y", "z"])
+    assert shown == ["a", "...", "y", "z"]
