@@ -71,6 +71,8 @@ class StandaloneCluster:
             SPARK_LOG_DIR=str(self.log_dir),
             SPARK_WORKER_DIR=str(self.log_dir / "work"),
             SPARK_DAEMON_MEMORY="256m",
+            # the daemons start as fast as the tests' drivers (`jvm_startup`), when set
+            SPARK_DAEMON_JAVA_OPTS=os.environ.get("SPARK_SUBMIT_OPTS", ""),
         )
         return env
 
