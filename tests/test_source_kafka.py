@@ -500,7 +500,7 @@ def test_a_broker_outage_mid_run_makes_units_fall_back_then_catch_up(spark, cut_
 
     broker, proxy = cut_broker
     topic = _topic(broker, PARTS, PER_PART)
-    source = KafkaSource(broker.bootstrap, topic, value="json", timeout=2)
+    source = KafkaSource(broker.bootstrap, topic, value="json", timeout=1)
     table = str(tmp_path / "table")
     cut_after, outage_epochs = 1, 2
     during: list = []  # the checkpoints of the epochs run while Kafka was unreachable
