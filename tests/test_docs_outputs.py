@@ -77,9 +77,9 @@ def test_the_forked_regional_prints_and_exits_as_the_console_script(tmp_path: Pa
     page.write_text(f"```console\n$ {command}\n```\n")
     [block] = docs_outputs.blocks(page)
     [forked] = docs_outputs.run_block(block, tmp_path)
-    script = command.replace("regional ", f"{sys.executable} -m regional.cli ").replace(
-        "/tmp/", f"{tmp_path}/"
-    )
+    script = command.replace("/tmp/", f"{tmp_path}/").replace(
+        "regional ", f"{sys.executable} -m regional.cli "
+    )  # the page's /tmp first: the interpreter may live under /tmp too
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TZ": "UTC"}
     done = subprocess.run(
         ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
