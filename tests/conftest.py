@@ -84,6 +84,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         prepare()
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Take up the JVM archive once its background dump has ended (`jvm_startup`)."""
+    import jvm_startup
+
+    jvm_startup.refresh()
+
+
 @pytest.fixture(scope="session")
 def spark():  # -> pyspark.sql.SparkSession
     """One quiet local[2] SparkSession for every Spark test of the session."""
